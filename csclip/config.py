@@ -1,0 +1,123 @@
+"""Typed configs from YAML with `--set a.b=value` overrides.
+
+Each pipeline defines one pydantic model (extra keys forbidden, frozen); this module loads
+YAML into it, applies overrides, and turns every validation failure into a ConfigError
+that names the field, before any Ray work starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from csclip.errors import ConfigError
+
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
+
+
+class StrictModel(BaseModel):
+    """Base of every config section: unknown keys are errors, instances are frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def parse_override(text: str) -> tuple[list[str], object]:
+    """Parse `a.b.c=value` into (["a", "b", "c"], value), the value read as YAML
+    (so `1e-5` is a float, `true` a bool, `[1, 2]` a list, `abc` a string)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r} is not of the form section.field=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override {text!r}: value is not valid YAML ({err})") from err
+    # YAML reads "1e-5" as a string (it needs a dot); numbers are what users mean.
+    if isinstance(value, str):
+        try:
+            value = float(value) if any(c in value.lower() for c in ".e") else int(value)
+        except ValueError:
+            pass
+    return [part.strip() for part in key.split(".")], value
+
+
+def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
+    """Return a copy of `data` with each `a.b=value` override set."""
+    result = _deep_copy(data)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = result
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {text!r}: {part!r} is a value, not a section")
+            node = child
+        node[path[-1]] = value
+    return result
+
+
+def _deep_copy(data: dict) -> dict:
+    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in data.items()}
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err})") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return data
+
+
+def validate_config(model: type[ConfigT], data: dict, origin: str = "config") -> ConfigT:
+    """Validate `data` into `model`, raising ConfigError naming each bad field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        problems = []
+        for item in err.errors():
+            where = ".".join(str(p) for p in item["loc"]) or "(top level)"
+            problems.append(f"{where}: {item['msg']}" + (
+                f" (got {item['input']!r})" if item["type"] != "extra_forbidden" and
+                not isinstance(item.get("input"), dict) else ""))
+        raise ConfigError(f"{origin}: invalid " + "; ".join(problems)) from err
+
+
+def load_config(model: type[ConfigT], path: str | Path | None = None,
+                overrides: Sequence[str] = ()) -> ConfigT:
+    """Load `model` from YAML at `path` (or defaults) with `a.b=value` overrides."""
+    data = read_yaml(path) if path is not None else {}
+    data = apply_overrides(data, overrides)
+    return validate_config(model, data, origin=str(path) if path else "config")
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, default_config: str | None) -> None:
+    parser.add_argument("--config", default=default_config,
+                        help=f"YAML config file (default: {default_config})")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="a.b=value", help="override one config field; repeatable")
+
+
+def config_from_args(model: type[ConfigT], args: argparse.Namespace) -> ConfigT:
+    return load_config(model, args.config, args.overrides)
+
+
+def flatten(config: BaseModel | dict, prefix: str = "") -> dict[str, object]:
+    """Flatten a config to {"a.b": value} for MLflow params and tables."""
+    data = config.model_dump(mode="json") if isinstance(config, BaseModel) else config
+    flat: dict[str, object] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat

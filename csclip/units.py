@@ -1,0 +1,534 @@
+"""The units data model (SPEC §2): captions, entity and relation units, foils, their
+validation, the JSON schemas of LLM answers and the Arrow schema of the units table."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import pyarrow as pa
+
+
+class ChangeType(StrEnum):
+    """How a foil edits its unit (SPEC §2 table)."""
+
+    ATTRIBUTE_CHANGE = "attribute_change"
+    OBJECT_CHANGE = "object_change"
+    ANTONYM = "antonym"
+    NEGATION = "negation"
+    SUBJECT_OBJECT_SWAP = "subject_object_swap"
+    SUBJECT_REPLACE = "subject_replace"
+    OBJECT_REPLACE = "object_replace"
+
+
+ENTITY_CHANGES = frozenset({ChangeType.ATTRIBUTE_CHANGE, ChangeType.OBJECT_CHANGE})
+RELATION_CHANGES = frozenset(set(ChangeType) - ENTITY_CHANGES)
+# Predicate-only edits: the foil keeps subject and object.
+PREDICATE_CHANGES = frozenset({ChangeType.ANTONYM, ChangeType.NEGATION})
+
+
+class RejectReason(StrEnum):
+    """Why a unit, foil or whole record was rejected. A fixed vocabulary, so rejects tables
+    can be grouped and counted."""
+
+    EMPTY_CAPTION = "empty_caption"
+    EMPTY_EXTRACTION = "empty_extraction"
+    MISSING_FIELD = "missing_field"
+    WRONG_TYPE = "wrong_type"
+    UNKNOWN_CHANGE_TYPE = "unknown_change_type"
+    CHANGE_TYPE_MISMATCH = "change_type_mismatch"
+    EMPTY_FOIL = "empty_foil"
+    PLACEHOLDER = "placeholder"
+    FOIL_EQUALS_UNIT = "foil_equals_unit"
+    FOIL_IS_SYNONYM = "foil_is_synonym"
+    FOIL_ONLY_INFLECTION = "foil_only_inflection"
+    FOIL_GENERIC_WORD = "foil_generic_word"
+    FOIL_IN_CAPTION = "foil_in_caption"
+    SWAP_ARGUMENT_NOT_ENTITY = "swap_argument_not_entity"
+    RELATION_ARGUMENT_NOT_ENTITY = "relation_argument_not_entity"
+    DUPLICATE_UNIT = "duplicate_unit"
+    TOO_MANY_UNITS = "too_many_units"
+    MALFORMED_JSON = "malformed_json"
+    SCHEMA_VIOLATION = "schema_violation"
+    INFERENCE_ERROR = "inference_error"
+    UNPARSED = "unparsed"
+
+
+MAX_ENTITIES = 12
+MAX_RELATIONS = 12
+
+GENERIC_WORDS = frozenset(
+    {"thing", "things", "object", "objects", "item", "items", "stuff", "something",
+     "entity", "entities", "someone", "somebody", "anything", "element", "part"}
+)
+PLACEHOLDER_PATTERN = re.compile(
+    r"^(n/?a|none|null|unknown|tbd|todo|\.\.\.|…|-+|_+|\?+|<[^>]*>|\[[^\]]*\]|\{[^}]*\}|"
+    r"(entity|foil|object|subject|predicate|negative)\s*_?\d*)$",
+    re.IGNORECASE,
+)
+# Small synonym sets for the words captions use most; a foil that only swaps within a set
+# is still true of the image. Extend here, never in callers.
+SYNONYM_SETS: tuple[frozenset[str], ...] = tuple(
+    frozenset(s.split())
+    for s in (
+        "man guy gentleman male",
+        "woman lady female",
+        "kid child youngster",
+        "boy lad",
+        "girl lass",
+        "person individual human",
+        "people persons folks",
+        "big large huge giant",
+        "small little tiny",
+        "couch sofa",
+        "automobile car",
+        "bike bicycle",
+        "motorbike motorcycle",
+        "cellphone phone cell",
+        "television tv",
+        "plane airplane aeroplane aircraft jet",
+        "puppy dog",
+        "kitten cat",
+        "road street",
+        "grey gray",
+        "picture photo photograph image",
+        "shore beach",
+        "atop on",
+        "beneath under underneath below",
+        "above over",
+        "beside next near by",
+        "ocean sea",
+        "rock stone",
+        "square cube",
+        "circle disk ball sphere",
+    )
+)
+_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+
+
+def normalize_text(text: str) -> str:
+    """Lower-case, collapse whitespace, strip surrounding punctuation."""
+    return " ".join(_WORD.findall(text.lower()))
+
+
+def _stem(word: str) -> str:
+    # Crude number/inflection folding, enough to catch "horse"/"horses", "rides"/"riding".
+    for suffix in ("ing", "es", "ed", "s"):
+        if len(word) > len(suffix) + 2 and word.endswith(suffix):
+            word = word[: -len(suffix)]
+            break
+    return word[:-1] if len(word) > 3 and word.endswith("e") else word
+
+
+def _stems(text: str) -> list[str]:
+    return [_stem(w) for w in normalize_text(text).split() if w not in {"a", "an", "the", "is", "are"}]
+
+
+def _are_synonyms(a: str, b: str) -> bool:
+    return a != b and any(a in s and b in s for s in SYNONYM_SETS)
+
+
+@dataclass(frozen=True)
+class Foil:
+    """A minimally edited, false version of a unit. For relation foils, `subject`,
+    `predicate` and `object` hold the edited triple and `text` its rendering."""
+
+    text: str
+    change_type: ChangeType
+    subject: str | None = None
+    predicate: str | None = None
+    object: str | None = None
+
+    def __post_init__(self) -> None:
+        # Accept plain strings; an unknown change_type raises ValueError here, at the source.
+        object.__setattr__(self, "change_type", ChangeType(self.change_type))
+
+    @staticmethod
+    def relation(subject: str, predicate: str, object: str, change_type: ChangeType) -> Foil:
+        return Foil(render_relation(subject, predicate, object), ChangeType(change_type),
+                    subject, predicate, object)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """An entity (`text` = object with attributes) or a relation (subject, predicate,
+    object; `text` = "{subject} {predicate} {object}") with its foils."""
+
+    kind: str  # "entity" | "relation"
+    text: str
+    foils: tuple[Foil, ...] = ()
+    subject: str | None = None
+    predicate: str | None = None
+    object: str | None = None
+
+    @staticmethod
+    def entity(text: str, foils: Iterable[Foil] = ()) -> Unit:
+        return Unit("entity", text, tuple(foils))
+
+    @staticmethod
+    def relation(subject: str, predicate: str, object: str, foils: Iterable[Foil] = ()) -> Unit:
+        return Unit("relation", render_relation(subject, predicate, object), tuple(foils),
+                    subject, predicate, object)
+
+    def foils_of(self, *change_types: ChangeType) -> list[Foil]:
+        return [f for f in self.foils if f.change_type in change_types]
+
+
+def render_relation(subject: str, predicate: str, object: str) -> str:
+    """The text of a relation unit: "{subject} {predicate} {object}" (SPEC §2)."""
+    return " ".join(part.strip() for part in (subject, predicate, object) if part.strip())
+
+
+@dataclass(frozen=True)
+class UnitsRecord:
+    """One caption with its units: one row of the units table."""
+
+    sample_id: str
+    image_id: str
+    caption: str
+    split: str
+    entities: tuple[Unit, ...] = ()
+    relations: tuple[Unit, ...] = ()
+    image_path: str | None = None
+    image_bytes: bytes | None = None
+    source: str = ""
+    meta: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def units(self) -> tuple[Unit, ...]:
+        return self.entities + self.relations
+
+
+# ---------------------------------------------------------------------------------------
+# Foil validation (SPEC §2: "A foil is rejected when ...")
+# ---------------------------------------------------------------------------------------
+
+def contains_phrase(text: str, phrase: str) -> bool:
+    """Whether `phrase` occurs in `text` on word boundaries, ignoring case and punctuation."""
+    haystack, needle = normalize_text(text), normalize_text(phrase)
+    return bool(needle) and f" {needle} " in f" {haystack} "
+
+
+def is_placeholder(text: str) -> bool:
+    return bool(PLACEHOLDER_PATTERN.match(text.strip()))
+
+
+def foil_rejection(unit: Unit, foil: Foil, caption: str,
+                   caption_entities: Sequence[str] = ()) -> RejectReason | None:
+    """Why `foil` is not a valid foil of `unit` in `caption`, or None if it is valid.
+
+    caption_entities: entity texts of the caption (defaults to nothing beyond the caption
+    text itself); swaps must use two of them, and a foil naming one of them is true.
+    """
+    if not foil.text or not foil.text.strip():
+        return RejectReason.EMPTY_FOIL
+    if is_placeholder(foil.text) or any(
+        part is not None and is_placeholder(part) for part in (foil.subject, foil.predicate, foil.object)
+    ):
+        return RejectReason.PLACEHOLDER
+    allowed = ENTITY_CHANGES if unit.kind == "entity" else RELATION_CHANGES
+    if foil.change_type not in allowed:
+        return RejectReason.CHANGE_TYPE_MISMATCH
+    unit_norm, foil_norm = normalize_text(unit.text), normalize_text(foil.text)
+    if foil_norm == unit_norm:
+        return RejectReason.FOIL_EQUALS_UNIT
+    if unit.kind == "relation" and foil.change_type == ChangeType.SUBJECT_OBJECT_SWAP:
+        return _swap_rejection(unit, foil, caption_entities)
+    unit_words, foil_words = unit_norm.split(), foil_norm.split()
+    changed = [(u, f) for u, f in zip(unit_words, foil_words, strict=False) if u != f]
+    if len(unit_words) == len(foil_words) and changed and all(_are_synonyms(u, f) for u, f in changed):
+        return RejectReason.FOIL_IS_SYNONYM
+    if _stems(unit.text) == _stems(foil.text):
+        return RejectReason.FOIL_ONLY_INFLECTION
+    new_words = set(foil_words) - set(unit_words)
+    if new_words and new_words <= GENERIC_WORDS:
+        return RejectReason.FOIL_GENERIC_WORD
+    if unit.kind == "entity":
+        others = [e for e in caption_entities if normalize_text(e) != unit_norm]
+        if contains_phrase(caption, foil.text) or any(normalize_text(e) == foil_norm for e in others):
+            return RejectReason.FOIL_IN_CAPTION
+    else:
+        if contains_phrase(caption, foil.text):
+            return RejectReason.FOIL_IN_CAPTION
+    return None
+
+
+def _swap_rejection(unit: Unit, foil: Foil, caption_entities: Sequence[str]) -> RejectReason | None:
+    # A swap is kept only when both arguments are entities of the caption (SPEC §2).
+    names = {normalize_text(e) for e in caption_entities}
+    heads = {n.split()[-1] for n in names if n}
+    for arg in (unit.subject, unit.object):
+        arg_norm = normalize_text(arg or "")
+        if arg_norm not in names and arg_norm not in heads:
+            return RejectReason.SWAP_ARGUMENT_NOT_ENTITY
+    return None
+
+
+def is_caption_entity(name: str, caption_entities: Sequence[str]) -> bool:
+    """Whether a relation argument names an entity of the caption: the entity itself
+    ("brown horse") or its head noun phrase ("horse")."""
+    target = normalize_text(name)
+    if not target:
+        return False
+    for entity in caption_entities:
+        norm = normalize_text(entity)
+        if norm == target or norm.endswith(" " + target):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A rejected unit or foil, kept so nothing is dropped silently."""
+
+    reason: RejectReason
+    detail: str
+
+
+def validate_record(record: UnitsRecord) -> tuple[UnitsRecord, list[Rejection]]:
+    """Drop invalid units and foils from `record`, returning the cleaned record and one
+    Rejection per dropped item. The record itself is rejected (EMPTY_CAPTION /
+    EMPTY_EXTRACTION) by the caller when nothing usable remains."""
+    rejections: list[Rejection] = []
+    entity_texts = [e.text for e in record.entities]
+    entities: list[Unit] = []
+    seen: set[str] = set()
+    for unit in record.entities:
+        key = normalize_text(unit.text)
+        if not key or is_placeholder(unit.text):
+            rejections.append(Rejection(RejectReason.PLACEHOLDER, f"entity {unit.text!r}"))
+            continue
+        if key in seen:
+            rejections.append(Rejection(RejectReason.DUPLICATE_UNIT, f"entity {unit.text!r}"))
+            continue
+        seen.add(key)
+        entities.append(_keep_valid_foils(unit, record.caption, entity_texts, rejections))
+    relations: list[Unit] = []
+    for unit in record.relations:
+        bad_args = [a for a in (unit.subject, unit.object) if not is_caption_entity(a or "", entity_texts)]
+        if bad_args or not (unit.predicate or "").strip():
+            rejections.append(Rejection(RejectReason.RELATION_ARGUMENT_NOT_ENTITY,
+                                        f"relation {unit.text!r}: {bad_args or 'empty predicate'}"))
+            continue
+        key = normalize_text(unit.text)
+        if key in seen:
+            rejections.append(Rejection(RejectReason.DUPLICATE_UNIT, f"relation {unit.text!r}"))
+            continue
+        seen.add(key)
+        relations.append(_keep_valid_foils(unit, record.caption, entity_texts, rejections))
+    for kind, kept, limit in (("entities", entities, MAX_ENTITIES), ("relations", relations, MAX_RELATIONS)):
+        if len(kept) > limit:
+            rejections.append(Rejection(RejectReason.TOO_MANY_UNITS, f"{len(kept)} {kind}, kept {limit}"))
+            del kept[limit:]
+    cleaned = UnitsRecord(
+        sample_id=record.sample_id, image_id=record.image_id, caption=record.caption,
+        split=record.split, entities=tuple(entities), relations=tuple(relations),
+        image_path=record.image_path, image_bytes=record.image_bytes, source=record.source,
+        meta=dict(record.meta),
+    )
+    return cleaned, rejections
+
+
+def _keep_valid_foils(unit: Unit, caption: str, entity_texts: Sequence[str],
+                      rejections: list[Rejection]) -> Unit:
+    kept: list[Foil] = []
+    for foil in unit.foils:
+        reason = foil_rejection(unit, foil, caption, entity_texts)
+        if reason is None and foil not in kept:
+            kept.append(foil)
+        elif reason is not None:
+            rejections.append(Rejection(reason, f"{unit.kind} {unit.text!r} -> {foil.text!r} ({foil.change_type})"))
+    return Unit(unit.kind, unit.text, tuple(kept), unit.subject, unit.predicate, unit.object)
+
+
+# ---------------------------------------------------------------------------------------
+# JSON schemas of the LLM answers (SPEC §2 prompts), for structured decoding
+# ---------------------------------------------------------------------------------------
+
+_STR = {"type": "string", "minLength": 1}
+EXTRACTION_SCHEMA: dict = {
+    "type": "object",
+    "properties": {
+        "entities": {"type": "array", "items": _STR, "maxItems": MAX_ENTITIES},
+        "relations": {
+            "type": "array",
+            "maxItems": MAX_RELATIONS,
+            "items": {
+                "type": "object",
+                "properties": {"subject": _STR, "predicate": _STR, "object": _STR},
+                "required": ["subject", "predicate", "object"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    "required": ["entities", "relations"],
+    "additionalProperties": False,
+}
+ENTITY_FOILS_SCHEMA: dict = {
+    "type": "object",
+    "properties": {
+        "foils": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 3,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "foil": _STR,
+                    "change_type": {"type": "string", "enum": sorted(c.value for c in ENTITY_CHANGES)},
+                },
+                "required": ["foil", "change_type"],
+                "additionalProperties": False,
+            },
+        }
+    },
+    "required": ["foils"],
+    "additionalProperties": False,
+}
+RELATION_FOILS_SCHEMA: dict = {
+    "type": "object",
+    "properties": {
+        "relations": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "index": {"type": "integer", "minimum": 0},
+                    "foils": {
+                        "type": "array",
+                        "maxItems": 3,
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "subject": {"type": "string"},
+                                "predicate": {"type": "string"},
+                                "object": {"type": "string"},
+                                "change_type": {
+                                    "type": "string",
+                                    "enum": sorted(c.value for c in RELATION_CHANGES),
+                                },
+                            },
+                            "required": ["change_type"],
+                            "additionalProperties": False,
+                        },
+                    },
+                },
+                "required": ["index", "foils"],
+                "additionalProperties": False,
+            },
+        }
+    },
+    "required": ["relations"],
+    "additionalProperties": False,
+}
+
+
+# ---------------------------------------------------------------------------------------
+# The units table: one Arrow schema, one row per caption
+# ---------------------------------------------------------------------------------------
+
+FOIL_TYPE = pa.struct([
+    ("text", pa.string()),
+    ("change_type", pa.string()),
+    ("subject", pa.string()),
+    ("predicate", pa.string()),
+    ("object", pa.string()),
+])
+UNIT_TYPE = pa.struct([
+    ("text", pa.string()),
+    ("subject", pa.string()),
+    ("predicate", pa.string()),
+    ("object", pa.string()),
+    ("foils", pa.list_(FOIL_TYPE)),
+])
+UNITS_SCHEMA = pa.schema([
+    pa.field("sample_id", pa.string(), nullable=False),
+    pa.field("image_id", pa.string(), nullable=False),
+    pa.field("caption", pa.string(), nullable=False),
+    pa.field("split", pa.string(), nullable=False),
+    pa.field("entities", pa.list_(UNIT_TYPE)),
+    pa.field("relations", pa.list_(UNIT_TYPE)),
+    pa.field("image_path", pa.string()),
+    pa.field("image_bytes", pa.binary()),
+    pa.field("source", pa.string()),
+    pa.field("meta", pa.map_(pa.string(), pa.string())),
+])
+
+
+def _foil_to_row(foil: Foil) -> dict:
+    return {"text": foil.text, "change_type": foil.change_type.value, "subject": foil.subject,
+            "predicate": foil.predicate, "object": foil.object}
+
+
+def _unit_to_row(unit: Unit) -> dict:
+    return {"text": unit.text, "subject": unit.subject, "predicate": unit.predicate,
+            "object": unit.object, "foils": [_foil_to_row(f) for f in unit.foils]}
+
+
+def record_to_row(record: UnitsRecord) -> dict:
+    """A UnitsRecord as a plain dict matching UNITS_SCHEMA (for Ray Data and pyarrow)."""
+    return {
+        "sample_id": record.sample_id, "image_id": record.image_id, "caption": record.caption,
+        "split": record.split,
+        "entities": [_unit_to_row(u) for u in record.entities],
+        "relations": [_unit_to_row(u) for u in record.relations],
+        "image_path": record.image_path, "image_bytes": record.image_bytes,
+        "source": record.source, "meta": sorted(record.meta.items()),
+    }
+
+
+def _foil_from_row(row: dict) -> Foil:
+    return Foil(row["text"], ChangeType(row["change_type"]), row.get("subject"),
+                row.get("predicate"), row.get("object"))
+
+
+def _unit_from_row(kind: str, row: dict) -> Unit:
+    return Unit(kind, row["text"], tuple(_foil_from_row(f) for f in row.get("foils") or ()),
+                row.get("subject"), row.get("predicate"), row.get("object"))
+
+
+def record_from_row(row: dict) -> UnitsRecord:
+    """Inverse of record_to_row; accepts rows from pyarrow's to_pylist or Ray Data."""
+    meta = row.get("meta") or {}
+    if not isinstance(meta, dict):  # pyarrow returns maps as lists of (key, value)
+        meta = dict(meta)
+    image_bytes = row.get("image_bytes")
+    return UnitsRecord(
+        sample_id=row["sample_id"], image_id=row["image_id"], caption=row["caption"],
+        split=row["split"],
+        entities=tuple(_unit_from_row("entity", u) for u in row.get("entities") or ()),
+        relations=tuple(_unit_from_row("relation", u) for u in row.get("relations") or ()),
+        image_path=row.get("image_path"),
+        image_bytes=bytes(image_bytes) if image_bytes is not None else None,
+        source=row.get("source") or "", meta=meta,
+    )
+
+
+def records_to_table(records: Iterable[UnitsRecord]) -> pa.Table:
+    return pa.Table.from_pylist([record_to_row(r) for r in records], schema=UNITS_SCHEMA)
+
+
+def table_to_records(table: pa.Table) -> list[UnitsRecord]:
+    return [record_from_row(row) for row in table.to_pylist()]
+
+
+def write_units(records: Iterable[UnitsRecord], uri: str, *, filesystem=None) -> None:
+    """Write records as one Parquet file at `uri` (local path or s3://)."""
+    import pyarrow.parquet as pq
+
+    pq.write_table(records_to_table(records), uri, filesystem=filesystem)
+
+
+def read_units(uri: str, *, filesystem=None) -> list[UnitsRecord]:
+    """Read a units Parquet file or directory of files (local path or s3://)."""
+    import pyarrow.parquet as pq
+
+    from csclip.errors import DataError
+
+    try:
+        table = pq.read_table(uri, filesystem=filesystem, schema=UNITS_SCHEMA)
+    except FileNotFoundError as err:
+        raise DataError(f"units table not found: {uri}") from err
+    return table_to_records(table)

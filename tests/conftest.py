@@ -1,0 +1,47 @@
+"""Shared fixtures. Ray starts once per test session; pure-module tests never touch it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray instance for the whole test run (ray.init costs ~8 s)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, include_dashboard=False, object_store_memory=300 * 1024**2,
+                 log_to_driver=False, configure_logging=False)
+        from ray.data import DataContext
+
+        ctx = DataContext.get_current()
+        ctx.enable_progress_bars = False
+        ctx.print_on_execution_start = False
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def sugarcrepe_dir() -> Path:
+    path = SHARED_DATA / "sugarcrepe"
+    if not path.is_dir():
+        pytest.skip(f"SugarCrepe data not found at {path}")
+    return path
+
+
+@pytest.fixture
+def mlflow_uri(tmp_path) -> str:
+    """A real MLflow tracking store (sqlite) in the test's own directory."""
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
