@@ -1,0 +1,1 @@
+"""Readers for existing unit data."""
