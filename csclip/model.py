@@ -1,17 +1,37 @@
 """CLIP models from open_clip: our small configs for CPU work, pretrained tags or local
-checkpoints on a cluster, and checkpoints that carry their model config.
+checkpoints on a cluster, and checkpoints that carry their model config (SPEC §6,
+"Activation": a checkpoint reloaded with the wrong activation is silently wrong, so we
+store the config beside the weights and refuse a mismatch).
 
-(Started by the foundation slice; the training slice owns and extends this module.)
+Checkpoint directory layout (written by `save_checkpoint`):
+    model.pt          plain state dict; loads with open_clip's `pretrained=<path>`
+    model_spec.json   ModelSpec: name, quick_gelu, image size, context length, full config
+    train_state.pt    optional: optimizer / schedule state and step (training resumes)
+    config.json       optional: the resolved training config
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import Field
+
+from csclip.config import StrictModel
+from csclip.errors import CheckpointMismatch, ConfigError
+
+logger = logging.getLogger(__name__)
+
+WEIGHTS_FILE = "model.pt"
+SPEC_FILE = "model_spec.json"
+TRAIN_STATE_FILE = "train_state.pt"
+CONFIG_FILE = "config.json"
 
 # Small configs for CPU runs, registered with open_clip under these names. The text tower
 # keeps open_clip's BPE vocabulary (its tokenizer ships with the package and works
@@ -38,6 +58,17 @@ def register_small_models() -> None:
         factory._MODEL_CONFIGS.setdefault(name, copy.deepcopy(cfg))
 
 
+class ModelConfig(StrictModel):
+    """The `model` section of a training config."""
+
+    name: str = "csclip-tiny"  # open_clip model name (ViT-B-32, csclip-tiny, ...)
+    # A pretrained tag (`openai`), a state-dict file, or a csclip checkpoint directory.
+    pretrained: str | None = None
+    # OpenAI's ViT-B/32 weights were trained with QuickGELU (SPEC §6): set true for them.
+    quick_gelu: bool = False
+    image_size: int | None = Field(None, ge=16)  # None: the model config's own size
+
+
 @dataclass(frozen=True)
 class ClipBundle:
     """A model with the preprocessing that belongs to it.
@@ -55,12 +86,196 @@ class ClipBundle:
     pretrained: str | None = None
 
 
-def create_bundle(name: str, pretrained: str | None = None, device: str = "cpu") -> ClipBundle:
-    """Create an open_clip model by name, with random weights, a pretrained tag or a path."""
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a checkpoint's weights need to be read correctly. Stored as model_spec.json.
+
+    The first five fields are compared on load; `model_cfg` (the full open_clip config)
+    and `preprocess_cfg` rebuild the model and its transform.
+    """
+
+    name: str
+    quick_gelu: bool
+    image_size: int
+    context_length: int
+    embed_dim: int
+    model_cfg: dict = field(default_factory=dict, compare=False)
+    preprocess_cfg: dict = field(default_factory=dict, compare=False)
+
+    COMPARED = ("name", "quick_gelu", "image_size", "context_length", "embed_dim")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> ModelSpec:
+        data = json.loads(text)
+        return ModelSpec(**{k: data[k] for k in ModelSpec.__dataclass_fields__ if k in data})
+
+
+def _image_size(value: Any) -> int:
+    return int(value[0] if isinstance(value, list | tuple) else value)
+
+
+def spec_of(model: torch.nn.Module, name: str) -> ModelSpec:
+    """Read the spec off a built open_clip model (what it *is*, not what was asked)."""
+    from open_clip.model import get_model_preprocess_cfg
+    from open_clip.transformer import QuickGELU
+
+    quick_gelu = any(isinstance(m, QuickGELU) for m in model.modules())
+    preprocess_cfg = dict(get_model_preprocess_cfg(model))
+    preprocess_cfg = {k: list(v) if isinstance(v, tuple) else v for k, v in preprocess_cfg.items()}
+    image_size = _image_size(model.visual.image_size)
+    model_cfg = _resolved_model_cfg(name, quick_gelu, image_size)
+    return ModelSpec(name=name, quick_gelu=quick_gelu, image_size=image_size,
+                     context_length=int(model.context_length),
+                     embed_dim=int(model.text_projection.shape[-1]),
+                     model_cfg=model_cfg, preprocess_cfg=preprocess_cfg)
+
+
+def _resolved_model_cfg(name: str, quick_gelu: bool, image_size: int) -> dict:
+    import open_clip
+
+    cfg = open_clip.get_model_config(name) or {}
+    cfg = copy.deepcopy(cfg)
+    cfg["quick_gelu"] = quick_gelu
+    cfg.setdefault("vision_cfg", {})["image_size"] = image_size
+    return cfg
+
+
+def check_spec(saved: ModelSpec, wanted: ModelSpec, where: str) -> None:
+    """Raise CheckpointMismatch naming every field where `saved` differs from `wanted`."""
+    diffs = [f"{key}={getattr(saved, key)!r} (config: {getattr(wanted, key)!r})"
+             for key in ModelSpec.COMPARED if getattr(saved, key) != getattr(wanted, key)]
+    if diffs:
+        raise CheckpointMismatch(
+            f"{where} was saved with " + ", ".join(diffs)
+            + "; set model.name / model.quick_gelu / model.image_size to match the checkpoint")
+
+
+def read_spec(checkpoint_dir: str | Path) -> ModelSpec:
+    path = Path(checkpoint_dir) / SPEC_FILE
+    if not path.is_file():
+        raise CheckpointMismatch(f"{checkpoint_dir} has no {SPEC_FILE}; it is not a csclip "
+                                 "checkpoint (pass a state-dict file as model.pretrained instead)")
+    return ModelSpec.from_json(path.read_text())
+
+
+def is_checkpoint_dir(path: str | Path | None) -> bool:
+    return path is not None and (Path(path) / SPEC_FILE).is_file()
+
+
+def _build(name: str, pretrained: str | None, device: str, quick_gelu: bool,
+           image_size: int | None, load_weights: bool = True) -> ClipBundle:
     import open_clip
 
     register_small_models()
-    model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=pretrained, device=device)
-    tokenizer = open_clip.get_tokenizer(name)
+    if open_clip.get_model_config(name) is None and not name.startswith(("hf-hub:", "local-dir:")):
+        raise ConfigError(f"model.name: unknown open_clip model {name!r}; choose one of "
+                          f"{sorted(SMALL_MODEL_CONFIGS)} or open_clip.list_models()")
+    tag_cfg = open_clip.get_pretrained_cfg(name, pretrained) if pretrained else {}
+    if tag_cfg and bool(tag_cfg.get("quick_gelu", False)) != quick_gelu:
+        # open_clip only warns here; a wrong activation silently degrades the model (SPEC §6).
+        raise CheckpointMismatch(
+            f"pretrained tag {name}/{pretrained} was trained with quick_gelu="
+            f"{tag_cfg.get('quick_gelu', False)}; set model.quick_gelu to match")
+    # Without weights the tag's preprocessing still applies (mean/std differ per tag); the
+    # tag itself is not passed, since open_clip would download it.
+    preprocess_overrides = _tag_preprocess(tag_cfg) if not load_weights else {}
+    model, _, preprocess = open_clip.create_model_and_transforms(
+        name, pretrained=pretrained if load_weights else None, device=device,
+        force_quick_gelu=quick_gelu, force_image_size=image_size, **preprocess_overrides)
     model.eval()
-    return ClipBundle(model, preprocess, tokenizer, name, pretrained)
+    return ClipBundle(model, preprocess, open_clip.get_tokenizer(name), name, pretrained)
+
+
+def _tag_preprocess(tag_cfg: dict) -> dict:
+    names = {"mean": "image_mean", "std": "image_std", "interpolation": "image_interpolation",
+             "resize_mode": "image_resize_mode"}
+    return {names[k]: tag_cfg[k] for k in names if k in tag_cfg}
+
+
+def create_bundle(name: str, pretrained: str | None = None, device: str = "cpu", *,
+                  quick_gelu: bool = False, image_size: int | None = None) -> ClipBundle:
+    """Create an open_clip model by name with random weights, a pretrained tag, a
+    state-dict file or a csclip checkpoint directory (its spec must match the request).
+
+    Raises ConfigError for an unknown name, CheckpointMismatch for a spec mismatch.
+    """
+    if is_checkpoint_dir(pretrained):
+        # Check before loading: open_clip would silently resize position embeddings.
+        wanted = _build(name, None, "cpu", quick_gelu, image_size, load_weights=False)
+        check_spec(read_spec(pretrained), spec_of(wanted.model, name), str(pretrained))
+        return _build(name, str(Path(pretrained) / WEIGHTS_FILE), device, quick_gelu, image_size)
+    if pretrained and not Path(pretrained).exists() and ("/" in pretrained or pretrained.endswith(".pt")):
+        raise ConfigError(f"model.pretrained: {pretrained} does not exist; give a pretrained "
+                          "tag, a state-dict file or a checkpoint directory")
+    return _build(name, pretrained, device, quick_gelu, image_size)
+
+
+def bundle_from_config(config: ModelConfig, device: str = "cpu") -> ClipBundle:
+    """create_bundle for a ModelConfig section."""
+    return create_bundle(config.name, config.pretrained, device,
+                         quick_gelu=config.quick_gelu, image_size=config.image_size)
+
+
+def spec_from_config(config: ModelConfig) -> ModelSpec:
+    """The spec `config` would build, without loading or downloading weights."""
+    bundle = _build(config.name, config.pretrained if not is_checkpoint_dir(config.pretrained)
+                    else None, "cpu", config.quick_gelu, config.image_size, load_weights=False)
+    return spec_of(bundle.model, config.name)
+
+
+def load_bundle(checkpoint_or_name: str | Path, pretrained: str | None = None,
+                device: str = "cpu", expected: ModelConfig | None = None) -> ClipBundle:
+    """Load a csclip checkpoint directory (the model is rebuilt from its stored spec) or
+    create a model by open_clip name.
+
+    expected: when given, the checkpoint's spec must match what this config builds.
+    Raises CheckpointMismatch when it does not.
+    """
+    if not is_checkpoint_dir(checkpoint_or_name):
+        if Path(str(checkpoint_or_name)).exists():
+            read_spec(checkpoint_or_name)  # raises with an explanation
+        return create_bundle(str(checkpoint_or_name), pretrained, device)
+    saved = read_spec(checkpoint_or_name)
+    if expected is not None:
+        check_spec(saved, spec_from_config(expected), str(checkpoint_or_name))
+    bundle = _build(saved.name, str(Path(checkpoint_or_name) / WEIGHTS_FILE), device,
+                    saved.quick_gelu, saved.image_size)
+    check_spec(saved, spec_of(bundle.model, saved.name), str(checkpoint_or_name))
+    return ClipBundle(bundle.model, bundle.preprocess, bundle.tokenizer, saved.name,
+                      str(checkpoint_or_name))
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The open_clip model inside a DistributedDataParallel wrapper (or the model)."""
+    return getattr(model, "module", model)
+
+
+def save_checkpoint(model: torch.nn.Module, spec: ModelSpec, directory: str | Path,
+                    train_state: dict | None = None, config: dict | None = None) -> Path:
+    """Write weights (plain state dict), spec and optional training state to `directory`."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
+    torch.save(state, directory / WEIGHTS_FILE)
+    (directory / SPEC_FILE).write_text(spec.to_json())
+    if train_state is not None:
+        torch.save(train_state, directory / TRAIN_STATE_FILE)
+    if config is not None:
+        (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
+    return directory
+
+
+def load_train_state(directory: str | Path) -> dict | None:
+    """The optimizer / schedule / step state saved with a checkpoint, or None."""
+    path = Path(directory) / TRAIN_STATE_FILE
+    return torch.load(path, map_location="cpu", weights_only=False) if path.is_file() else None
+
+
+def load_weights_into(model: torch.nn.Module, directory: str | Path, expected: ModelSpec) -> None:
+    """Load a checkpoint's weights into an existing model after checking its spec."""
+    check_spec(read_spec(directory), expected, str(directory))
+    state = torch.load(Path(directory) / WEIGHTS_FILE, map_location="cpu", weights_only=True)
+    unwrap(model).load_state_dict(state)
