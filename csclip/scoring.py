@@ -1,0 +1,254 @@
+"""Fast scoring for the half-truth benchmark: every unique text and every image is encoded
+once, in batches, in process (small sets) or on Ray Data actors holding the model (large
+sets); item scores are then cosine similarities looked up from the two feature tables."""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from csclip.errors import DataError
+from csclip.halftruth import HalfTruthItem, ImageSideItem, ItemScores
+from csclip.model import ClipBundle
+from csclip.units import UnitsRecord
+
+log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """Anything that embeds texts and images in one space. Rows need not be normalised;
+    score_items normalises them, so similarities are always cosines."""
+
+    def encode_texts(self, texts: Sequence[str]) -> np.ndarray:  # (N, D)
+        ...
+
+    def encode_images(self, images: Sequence[bytes]) -> np.ndarray:  # (M, D)
+        ...
+
+
+def l2_normalize(features: np.ndarray) -> np.ndarray:
+    features = np.asarray(features, dtype=np.float32)
+    norms = np.linalg.norm(features, axis=-1, keepdims=True)
+    return features / np.maximum(norms, 1e-12)
+
+
+def decode_image(data: bytes):
+    """Encoded PNG/JPEG bytes -> RGB PIL image."""
+    from PIL import Image
+
+    return Image.open(io.BytesIO(data)).convert("RGB")
+
+
+class BundleScorer:
+    """The real scorer: an open_clip ClipBundle, batched, without gradients."""
+
+    def __init__(self, bundle: ClipBundle, batch_size: int = 64, device: str = "cpu") -> None:
+        self.bundle = bundle
+        self.batch_size = batch_size
+        self.device = device
+        self.model = bundle.model.to(device).eval()
+
+    def encode_texts(self, texts: Sequence[str]) -> np.ndarray:
+        """(N, D) L2-normalised text features."""
+        return self._encode(texts, lambda chunk: self.model.encode_text(
+            self.bundle.tokenizer(list(chunk)).to(self.device)))
+
+    def encode_images(self, images: Sequence[bytes]) -> np.ndarray:
+        """(M, D) L2-normalised image features of encoded image bytes."""
+        return self._encode(images, lambda chunk: self.model.encode_image(torch.stack(
+            [self.bundle.preprocess(decode_image(data)) for data in chunk]).to(self.device)))
+
+    def _encode(self, inputs: Sequence, encode) -> np.ndarray:
+        outputs = []
+        with torch.inference_mode():
+            for start in range(0, len(inputs), self.batch_size):
+                features = encode(inputs[start:start + self.batch_size]).float()  # (b, D)
+                outputs.append(torch.nn.functional.normalize(features, dim=-1).cpu().numpy())
+        if not outputs:
+            return np.zeros((0, self._embed_dim()), dtype=np.float32)
+        return np.concatenate(outputs)
+
+    def _embed_dim(self) -> int:
+        projection = getattr(self.model, "text_projection", None)
+        return int(projection.shape[-1]) if projection is not None else 0
+
+
+class CaptionLengthScorer:
+    """A non-neural scorer for known-answer tests: the similarity of an image with a text
+    is an increasing (or, with prefer_short, decreasing) function of the text's length in
+    characters, the same for every image."""
+
+    def __init__(self, prefer_short: bool = False) -> None:
+        self.sign = -1.0 if prefer_short else 1.0
+
+    def encode_texts(self, texts: Sequence[str]) -> np.ndarray:
+        # cos([1, x], [0, 1]) = x / sqrt(1 + x^2) is strictly increasing in x.
+        lengths = np.array([len(t) for t in texts], dtype=np.float64).reshape(-1, 1)
+        return np.hstack([np.ones_like(lengths), self.sign * lengths / 100.0])
+
+    def encode_images(self, images: Sequence[bytes]) -> np.ndarray:
+        return np.tile(np.array([[0.0, 1.0]]), (len(images), 1))
+
+
+# ---------------------------------------------------------------------------------------
+# Item scoring: unique texts and images once
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FeatureTables:
+    """L2-normalised features of unique texts and images, with their row indices."""
+
+    text_index: Mapping[str, int]
+    text_features: np.ndarray  # (num_texts, D)
+    image_index: Mapping[str, int]
+    image_features: np.ndarray  # (num_images, D)
+
+    def similarity(self, image_ids: Sequence[str], texts: Sequence[str]) -> np.ndarray:
+        """Cosine similarity of each (image, text) pair, shape (len(texts),)."""
+        images = self.image_features[[self.image_index[i] for i in image_ids]]
+        text_rows = self.text_features[[self.text_index[t] for t in texts]]
+        return (images.astype(np.float64) * text_rows.astype(np.float64)).sum(-1)
+
+
+def image_bytes_by_id(records: Sequence[UnitsRecord], image_ids: Sequence[str],
+                      filesystem=None) -> dict[str, bytes]:
+    """Encoded image bytes for each image id, from `image_bytes` or by reading `image_path`
+    (local or s3:// through pyarrow). Raises DataError for an image with neither."""
+    by_id = {}
+    for record in records:
+        if record.image_id not in by_id or by_id[record.image_id] is None:
+            by_id[record.image_id] = record
+    images = {}
+    for image_id in dict.fromkeys(image_ids):
+        record = by_id.get(image_id)
+        if record is None:
+            raise DataError(f"image {image_id!r} is in the benchmark but not in the units table; "
+                            "score the benchmark against the table it was built from")
+        if record.image_bytes is not None:
+            images[image_id] = record.image_bytes
+        elif record.image_path:
+            images[image_id] = _read_bytes(record.image_path, filesystem)
+        else:
+            raise DataError(f"image {image_id!r} has neither image_bytes nor image_path; "
+                            "fill one of them in the units table")
+    return images
+
+
+def _read_bytes(uri: str, filesystem=None) -> bytes:
+    import pyarrow.fs as pafs
+
+    try:
+        if filesystem is None:
+            filesystem, uri = pafs.FileSystem.from_uri(uri if "://" in uri else f"file://{_abspath(uri)}")
+        with filesystem.open_input_file(uri) as handle:
+            return handle.read()
+    except (FileNotFoundError, OSError) as err:
+        raise DataError(f"cannot read image {uri}: {err}") from err
+
+
+def _abspath(path: str) -> str:
+    import os
+
+    return os.path.abspath(path)
+
+
+def encode_features(scorer: Scorer, texts: Sequence[str], images: Mapping[str, bytes]) -> FeatureTables:
+    """Encode each unique text and each image once (in process)."""
+    unique_texts = sorted(set(texts))
+    image_ids = sorted(images)
+    log.info("encoding %d unique texts and %d images", len(unique_texts), len(image_ids))
+    text_features = l2_normalize(scorer.encode_texts(unique_texts))
+    image_features = l2_normalize(scorer.encode_images([images[i] for i in image_ids]))
+    return FeatureTables({t: k for k, t in enumerate(unique_texts)}, text_features,
+                         {i: k for k, i in enumerate(image_ids)}, image_features)
+
+
+def benchmark_texts(items: Sequence[HalfTruthItem], image_side: Sequence[ImageSideItem] = ()) -> list[str]:
+    texts = [t for item in items for t in (item.anchor, item.completion, item.half_truth)]
+    return texts + [item.text for item in image_side]
+
+
+def score_items(features: FeatureTables, items: Sequence[HalfTruthItem]) -> ItemScores:
+    """s(I, A), s(I, A+), s(I, A-) of every item from precomputed features."""
+    image_ids = [item.image_id for item in items]
+    return ItemScores(features.similarity(image_ids, [i.anchor for i in items]),
+                      features.similarity(image_ids, [i.completion for i in items]),
+                      features.similarity(image_ids, [i.half_truth for i in items]))
+
+
+def score_image_side(features: FeatureTables, items: Sequence[ImageSideItem]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Scores of each image-side text with its target image and with its distractors."""
+    target = features.similarity([i.image_id for i in items], [i.text for i in items])
+    distractors = [features.similarity(list(i.distractors), [i.text] * len(i.distractors)) for i in items]
+    return target, distractors
+
+
+# ---------------------------------------------------------------------------------------
+# Ray Data: the model lives in actors; texts and images stream through them
+# ---------------------------------------------------------------------------------------
+
+class _EncodeBatch:
+    """Ray Data callable class: holds one BundleScorer per actor."""
+
+    def __init__(self, bundle_ref: list, batch_size: int, device: str) -> None:
+        import ray
+
+        # The ref is wrapped in a list so Ray hands it over unresolved; resolve it once here.
+        self.scorer = BundleScorer(ray.get(bundle_ref[0]), batch_size=batch_size, device=device)
+
+    def __call__(self, batch: dict) -> dict:
+        if "text" in batch:
+            features = self.scorer.encode_texts([str(t) for t in batch["text"]])
+        else:
+            features = self.scorer.encode_images([bytes(b) for b in batch["image"]])
+        return {"row": batch["row"], "features": features}
+
+
+def encode_features_with_ray(bundle: ClipBundle, texts: Sequence[str], images: Mapping[str, bytes],
+                             batch_size: int = 64, concurrency: int = 1, device: str = "cpu",
+                             num_cpus: float = 1.0) -> FeatureTables:
+    """encode_features on Ray Data: `concurrency` actors each hold the model (shipped once
+    through the object store, so random or fine-tuned weights arrive unchanged)."""
+    import ray
+
+    unique_texts = sorted(set(texts))
+    image_ids = sorted(images)
+    bundle_ref = ray.put(bundle)
+    kwargs = {"bundle_ref": [bundle_ref], "batch_size": batch_size, "device": device}
+
+    def run(rows: list[dict]) -> np.ndarray:
+        if not rows:
+            return np.zeros((0, 0), dtype=np.float32)
+        # ~4 blocks per actor keeps every actor busy without tiny tasks.
+        dataset = ray.data.from_items(rows, override_num_blocks=max(1, min(len(rows), 4 * concurrency)))
+        out = dataset.map_batches(_EncodeBatch, fn_constructor_kwargs=kwargs, batch_size=batch_size,
+                                  concurrency=concurrency, num_cpus=num_cpus,
+                                  num_gpus=1 if device.startswith("cuda") else 0)
+        features = np.zeros((len(rows), 0), dtype=np.float32)
+        for batch in out.iter_batches(batch_size=None, batch_format="numpy"):
+            if features.shape[1] == 0:
+                features = np.zeros((len(rows), batch["features"].shape[1]), dtype=np.float32)
+            features[batch["row"]] = batch["features"]
+        return features
+
+    log.info("encoding %d unique texts and %d images on Ray Data (%d actors)",
+             len(unique_texts), len(image_ids), concurrency)
+    text_features = run([{"row": k, "text": t} for k, t in enumerate(unique_texts)])
+    image_features = run([{"row": k, "image": images[i]} for k, i in enumerate(image_ids)])
+    return FeatureTables({t: k for k, t in enumerate(unique_texts)}, text_features,
+                         {i: k for k, i in enumerate(image_ids)}, image_features)
+
+
+def score_with_ray(bundle: ClipBundle, items: Sequence[HalfTruthItem], images: Mapping[str, bytes],
+                   batch_size: int = 64, concurrency: int = 1, device: str = "cpu") -> ItemScores:
+    """score_items with features encoded on Ray Data actors."""
+    features = encode_features_with_ray(bundle, benchmark_texts(items), images,
+                                        batch_size=batch_size, concurrency=concurrency, device=device)
+    return score_items(features, items)
