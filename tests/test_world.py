@@ -1,0 +1,182 @@
+"""The synthetic world: the scene is the truth, the generator is deterministic, bad
+configs fail by name."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from csclip.config import validate_config
+from csclip.errors import ConfigError, DataError
+from csclip.units import ChangeType, UnitsRecord, validate_record
+from csclip.world import (
+    PALETTE,
+    Scene,
+    SceneObject,
+    WorldConfig,
+    WorldLanguageError,
+    iter_world,
+    scene_from_record,
+    world_record,
+)
+
+TINY = WorldConfig(seed=3, image_size=32, num_train=6, num_val=3, num_test=2)
+SPLIT = st.sampled_from(["train", "val", "test"])
+
+
+def _scene() -> Scene:
+    # A hand-made scene, so oracle answers can be worked out by hand:
+    #   row 0: large red circle (col 0)            small blue square (col 2)
+    #   row 2:                     small red square (col 1)
+    objects = (SceneObject("circle", "red", "large", row=0, col=0),
+               SceneObject("square", "blue", "small", row=0, col=2),
+               SceneObject("square", "red", "small", row=2, col=1))
+    return Scene(objects, grid_size=3, image_size=64)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("red circle", True),
+    ("large red circle", True),
+    ("a small red circle", False),
+    ("circle", True),
+    ("red square", True),
+    ("large square", False),
+    ("green circle", False),
+    ("red circle is left of blue square", True),
+    ("red circle is to the left of blue square", True),
+    ("red circle is right of blue square", False),
+    ("red circle is not left of blue square", False),
+    ("blue square is not above red circle", True),  # same row: neither above nor below
+    ("red square is below red circle", True),
+    ("red circle is above square", True),  # some square (the red one) is lower
+    ("square is left of square", True),  # small red square (col 1) vs blue square (col 2)
+    ("red circle and blue square", True),
+    ("red circle and green square", False),
+    ("Red circle is above red square.", True),
+])
+def test_oracle_answers_known_cases(text, expected):
+    assert _scene().holds(text) is expected
+
+
+@pytest.mark.parametrize("text", ["", "red", "purple elephant", "red circle is near blue square",
+                                  "red circle and", "red circle is left of", "red-circle"])
+def test_oracle_rejects_text_outside_the_language(text):
+    with pytest.raises(WorldLanguageError, match="expected|unknown predicate|empty clause"):
+        _scene().holds(text)
+
+
+def _check_truth(record: UnitsRecord) -> None:
+    scene = scene_from_record(record)
+    for unit in record.units:
+        assert scene.holds(unit.text), (record.sample_id, unit.text)
+        for foil in unit.foils:
+            assert not scene.holds(foil.text), (record.sample_id, unit.text, foil)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10**6), split=SPLIT, index=st.integers(0, 10**6))
+def test_every_unit_holds_and_every_foil_does_not(seed, split, index):
+    _check_truth(world_record(WorldConfig(seed=seed), split, index))
+
+
+def test_every_change_type_occurs_and_is_false_of_its_scene():
+    # Count per change_type over a block of samples, checking each foil against the scene.
+    seen: dict[ChangeType, int] = dict.fromkeys(ChangeType, 0)
+    for index in range(150):
+        record = world_record(WorldConfig(seed=11), "train", index)
+        scene = scene_from_record(record)
+        for unit in record.units:
+            for foil in unit.foils:
+                assert not scene.holds(foil.text)
+                seen[foil.change_type] += 1
+    assert all(count > 0 for count in seen.values()), seen
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10**6), index=st.integers(0, 10**5))
+def test_gold_units_fit_the_caption(seed, index):
+    record = world_record(WorldConfig(seed=seed, size_mention_prob=0.5), "val", index)
+    scene = scene_from_record(record)
+    assert len(record.entities) == len(scene.objects)
+    assert 1 <= len(record.relations) <= 2
+    for entity in record.entities:
+        assert entity.text in record.caption  # verbatim: training replaces it in place
+        kinds = {f.change_type for f in entity.foils}
+        assert kinds == {ChangeType.ATTRIBUTE_CHANGE, ChangeType.OBJECT_CHANGE}
+    for relation in record.relations:
+        assert relation.subject in record.caption and relation.object in record.caption
+        assert {f.change_type for f in relation.foils} == {
+            ChangeType.ANTONYM, ChangeType.NEGATION, ChangeType.SUBJECT_OBJECT_SWAP,
+            ChangeType.SUBJECT_REPLACE, ChangeType.OBJECT_REPLACE}
+    _, rejections = validate_record(record)
+    assert rejections == []
+
+
+def test_scene_has_unique_color_shape_pairs_and_cells():
+    for record in iter_world(WorldConfig(seed=5, num_train=50, num_val=0, num_test=0)):
+        objects = scene_from_record(record).objects
+        assert 2 <= len(objects) <= 4
+        assert len({(o.color, o.shape) for o in objects}) == len(objects)
+        assert len({(o.row, o.col) for o in objects}) == len(objects)
+
+
+def test_same_seed_same_bytes_and_any_index_alone():
+    streamed = list(iter_world(TINY))
+    assert [r.sample_id for r in streamed[:2]] == ["world-train-0000000", "world-train-0000001"]
+    assert len(streamed) == 11
+    alone = world_record(TINY, "val", 2)
+    assert alone == streamed[6 + 2]
+    assert alone.image_bytes == streamed[8].image_bytes
+    other_seed = world_record(TINY.model_copy(update={"seed": 4}), "val", 2)
+    assert other_seed.image_bytes != alone.image_bytes
+
+
+def test_image_is_png_of_configured_size():
+    import io
+
+    from PIL import Image
+
+    record = world_record(WorldConfig(image_size=48), "test", 0)
+    image = Image.open(io.BytesIO(record.image_bytes))
+    assert image.format == "PNG" and image.size == (48, 48)
+    # Each object's color is visible in the picture.
+    colors = {color for _, color in image.convert("RGB").getcolors(maxcolors=4096)}
+    for obj in scene_from_record(record).objects:
+        assert PALETTE[obj.color] in colors
+
+
+@pytest.mark.parametrize(("data", "field"), [
+    ({"image_size": 16}, "image_size"),
+    ({"image_size": 128}, "image_size"),
+    ({"min_objects": 1}, "min_objects"),
+    ({"max_objects": 5}, "max_objects"),
+    ({"num_train": -1}, "num_train"),
+    ({"colors": ["red", "magenta"]}, "colors"),
+    ({"shapes": ["circle"]}, "shapes"),
+    ({"size_mention_prob": 1.5}, "size_mention_prob"),
+    ({"min_objects": 4, "max_objects": 3}, "max_objects"),
+    ({"bogus": 1}, "bogus"),
+])
+def test_bad_config_names_the_field(data, field):
+    with pytest.raises(ConfigError, match=field):
+        validate_config(WorldConfig, data)
+
+
+def test_unknown_split_is_a_clear_error():
+    with pytest.raises(ConfigError, match="unknown world split 'dev'"):
+        world_record(TINY, "dev", 0)
+
+
+def test_scene_from_non_world_record_is_a_clear_error():
+    record = UnitsRecord("x", "x", "a dog", "train")
+    with pytest.raises(DataError, match="meta\\['scene'\\]"):
+        scene_from_record(record)
+
+
+def test_world_package_does_not_import_ray():
+    code = "import sys, csclip.world; csclip.world.world_record; assert 'ray' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
