@@ -1,0 +1,192 @@
+"""CS-CLIP training losses (SPEC §3): plain CLIP, L_full (NegCLIP) and L_unit, with features
+all-gathered with gradient across workers so negatives come from the global batch.
+
+Every function takes this worker's *local*, L2-normalised features and `scale =
+logit_scale.exp()` (= 1/τ). Gathering happens inside, so every worker computes the same
+global loss; outside torch.distributed the gather is the identity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class LossParts:
+    """The terms of L = L_full + λ·L_unit (scalars with graphs attached)."""
+
+    full: Tensor
+    unit: Tensor
+    total: Tensor
+
+
+# ---------------------------------------------------------------------------------------
+# Gathering across workers
+# ---------------------------------------------------------------------------------------
+
+def _is_distributed() -> bool:
+    return (torch.distributed.is_available() and torch.distributed.is_initialized()
+            and torch.distributed.get_world_size() > 1)
+
+
+class _AllGatherWithGrad(torch.autograd.Function):
+    """all_gather whose backward sums the gradient over workers and keeps this worker's
+    slice (SimCLR's GatherLayer). Written out because torch.distributed.nn.all_gather warns
+    that it is deprecated, and its suggested replacement is private API."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(torch.distributed.get_world_size())]
+        torch.distributed.all_gather(parts, x)
+        return torch.stack(parts)                                # (W, *x.shape)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        grad = grad.contiguous()
+        torch.distributed.all_reduce(grad)                       # sum over workers
+        return grad[torch.distributed.get_rank()]
+
+
+def gather_features(x: Tensor, dim: int = 0) -> Tensor:
+    """Concatenate `x` from every worker along `dim`, keeping the gradient.
+
+    Like open_clip's `gather_features(gather_with_grad=True)`: the backward sums, over
+    workers, the gradient each worker computes for this worker's slice. Every worker
+    computes the same global loss L, so the local gradient is world_size · ∂L/∂x_local;
+    DDP then *averages* parameter gradients over workers, which gives exactly ∂L/∂θ (the
+    world_size cancels). This is open_clip's `local_loss=False` convention.
+
+    Every worker must pass the same shape (use equal per-worker batch sizes, e.g.
+    drop_last). Identity when torch.distributed is not initialised or has one worker.
+    """
+    if not _is_distributed():
+        return x
+    return torch.cat(tuple(_AllGatherWithGrad.apply(x)), dim=dim)
+
+
+def _gather_mask(mask: Tensor) -> Tensor:
+    # The mask carries no gradient; gather it as uint8 (gloo has no bool all_gather).
+    if not _is_distributed():
+        return mask.bool()
+    parts = [torch.empty_like(mask, dtype=torch.uint8)
+             for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(parts, mask.to(torch.uint8).contiguous())
+    return torch.cat(parts).bool()
+
+
+# ---------------------------------------------------------------------------------------
+# Losses on gathered features (B = global batch)
+# ---------------------------------------------------------------------------------------
+
+def _labels(num: int, device: torch.device) -> Tensor:
+    return torch.arange(num, device=device, dtype=torch.long)
+
+
+def _clip(image: Tensor, text: Tensor, scale: Tensor) -> Tensor:
+    # Symmetric InfoNCE: image i matches text i (Radford et al. 2021, open_clip ClipLoss).
+    logits_per_image = scale * image @ text.T                    # (B, B), label i
+    logits_per_text = logits_per_image.T                         # (B, B), label i
+    labels = _labels(image.shape[0], image.device)
+    return (F.cross_entropy(logits_per_image, labels)
+            + F.cross_entropy(logits_per_text, labels)) / 2
+
+
+def _negclip(image: Tensor, caption: Tensor, caption_negative: Tensor, scale: Tensor) -> Tensor:
+    # L_full: image→text logits img @ [cap ; capneg]ᵀ / τ (B × 2B, label i), so every image
+    # also has every caption-level negative of the batch as a distractor (NegCLIP);
+    # text→image logits cap @ imgᵀ / τ (negatives are never positives of an image).
+    texts = torch.cat([caption, caption_negative], dim=0)        # (2B, D)
+    logits_per_image = scale * image @ texts.T                   # (B, 2B), label i
+    logits_per_text = scale * caption @ image.T                  # (B, B), label i
+    labels = _labels(image.shape[0], image.device)
+    return (F.cross_entropy(logits_per_image, labels)
+            + F.cross_entropy(logits_per_text, labels)) / 2
+
+
+def _unit(image: Tensor, units: Tensor, foils: Tensor, mask: Tensor, scale: Tensor) -> Tensor:
+    # Only the B_v valid samples take part: a masked sample's unit text is a placeholder, so
+    # it is neither a row of the loss nor a negative column for anyone else.
+    if not bool(mask.any()):
+        # No valid sample in the global batch: L_unit = 0, with a graph so backward works.
+        return (image.sum() + units.sum() + foils.sum()) * 0.0 + scale * 0.0
+    image = image[mask]                                          # (B_v, D)
+    units, foils = units[:, mask], foils[:, mask]                # (K, B_v, D)
+    labels = _labels(image.shape[0], image.device)
+    slot_losses = []
+    for unit, foil in zip(units, foils, strict=True):            # slot k: (B_v, D) each
+        # L_unit, slot k: image i scores every unit of slot k in the batch plus only its
+        # own foil ũ_i (label i); text→image is u @ imgᵀ / τ.
+        own_foil = (image * foil).sum(-1, keepdim=True)          # (B_v, 1)
+        logits_per_image = scale * torch.cat([image @ unit.T, own_foil], dim=1)  # (B_v, B_v+1)
+        logits_per_text = scale * unit @ image.T                 # (B_v, B_v)
+        slot_losses.append((F.cross_entropy(logits_per_image, labels)
+                            + F.cross_entropy(logits_per_text, labels)) / 2)
+    return torch.stack(slot_losses).mean()                      # mean over the K slots
+
+
+# ---------------------------------------------------------------------------------------
+# Public losses (local features in, global loss out)
+# ---------------------------------------------------------------------------------------
+
+def clip_loss(image: Tensor, text: Tensor, scale: Tensor) -> Tensor:
+    """Plain CLIP loss: mean of image→text and text→image cross-entropies.
+
+    image, text: (B, D) local L2-normalised features; scale: scalar logit_scale.exp().
+    Equals open_clip's `ClipLoss(gather_with_grad=True)` on the same features.
+    """
+    return _clip(gather_features(image), gather_features(text), scale)
+
+
+def negclip_loss(image: Tensor, caption: Tensor, caption_negative: Tensor,
+                 scale: Tensor) -> Tensor:
+    """L_full (NegCLIP, SPEC §3): captions with caption-level negatives as extra columns.
+
+    image, caption, caption_negative: (B, D) local features; scale: scalar.
+    """
+    return _negclip(gather_features(image), gather_features(caption),
+                    gather_features(caption_negative), scale)
+
+
+def unit_loss(image: Tensor, units: Tensor, foils: Tensor, mask: Tensor,
+              scale: Tensor) -> Tensor:
+    """L_unit (SPEC §3), the mean over the K unit slots.
+
+    image: (B, D); units, foils: (K, B, D) unit and foil features of slots 1..K;
+    mask: (B,) bool, False for samples without units (left out entirely); scale: scalar.
+    Returns 0 (with a graph) when no sample of the global batch is valid.
+    """
+    _check_unit_shapes(image, units, foils, mask)
+    return _unit(gather_features(image), gather_features(units, dim=1),
+                 gather_features(foils, dim=1), _gather_mask(mask), scale)
+
+
+def csclip_loss(image: Tensor, caption: Tensor, caption_negative: Tensor, units: Tensor,
+                foils: Tensor, mask: Tensor, scale: Tensor,
+                unit_loss_weight: float = 0.5) -> LossParts:
+    """L = L_full + λ·L_unit (SPEC §3), gathering each feature tensor once.
+
+    image, caption, caption_negative: (B, D); units, foils: (K, B, D); mask: (B,) bool;
+    scale: scalar logit_scale.exp(); unit_loss_weight: λ (paper: 0.5).
+    """
+    _check_unit_shapes(image, units, foils, mask)
+    all_image = gather_features(image)                           # (B_global, D)
+    loss_full = _negclip(all_image, gather_features(caption),
+                         gather_features(caption_negative), scale)
+    loss_unit = _unit(all_image, gather_features(units, dim=1), gather_features(foils, dim=1),
+                      _gather_mask(mask), scale)
+    return LossParts(full=loss_full, unit=loss_unit, total=loss_full + unit_loss_weight * loss_unit)
+
+
+def _check_unit_shapes(image: Tensor, units: Tensor, foils: Tensor, mask: Tensor) -> None:
+    # Programming errors (the caller built the tensors), hence ValueError, not CsclipError.
+    batch, dim = image.shape
+    if units.dim() != 3 or units.shape[1:] != (batch, dim) or foils.shape != units.shape:
+        raise ValueError(f"units and foils must be (K, {batch}, {dim}); got "
+                         f"{tuple(units.shape)} and {tuple(foils.shape)}")
+    if mask.shape != (batch,):
+        raise ValueError(f"mask must be ({batch},); got {tuple(mask.shape)}")

@@ -1,0 +1,108 @@
+"""Parity of the gathered losses: 2 gloo workers (torch.multiprocessing, 127.0.0.1) compute
+the same loss, and the same gradients up to DDP's averaging, as one process on the
+concatenated batch."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from csclip.loss import clip_loss, csclip_loss
+
+WORLD_SIZE = 2
+LOCAL_BATCH, SLOTS, DIM = 3, 2, 8
+
+
+def _global_inputs() -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    batch = WORLD_SIZE * LOCAL_BATCH
+
+    def features(*shape: int) -> torch.Tensor:
+        return F.normalize(torch.randn(*shape, generator=generator), dim=-1)
+
+    return {
+        "image": features(batch, DIM), "caption": features(batch, DIM),
+        "caption_negative": features(batch, DIM),
+        "units": features(SLOTS, batch, DIM), "foils": features(SLOTS, batch, DIM),
+        # One masked sample on each rank, so masking and gathering meet.
+        "mask": torch.tensor([True, False, True, True, True, False]),
+    }
+
+
+FEATURES = ("image", "caption", "caption_negative", "units", "foils")
+
+
+def _losses(inputs: dict[str, torch.Tensor], scale: torch.Tensor) -> dict[str, torch.Tensor]:
+    parts = csclip_loss(inputs["image"], inputs["caption"], inputs["caption_negative"],
+                        inputs["units"], inputs["foils"], inputs["mask"], scale, 0.5)
+    return {"full": parts.full, "unit": parts.unit, "total": parts.total,
+            "clip": clip_loss(inputs["image"], inputs["caption"], scale)}
+
+
+def _gradients(inputs, scale, loss) -> dict[str, torch.Tensor]:
+    leaves = [inputs[name] for name in FEATURES] + [scale]
+    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    # The plain CLIP loss does not use negatives, units or foils: their gradient is zero.
+    grads = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, grads, strict=True)]
+    return dict(zip([*FEATURES, "scale"], grads, strict=True))
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=WORLD_SIZE)
+    try:
+        rows = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
+        local = {}
+        for name, value in _global_inputs().items():
+            value = value[:, rows] if name in ("units", "foils") else value[rows]
+            local[name] = value.clone().requires_grad_(name != "mask")
+        scale = torch.tensor(12.5, requires_grad=True)
+        losses = _losses(local, scale)
+        result = {f"loss_{k}": v.detach() for k, v in losses.items()}
+        for kind in ("total", "clip"):
+            grads = _gradients(local, scale, losses[kind])
+            result.update({f"grad_{kind}_{k}": v for k, v in grads.items()})
+        torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_gloo_workers_match_one_process_on_the_concatenated_batch(tmp_path):
+    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE)]
+
+    inputs = {k: v.clone().requires_grad_(k != "mask") for k, v in _global_inputs().items()}
+    scale = torch.tensor(12.5, requires_grad=True)
+    losses = _losses(inputs, scale)
+    single = {kind: _gradients(inputs, scale, losses[kind]) for kind in ("total", "clip")}
+    for rank, result in enumerate(ranks):
+        for name, value in losses.items():
+            # Every worker computes the global loss itself.
+            torch.testing.assert_close(result[f"loss_{name}"], value.detach(), atol=1e-6, rtol=0)
+        rows = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
+        for kind in ("total", "clip"):
+            for name in FEATURES:
+                full = single[kind][name]
+                expected = full[:, rows] if name in ("units", "foils") else full[rows]
+                # all_gather's backward sums the W workers' (identical) gradients of this
+                # slice, so a worker holds W·∂L/∂x_local; DDP averages over W, giving ∂L/∂θ.
+                torch.testing.assert_close(result[f"grad_{kind}_{name}"], WORLD_SIZE * expected,
+                                           atol=1e-6, rtol=0)
+            # logit_scale is replicated, not gathered: each worker has ∂L/∂scale itself,
+            # and DDP's average of W equal values leaves it unchanged.
+            torch.testing.assert_close(result[f"grad_{kind}_scale"], single[kind]["scale"],
+                                       atol=1e-6, rtol=0)
+    # The masked samples (global rows 1 and 5) get no unit gradient on their own rank.
+    assert torch.all(ranks[0]["grad_total_units"][:, 1] == 0)
+    assert torch.all(ranks[1]["grad_total_units"][:, 2] == 0)
