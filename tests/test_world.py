@@ -12,16 +12,21 @@ from hypothesis import strategies as st
 
 from csclip.config import validate_config
 from csclip.errors import ConfigError, DataError
-from csclip.units import ChangeType, UnitsRecord, validate_record
+from csclip.units import ChangeType, UnitsRecord, read_units, validate_record
 from csclip.world import (
     PALETTE,
     Scene,
     SceneObject,
     WorldConfig,
     WorldLanguageError,
+    format_summary,
     iter_world,
+    read_world_config,
+    read_world_split,
     scene_from_record,
+    summarize,
     world_record,
+    write_world,
 )
 
 TINY = WorldConfig(seed=3, image_size=32, num_train=6, num_val=3, num_test=2)
@@ -180,3 +185,84 @@ def test_scene_from_non_world_record_is_a_clear_error():
 def test_world_package_does_not_import_ray():
     code = "import sys, csclip.world; csclip.world.world_record; assert 'ray' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Writer and summary
+# ---------------------------------------------------------------------------------------
+
+def _file_hashes(root) -> dict[str, str]:
+    import hashlib
+
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_write_world_is_byte_identical_for_the_same_config(tmp_path):
+    first = write_world(TINY, str(tmp_path / "a"), rows_per_file=4, row_group_size=3)
+    write_world(TINY, str(tmp_path / "b"), rows_per_file=4, row_group_size=3)
+    hashes_a, hashes_b = _file_hashes(tmp_path / "a"), _file_hashes(tmp_path / "b")
+    assert sorted(hashes_a) == ["_world_config.json", "test/part-00000.parquet",
+                                "train/part-00000.parquet", "train/part-00001.parquet",
+                                "val/part-00000.parquet"]
+    assert hashes_a == hashes_b
+    assert len(first.files) == 4
+    write_world(TINY.model_copy(update={"seed": 99}), str(tmp_path / "c"), rows_per_file=4,
+                row_group_size=3)
+    assert _file_hashes(tmp_path / "c")["train/part-00000.parquet"] != \
+        hashes_a["train/part-00000.parquet"]
+
+
+def test_written_world_reads_back_as_generated(tmp_path):
+    summary = write_world(TINY, str(tmp_path), rows_per_file=4, row_group_size=3)
+    assert summary.split_counts == {"train": 6, "val": 3, "test": 2}
+    assert read_world_split(str(tmp_path), "train") == list(iter_world(TINY, ["train"]))
+    assert read_units(str(tmp_path / "val")) == list(iter_world(TINY, ["val"]))
+    assert read_world_config(str(tmp_path)) == TINY
+    # A smaller rerun into the same place leaves no stale shards behind.
+    write_world(TINY.model_copy(update={"num_train": 2}), str(tmp_path), rows_per_file=4)
+    assert len(read_world_split(str(tmp_path), "train")) == 2
+
+
+def test_reading_a_missing_split_is_a_clear_error(tmp_path):
+    with pytest.raises(DataError, match="no world shards under .*train.*write_world"):
+        read_world_split(str(tmp_path), "train")
+
+
+def test_summary_counts_splits_and_every_change_type():
+    summary = summarize(iter_world(TINY), num_examples=2)
+    assert summary.num_records == 11
+    assert summary.split_counts == {"train": 6, "val": 3, "test": 2}
+    assert set(summary.change_type_counts) == {c.value for c in ChangeType}
+    foils = sum(len(u.foils) for r in iter_world(TINY) for u in r.units)
+    assert sum(summary.change_type_counts.values()) == foils
+    assert len(summary.examples) == 2
+    text = format_summary(summary)
+    assert "| train | 6 |" in text and "| negation |" in text
+    assert summary.examples[0].caption in text
+
+
+@pytest.fixture
+def s3_world_uri(monkeypatch):
+    """A moto S3 server on 127.0.0.1 with one bucket; yields its s3:// prefix."""
+    boto3 = pytest.importorskip("boto3")
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    for name, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                        "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1",
+                        "AWS_ENDPOINT_URL": endpoint}.items():
+        monkeypatch.setenv(name, value)
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="world")
+    yield "s3://world/v1"
+    server.stop()
+
+
+def test_write_world_to_s3_reads_back(s3_world_uri):
+    summary = write_world(TINY, s3_world_uri, rows_per_file=5, splits=["train"])
+    assert summary.files == ("world/v1/train/part-00000.parquet",
+                             "world/v1/train/part-00001.parquet")
+    assert read_world_split(s3_world_uri, "train") == list(iter_world(TINY, ["train"]))
