@@ -117,8 +117,7 @@ class FeatureTables:
         return (images.astype(np.float64) * text_rows.astype(np.float64)).sum(-1)
 
 
-def image_bytes_by_id(records: Sequence[UnitsRecord], image_ids: Sequence[str],
-                      filesystem=None) -> dict[str, bytes]:
+def image_bytes_by_id(records: Sequence[UnitsRecord], image_ids: Sequence[str]) -> dict[str, bytes]:
     """Encoded image bytes for each image id, from `image_bytes` or by reading `image_path`
     (local or s3:// through pyarrow). Raises DataError for an image with neither."""
     by_id = {}
@@ -134,29 +133,18 @@ def image_bytes_by_id(records: Sequence[UnitsRecord], image_ids: Sequence[str],
         if record.image_bytes is not None:
             images[image_id] = record.image_bytes
         elif record.image_path:
-            images[image_id] = _read_bytes(record.image_path, filesystem)
+            images[image_id] = _read_bytes(record.image_path)
         else:
             raise DataError(f"image {image_id!r} has neither image_bytes nor image_path; "
                             "fill one of them in the units table")
     return images
 
 
-def _read_bytes(uri: str, filesystem=None) -> bytes:
-    import pyarrow.fs as pafs
+def _read_bytes(uri: str) -> bytes:
+    from csclip.storage import filesystem_for, read_bytes
 
-    try:
-        if filesystem is None:
-            filesystem, uri = pafs.FileSystem.from_uri(uri if "://" in uri else f"file://{_abspath(uri)}")
-        with filesystem.open_input_file(uri) as handle:
-            return handle.read()
-    except (FileNotFoundError, OSError) as err:
-        raise DataError(f"cannot read image {uri}: {err}") from err
-
-
-def _abspath(path: str) -> str:
-    import os
-
-    return os.path.abspath(path)
+    filesystem, path = filesystem_for(uri)
+    return read_bytes(filesystem, path)
 
 
 def encode_features(scorer: Scorer, texts: Sequence[str], images: Mapping[str, bytes]) -> FeatureTables:
