@@ -268,14 +268,12 @@ MISSING = "—"
 
 
 def column_value(metrics: Mapping[str, Any] | None, keys: Sequence[str]) -> float | None:
-    """The first finite metric among `keys`, as a percentage; None when none was measured.
-
-    Our metrics are fractions in [0, 1]; the paper's tables show percentages.
-    """
+    """The first finite metric among `keys` (our evaluation reports percentages, as the
+    paper's tables do); None when none was measured."""
     for key in keys:
         value = (metrics or {}).get(key)
         if isinstance(value, int | float) and math.isfinite(value):
-            return 100.0 * float(value)
+            return float(value)
     return None
 
 
@@ -409,3 +407,415 @@ def update_marked_section(path: str | Path, marker: str, body: str) -> Path:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
     path.write_text(text)
     return path
+
+
+# ---------------------------------------------------------------------------------------
+# MLflow: one parent run per sweep, one child run per trial (MlflowClient only, so the
+# fluent API's process-wide "active run" of the training code is never touched)
+# ---------------------------------------------------------------------------------------
+
+PARENT_TAG = "mlflow.parentRunId"
+
+
+def _client(tracking_uri: str):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def _experiment_id(client, name: str) -> str:
+    experiment = client.get_experiment_by_name(name)
+    return experiment.experiment_id if experiment else client.create_experiment(name)
+
+
+def find_or_create_run(client, experiment_id: str, tags: Mapping[str, str], run_name: str) -> str:
+    """The run carrying all `tags` (reused, so a resumed sweep adds no duplicate runs), or a
+    new one with them. Its status is set to RUNNING."""
+    query = " and ".join(f"tags.{k} = '{v}'" for k, v in tags.items() if k.startswith("csclip_"))
+    found = client.search_runs([experiment_id], filter_string=query, max_results=1)
+    if found:
+        run_id = found[0].info.run_id
+        client.update_run(run_id, status="RUNNING")
+        return run_id
+    return client.create_run(experiment_id, run_name=run_name, tags=dict(tags)).info.run_id
+
+
+def log_params(client, run_id: str, params: Mapping[str, Any]) -> None:
+    from mlflow.entities import Param
+
+    items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+    for start in range(0, len(items), 100):  # MLflow accepts at most 100 params per batch
+        client.log_batch(run_id, params=items[start:start + 100])
+
+
+def log_metrics(client, run_id: str, metrics: Mapping[str, Any], step: int = 0) -> None:
+    import time
+
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    items = [Metric(k, float(v), now, step) for k, v in metrics.items()
+             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)]
+    for start in range(0, len(items), 1000):
+        client.log_batch(run_id, metrics=items[start:start + 1000])
+
+
+def copy_curves(client, source_run_id: str, target_run_id: str) -> dict[str, list[tuple[int, float]]]:
+    """Copy every metric history of the training run into the trial's child run; returns
+    the curves {metric: [(step, value), ...]} for the trial's plot."""
+    from mlflow.entities import Metric
+
+    curves: dict[str, list[tuple[int, float]]] = {}
+    batch: list[Metric] = []
+    for key in client.get_run(source_run_id).data.metrics:
+        history = client.get_metric_history(source_run_id, key)
+        curves[key] = [(m.step, m.value) for m in history]
+        batch += [Metric(f"train/{key}", m.value, m.timestamp, m.step) for m in history]
+    for start in range(0, len(batch), 1000):
+        client.log_batch(target_run_id, metrics=batch[start:start + 1000])
+    return curves
+
+
+# ---------------------------------------------------------------------------------------
+# The trial: train one setting with Ray Train, evaluate it, report to Tune and MLflow
+# ---------------------------------------------------------------------------------------
+
+class SweepContext(BaseModel):
+    """What every trial of a sweep shares; travels in Tune's param space as a dict."""
+
+    model_config = {"extra": "forbid", "frozen": True}
+
+    sweep: str  # Tune experiment name
+    base: dict  # the base TrainConfig, model_dump(mode="json"), paths absolute
+    parent_run_id: str
+    tracking_uri: str
+    mlflow_experiment: str
+    eval_seed: int = 0
+    marker_dir: str = ""
+    # Test-only: settings whose first attempt fails after the child run starts, to stand in
+    # for an interrupted sweep. A marker file makes the failure happen once.
+    fail_once: tuple[str, ...] = ()
+
+
+def setting_from_params(params: Mapping[str, Any]) -> Setting:
+    return Setting(tuple((str(a), v) for a, v in params["values"]))
+
+
+def setting_params(setting: Setting) -> dict[str, Any]:
+    """A setting as a plain dict for Tune's param space (and back: setting_from_params)."""
+    return {"key": setting.key, "slug": setting.slug, "values": [[a, v] for a, v in setting.values]}
+
+
+def trial_config(base: BaseModel, setting: Setting, sweep: str) -> BaseModel:
+    """The setting's TrainConfig, its Train run named after the sweep and setting, so that
+    a restarted trial resumes its own Train run from its last checkpoint."""
+    config = check_setting(base, setting)
+    return with_values(config, {"run.name": f"{sweep}-{setting.slug}"},
+                       origin=f"trial {setting.key}")
+
+
+def run_trial(params: dict) -> None:
+    """Tune trainable: fine-tune one setting (Ray Train, metrics forwarded to Tune), load
+    its checkpoint, evaluate on the validation split, report the evaluation."""
+    import time
+
+    from ray import tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from csclip import train
+    from csclip.config import flatten
+
+    context = SweepContext.model_validate(params["sweep"])
+    setting = setting_from_params(params["setting"])
+    base = validate_config(train.TrainConfig, context.base, origin="sweep base config")
+    config = trial_config(base, setting, context.sweep)
+    client = _client(context.tracking_uri)
+    tags = {"csclip_sweep": context.sweep, "csclip_role": "trial",
+            "csclip_setting": setting.key, PARENT_TAG: context.parent_run_id}
+    run_id = find_or_create_run(client, _experiment_id(client, context.mlflow_experiment),
+                                tags, run_name=setting.key)
+    started = time.time()
+    try:
+        log_params(client, run_id, {**{f"axis.{a}": v for a, v in setting.values},
+                                    "setting": setting.key, **flatten(config)})
+        client.set_tag(run_id, "csclip_trial_started", f"{started:.3f}")
+        _fail_once_for_tests(context, setting)
+        result = train.run(config, callbacks=[TuneReportCallback()])
+        metrics = evaluate_trial(config, result.checkpoint_uri, context.eval_seed)
+        curves: dict[str, list[tuple[int, float]]] = {}
+        if result.mlflow_run_id:
+            client.set_tag(run_id, "csclip_train_run_id", result.mlflow_run_id)
+            # Nest the training run under the trial, so the UI shows sweep > trial > train.
+            client.set_tag(result.mlflow_run_id, PARENT_TAG, run_id)
+            curves = copy_curves(client, result.mlflow_run_id, run_id)
+        log_metrics(client, run_id, metrics)
+        _log_trial_files(client, run_id, setting, metrics, curves)
+        client.set_terminated(run_id, "FINISHED")
+    except BaseException:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    logger.info("trial %s done in %.0f s: ht_all=%s", setting.key, time.time() - started,
+                metrics.get("ht_all"))
+    tune.report({**metrics, "setting": setting.key, "trial_started": started,
+                 "checkpoint_uri": result.checkpoint_uri, "mlflow_child_run_id": run_id})
+
+
+def _fail_once_for_tests(context: SweepContext, setting: Setting) -> None:
+    if setting.key not in context.fail_once:
+        return
+    marker = Path(context.marker_dir) / f"{setting.slug}.failed"
+    if not marker.exists():
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text("failed once on purpose (test knob fail_once)\n")
+        raise RuntimeError(f"trial {setting.key}: failing on purpose (fail_once test knob)")
+
+
+def validation_records(config: BaseModel) -> list:
+    """The validation split the trial is evaluated on: the units table's `val` rows when
+    data.units_uri is set, else the synthetic world's val split."""
+    from csclip.errors import DataError
+
+    units_uri = getattr(config.data, "units_uri", None)
+    if units_uri:
+        from csclip.units import read_units
+
+        records = [r for r in read_units(units_uri) if r.split == "val"]
+    else:
+        from csclip.world import iter_world
+
+        records = list(iter_world(config.data.world, splits=("val",)))
+    if not records:
+        raise DataError(f"no validation records in {units_uri or 'the world (num_val=0)'}; "
+                        "the ablation evaluates on the val split: add some")
+    return records
+
+
+def evaluate_trial(config: BaseModel, checkpoint_uri: str, seed: int) -> dict[str, float]:
+    """Half-truth (and whatever other suites the evaluation has) of a trained checkpoint."""
+    from csclip.evaluate import evaluate_bundle
+    from csclip.model import load_bundle
+
+    bundle = load_bundle(checkpoint_uri)
+    report = evaluate_bundle(bundle, validation_records(config), seed=seed)
+    return {k: float(v) for k, v in report.metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def _log_trial_files(client, run_id: str, setting: Setting, metrics: Mapping[str, float],
+                     curves: Mapping[str, list[tuple[int, float]]]) -> None:
+    """The trial's own table (its row in the paper's layout, plus every metric) and its
+    training curves, as artifacts of its child run."""
+    import tempfile
+
+    grid = Grid((), False, (setting,), (Row(setting.key, "trial", None, setting, False),))
+    table = build_table(grid, {setting.key: metrics})
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        (out / "trial.md").write_text(f"# trial {setting.key}\n\n{TABLE_CAPTION}\n\n"
+                                      f"{table.markdown()}")
+        (out / "trial.csv").write_text(table.csv())
+        (out / "metrics.json").write_text(json.dumps(dict(metrics), indent=2, sort_keys=True))
+        if curves:
+            plot_curves(curves, out / "curves.png", title=f"trial {setting.key}")
+        for path in sorted(out.iterdir()):
+            client.log_artifact(run_id, str(path))
+
+
+def plot_curves(curves: Mapping[str, list[tuple[int, float]]], path: str | Path,
+                title: str) -> Path:
+    """Training curves (one panel per metric) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted(k for k, points in curves.items() if len(points) > 1)[:6] or sorted(curves)[:6]
+    fig, panels = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3), squeeze=False)
+    for panel, name in zip(panels[0], names, strict=True):
+        steps, values = zip(*sorted(curves[name]), strict=True)
+        panel.plot(steps, values)
+        panel.set_title(name, fontsize=9)
+        panel.set_xlabel("step")
+        panel.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)
+
+
+# ---------------------------------------------------------------------------------------
+# The sweep: Tuner (new or restored), then the table, plot and parent-run artifacts
+# ---------------------------------------------------------------------------------------
+
+TRIAL_CPUS = 0.25  # the trial driver only waits on its Train run; workers hold the cores
+CPUS_PER_TRAIN_WORKER = 1.0
+
+
+def absolute_uri(uri: str) -> str:
+    """Local paths and sqlite URIs made absolute (Tune runs trials in their own working
+    directory, where a relative `mlflow.db` or `runs/` would be a different place)."""
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + str(Path(uri.removeprefix("sqlite:///")).resolve())
+    if "://" in uri:
+        return uri
+    return str(Path(uri).resolve())
+
+
+def resolve_paths(config: BaseModel) -> BaseModel:
+    """The config with its local paths (tracking URI, storage, units table) absolute."""
+    from csclip.tracking import resolve_uri
+
+    # tracking.uri None means $MLFLOW_TRACKING_URI or the local default: pin it, so every
+    # trial (on any node, in any working directory) logs to the same store.
+    updates = {"tracking.uri": absolute_uri(resolve_uri(get_field(config, "tracking.uri")))}
+    for path in ("run.storage_path", "data.units_uri"):
+        try:
+            value = get_field(config, path)
+        except ConfigError:
+            continue
+        if isinstance(value, str) and value:
+            updates[path] = absolute_uri(value)
+    return with_values(config, updates, origin="config")
+
+
+def max_concurrent_trials(cluster: Mapping[str, float], num_workers: int, use_gpu: bool,
+                          trial_cpus: float = TRIAL_CPUS) -> int:
+    """How many trials fit the cluster at once: by GPUs when training on GPUs (each trial's
+    Train run takes num_workers GPUs), else by CPUs (driver + workers per trial)."""
+    workers = max(1, num_workers)
+    if use_gpu:
+        return max(1, int(cluster.get("GPU", 0) // workers))
+    per_trial = workers * CPUS_PER_TRAIN_WORKER + trial_cpus
+    return max(1, int(cluster.get("CPU", 1) // per_trial))
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """What a sweep produced. errors: setting key -> error, for trials that failed (rerun
+    the same command to resume them)."""
+
+    name: str
+    path: str
+    parent_run_id: str
+    table: AblationTable
+    report: ReportFiles
+    num_trials: int
+    resumed: bool
+    errors: dict[str, str]
+    seconds: float
+
+
+def tune_storage(config: BaseModel) -> str:
+    return f"{str(config.run.storage_path).rstrip('/')}/tune"
+
+
+def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
+              trial_cpus: float = TRIAL_CPUS, eval_seed: int = 0,
+              fail_once: Sequence[str] = ()) -> SweepResult:
+    """Run (or resume) a sweep: one Tune trial per setting of `grid`, each a Ray Train
+    fine-tune plus evaluation; then the table, plot and MLflow parent run.
+
+    The experiment name depends only on the base config and the grid, so rerunning the
+    same command restores the experiment: finished trials are kept, failed or unfinished
+    ones run again. Ray must be initialised by the caller. fail_once is for tests.
+    """
+    import time
+
+    import ray
+    from ray import tune
+
+    from csclip.config import flatten
+
+    started = time.time()
+    name = sweep_name(base, grid)
+    base = resolve_paths(base)
+    storage = tune_storage(base)
+    client = _client(base.tracking.uri)
+    experiment_id = _experiment_id(client, base.tracking.experiment)
+    parent_tags = {"csclip_sweep": name, "csclip_role": "sweep"}
+    parent_id = find_or_create_run(client, experiment_id, parent_tags, run_name=name)
+    log_params(client, parent_id, {
+        "grid": " ".join(f"{s.axis}={','.join(map(format_value, axis_values(s, base)))}"
+                         for s in grid.axes),
+        "full_grid": grid.full, "num_trials": len(grid.settings),
+        **{f"base.{k}": v for k, v in flatten(base).items()
+           if k not in ("tracking.uri", "run.storage_path", "run.name")},
+    })
+    context = SweepContext(sweep=name, base=base.model_dump(mode="json"), parent_run_id=parent_id,
+                           tracking_uri=base.tracking.uri,
+                           mlflow_experiment=base.tracking.experiment, eval_seed=eval_seed,
+                           marker_dir=f"{storage}/{name}-markers", fail_once=tuple(fail_once))
+    if max_concurrent is None:
+        max_concurrent = max_concurrent_trials(ray.cluster_resources(), base.run.num_workers,
+                                               base.run.use_gpu, trial_cpus)
+    trainable = tune.with_resources(run_trial, {"cpu": trial_cpus})
+    path = f"{storage}/{name}"
+    resumed = tune.Tuner.can_restore(path)
+    if resumed:
+        logger.info("resuming sweep %s from %s", name, path)
+        tuner = tune.Tuner.restore(path, trainable=trainable, resume_errored=True)
+    else:
+        logger.info("sweep %s: %d trials, %d at a time, in %s", name, len(grid.settings),
+                    max_concurrent, path)
+        tuner = tune.Tuner(
+            trainable,
+            param_space={"setting": tune.grid_search([setting_params(s) for s in grid.settings]),
+                         "sweep": context.model_dump(mode="json")},
+            tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent,
+                                        trial_dirname_creator=trial_dirname),
+            run_config=tune.RunConfig(name=name, storage_path=storage, verbose=1),
+        )
+    results = tuner.fit()
+    metrics, status, errors = collect_results(results)
+    table = build_table(grid, metrics, status)
+    report = write_report(table, f"{storage}/{name}-report", title=f"Ablation {name}")
+    for artifact in (report.markdown, report.csv, report.png):
+        client.log_artifact(parent_id, str(artifact))
+    log_metrics(client, parent_id, {"num_trials_done": len(metrics),
+                                    "num_trials_failed": len(errors)})
+    client.set_terminated(parent_id, "FAILED" if errors else "FINISHED")
+    return SweepResult(name, path, parent_id, table, report, len(grid.settings), resumed,
+                       errors, time.time() - started)
+
+
+def trial_dirname(trial) -> str:
+    """Trial directories named after their setting (readable, and stable on restore)."""
+    return f"trial-{trial.config['setting']['slug']}"
+
+
+def collect_results(results) -> tuple[dict[str, dict], dict[str, str], dict[str, str]]:
+    """From a Tune ResultGrid: metrics of finished trials, a status per setting, and the
+    error of each failed trial, all keyed by setting key."""
+    metrics: dict[str, dict] = {}
+    status: dict[str, str] = {}
+    errors: dict[str, str] = {}
+    for result in results:
+        key = result.config["setting"]["key"]
+        if result.error is not None:
+            errors[key] = str(result.error).strip().splitlines()[-1][:300]
+            status[key] = "failed"
+        elif result.metrics and "ht_all" in result.metrics:
+            metrics[key] = dict(result.metrics)
+            status[key] = "done"
+        else:
+            status[key] = "no evaluation"
+    return metrics, status, errors
+
+
+def update_results_doc(path: str | Path, result: SweepResult, command: str) -> Path:
+    """Put the sweep's table, with the command that made it, in the ablation section of a
+    shared results file (docs/results.md); the PNG is copied next to it."""
+    import shutil
+
+    path = Path(path)
+    image = path.parent / "img" / "ablation.png"
+    image.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(result.report.png, image)
+    failed = f" {len(result.errors)} trial(s) failed: rerun to resume." if result.errors else ""
+    body = (f"## Ablations (Tables 16-17, synthetic world)\n\n"
+            f"Made by `{command}` (sweep `{result.name}`, {result.num_trials} trials, "
+            f"{result.seconds / 60:.1f} min wall clock{' after resuming' if result.resumed else ''})."
+            f"{failed}\n\n{TABLE_CAPTION}\n\n{result.table.markdown()}\n"
+            f"![half-truth accuracy per axis]({image.relative_to(path.parent)})\n")
+    return update_marked_section(path, "ablation", body)
