@@ -456,11 +456,11 @@ def run_evaluation(config: EvalConfig) -> ComparisonReport:
     """Load the model (checkpoint or name + pretrained) and the records, then compare_models."""
     from csclip.model import bundle_from_config, load_bundle
 
+    records = load_records(config.data)  # first: a bad table fails before a model loads
     if config.checkpoint:
         bundle = load_bundle(config.checkpoint, device=config.scoring.device)
     else:
         bundle = bundle_from_config(config.model, device=config.scoring.device)
-    records = load_records(config.data)
     return compare_models({model_label(bundle): bundle}, records, config.out_dir,
                           config.tracking.uri, seed=config.benchmark.seed,
                           experiment=config.tracking.experiment, scoring=config.scoring,
