@@ -1,0 +1,388 @@
+"""The Ray Data extraction pipeline (issue 5, part 5): reader -> backend -> validation ->
+units table + rejects table, sharded Parquet (local or s3://), resumable, accounted.
+
+Captions are sorted by sample_id and cut into shards of `output.shard_size`. One Ray Data
+execution streams all unfinished shards through the backend; the driver writes each
+shard as soon as all its rows are back: `units/part-K.parquet`, `rejects/part-K.parquet`,
+then the marker `_done/part-K.json` (its counts). A rerun skips shards with a marker and
+rewrites the others under the same names, so rows are never duplicated. Shards with rows
+that failed LLM validation first park them in `_stage1/part-K.parquet`; one repair pass
+re-prompts those rows and then finishes the shards.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import partial
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pydantic import Field, model_validator
+
+from csclip import storage
+from csclip.config import StrictModel, flatten
+from csclip.errors import DataError
+from csclip.extract import backends
+from csclip.extract.backends import RESULT_SCHEMA, BackendConfig, Status
+from csclip.extract.readers import InputConfig, caption_table
+from csclip.extract.vllm import ERROR_COLUMN, Engine, add_prompt_columns
+from csclip.units import records_to_table
+
+log = logging.getLogger(__name__)
+
+REJECTS_SCHEMA = pa.schema([
+    pa.field("sample_id", pa.string(), nullable=False),
+    pa.field("level", pa.string(), nullable=False),  # record: the caption; item: a unit/foil
+    pa.field("stage", pa.string()),
+    pa.field("reason", pa.string(), nullable=False),
+    pa.field("detail", pa.string()),
+    pa.field("raw_answer", pa.string()),
+])
+MANIFEST = "_manifest.json"
+
+
+class OutputConfig(StrictModel):
+    """Where the units and rejects tables go."""
+
+    uri: str = "runs/extract"  # local dir or s3://bucket/prefix; units/ and rejects/ below
+    shard_size: int = Field(1000, ge=1)  # captions per shard (unit of resume)
+    endpoint_url: str | None = None  # S3 endpoint override (else AWS_ENDPOINT_URL)
+
+
+class TrackingConfig(StrictModel):
+    enabled: bool = True
+    uri: str = "sqlite:///mlflow.db"
+    experiment: str = "extract_units"
+    run_name: str | None = None
+
+
+class ExtractConfig(StrictModel):
+    """pipelines/extract_units.py: one config, sections mirror the YAML."""
+
+    input: InputConfig = InputConfig()
+    backend: BackendConfig = BackendConfig()
+    output: OutputConfig = OutputConfig()
+    tracking: TrackingConfig = TrackingConfig()
+
+    @model_validator(mode="after")
+    def _gold_needs_world(self) -> ExtractConfig:
+        if self.backend.name == "gold" and self.input.format != "world":
+            raise ValueError("backend.name=gold needs input.format=world (only the synthetic "
+                             "world has gold units); use backend.name=rules or vllm")
+        return self
+
+
+@dataclass(frozen=True)
+class ExtractSummary:
+    """Accounting over all shards of the output (including ones finished earlier)."""
+
+    read: int
+    with_units: int
+    rejected: int
+    rejected_by_reason: dict[str, int]
+    items_rejected_by_reason: dict[str, int]
+    num_shards: int
+    shards_written: int
+    shards_skipped: int
+    units_uri: str
+    rejects_uri: str
+    mlflow_run_id: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def format(self) -> str:
+        lines = [f"read {self.read} = with units {self.with_units} + rejected {self.rejected}",
+                 f"shards: {self.num_shards} ({self.shards_written} written, "
+                 f"{self.shards_skipped} already done)"]
+        lines += [f"  rejected {reason}: {n}" for reason, n in sorted(self.rejected_by_reason.items())]
+        if self.items_rejected_by_reason:
+            lines.append("units/foils dropped by validation: " + ", ".join(
+                f"{r} {n}" for r, n in sorted(self.items_rejected_by_reason.items())))
+        lines += [f"units:   {self.units_uri}", f"rejects: {self.rejects_uri}"]
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------
+# Ray Data stages (module-level functions so they pickle to workers)
+# ---------------------------------------------------------------------------------------
+
+def backend_stage(batch: pa.Table, *, backend: str) -> pa.Table:
+    """gold / rules: caption rows -> result rows."""
+    outcome_of = backends.gold_outcome if backend == "gold" else backends.rules_outcome
+    rows = [backends.outcome_row(row, outcome_of(row)) for row in batch.to_pylist()]
+    return pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
+
+
+def answer_stage(batch: pa.Table, *, attempt: int, repair: bool) -> pa.Table:
+    """vllm: rows with `generated_text` / `__inference_error__` -> result rows."""
+    out = []
+    for row in batch.to_pylist():
+        outcome = backends.llm_outcome(row, row.get("generated_text"), row.get(ERROR_COLUMN))
+        out.append(backends.outcome_row(row, outcome, attempt=attempt, repair=repair))
+    return pa.Table.from_pylist(out, schema=RESULT_SCHEMA)
+
+
+def _llm_passthrough(batch: pa.Table) -> pa.Table:
+    # Repair rows keep their identity columns; the answer columns are replaced.
+    keep = ["sample_id", "shard", "image_id", "caption", "split", "image_path", "image_bytes",
+            "raw_answer", "detail"]
+    return batch.select(keep)
+
+
+def _run_backend(rows: pa.Table, config: ExtractConfig, engine: Engine | None,
+                 attempt: int) -> Iterable[pa.Table]:
+    """Stream result batches for `rows` (caption rows with `shard`, or rows to repair)."""
+    import ray.data
+
+    num_blocks = max(1, min(256, -(-rows.num_rows // config.backend.vllm.batch_size)))
+    if config.backend.name != "vllm":
+        num_blocks = max(1, min(256, -(-rows.num_rows // 500)))
+    ds = ray.data.from_arrow(rows).repartition(num_blocks)
+    name = config.backend.name
+    if name in ("gold", "rules"):
+        ds = ds.map_batches(partial(backend_stage, backend=name), batch_format="pyarrow",
+                            batch_size=None)
+    else:
+        vcfg = config.backend.vllm
+        if engine is None:
+            from csclip.extract.vllm import build_engine
+
+            engine = build_engine(vcfg)
+        if attempt > 0:
+            ds = ds.map_batches(_llm_passthrough, batch_format="pyarrow", batch_size=None)
+        ds = ds.map_batches(partial(add_prompt_columns, cfg_json=vcfg.model_dump_json(),
+                                    repair=attempt > 0), batch_format="pyarrow", batch_size=None)
+        ds = engine(ds)
+        ds = ds.map_batches(partial(answer_stage, attempt=attempt, repair=vcfg.repair),
+                            batch_format="pyarrow", batch_size=None)
+    yield from ds.iter_batches(batch_format="pyarrow", batch_size=None)
+
+
+# ---------------------------------------------------------------------------------------
+# Shard files
+# ---------------------------------------------------------------------------------------
+
+class _Output:
+    """Paths and writes under output.uri."""
+
+    def __init__(self, cfg: OutputConfig):
+        self.uri = cfg.uri.rstrip("/")
+        self.fs, self.root = storage.filesystem_for(cfg.uri, cfg.endpoint_url)
+
+    def path(self, *parts: str) -> str:
+        return storage.join(self.root, *parts)
+
+    def uri_of(self, *parts: str) -> str:
+        return storage.join(self.uri, *parts)
+
+    def write_parquet(self, table: pa.Table, *parts: str) -> None:
+        buffer = io.BytesIO()
+        pq.write_table(table, buffer)
+        storage.write_bytes_atomic(self.fs, self.path(*parts), buffer.getvalue())
+
+    def read_parquet(self, *parts: str) -> pa.Table:
+        return pq.read_table(io.BytesIO(storage.read_bytes(self.fs, self.path(*parts))))
+
+    def done_shards(self) -> dict[int, dict]:
+        markers = storage.list_files(self.fs, self.path("_done"), ".json")
+        return {int(p.rsplit("part-", 1)[1][:-5]): json.loads(storage.read_bytes(self.fs, p))
+                for p in markers}
+
+    def has(self, *parts: str) -> bool:
+        return storage.exists(self.fs, self.path(*parts))
+
+
+def _part(shard: int, suffix: str) -> str:
+    return f"part-{shard:05d}{suffix}"
+
+
+def _check_manifest(out: _Output, config: ExtractConfig, captions: pa.Table) -> None:
+    """Refuse to resume into an output written from other input or shard boundaries:
+    its shards would overlap ours and rows would be duplicated."""
+    ids = captions.column("sample_id")
+    manifest = {"input": config.input.model_dump(mode="json", exclude={"endpoint_url"}),
+                "backend": config.backend.name, "shard_size": config.output.shard_size,
+                "num_rows": captions.num_rows, "first_sample_id": ids[0].as_py(),
+                "last_sample_id": ids[-1].as_py()}
+    if out.has(MANIFEST):
+        saved = json.loads(storage.read_bytes(out.fs, out.path(MANIFEST)))
+        if saved != manifest:
+            changed = sorted(k for k in manifest if saved.get(k) != manifest[k])
+            raise DataError(f"{out.uri} holds a run with different {', '.join(changed)}; "
+                            "resume with the same input/backend/shard_size or use a new output.uri")
+        return
+    storage.write_bytes_atomic(out.fs, out.path(MANIFEST), json.dumps(manifest, indent=1).encode())
+
+
+def _finish_shard(out: _Output, shard: int, results: pa.Table, expected: int) -> dict:
+    """Write units, rejects, then the done marker of one shard; return its counts."""
+    rows = results.to_pylist()
+    ids = [r["sample_id"] for r in rows]
+    # Every caption of the shard comes back exactly once, or the accounting is wrong.
+    assert len(ids) == len(set(ids)) == expected, (shard, len(ids), len(set(ids)), expected)
+    ok = sorted((r for r in rows if r["status"] == Status.OK), key=lambda r: r["sample_id"])
+    records = [backends.record_from_result(r) for r in ok]
+    rejects: list[dict] = []
+    for r in sorted(rows, key=lambda r: r["sample_id"]):
+        if r["status"] != Status.OK:
+            rejects.append({"sample_id": r["sample_id"], "level": "record", "stage": r["stage"],
+                            "reason": r["reason"], "detail": r["detail"], "raw_answer": r["raw_answer"]})
+        for reason, detail in json.loads(r["item_rejects_json"] or "[]"):
+            rejects.append({"sample_id": r["sample_id"], "level": "item", "stage": r["stage"],
+                            "reason": reason, "detail": detail, "raw_answer": None})
+    out.write_parquet(records_to_table(records), "units", _part(shard, ".parquet"))
+    out.write_parquet(pa.Table.from_pylist(rejects, schema=REJECTS_SCHEMA), "rejects",
+                      _part(shard, ".parquet"))
+    counts = {
+        "shard": shard, "read": expected, "with_units": len(records),
+        "rejected": expected - len(records),
+        "rejected_by_reason": dict(Counter(r["reason"] for r in rejects if r["level"] == "record")),
+        "items_rejected_by_reason": dict(Counter(r["reason"] for r in rejects if r["level"] == "item")),
+    }
+    storage.write_bytes_atomic(out.fs, out.path("_done", _part(shard, ".json")),
+                               json.dumps(counts).encode())
+    if out.has("_stage1", _part(shard, ".parquet")):
+        storage.delete_file(out.fs, out.path("_stage1", _part(shard, ".parquet")))
+    return counts
+
+
+# ---------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------
+
+ShardCallback = Callable[[int], None]
+
+
+def run_extraction(config: ExtractConfig, engine: Engine | None = None,
+                   on_shard_written: ShardCallback | None = None) -> ExtractSummary:
+    """Extract units for every caption of `config.input` into `config.output.uri`.
+
+    engine: the LLM stage for backend `vllm` (default: the ray.data.llm vLLM processor);
+    tests pass a CPU stand-in. on_shard_written: called after each shard's marker.
+    Raises DataError for unreadable/empty input or an output written by another config.
+    """
+    captions = caption_table(config.input)
+    shard_size = config.output.shard_size
+    num_rows = captions.num_rows
+    captions = captions.append_column("shard", pa.array(
+        [i // shard_size for i in range(num_rows)], pa.int64()))
+    num_shards = -(-num_rows // shard_size)
+    out = _Output(config.output)
+    _check_manifest(out, config, captions)
+
+    done = out.done_shards()
+    pending = [k for k in range(num_shards) if k not in done]
+    parked = [k for k in pending if out.has("_stage1", _part(k, ".parquet"))]
+    fresh = [k for k in pending if k not in parked]
+    log.info("extract: %d captions in %d shards; %d done, %d to run, %d parked for repair",
+             num_rows, num_shards, len(done), len(fresh), len(parked))
+    expected = {k: min(shard_size, num_rows - k * shard_size) for k in range(num_shards)}
+    written = 0
+
+    def finished(shard: int, results: pa.Table) -> None:
+        nonlocal written
+        done[shard] = _finish_shard(out, shard, results, expected[shard])
+        written += 1
+        log.info("extract: shard %d/%d written (%d/%d shards done)", shard + 1, num_shards,
+                 len(done), num_shards)
+        if on_shard_written is not None:
+            on_shard_written(shard)
+
+    if fresh:
+        rows = captions.filter(pc.is_in(captions.column("shard"), pa.array(fresh, pa.int64())))
+        buffers: dict[int, list[pa.Table]] = defaultdict(list)
+        counts: Counter[int] = Counter()
+        for batch in _run_backend(rows, config, engine, attempt=0):
+            for shard in set(batch.column("shard").to_pylist()):
+                part = batch.filter(pc.equal(batch.column("shard"), shard))
+                buffers[shard].append(part)
+                counts[shard] += part.num_rows
+                if counts[shard] == expected[shard]:
+                    results = pa.concat_tables(buffers.pop(shard))
+                    if pc.any(pc.equal(results.column("status"), Status.REPAIR)).as_py():
+                        out.write_parquet(results, "_stage1", _part(shard, ".parquet"))
+                        parked.append(shard)
+                    else:
+                        finished(shard, results)
+        if buffers:
+            raise RuntimeError(f"extract: shards {sorted(buffers)} came back incomplete")
+    if parked:
+        _repair(out, sorted(parked), config, engine, finished)
+    return _summarize(out, config, num_shards, written, num_rows)
+
+
+def _repair(out: _Output, parked: list[int], config: ExtractConfig, engine: Engine | None,
+            finished: Callable[[int, pa.Table], None]) -> None:
+    """One more engine call for every parked row, then finish the parked shards."""
+    stage1 = {k: out.read_parquet("_stage1", _part(k, ".parquet")) for k in parked}
+    to_repair = pa.concat_tables(
+        t.filter(pc.equal(t.column("status"), Status.REPAIR)) for t in stage1.values())
+    log.info("extract: repairing %d answers in %d shards", to_repair.num_rows, len(parked))
+    repaired = {}
+    for batch in _run_backend(to_repair, config, engine, attempt=1):
+        for row in batch.to_pylist():
+            repaired[row["sample_id"]] = row
+    for shard, table in stage1.items():
+        rows = [repaired.get(r["sample_id"], r) if r["status"] == Status.REPAIR else r
+                for r in table.to_pylist()]
+        finished(shard, pa.Table.from_pylist(rows, schema=RESULT_SCHEMA))
+
+
+def _summarize(out: _Output, config: ExtractConfig, num_shards: int, written: int,
+               num_rows: int) -> ExtractSummary:
+    done = out.done_shards()
+    missing = [k for k in range(num_shards) if k not in done]
+    if missing:
+        raise RuntimeError(f"extract: shards {missing} have no done marker after the run")
+    by_reason: Counter[str] = Counter()
+    items: Counter[str] = Counter()
+    for counts in done.values():
+        by_reason.update(counts["rejected_by_reason"])
+        items.update(counts["items_rejected_by_reason"])
+    read = sum(c["read"] for c in done.values())
+    with_units = sum(c["with_units"] for c in done.values())
+    rejected = sum(c["rejected"] for c in done.values())
+    if not read == with_units + rejected == num_rows:
+        raise RuntimeError(f"extract: accounting broken: read {read} != with units {with_units}"
+                           f" + rejected {rejected}, or != {num_rows} captions in the input")
+    summary = ExtractSummary(
+        read=read, with_units=with_units, rejected=rejected,
+        rejected_by_reason=dict(by_reason), items_rejected_by_reason=dict(items),
+        num_shards=num_shards, shards_written=written, shards_skipped=num_shards - written,
+        units_uri=out.uri_of("units"), rejects_uri=out.uri_of("rejects"))
+    if config.tracking.enabled:
+        run_id = log_to_mlflow(summary, config, out)
+        summary = ExtractSummary(**{**summary.__dict__, "mlflow_run_id": run_id})
+    return summary
+
+
+def log_to_mlflow(summary: ExtractSummary, config: ExtractConfig, out: _Output) -> str:
+    """Params (the resolved config), accounting metrics and the rejects table artifact."""
+    import tempfile
+    from pathlib import Path
+
+    import mlflow
+
+    mlflow.set_tracking_uri(config.tracking.uri)
+    mlflow.set_experiment(config.tracking.experiment)
+    with mlflow.start_run(run_name=config.tracking.run_name) as run:
+        mlflow.log_params({k: str(v)[:500] for k, v in flatten(config).items()})
+        metrics = {"read": summary.read, "with_units": summary.with_units,
+                   "rejected": summary.rejected, "num_shards": summary.num_shards,
+                   "shards_written": summary.shards_written}
+        metrics.update({f"rejected.{r}": n for r, n in summary.rejected_by_reason.items()})
+        metrics.update({f"items_rejected.{r}": n for r, n in summary.items_rejected_by_reason.items()})
+        mlflow.log_metrics(metrics)
+        parts = storage.list_files(out.fs, out.path("rejects"), ".parquet")
+        rejects = pa.concat_tables([out.read_parquet("rejects", p.rsplit("/", 1)[1]) for p in parts]) \
+            if parts else REJECTS_SCHEMA.empty_table()
+        with tempfile.TemporaryDirectory() as tmp:
+            pq.write_table(rejects, Path(tmp) / "rejects.parquet")
+            (Path(tmp) / "summary.txt").write_text(summary.format() + "\n")
+            mlflow.log_artifacts(tmp, artifact_path="extract")
+        return run.info.run_id

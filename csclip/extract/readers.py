@@ -1,0 +1,232 @@
+"""Caption readers (issue 5, part 1): COCO Karpathy `dataset_coco.json`, COCO
+`captions_*.json`, SugarCrepe JSON, plain CSV / JSONL of (image, caption) and the synthetic
+world, from local paths or s3://, into one table of (sample_id, image reference, caption,
+split). Parsing is pure (no Ray); `caption_dataset` wraps the table as a Ray Dataset."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import posixpath
+import re
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Literal
+
+import pyarrow as pa
+from pydantic import Field, model_validator
+
+from csclip import storage
+from csclip.config import StrictModel
+from csclip.errors import DataError
+from csclip.units import record_to_row
+from csclip.world.config import WorldConfig
+
+if TYPE_CHECKING:
+    import ray.data
+
+InputFormat = Literal["karpathy", "coco", "sugarcrepe", "csv", "jsonl", "world"]
+
+# One row per caption. `image_path` is the image reference (URI or path relative to
+# input.image_root); world rows carry the rendered PNG in `image_bytes` and their gold
+# units (a units-table row as JSON, without the image) in `gold_json`.
+CAPTION_SCHEMA = pa.schema([
+    pa.field("sample_id", pa.string(), nullable=False),
+    pa.field("image_id", pa.string(), nullable=False),
+    pa.field("image_path", pa.string()),
+    pa.field("caption", pa.string(), nullable=False),
+    pa.field("split", pa.string(), nullable=False),
+    pa.field("image_bytes", pa.binary()),
+    pa.field("gold_json", pa.string()),
+])
+
+
+class InputConfig(StrictModel):
+    """Where the captions come from."""
+
+    format: InputFormat = "world"
+    uri: str | None = None  # file or directory (SugarCrepe: a directory of *.json); s3:// ok
+    # The split written for formats that carry none (COCO captions_*.json is inferred from
+    # its file name, SugarCrepe defaults to "test", CSV/JSONL to "train" unless a column has it).
+    split: str | None = None
+    splits: tuple[str, ...] | None = None  # keep only these splits (None: all)
+    image_root: str | None = None  # prefix joined to relative image paths
+    limit: int | None = Field(None, ge=1)  # keep the first N captions by sample_id
+    endpoint_url: str | None = None  # S3 endpoint override (else AWS_ENDPOINT_URL)
+    # Karpathy's "restval" images are train images in every CLIP fine-tuning recipe.
+    restval_as_train: bool = True
+    world: WorldConfig = WorldConfig()
+
+    @model_validator(mode="after")
+    def _uri_for_files(self) -> InputConfig:
+        if self.format != "world" and not self.uri:
+            raise ValueError(f"input.uri is required for format {self.format!r}")
+        return self
+
+
+def _row(sample_id: str, image_id: str, image_path: str | None, caption: str, split: str,
+         image_bytes: bytes | None = None, gold_json: str | None = None) -> dict:
+    return {"sample_id": sample_id, "image_id": image_id, "image_path": image_path,
+            "caption": caption if isinstance(caption, str) else "", "split": split,
+            "image_bytes": image_bytes, "gold_json": gold_json}
+
+
+def _image_ref(root: str | None, *parts: str) -> str:
+    rel = posixpath.join(*[p for p in parts if p])
+    return posixpath.join(root, rel) if root else rel
+
+
+def _load_json(fs, path: str) -> object:
+    try:
+        return json.loads(storage.read_bytes(fs, path))
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}: not valid JSON ({err}); check input.format") from err
+
+
+def _expect(cond: bool, path: str, fmt: str, what: str) -> None:
+    if not cond:
+        raise DataError(f"{path}: not a {fmt} file ({what}); check input.format and input.uri")
+
+
+def iter_karpathy(fs, path: str, cfg: InputConfig) -> Iterator[dict]:
+    """COCO Karpathy `dataset_coco.json`: images with `sentences` and a `split`."""
+    data = _load_json(fs, path)
+    _expect(isinstance(data, dict) and isinstance(data.get("images"), list), path, "Karpathy",
+            "no 'images' list")
+    for image in data["images"]:
+        _expect("sentences" in image and "split" in image, path, "Karpathy",
+                "an image without 'sentences' or 'split'")
+        image_id = str(image.get("cocoid", image.get("imgid")))
+        split = image["split"]
+        if split == "restval" and cfg.restval_as_train:
+            split = "train"
+        ref = _image_ref(cfg.image_root, image.get("filepath", ""), image["filename"])
+        for sentence in image["sentences"]:
+            caption = sentence.get("raw") or " ".join(sentence.get("tokens", []))
+            yield _row(f"coco-{image_id}-{sentence['sentid']}", image_id, ref, caption, split)
+
+
+_COCO_SPLIT = re.compile(r"(train|val|test)\d*")
+
+
+def iter_coco(fs, path: str, cfg: InputConfig) -> Iterator[dict]:
+    """COCO `captions_<split><year>.json`: `images` (id, file_name) and `annotations`."""
+    data = _load_json(fs, path)
+    _expect(isinstance(data, dict) and isinstance(data.get("annotations"), list), path, "COCO captions",
+            "no 'annotations' list")
+    split = cfg.split
+    if split is None:
+        found = _COCO_SPLIT.search(posixpath.basename(path))
+        if not found:
+            raise DataError(f"{path}: cannot infer the split from the file name; set input.split")
+        split = found.group(1)
+    files = {img["id"]: img.get("file_name") for img in data.get("images", [])}
+    for ann in data["annotations"]:
+        image_id = ann["image_id"]
+        ref = _image_ref(cfg.image_root, files.get(image_id) or f"{int(image_id):012d}.jpg")
+        yield _row(f"coco-{image_id}-{ann['id']}", str(image_id), ref, ann.get("caption", ""), split)
+
+
+def iter_sugarcrepe(fs, path: str, cfg: InputConfig) -> Iterator[dict]:
+    """SugarCrepe `<subset>.json`: {"0": {filename, caption, negative_caption}, ...}; a
+    directory reads every subset. Only the positive caption is a caption of the image."""
+    paths = storage.list_files(fs, path, ".json") if storage.is_dir(fs, path) else [path]
+    if not paths:
+        raise DataError(f"{path}: no SugarCrepe *.json files found")
+    for file in paths:
+        subset = posixpath.basename(file)[: -len(".json")]
+        data = _load_json(fs, file)
+        _expect(isinstance(data, dict), file, "SugarCrepe", "top level is not an object")
+        for key, entry in data.items():
+            _expect(isinstance(entry, dict) and "filename" in entry, file, "SugarCrepe",
+                    f"entry {key!r} has no 'filename'")
+            image_id = posixpath.splitext(entry["filename"])[0]
+            yield _row(f"sugarcrepe-{subset}-{int(key):06d}", image_id,
+                       _image_ref(cfg.image_root, entry["filename"]), entry.get("caption", ""),
+                       cfg.split or "test")
+
+
+def _table_rows(rows: list[dict], path: str, cfg: InputConfig) -> Iterator[dict]:
+    stem = posixpath.splitext(posixpath.basename(path))[0]
+    for number, item in enumerate(rows):
+        if "caption" not in item or "image" not in item:
+            raise DataError(f"{path}: row {number} needs 'image' and 'caption' columns "
+                            f"(has {sorted(item)})")
+        image = str(item["image"])
+        image_id = str(item.get("image_id") or posixpath.splitext(posixpath.basename(image))[0])
+        sample_id = str(item.get("sample_id") or f"{stem}-{number:08d}")
+        yield _row(sample_id, image_id, _image_ref(cfg.image_root, image), item["caption"],
+                   str(item.get("split") or cfg.split or "train"))
+
+
+def iter_csv(fs, path: str, cfg: InputConfig) -> Iterator[dict]:
+    """CSV with a header: `image`, `caption`, optional `split`, `image_id`, `sample_id`."""
+    text = storage.read_bytes(fs, path).decode("utf-8-sig")
+    yield from _table_rows(list(csv.DictReader(io.StringIO(text))), path, cfg)
+
+
+def iter_jsonl(fs, path: str, cfg: InputConfig) -> Iterator[dict]:
+    """JSON Lines, one object per line with the same keys as the CSV format."""
+    rows = []
+    for number, line in enumerate(storage.read_bytes(fs, path).decode("utf-8").splitlines()):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}: line {number + 1} is not valid JSON ({err})") from err
+    yield from _table_rows(rows, path, cfg)
+
+
+def iter_world_captions(cfg: InputConfig) -> Iterator[dict]:
+    """The synthetic world's captions, with their PNG and gold units."""
+    from csclip.world import iter_world
+
+    for record in iter_world(cfg.world, splits=cfg.splits or ("train", "val", "test")):
+        row = record_to_row(record)
+        row.pop("image_bytes")
+        yield _row(record.sample_id, record.image_id, record.image_path, record.caption,
+                   record.split, record.image_bytes, json.dumps(row, sort_keys=True))
+
+
+_FILE_READERS = {"karpathy": iter_karpathy, "coco": iter_coco, "sugarcrepe": iter_sugarcrepe,
+                 "csv": iter_csv, "jsonl": iter_jsonl}
+
+
+def iter_captions(cfg: InputConfig) -> Iterator[dict]:
+    """Caption rows (CAPTION_SCHEMA dicts) in file order, filtered to `cfg.splits`."""
+    if cfg.format == "world":
+        yield from iter_world_captions(cfg)
+        return
+    fs, path = storage.filesystem_for(cfg.uri, cfg.endpoint_url)
+    for row in _FILE_READERS[cfg.format](fs, path, cfg):
+        if cfg.splits is None or row["split"] in cfg.splits:
+            yield row
+
+
+def caption_table(cfg: InputConfig) -> pa.Table:
+    """All captions as one table sorted by sample_id (the order shards are cut in).
+
+    Raises DataError when the input is empty or a sample_id repeats (resume relies on
+    unique ids).
+    """
+    rows = sorted(iter_captions(cfg), key=lambda r: r["sample_id"])
+    if not rows:
+        raise DataError(f"no captions read from {cfg.uri or 'the world'} "
+                        f"(format {cfg.format}, splits {cfg.splits}); check input.*")
+    for previous, row in zip(rows, rows[1:], strict=False):
+        if previous["sample_id"] == row["sample_id"]:
+            raise DataError(f"{cfg.uri}: sample_id {row['sample_id']!r} occurs twice; "
+                            "give rows unique sample_id values")
+    if cfg.limit is not None:
+        rows = rows[: cfg.limit]
+    return pa.Table.from_pylist(rows, schema=CAPTION_SCHEMA)
+
+
+def caption_dataset(cfg: InputConfig, num_blocks: int | None = None) -> ray.data.Dataset:
+    """The captions as a Ray Dataset with CAPTION_SCHEMA columns, sorted by sample_id."""
+    import ray.data
+
+    table = caption_table(cfg)
+    blocks = num_blocks or max(1, min(64, table.num_rows // 1000))
+    return ray.data.from_arrow(table).repartition(blocks)
