@@ -1,0 +1,340 @@
+"""Tests of the SPEC §3 text-slot sampler on hand-made records (and world records)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from csclip.config import validate_config
+from csclip.errors import ConfigError
+from csclip.sampling import (
+    NegativeKind,
+    SamplingConfig,
+    draw_caption_negative,
+    draw_unit_slots,
+    entity_foil_candidates,
+    records_from_batch,
+    relation_foil_candidates,
+    sample_rng,
+    sample_text_columns,
+    sample_texts,
+    shuffle_caption,
+)
+from csclip.units import ChangeType, Foil, Unit, UnitsRecord, normalize_text, records_to_table
+
+ATTR, OBJ = ChangeType.ATTRIBUTE_CHANGE, ChangeType.OBJECT_CHANGE
+
+
+def horse_record(sample_id: str = "s0") -> UnitsRecord:
+    """"a man is riding a brown horse next to a red car": 3 entities, 2 relations."""
+    man = Unit.entity("man", [Foil("woman", OBJ)])
+    horse = Unit.entity("brown horse", [Foil("white horse", ATTR), Foil("brown cow", OBJ)])
+    car = Unit.entity("red car", [Foil("blue car", ATTR)])
+    riding = Unit.relation("man", "is riding", "brown horse", [
+        Foil.relation("man", "is not riding", "brown horse", ChangeType.NEGATION),
+        Foil.relation("man", "is walking", "brown horse", ChangeType.ANTONYM),
+    ])
+    next_to = Unit.relation("brown horse", "is next to", "red car", [
+        Foil.relation("brown horse", "is far from", "red car", ChangeType.ANTONYM),
+    ])
+    return UnitsRecord(sample_id, sample_id, "a man is riding a brown horse next to a red car.",
+                       "train", (man, horse, car), (riding, next_to))
+
+
+def _fraction_ci(p: float, n: int) -> float:
+    # 4.5 standard deviations of a binomial proportion: a false alarm about once in 10^5 runs.
+    return 4.5 * math.sqrt(p * (1 - p) / n)
+
+
+# --- hypothesis strategy: small records, some without units or foils --------------------
+
+COLORS, SHAPES = ["red", "blue", "green", "pink"], ["circle", "square", "cross", "star"]
+
+
+@st.composite
+def records(draw) -> UnitsRecord:
+    names = draw(st.lists(st.sampled_from([f"{c} {s}" for c in COLORS for s in SHAPES]),
+                          max_size=4, unique=True))
+    entities = []
+    for name in names:
+        color, shape = name.split()
+        foils = draw(st.lists(st.sampled_from([f"{c} {shape}" for c in COLORS] +
+                                              [f"{color} {s}" for s in SHAPES]), max_size=2))
+        entities.append(Unit.entity(name, [Foil(f, ATTR) for f in foils]))
+    relations = []
+    if len(names) >= 2 and draw(st.booleans()):
+        s, o = names[0], names[1]
+        relations.append(Unit.relation(s, "is above", o, [
+            Foil.relation(s, "is below", o, ChangeType.ANTONYM)] if draw(st.booleans()) else []))
+    caption = " and ".join(f"a {n}" for n in names) or draw(st.sampled_from(["a scene", "empty"]))
+    sample_id = f"h-{draw(st.integers(0, 10**6))}"
+    return UnitsRecord(sample_id, sample_id, caption, "train", tuple(entities), tuple(relations))
+
+
+configs = st.builds(SamplingConfig, num_unit_slots=st.integers(1, 4),
+                    relation_prob=st.floats(0, 1), swap_prob=st.floats(0, 1),
+                    inplace_prob=st.floats(0, 1), use_negation=st.booleans())
+
+
+@settings(max_examples=150, deadline=None)
+@given(record=records(), config=configs, seed=st.integers(0, 99), epoch=st.integers(0, 5))
+def test_every_sample_fills_all_slots_and_no_foil_equals_its_unit(record, config, seed, epoch):
+    texts = sample_texts(record, config, seed, epoch)
+    assert len(texts.units) == len(texts.foils) == config.num_unit_slots
+    assert all(t.strip() for t in (*texts.units, *texts.foils, texts.caption_negative))
+    entity_ok = any(entity_foil_candidates(e) for e in record.entities)
+    relation_ok = any(relation_foil_candidates(r, record, config.use_negation)
+                      for r in record.relations)
+    if entity_ok:  # every slot can fall back to an entity
+        assert texts.has_units
+    if not (entity_ok or relation_ok):
+        assert not texts.has_units
+    if texts.has_units:
+        for unit, foil in zip(texts.units, texts.foils, strict=True):
+            assert normalize_text(unit) != normalize_text(foil)
+
+
+@settings(max_examples=50, deadline=None)
+@given(record=records(), config=configs, seed=st.integers(0, 99), epoch=st.integers(0, 5))
+def test_same_seed_sample_and_epoch_give_the_same_texts(record, config, seed, epoch):
+    assert sample_texts(record, config, seed, epoch) == sample_texts(record, config, seed, epoch)
+
+
+def test_texts_do_not_depend_on_the_process_hash_seed():
+    # Python's hash() is salted per process; our seeding must not be.
+    code = ("import json, sys; sys.path.insert(0, 'tests'); "
+            "from test_sampling import horse_record; "
+            "from csclip.sampling import SamplingConfig, sample_texts; "
+            "print(json.dumps([sample_texts(horse_record(f's{i}'), SamplingConfig(), 7, 1).units "
+            "for i in range(20)]))")
+    outputs = []
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        done = subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                              capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+        outputs.append(json.loads(done.stdout))
+    here = [list(sample_texts(horse_record(f"s{i}"), SamplingConfig(), 7, 1).units) for i in range(20)]
+    assert outputs[0] == outputs[1] == here
+
+
+def test_epochs_and_seeds_change_the_draws():
+    config = SamplingConfig()
+    draws = {sample_texts(horse_record(), config, seed, epoch)
+             for seed in range(3) for epoch in range(5)}
+    assert len(draws) > 5
+
+
+# --- statistics over many draws -----------------------------------------------------------
+
+@pytest.mark.parametrize("relation_prob", [0.0, 0.3, 0.75, 1.0])
+def test_fraction_of_relation_slots_matches_relation_prob(relation_prob):
+    config = SamplingConfig(num_unit_slots=1, relation_prob=relation_prob)
+    num = 2000
+    kinds = Counter(draw_unit_slots(horse_record(), config, sample_rng(0, f"s{i}", 0))[0].kind
+                    for i in range(num))
+    assert abs(kinds["relation"] / num - relation_prob) <= _fraction_ci(relation_prob, num)
+
+
+@pytest.mark.parametrize("swap_prob,inplace_prob", [(0.0, 1.0), (0.25, 0.5), (0.5, 0.5), (1.0, 0.0)])
+def test_caption_negative_rules_follow_swap_and_inplace_prob(swap_prob, inplace_prob):
+    config = SamplingConfig(swap_prob=swap_prob, inplace_prob=inplace_prob)
+    num = 2000
+    kinds = Counter(draw_caption_negative(horse_record(), config, sample_rng(1, f"s{i}", 0)).kind
+                    for i in range(num))
+    # "First that applies": the in-place rule only sees what the shuffle left over.
+    expected = {NegativeKind.SHUFFLE: swap_prob,
+                NegativeKind.INPLACE: (1 - swap_prob) * inplace_prob,
+                NegativeKind.COMPOSITE: (1 - swap_prob) * (1 - inplace_prob)}
+    for kind, p in expected.items():
+        assert abs(kinds[kind] / num - p) <= _fraction_ci(p, num), (kind, kinds)
+
+
+@pytest.mark.parametrize("num_unit_slots", [1, 2, 3, 4])
+def test_slots_hold_distinct_units_while_the_sample_has_enough(num_unit_slots):
+    # relation_prob 1: both relations first, then entities (SPEC's fallback), 5 units in all.
+    # (With relation_prob < 1 an entity slot does not fall back to relations, so slots may
+    # repeat once the entities run out: the SPEC only falls back from relation to entity.)
+    config = SamplingConfig(num_unit_slots=num_unit_slots, relation_prob=1.0,
+                            entity_context_prob=0.0)
+    for i in range(200):
+        texts = sample_texts(horse_record(f"s{i}"), config, 0, 0)
+        assert len(texts.units) == num_unit_slots
+        assert len(set(texts.units)) == num_unit_slots  # 5 units available, N <= 4
+
+
+def test_entity_context_prob_adds_one_other_entity_half_the_time():
+    config = SamplingConfig(num_unit_slots=1, relation_prob=0.0)
+    num = 2000
+    with_context = 0
+    for i in range(num):
+        texts = sample_texts(horse_record(f"s{i}"), config, 0, 0)
+        unit, foil = texts.units[0], texts.foils[0]
+        if " and " in unit:
+            with_context += 1
+            # "A and C" vs "A' and C": same context, edited first entity.
+            assert unit.split(" and ")[1] == foil.split(" and ")[1]
+            assert unit.split(" and ")[0] != foil.split(" and ")[0]
+    assert abs(with_context / num - 0.5) <= _fraction_ci(0.5, num)
+
+
+# --- slot filling, masking and foil candidates -------------------------------------------
+
+def test_sample_without_usable_units_is_masked_not_a_crash():
+    config = SamplingConfig(num_unit_slots=3)
+    bare = UnitsRecord("b", "b", "a photo of nothing", "train")
+    no_foils = UnitsRecord("n", "n", "a dog on a sofa", "train",
+                           (Unit.entity("dog"), Unit.entity("sofa")),
+                           (Unit.relation("dog", "is on", "sofa"),))
+    for record in (bare, no_foils):
+        texts = sample_texts(record, config, 0, 0)
+        assert texts.has_units is False
+        assert len(texts.units) == len(texts.foils) == 3
+        assert texts.caption == record.caption
+
+
+def test_slot_that_cannot_be_filled_copies_a_filled_slot():
+    record = UnitsRecord("o", "o", "a red circle", "train",
+                         (Unit.entity("red circle", [Foil("blue circle", ATTR)]),))
+    texts = sample_texts(record, SamplingConfig(num_unit_slots=3), 0, 0)
+    assert texts.has_units
+    assert texts.units == ("red circle",) * 3 and texts.foils == ("blue circle",) * 3
+
+
+def test_relation_prob_one_falls_back_to_entities_when_relations_run_out():
+    config = SamplingConfig(num_unit_slots=3, relation_prob=1.0, entity_context_prob=0.0)
+    texts = sample_texts(horse_record(), config, 0, 0)
+    relation_texts = {r.text for r in horse_record().relations}
+    assert set(texts.units[:2]) == relation_texts
+    assert texts.units[2] in {e.text for e in horse_record().entities}
+
+
+def test_relation_foil_candidates_cover_antonym_swap_and_argument_replacements():
+    record = horse_record()
+    riding = record.relations[0]
+    assert relation_foil_candidates(riding, record) == [
+        "man is walking brown horse",        # antonym (negation left out by default)
+        "woman is riding brown horse",       # subject replaced by its entity foil
+        "man is riding white horse",         # object replaced by its entity foils
+        "man is riding brown cow",
+    ]
+    with_negation = relation_foil_candidates(riding, record, use_negation=True)
+    assert with_negation[0] == "man is not riding brown horse" and len(with_negation) == 5
+
+
+def test_stored_swap_is_a_candidate_but_none_is_built():
+    record = horse_record()
+    next_to = record.relations[1]   # symmetric: a built swap would be true
+    assert "red car is next to brown horse" not in relation_foil_candidates(next_to, record)
+    swapped = Unit.relation("man", "is riding", "brown horse", [Foil.relation(
+        "brown horse", "is riding", "man", ChangeType.SUBJECT_OBJECT_SWAP)])
+    assert "brown horse is riding man" in relation_foil_candidates(swapped, record)
+
+
+def test_relation_foil_that_is_another_true_relation_is_dropped():
+    a = Unit.entity("red circle", [Foil("blue circle", ATTR)])
+    b = Unit.entity("blue circle")
+    above = Unit.relation("red circle", "is above", "blue circle")
+    below = Unit.relation("blue circle", "is below", "red circle")
+    record = UnitsRecord("t", "t", "a red circle above a blue circle", "train", (a, b), (above, below))
+    # The swap of "blue circle is below red circle" is not itself true, but the subject
+    # replacement "blue circle is above blue circle" is kept while "red circle is above blue
+    # circle" never appears as a foil of anything.
+    for relation in record.relations:
+        others = {r.text for r in record.relations if r is not relation}
+        assert not others & set(relation_foil_candidates(relation, record))
+
+
+# --- caption-level negative ---------------------------------------------------------------
+
+def test_shuffle_keeps_the_words_and_changes_their_order():
+    caption = "a man is riding a brown horse next to a red car"
+    rng = sample_rng(0, "x", 0)
+    for _ in range(50):
+        text = shuffle_caption(caption, frozenset({"man", "brown", "horse", "red", "car"}), rng)
+        assert sorted(text.split()) == sorted(caption.split()) and text != caption
+    assert shuffle_caption("dog", frozenset({"dog"}), rng) is None
+
+
+def test_inplace_negative_replaces_one_whole_word_entity():
+    config = SamplingConfig(swap_prob=0.0, inplace_prob=1.0)
+    record = UnitsRecord("c", "c", "a cat tries to catch a cat toy", "train",
+                         (Unit.entity("cat", [Foil("dog", OBJ)]),))
+    negative = draw_caption_negative(record, config, sample_rng(0, "c", 0))
+    assert negative.kind == NegativeKind.INPLACE
+    assert negative.text == "a dog tries to catch a cat toy"
+
+
+def test_composite_negative_is_other_entities_and_one_foil():
+    config = SamplingConfig(swap_prob=0.0, inplace_prob=0.0)
+    record = horse_record()
+    foils = {f.text: e.text for e in record.entities for f in e.foils}
+    for i in range(30):
+        negative = draw_caption_negative(record, config, sample_rng(0, f"s{i}", 0))
+        parts = negative.text.split(" and ")
+        assert negative.kind == NegativeKind.COMPOSITE and len(parts) == 3
+        (foil,) = [p for p in parts if p in foils]
+        assert set(parts) - {foil} == {e.text for e in record.entities} - {foils[foil]}
+
+
+def test_caption_without_foils_or_word_order_is_its_own_negative():
+    record = UnitsRecord("one", "one", "dog", "train", (Unit.entity("dog"),))
+    negative = draw_caption_negative(record, SamplingConfig(), sample_rng(0, "one", 0))
+    assert negative.kind == NegativeKind.IDENTITY and negative.text == "dog"
+
+
+# --- batches and configs ------------------------------------------------------------------
+
+def test_text_columns_from_a_ray_style_numpy_batch():
+    config = SamplingConfig(num_unit_slots=2)
+    recs = [horse_record("a"), UnitsRecord("b", "b", "nothing here", "train")]
+    table = records_to_table(recs)
+    # Ray Data's "numpy" batches hold nested list<struct> columns as numpy object arrays.
+    batch = {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
+    columns = sample_text_columns(records_from_batch(batch), config, seed=3, epoch=2)
+    assert set(columns) == {"caption", "caption_negative", "unit_0", "foil_0", "unit_1", "foil_1",
+                            "unit_mask"}
+    assert columns["unit_mask"] == [True, False]
+    expected = sample_texts(recs[0], config, 3, 2)
+    assert (columns["unit_0"][0], columns["foil_1"][0]) == (expected.units[0], expected.foils[1])
+    assert all(len(values) == 2 for values in columns.values())
+    # Plain row dicts (Ray's iter_rows / pyarrow to_pylist) work too.
+    assert sample_text_columns(pa.Table.to_pylist(table), config, 3, 2) == columns
+
+
+def test_bad_sampling_config_is_a_config_error_naming_the_field():
+    with pytest.raises(ConfigError, match="relation_prob"):
+        validate_config(SamplingConfig, {"relation_prob": 1.5})
+    with pytest.raises(ConfigError, match="num_unit_slots"):
+        validate_config(SamplingConfig, {"num_unit_slots": 0})
+    assert SamplingConfig().use_negation is False
+
+
+# --- world records: the truth oracle judges every sampled text -----------------------------
+
+def test_world_units_are_true_and_foils_false_under_the_oracle():
+    world = pytest.importorskip("csclip.world")
+    config = world.WorldConfig(seed=5, num_train=40, num_val=1, num_test=1)
+    sampling = SamplingConfig(num_unit_slots=3, relation_prob=0.5, use_negation=True)
+    checked = 0
+    for index in range(40):
+        record = world.world_record(config, "train", index)
+        scene = world.scene_from_record(record)
+        texts = sample_texts(record, sampling, seed=0, epoch=index % 3)
+        assert texts.has_units
+        for unit, foil in zip(texts.units, texts.foils, strict=True):
+            assert scene.holds(unit), unit
+            assert not scene.holds(foil), (unit, foil)
+            checked += 1
+        negative = draw_caption_negative(record, SamplingConfig(swap_prob=0, inplace_prob=0),
+                                         sample_rng(0, record.sample_id, 0))
+        assert negative.kind == NegativeKind.COMPOSITE and not scene.holds(negative.text)
+    assert checked == 120
