@@ -1,0 +1,335 @@
+"""The rules backend's vocabulary for caption English: object nouns by category (the 80 COCO
+categories with their supercategories, plus common scene nouns and the synthetic world's
+shapes), attributes by kind, count words, spatial prepositions with antonyms and verbs.
+
+Everything is plain data written out by hand; `csclip.extract.rules` does the parsing.
+No downloads: this file is the whole model of English the rules backend has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Noun:
+    """One object noun: its singular and plural forms and its category (object foils stay
+    within the category: horse -> cow, never horse -> pizza)."""
+
+    singular: str
+    plural: str
+    category: str
+
+
+# category -> nouns. "a/b" gives an irregular plural (or "sheep/sheep"); "_" joins the words
+# of a multiword noun. The first block of each category is COCO's own categories
+# (supercategory in the comment), then common synonyms and caption nouns of the same kind.
+_NOUN_TABLE: dict[str, str] = {
+    # COCO supercategory person, split by kind so "man" is foiled by "woman", not "player".
+    "person_gendered": "man/men woman/women boy girl lady/ladies guy gentleman/gentlemen",
+    "person_age": "child/children kid baby/babies toddler adult teenager",
+    "person_role": (
+        "person/people player skier surfer skateboarder snowboarder rider chef cook worker "
+        "tourist soldier officer policeman/policemen umpire catcher batter pitcher "
+        "businessman/businessmen student couple family/families crowd"
+    ),
+    # COCO vehicle
+    "vehicle": (
+        "bicycle car motorcycle airplane bus/buses train truck boat bike motorbike plane "
+        "jet van taxi/taxis tractor trolley scooter ship jeep suv cart vehicle"
+    ),
+    # COCO outdoor
+    "outdoor": (
+        "traffic_light fire_hydrant stop_sign parking_meter bench/benches hydrant "
+        "street_sign sign pole fence statue fountain"
+    ),
+    # COCO animal
+    "animal": (
+        "bird cat dog horse sheep/sheep cow elephant bear zebra giraffe cattle/cattle "
+        "puppy/puppies kitten goat duck pigeon seagull pony/ponies calf/calves lamb "
+        "deer/deer animal"
+    ),
+    # COCO accessory
+    "accessory": "backpack umbrella handbag tie suitcase purse bag luggage/luggage",
+    # COCO sports
+    "sports": (
+        "frisbee skis/skis snowboard sports_ball kite baseball_bat baseball_glove skateboard "
+        "surfboard tennis_racket racket racquet ball bat glove ski"
+    ),
+    # COCO kitchen
+    "kitchen": (
+        "bottle wine_glass cup fork knife/knives spoon bowl plate mug glass/glasses pan pot "
+        "tray dish/dishes"
+    ),
+    # COCO food
+    "food": (
+        "banana apple sandwich/sandwiches orange broccoli/broccoli carrot hot_dog pizza donut "
+        "cake doughnut hamburger burger salad bread/bread cheese/cheese meat/meat "
+        "fruit/fruit vegetable pie pastry/pastries dessert cookie sausage fries/fries "
+        "soup food/food coffee/coffee"
+    ),
+    # COCO furniture
+    "furniture": (
+        "chair couch/couches potted_plant bed dining_table toilet table sofa desk shelf/shelves "
+        "cabinet dresser/dressers bookshelf/bookshelves stool"
+    ),
+    # COCO electronic
+    "electronic": (
+        "tv laptop mouse/mice remote keyboard cell_phone phone computer monitor television "
+        "screen camera controller tablet"
+    ),
+    # COCO appliance
+    "appliance": "microwave oven toaster sink refrigerator fridge stove dishwasher blender",
+    # COCO indoor
+    "indoor": (
+        "book clock vase scissors/scissors teddy_bear hair_drier toothbrush/toothbrushes "
+        "toy lamp pillow blanket towel mirror picture painting candle"
+    ),
+    # Beyond COCO: the places and surfaces captions put objects on or in.
+    "room": (
+        "room kitchen bathroom bedroom living_room office restaurant store shop "
+        "classroom hallway"
+    ),
+    "outdoor_place": (
+        "street road sidewalk field beach park yard city/cities parking_lot airport runway "
+        "station platform court tennis_court track/tracks highway/highways intersection bridge "
+        "building house zoo farm"
+    ),
+    "nature": (
+        "grass/grass water/water snow/snow sand/sand dirt/dirt sky/skies tree ocean lake "
+        "river mountain hill forest wave rock beach_sand flower plant bush/bushes "
+        "leaf/leaves"
+    ),
+    "clothing": (
+        "shirt hat jacket dress/dresses helmet coat suit uniform sweater cap scarf/scarves "
+        "jersey vest"
+    ),
+    "fixture": "wall window door floor counter shower bathtub tub curtain",
+    # The synthetic world's objects (csclip/world): shapes are objects like any other.
+    "shape": "circle square triangle cross/crosses star rectangle diamond hexagon",
+}
+
+
+def _build_nouns() -> dict[str, Noun]:
+    nouns: dict[str, Noun] = {}
+    for category, spec in _NOUN_TABLE.items():
+        for item in spec.split():
+            singular, _, plural = item.partition("/")
+            singular = singular.replace("_", " ")
+            plural = plural.replace("_", " ") if plural else _plural(singular)
+            noun = Noun(singular, plural, category)
+            # First definition wins: "glass" is a kitchen object before it is a material.
+            nouns.setdefault(singular, noun)
+            nouns.setdefault(plural, noun)
+    return nouns
+
+
+def _plural(word: str) -> str:
+    if word.endswith(("s", "sh", "ch", "x")):
+        return word + "es"
+    if word.endswith("y") and word[-2:-1] not in "aeiou":
+        return word[:-1] + "ies"
+    return word + "s"
+
+
+NOUNS: dict[str, Noun] = _build_nouns()
+
+# Nouns that name the same kind of thing (or one a kind of the other): never a foil of each
+# other, since "a dog" is still true of a puppy and "a hydrant" of a fire hydrant.
+_SAME_THING = (
+    "man guy gentleman", "woman lady", "child kid toddler baby", "person adult",
+    "bicycle bike", "motorcycle motorbike scooter", "airplane plane jet", "car taxi",
+    "boat ship", "truck van", "bus trolley", "fire_hydrant hydrant", "stop_sign sign street_sign",
+    "cow cattle calf", "horse pony", "dog puppy", "cat kitten", "sheep lamb",
+    "handbag purse bag", "suitcase luggage bag", "sports_ball ball",
+    "tennis_racket racket racquet", "baseball_bat bat", "baseball_glove glove", "ski skis",
+    "wine_glass glass", "cup mug glass", "plate dish tray", "pot pan",
+    "donut doughnut", "hamburger burger sandwich", "cake dessert pie pastry",
+    "couch sofa", "dining_table table desk", "potted_plant plant", "shelf bookshelf",
+    "tv television monitor screen", "laptop computer", "cell_phone phone",
+    "remote controller", "refrigerator fridge", "oven stove microwave",
+    "teddy_bear toy", "picture painting", "room bedroom living_room",
+    "street road highway", "sidewalk street", "field park yard farm", "beach sand beach_sand",
+    "ocean lake river water wave", "mountain hill", "court tennis_court",
+    "track tracks", "building house", "store shop", "hat cap helmet", "shirt jersey",
+    "jacket coat sweater", "bathtub tub", "shower bathtub", "couple family crowd",
+    "rider player skier surfer skateboarder snowboarder", "chef cook",
+    "officer policeman soldier", "rock stone", "grass field", "food meat",
+    "fruit apple banana orange", "vegetable broccoli carrot", "meat sausage hot_dog",
+)
+SAME_THING_GROUPS: dict[str, frozenset[str]] = {}
+for _group in _SAME_THING:
+    _members = frozenset(w.replace("_", " ") for w in _group.split())
+    for _word in _members:
+        SAME_THING_GROUPS[_word] = SAME_THING_GROUPS.get(_word, frozenset()) | _members
+
+# Generic nouns: fine as entities, never as foils ("cat" -> "animal" would be true).
+NOT_FOILS = frozenset({"animal", "vehicle", "food", "person", "people", "adult", "crowd",
+                       "family", "couple", "player", "rider", "worker", "sign", "toy",
+                       "fruit", "vegetable", "dessert", "bag", "ball", "glass", "building", "room",
+                       "water", "plant", "screen", "computer", "phone", "dish", "pastry"})
+
+
+def same_thing(a: Noun, b: Noun) -> bool:
+    """Whether two nouns may name the same thing (so one cannot foil the other)."""
+    return a.singular == b.singular or b.singular in SAME_THING_GROUPS.get(a.singular, ())
+MAX_NOUN_WORDS = max(len(form.split()) for form in NOUNS)
+
+# Nouns that frame the picture rather than name something in it: "a photo of a cat" is a
+# cat. The framing words are skipped together with the "of" that follows them.
+FRAME_WORDS = frozenset(
+    "picture photo photograph image view closeup close-up shot snapshot scene".split()
+)
+FRAME_PHRASES = ("close up of", "close up view of", "closeup of", "view of", "scene with",
+                 "scene of", "scene showing", "picture showing", "photo showing")
+
+# Collective and partitive heads kept as part of the entity text ("group of sheep", "slice
+# of pizza"); the object is the noun after "of".
+COLLECTIVES = frozenset(
+    "group bunch couple pair herd flock lot lots number few pile stack row line set crowd "
+    "team variety assortment slice piece plate bowl cup glass box tray".split()
+)
+# Collectives that also are object nouns: "a plate of food" is food, but "a plate" alone is
+# a plate. Only used with a following "of".
+
+# ------------------------------------------------------------------------------------------
+# Attributes: kind -> values. An attribute foil changes one value within its kind.
+# ------------------------------------------------------------------------------------------
+
+COLORS: tuple[str, ...] = (
+    "red", "blue", "green", "yellow", "white", "black", "brown", "gray", "grey", "orange",
+    "pink", "purple", "tan", "silver", "gold", "beige",
+)
+SIZES: tuple[str, ...] = ("small", "large", "big", "little", "tiny", "huge", "tall", "short",
+                          "giant", "long")
+MATERIALS: tuple[str, ...] = ("wooden", "metal", "plastic", "stone", "brick", "leather",
+                              "ceramic", "concrete", "steel", "glass", "paper", "cardboard")
+STATES: tuple[str, ...] = ("young", "old", "wet", "dry", "empty", "full", "open", "closed",
+                           "clean", "dirty", "hot", "cold", "new", "sliced", "whole", "cooked",
+                           "raw", "lit", "dark", "bright")
+COUNTS: tuple[str, ...] = ("two", "three", "four", "five", "six", "seven", "eight", "nine",
+                           "ten", "twelve")
+
+ATTRIBUTE_KIND: dict[str, str] = {
+    **{w: "color" for w in COLORS},
+    **{w: "size" for w in SIZES},
+    **{w: "material" for w in MATERIALS},
+    **{w: "state" for w in STATES},
+    **{w: "count" for w in COUNTS},
+}
+# Sizes and states are foiled by their opposite, not by any other value: "small" -> "large"
+# is clearly false, "small" -> "little" is the same thing.
+ATTRIBUTE_ANTONYMS: dict[str, str] = {
+    "small": "large", "large": "small", "big": "small", "little": "big", "tiny": "huge",
+    "huge": "tiny", "tall": "short", "short": "tall", "giant": "tiny", "long": "short",
+    "young": "old", "old": "young", "wet": "dry", "dry": "wet", "empty": "full",
+    "full": "empty", "open": "closed", "closed": "open", "clean": "dirty", "dirty": "clean",
+    "hot": "cold", "cold": "hot", "new": "old", "sliced": "whole", "whole": "sliced",
+    "cooked": "raw", "raw": "cooked", "dark": "bright", "bright": "dark",
+}
+# Colors that name the same hue: never foil one by the other.
+COLOR_SYNONYMS: dict[str, frozenset[str]] = {
+    "gray": frozenset({"grey", "silver"}), "grey": frozenset({"gray", "silver"}),
+    "silver": frozenset({"gray", "grey"}), "gold": frozenset({"yellow", "tan", "beige"}),
+    "tan": frozenset({"beige", "brown", "gold"}), "beige": frozenset({"tan", "gold"}),
+}
+
+# Adjectives kept in the entity text but without a foil (no clear opposite in the picture).
+OTHER_ADJECTIVES = frozenset(
+    "colorful striped spotted cute adult stuffed fresh busy modern vintage antique "
+    "double decker parked grassy snowy sandy rocky wild baby polar passenger "
+    "commercial electric digital fancy ornate tiled frosted fluffy furry shiny smiling "
+    "male female elderly pretty beautiful nice different various "
+    "several many few half smaller larger bigger taller older younger".split()
+)
+# Quantity words kept in the entity text; no count foil, since they are vague.
+QUANTITIES = frozenset({"several", "many", "multiple", "numerous", "various", "few"})
+
+DETERMINERS = frozenset(
+    "a an the some this that these those his her its their my your our one each every "
+    "any another other".split()
+)
+INTENSIFIERS = frozenset({"very", "really", "quite", "rather", "extremely", "fairly"})
+
+# ------------------------------------------------------------------------------------------
+# Spatial prepositions and their antonyms. Multiword first: parsing takes the longest match.
+# ------------------------------------------------------------------------------------------
+
+PREPOSITION_ANTONYMS: dict[str, str | None] = {
+    "on top of": "under", "on": "under", "onto": None, "under": "on", "underneath": "above",
+    "beneath": "above", "above": "below", "below": "above", "over": "under",
+    "in front of": "behind", "behind": "in front of", "left of": "right of",
+    "right of": "left of", "to the left of": "to the right of",
+    "to the right of": "to the left of", "inside": "outside", "inside of": "outside of",
+    "outside": "inside", "outside of": "inside of", "near": "far from", "next to": "far from",
+    "beside": "far from", "close to": "far from", "far from": "near", "by": None,
+    "in": None, "into": "out of", "out of": "into", "at": None, "toward": "away from",
+    "towards": "away from", "away from": "toward", "across": None, "across from": None,
+    "along": None, "through": None, "around": None, "past": None, "against": None,
+    "between": None, "among": None, "up": "down", "down": "up", "off": "on",
+    "with": None, "without": None, "for": None, "to": None, "from": None,
+    "in the middle of": None, "on the side of": None, "at the top of": "at the bottom of",
+    "at the bottom of": "at the top of",
+}
+PREPOSITIONS: tuple[str, ...] = tuple(sorted(PREPOSITION_ANTONYMS, key=lambda p: -len(p.split())))
+MAX_PREPOSITION_WORDS = max(len(p.split()) for p in PREPOSITIONS)
+# Relations that hold both ways: swapping their arguments gives a true sentence, never a foil.
+SYMMETRIC_PREPOSITIONS = frozenset(
+    {"next to", "near", "beside", "by", "close to", "far from", "across from", "between",
+     "among", "with", "against", "along"}
+)
+
+# ------------------------------------------------------------------------------------------
+# Verbs: base form -> -ing form (irregular ones spelled out; regular ones derived).
+# ------------------------------------------------------------------------------------------
+
+_VERBS = (
+    "ride:riding hold:holding sit:sitting stand:standing eat:eating carry:carrying "
+    "walk:walking play:playing look:looking fly:flying lay:laying lie:lying run:running "
+    "use:using wear:wearing watch:watching drive:driving pull:pulling push:pushing "
+    "throw:throwing catch:catching hit:hitting swing:swinging graze:grazing drink:drinking "
+    "cut:cutting talk:talking read:reading surf:surfing ski:skiing skateboard:skateboarding "
+    "jump:jumping cross:crossing wait:waiting rest:resting sleep:sleeping lean:leaning "
+    "hang:hanging pose:posing sleep:sleeping park:parking feed:feeding chase:chasing "
+    "climb:climbing enter:entering leave:leaving exit:exiting open:opening close:closing "
+    "travel:traveling move:moving head:heading go:going come:coming swim:swimming "
+    "float:floating perch:perching sail:sailing land:landing take:taking kick:kicking "
+    "face:facing stare:staring point:pointing reach:reaching touch:touching pet:petting "
+    "brush:brushing prepare:preparing cook:cooking serve:serving sniff:sniffing "
+    "lick:licking bite:biting hug:hugging kiss:kissing shake:shaking fill:filling "
+    "block:blocking follow:following lead:leading cover:covering share:sharing "
+    "nap:napping snuggle:snuggling display:displaying show:showing contain:containing "
+    "overlook:overlooking approach:approaching pass:passing skate:skating "
+    "snowboard:snowboarding sit:sitting stick:sticking peek:peeking crouch:crouching "
+    "kneel:kneeling squat:squatting hover:hovering roam:roaming drag:dragging "
+    "tow:towing grab:grabbing"
+)
+VERB_ING: dict[str, str] = dict(item.split(":") for item in _VERBS.split())
+# Past participles read as states: "a vase filled with flowers" -> "vase is filled with".
+PARTICIPLES = frozenset(
+    "filled covered topped parked surrounded stacked attached loaded decorated painted "
+    "placed lined displayed piled perched mounted seated dressed held tied stuffed "
+    "made set arranged gathered".split()
+)
+# Verb-level antonyms: predicates whose opposite is another verb, not another preposition.
+VERB_ANTONYMS: dict[str, str] = {
+    "sitting": "standing", "standing": "sitting", "entering": "leaving", "leaving": "entering",
+    "exiting": "entering", "pushing": "pulling", "pulling": "pushing", "opening": "closing",
+    "closing": "opening", "throwing": "catching", "catching": "throwing",
+    "coming": "going", "going": "coming", "landing": "taking off", "following": "leading",
+    "leading": "following",
+}
+# Whole-verb forms ("rides", "sat") mapped back to the base form for normalisation.
+IRREGULAR_FORMS: dict[str, str] = {
+    "sat": "sit", "stood": "stand", "ate": "eat", "held": "hold", "rode": "ride",
+    "flew": "fly", "lies": "lie", "ran": "run", "took": "take", "goes": "go", "has": "have",
+}
+# Adverbs skipped between a verb and its preposition ("napping together on").
+SKIPPABLE_ADVERBS = frozenset(
+    "together happily quietly peacefully also just still currently alone closely "
+    "patiently calmly nearby".split()
+)
+AUXILIARIES = frozenset({"is", "are", "was", "were", "be", "being", "been"})
+RELATIVE_WORDS = frozenset({"that", "which", "who", "while", "whilst"})
+# Existential openings: "There is a cat on a mat" describes a cat.
+EXISTENTIAL = ("there is", "there are", "there's", "here is", "here are")

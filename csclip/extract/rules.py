@@ -1,0 +1,775 @@
+"""The rules backend (issue 5, part 3): entity and relation units with foils from caption
+English, by lexicon lookup and a few patterns, on CPU, with no model.
+
+It only claims what its lexicon covers. An object noun it does not know, a verb it does not
+know, or a connecting phrase it cannot read gives a `Rejection` with the reason instead of
+a guess. Same caption, same output: foil choices are seeded from a hash of the caption.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from csclip.errors import DataError
+from csclip.extract import lexicon as lx
+from csclip.units import (
+    MAX_ENTITIES,
+    MAX_RELATIONS,
+    ChangeType,
+    Foil,
+    Rejection,
+    RejectReason,
+    Unit,
+    UnitsRecord,
+    foil_rejection,
+    normalize_text,
+)
+
+# Words, with inner hyphens/apostrophes kept ("close-up", "elephant's"), and the
+# punctuation that separates phrases and sentences.
+_TOKEN = re.compile(r"[a-z0-9]+(?:['-][a-z0-9]+)*|[.,;:!?]")
+_SENTENCE_END = frozenset(".;:!?")
+_COORDINATORS = frozenset({",", "and", "or", "plus", "also", "as well as"})
+# Words after which the next noun phrase starts a new clause ("... while a girl plays").
+_CLAUSE_OPENERS = frozenset({"while", "whilst", "as", "and", "but", "when", "where", ",",
+                             "because", "so"})
+_REL_PRONOUNS = frozenset({"that", "which", "who"})
+_SUBORDINATORS = frozenset({"while", "whilst", "and", ","})
+_PRONOUNS = frozenset({"it", "them"})
+# "to its left" style phrases: the relation points back at the clause's first object.
+_POSSESSIVE_DIRECTIONS = {("to", "its", "left"): "left of", ("to", "its", "right"): "right of",
+                          ("on", "its", "left"): "left of", ("on", "its", "right"): "right of"}
+# One spelling per spatial relation, so "to the left of" and "left of" give one predicate.
+_CANONICAL_PREPOSITION = {"to the left of": "left of", "to the right of": "right of",
+                          "inside of": "inside", "outside of": "outside",
+                          "towards": "toward", "underneath": "under", "beneath": "under"}
+_MAX_ENTITY_FOILS = 3
+
+
+@dataclass(frozen=True)
+class RulesResult:
+    """What the rules backend read from one caption.
+
+    `rejections` lists everything it did not turn into a unit or foil (an unknown noun, an
+    unreadable connecting phrase, a foil that failed `foil_rejection`), each with a reason.
+    A caption is usable when `entities` is non-empty; otherwise `rejections` says why not.
+    """
+
+    entities: tuple[Unit, ...]
+    relations: tuple[Unit, ...]
+    rejections: tuple[Rejection, ...]
+
+    @property
+    def is_empty(self) -> bool:
+        """Whether the caption gave no unit at all (the record goes to the rejects table)."""
+        return not self.entities
+
+
+@dataclass
+class _Phrase:
+    """A noun phrase: token span [start, end) of the entity text (determiners excluded),
+    its head noun and the attribute words with their kinds."""
+
+    start: int
+    end: int
+    lead: int  # first token of the phrase including its determiners
+    words: tuple[str, ...]
+    head_start: int  # index in `words` where the head noun begins
+    head: lx.Noun
+    attributes: tuple[tuple[int, str], ...]  # (index in words, kind)
+    is_plural: bool
+
+    @property
+    def text(self) -> str:
+        return " ".join(self.words)
+
+
+@dataclass(frozen=True)
+class _Predicate:
+    """A relation predicate as read from the caption: an optional verb ("riding", "filled",
+    "has") and an optional preposition ("on", "left of")."""
+
+    verb: str | None
+    preposition: str | None
+
+    def render(self, is_plural: bool, negated: bool = False) -> str:
+        if self.verb in ("has", "have"):
+            # Possession ("a man with a hat" -> "man has hat") has no auxiliary.
+            if negated:
+                return "do not have" if is_plural else "does not have"
+            return "have" if is_plural else "has"
+        words = ["are" if is_plural else "is"]
+        if negated:
+            words.append("not")
+        words += [w for w in (self.verb, self.preposition) if w]
+        return " ".join(words)
+
+    def antonym(self) -> _Predicate | None:
+        if self.preposition and lx.PREPOSITION_ANTONYMS.get(self.preposition):
+            opposite = lx.PREPOSITION_ANTONYMS[self.preposition]
+            return _Predicate(self.verb, _CANONICAL_PREPOSITION.get(opposite, opposite))
+        if self.verb in lx.VERB_ANTONYMS:
+            return _Predicate(lx.VERB_ANTONYMS[self.verb], self.preposition)
+        return None
+
+    @property
+    def is_symmetric(self) -> bool:
+        return self.preposition in lx.SYMMETRIC_PREPOSITIONS
+
+
+@dataclass
+class _Connector:
+    """The words between two noun phrases, read as a predicate."""
+
+    predicate: _Predicate
+    is_relative: bool = False  # "that is ...": attaches to the phrase just before
+    aux_plural: bool | None = None  # number the caption's own auxiliary gives the subject
+    is_bare_with: bool = False
+
+
+@dataclass
+class _Parse:
+    phrases: list[_Phrase] = field(default_factory=list)
+    relations: list[tuple[int, _Predicate, int]] = field(default_factory=list)
+    rejections: list[Rejection] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------
+# Public API
+# ------------------------------------------------------------------------------------------
+
+def extract_units(caption: str) -> RulesResult:
+    """Entity and relation units, with validated foils, of one caption.
+
+    Entity texts are noun phrases without determiners ("brown horse", "three dogs");
+    relation predicates keep their auxiliary ("is riding", "is left of"), and their subject
+    and object are entity texts of the caption. Every foil passed `foil_rejection`.
+    """
+    if not caption or not caption.strip():
+        return RulesResult((), (), (Rejection(RejectReason.EMPTY_CAPTION, "caption is empty"),))
+    tokens = tokenize(caption)
+    parse = _parse(tokens)
+    if not parse.phrases:
+        reason = "no known object noun" + _unknown_hint(tokens)
+        return RulesResult((), (), (*parse.rejections, Rejection(RejectReason.UNPARSED, reason)))
+    rng_seed = _stable_seed(normalize_text(caption))
+    rejections = list(parse.rejections)
+    entities = _entity_units(parse.phrases, caption, tokens, rng_seed, rejections)
+    relations = _relation_units(parse, entities, caption, rejections)
+    return RulesResult(tuple(entities.values()), tuple(relations), tuple(rejections))
+
+
+def extract_record(record: UnitsRecord) -> tuple[UnitsRecord, tuple[Rejection, ...]]:
+    """A copy of `record` whose units are the rules backend's reading of its caption
+    (`source="rules"`, image and meta kept), and the rejections of that reading."""
+    result = extract_units(record.caption)
+    return replace(record, entities=result.entities, relations=result.relations,
+                   source="rules", meta=dict(record.meta)), result.rejections
+
+
+def tokenize(caption: str) -> list[str]:
+    """Lower-case word and punctuation tokens of a caption."""
+    return _TOKEN.findall(caption.lower())
+
+
+# ------------------------------------------------------------------------------------------
+# Noun phrases
+# ------------------------------------------------------------------------------------------
+
+def _parse(tokens: list[str]) -> _Parse:
+    parse = _Parse()
+    spans = _find_phrases(tokens, parse.rejections)
+    parse.phrases = spans
+    if spans:
+        _check_leftover(_skip_frames(tokens[: spans[0].lead]), None, parse.rejections,
+                        leading=True)
+        _read_relations(tokens, parse)
+    return parse
+
+
+def _find_phrases(tokens: list[str], rejections: list[Rejection]) -> list[_Phrase]:
+    phrases: list[_Phrase] = []
+    i = 0
+    while i < len(tokens):
+        skip = _frame_length(tokens, i)
+        if skip:
+            i += skip
+            continue
+        phrase, next_i, rejected = _match_phrase(tokens, i)
+        if rejected:
+            rejections.append(Rejection(RejectReason.UNPARSED, rejected))
+        if phrase is not None:
+            phrases.append(phrase)
+        i = max(next_i, i + 1)
+    return phrases
+
+
+def _skip_frames(tokens: list[str]) -> list[str]:
+    """`tokens` without framing phrases ("a close up of")."""
+    kept, i = [], 0
+    while i < len(tokens):
+        skip = _frame_length(tokens, i)
+        if skip:
+            i += skip
+        else:
+            kept.append(tokens[i])
+            i += 1
+    return kept
+
+
+def _frame_length(tokens: list[str], i: int) -> int:
+    """Tokens of a framing phrase at i ("a close up of", "an image of"), else 0."""
+    j = i
+    while j < len(tokens) and tokens[j] in ("a", "an", "the"):
+        j += 1
+    for phrase in lx.FRAME_PHRASES:
+        words = phrase.split()
+        if tokens[j : j + len(words)] == words:
+            return j + len(words) - i
+    if j + 1 < len(tokens) and tokens[j] in lx.FRAME_WORDS and tokens[j + 1] == "of":
+        return j + 2 - i
+    return 0
+
+
+def _noun_at(tokens: list[str], i: int) -> tuple[str, lx.Noun] | None:
+    """The longest lexicon noun starting at token i."""
+    for n in range(min(lx.MAX_NOUN_WORDS, len(tokens) - i), 0, -1):
+        form = " ".join(tokens[i : i + n])
+        if form in lx.NOUNS:
+            return form, lx.NOUNS[form]
+    return None
+
+
+def _match_phrase(tokens: list[str], i: int) -> tuple[_Phrase | None, int, str | None]:
+    """The noun phrase starting at token i (after determiners), the index after it, and a
+    rejection detail when a phrase was seen but cannot be read."""
+    j = i
+    while j < len(tokens) and tokens[j] in lx.DETERMINERS:
+        j += 1
+    while j < len(tokens) and tokens[j] in lx.INTENSIFIERS:
+        j += 1
+    start = j
+    attributes: list[tuple[int, str]] = []
+    is_counted = False
+    head: tuple[int, str, lx.Noun] | None = None  # (token index, form, noun)
+    while j < len(tokens):
+        word = tokens[j]
+        noun = _noun_at(tokens, j)
+        if head is not None:
+            # After a noun only more nouns may follow ("park bench", "baby elephant").
+            if noun is None or _reads_as_verb(tokens, j, noun[0]):
+                break
+            head = (j, *noun)
+            j += len(noun[0].split())
+            continue
+        if word in lx.COLLECTIVES and j + 1 < len(tokens) and tokens[j + 1] == "of":
+            is_counted = True
+            j += 2
+            continue
+        is_modifier = word in lx.ATTRIBUTE_KIND or word in lx.OTHER_ADJECTIVES
+        if is_modifier and (noun is None or _starts_phrase_body(tokens, j + 1)):
+            # "orange cat": a color here, not the fruit.
+            kind = lx.ATTRIBUTE_KIND.get(word)
+            if kind is not None:
+                attributes.append((j - start, kind))
+            is_counted |= kind == "count" or word in lx.QUANTITIES
+            j += 1
+            if (j + 1 < len(tokens) and tokens[j] == "and" and kind == "color"
+                    and lx.ATTRIBUTE_KIND.get(tokens[j + 1]) == "color"):
+                j += 1  # "white and yellow vase"
+            continue
+        if noun is not None:
+            head = (j, *noun)
+            j += len(noun[0].split())
+            continue
+        break
+    if head is None:
+        return None, i + 1, None
+    head_index, form, noun = head
+    end = head_index + len(form.split())
+    words = tuple(tokens[start:end])
+    follower = tokens[end] if end < len(tokens) else ""
+    after = tokens[end + 1] if end + 1 < len(tokens) else ""
+    if _is_unknown_noun(follower, after):
+        # "toilet seat", "living area": the real head is a noun we do not know.
+        return None, end + 1, f"head noun of {' '.join(words + (follower,))!r} not in lexicon"
+    is_plural = (form == noun.plural and noun.plural != noun.singular) or (
+        noun.plural == noun.singular and is_counted)
+    if form == noun.singular and noun.plural != noun.singular:
+        is_plural = False
+    attributes = [(k, kind) for k, kind in attributes if k < head_index - start]
+    return (_Phrase(start, end, i, words, head_index - start, noun, tuple(attributes),
+                    is_plural), end, None)
+
+
+def _starts_phrase_body(tokens: list[str], i: int) -> bool:
+    """Whether a modifier or noun can follow at i (so the word before is a modifier)."""
+    if i >= len(tokens):
+        return False
+    word = tokens[i]
+    return (_noun_at(tokens, i) is not None or word in lx.ATTRIBUTE_KIND
+            or word in lx.OTHER_ADJECTIVES or word == "and")
+
+
+def _reads_as_verb(tokens: list[str], i: int, form: str) -> bool:
+    """A plural noun after a noun that is also a verb form ("a man skateboards down"),
+    followed by a preposition or determiner, is the verb."""
+    if _verb_ing(form) is None or " " in form:
+        return False
+    after = tokens[i + 1] if i + 1 < len(tokens) else ""
+    return after in lx.DETERMINERS or after in _PREPOSITION_WORDS
+
+
+_FUNCTION_WORDS = (
+    lx.DETERMINERS | lx.AUXILIARIES | lx.RELATIVE_WORDS | lx.SKIPPABLE_ADVERBS
+    | lx.INTENSIFIERS | lx.QUANTITIES | lx.OTHER_ADJECTIVES | lx.PARTICIPLES | _CLAUSE_OPENERS
+    | _PRONOUNS | frozenset({"of", "not", "its", "there", "here", "has", "have", "had",
+                             "plus", "also", "their", "his", "her", "one", "each", "other"})
+)
+_PREPOSITION_WORDS = frozenset(w for p in lx.PREPOSITIONS for w in p.split())
+
+
+def _is_unknown_noun(word: str, after: str) -> bool:
+    """Whether `word`, right after a noun, is likely the real (unknown) head noun: an
+    unknown word that does not look like a verb form ("swats at" is a verb, "seat" and
+    "dwellers walk" are nouns)."""
+    if not word or not word.isalpha() or word in _FUNCTION_WORDS or word in _PREPOSITION_WORDS:
+        return False
+    if word in lx.NOUNS or word in lx.ATTRIBUTE_KIND or _verb_ing(word) is not None:
+        return False
+    if word.endswith(("ing", "ed")):
+        return False
+    if word.endswith("s") and not word.endswith("ss"):
+        # A verb in the third person is followed by its object or a preposition.
+        return not (not after or not after.isalpha() or after in lx.DETERMINERS
+                    or after in _PREPOSITION_WORDS or after in _COORDINATORS
+                    or after in lx.SKIPPABLE_ADVERBS)
+    return True
+
+
+# ------------------------------------------------------------------------------------------
+# Relations between noun phrases
+# ------------------------------------------------------------------------------------------
+
+def _read_relations(tokens: list[str], parse: _Parse) -> None:
+    """Walk the gaps between consecutive noun phrases, reading each as a predicate, a
+    coordination ("and"), a sentence break, or nothing (with a rejection)."""
+    phrases = parse.phrases
+    clause_subjects = [0]
+    last: tuple[list[int], _Predicate] | None = None  # relation whose object is phrase i
+    for i in range(len(phrases)):
+        gap_end = phrases[i + 1].lead if i + 1 < len(phrases) else len(tokens)
+        gap = tokens[phrases[i].end : gap_end]
+        gap = _read_pronoun_relation(gap, i, clause_subjects[0], parse)
+        if i + 1 == len(phrases):
+            _check_leftover(gap, phrases[i].text, parse.rejections)
+            break
+        nxt = i + 1
+        if any(t in _SENTENCE_END for t in gap) or _is_existential(gap):
+            clause_subjects, last = [nxt], None
+            continue
+        if gap and all(t in _COORDINATORS for t in gap):
+            if (last is not None or i not in clause_subjects) and _starts_clause(
+                    tokens, phrases, nxt):
+                clause_subjects, last = [nxt], None
+            elif last is not None:
+                for s in last[0]:
+                    parse.relations.append((s, last[1], nxt))
+            elif i in clause_subjects:
+                clause_subjects.append(nxt)
+            continue
+        connector, problem = _read_connector(gap)
+        if connector is None:
+            parse.rejections.append(Rejection(
+                RejectReason.UNPARSED,
+                f"no relation between {phrases[i].text!r} and {phrases[nxt].text!r}: {problem}"))
+            last = None
+            if gap and gap[-1] in _CLAUSE_OPENERS:
+                clause_subjects = [nxt]
+            continue
+        # "a bathroom with towels hanging by the shower": a bare verb right after a "with"
+        # object describes that object, like a relative clause.
+        follows_with = last is not None and last[1].verb == "has" and _is_bare_verb(connector)
+        subjects = [i] if connector.is_relative or follows_with else clause_subjects
+        if connector.is_relative:
+            clause_subjects = [i]
+        if connector.aux_plural is not None:
+            for s in subjects:
+                phrases[s].is_plural = connector.aux_plural
+        if connector.is_bare_with and _pronoun_relation_follows(tokens, phrases, nxt):
+            # "a blue square, with a red circle to its left": the relation is the pronoun one.
+            last = None
+            continue
+        for s in subjects:
+            parse.relations.append((s, connector.predicate, nxt))
+        last = (list(subjects), connector.predicate)
+
+
+def _is_bare_verb(connector: _Connector) -> bool:
+    return (connector.aux_plural is None and not connector.is_relative
+            and connector.predicate.verb not in (None, "has"))
+
+
+def _is_existential(gap: list[str]) -> bool:
+    text = " ".join(gap)
+    return any(f"{e}" in text for e in lx.EXISTENTIAL)
+
+
+def _starts_clause(tokens: list[str], phrases: list[_Phrase], index: int) -> bool:
+    """Whether phrase `index` is followed by a verb (so it is a new clause's subject)."""
+    end = phrases[index].end
+    following = tokens[end : end + 2]
+    if not following:
+        return False
+    first = following[0]
+    return first in lx.AUXILIARIES or (
+        _verb_ing(first) is not None and first not in _PREPOSITION_WORDS)
+
+
+def _read_pronoun_relation(gap: list[str], subject: int, antecedent: int,
+                           parse: _Parse) -> list[str]:
+    """Read a leading "to its left" / "above it" (pointing back at the clause's first
+    phrase), record the relation, and return the rest of the gap."""
+    if subject == antecedent:
+        return gap
+    for words, preposition in _POSSESSIVE_DIRECTIONS.items():
+        if tuple(gap[: len(words)]) == words:
+            parse.relations.append((subject, _Predicate(None, preposition), antecedent))
+            return gap[len(words):]
+    for n in range(min(lx.MAX_PREPOSITION_WORDS, len(gap) - 1), 0, -1):
+        preposition = " ".join(gap[:n])
+        if preposition in lx.PREPOSITION_ANTONYMS and gap[n] in _PRONOUNS:
+            parse.relations.append((subject, _Predicate(None, _canonical(preposition)),
+                                    antecedent))
+            return gap[n + 1:]
+    return gap
+
+
+def _pronoun_relation_follows(tokens: list[str], phrases: list[_Phrase], index: int) -> bool:
+    end = phrases[index].end
+    gap = tokens[end : end + 4]
+    if any(tuple(gap[: len(w)]) == w for w in _POSSESSIVE_DIRECTIONS):
+        return True
+    for n in range(min(lx.MAX_PREPOSITION_WORDS, len(gap) - 1), 0, -1):
+        if " ".join(gap[:n]) in lx.PREPOSITION_ANTONYMS and gap[n] in _PRONOUNS:
+            return True
+    return False
+
+
+def _read_connector(gap: list[str]) -> tuple[_Connector | None, str]:
+    """Read the words between two phrases as [that|while|,] [is|are] [verb] [preposition].
+    Returns (connector, "") or (None, why not)."""
+    words = [w for w in gap if w not in lx.SKIPPABLE_ADVERBS]
+    is_relative = False
+    while words and words[0] in _SUBORDINATORS:
+        words = words[1:]
+    if words and words[0] in _REL_PRONOUNS:
+        is_relative, words = True, words[1:]
+    aux_plural = None
+    if words and words[0] in lx.AUXILIARIES:
+        aux_plural = {"is": False, "was": False, "are": True, "were": True}.get(words[0])
+        words = words[1:]
+    if words and words[0] == "not":
+        return None, "negated predicate"
+    verb = None
+    if words and words[0] in ("has", "have", "had"):
+        verb, words = "has", words[1:]
+    elif words:
+        verb = _verb_ing(words[0]) or (words[0] if words[0] in lx.PARTICIPLES else None)
+        if verb is not None:
+            words = words[1:]
+    preposition = None
+    for n in range(min(lx.MAX_PREPOSITION_WORDS, len(words)), 0, -1):
+        candidate = " ".join(words[:n])
+        if candidate in lx.PREPOSITION_ANTONYMS:
+            preposition, words = _canonical(candidate), words[n:]
+            break
+    if words:
+        return None, _unknown_reason(words, verb)
+    if verb is None and preposition is None:
+        return None, "no verb or preposition" if gap else "nothing between them"
+    if preposition == "with" and verb is None:
+        return _Connector(_Predicate("has", None), is_relative, aux_plural, True), ""
+    if verb == "has" and preposition is not None:
+        return None, f"'has ... {preposition}' not in lexicon"
+    return _Connector(_Predicate(verb, preposition), is_relative, aux_plural), ""
+
+
+def _unknown_reason(words: list[str], verb: str | None) -> str:
+    first = words[0]
+    if verb is None and first.isalpha():
+        return f"verb {first!r} not in lexicon"
+    return f"{' '.join(words)!r} not in lexicon"
+
+
+def _canonical(preposition: str) -> str:
+    return _CANONICAL_PREPOSITION.get(preposition, preposition)
+
+
+def _verb_ing(word: str) -> str | None:
+    """The -ing form of a known verb in any form ("rides", "riding", "ride", "sat")."""
+    if word in _ING_FORMS:
+        return word
+    base = lx.IRREGULAR_FORMS.get(word)
+    if base == "have":
+        return None
+    if base is None and word in lx.VERB_ING:
+        base = word
+    if base is None:
+        for cut, add in (("ies", "y"), ("es", ""), ("s", "")):
+            if word.endswith(cut) and word[: -len(cut)] + add in lx.VERB_ING:
+                base = word[: -len(cut)] + add
+                break
+    return lx.VERB_ING.get(base) if base else None
+
+
+_ING_FORMS = frozenset(lx.VERB_ING.values())
+
+
+def _check_leftover(gap: list[str], after: str | None, rejections: list[Rejection],
+                    leading: bool = False) -> None:
+    """Record words outside any unit that may have carried a relation."""
+    content = [w for w in gap if w.isalnum() and w not in lx.DETERMINERS
+               and w not in lx.SKIPPABLE_ADVERBS and w not in _COORDINATORS]
+    text = " ".join(content)
+    if not content or (leading and _is_existential(gap) and len(content) <= 3):
+        return
+    where = "before the first object" if leading else f"after {after!r}"
+    rejections.append(Rejection(RejectReason.UNPARSED, f"{where}: {text!r} not parsed"))
+
+
+def _unknown_hint(tokens: list[str]) -> str:
+    unknown = [t for t in tokens if t.isalpha() and t not in _FUNCTION_WORDS
+               and t not in _PREPOSITION_WORDS and _verb_ing(t) is None]
+    return f" (unknown words: {', '.join(unknown[:5])})" if unknown else ""
+
+
+# ------------------------------------------------------------------------------------------
+# Units and foils
+# ------------------------------------------------------------------------------------------
+
+def _stable_seed(text: str) -> int:
+    # Not hash(): Python salts str hashes per process, and foils must not change between runs.
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed: int,
+                  rejections: list[Rejection]) -> dict[str, Unit]:
+    """Entity units keyed by text (first mention wins), with validated foils."""
+    texts = list(dict.fromkeys(p.text for p in phrases))
+    if len(texts) > MAX_ENTITIES:
+        rejections.append(Rejection(RejectReason.TOO_MANY_UNITS,
+                                    f"{len(texts)} entities, kept {MAX_ENTITIES}"))
+        texts = texts[:MAX_ENTITIES]
+    caption_words = set(tokens)
+    heads = [p.head for p in phrases]
+    units: dict[str, Unit] = {}
+    for phrase in phrases:
+        if phrase.text in units or phrase.text not in texts:
+            continue
+        rng = random.Random(seed ^ _stable_seed(phrase.text))
+        candidates = _entity_foil_candidates(phrase, heads, caption_words, rng)
+        unit = Unit.entity(phrase.text)
+        foils = _valid_foils(unit, candidates, caption, texts, rejections)
+        units[phrase.text] = Unit.entity(phrase.text, foils[:_MAX_ENTITY_FOILS])
+    return units
+
+
+def _entity_foil_candidates(phrase: _Phrase, heads: Sequence[lx.Noun],
+                            caption_words: set[str], rng: random.Random) -> list[Foil]:
+    """Object change (same category, not in the caption) first, then one attribute change
+    per attribute word: color -> another color, size/state -> its opposite, count -> the
+    next count, material -> another material."""
+    words = list(phrase.words)
+    candidates: list[Foil] = []
+    others = [n for n in _CATEGORY_NOUNS[phrase.head.category]
+              if n.singular not in lx.NOT_FOILS and not _mentions(caption_words, n)
+              and not any(lx.same_thing(n, head) for head in heads)]
+    rng.shuffle(others)
+    for noun in others[:3]:
+        form = noun.plural if phrase.is_plural else noun.singular
+        text = " ".join(words[: phrase.head_start] + [form])
+        candidates.append(Foil(text, ChangeType.OBJECT_CHANGE))
+    for index, kind in phrase.attributes:
+        for value in _attribute_values(words[index], kind, caption_words, rng)[:2]:
+            edited = words[:index] + [value] + words[index + 1 :]
+            candidates.append(Foil(" ".join(edited), ChangeType.ATTRIBUTE_CHANGE))
+    return candidates
+
+
+def _mentions(caption_words: set[str], noun: lx.Noun) -> bool:
+    # "cats" in the caption rules out "cat" and "cats"; "cell phone" is ruled out by "phone".
+    return any(form.split()[-1] in caption_words for form in (noun.singular, noun.plural))
+
+
+def _attribute_values(word: str, kind: str, caption_words: set[str],
+                      rng: random.Random) -> list[str]:
+    if word in lx.ATTRIBUTE_ANTONYMS and kind in ("size", "state"):
+        return [lx.ATTRIBUTE_ANTONYMS[word]]
+    if kind == "count":
+        index = lx.COUNTS.index(word)
+        return [lx.COUNTS[index + 1] if index + 1 < len(lx.COUNTS) else lx.COUNTS[index - 1]]
+    pool = {"color": lx.COLORS, "material": lx.MATERIALS}.get(kind, ())
+    taboo = lx.COLOR_SYNONYMS.get(word, frozenset()) | caption_words
+    values = [v for v in pool if v != word and v not in taboo
+              and word not in lx.COLOR_SYNONYMS.get(v, frozenset())]
+    rng.shuffle(values)
+    return values
+
+
+def _build_category_nouns() -> dict[str, list[lx.Noun]]:
+    by_category: dict[str, list[lx.Noun]] = {}
+    for noun in dict.fromkeys(lx.NOUNS.values()):
+        by_category.setdefault(noun.category, []).append(noun)
+    return by_category
+
+
+_CATEGORY_NOUNS = _build_category_nouns()
+
+
+def _valid_foils(unit: Unit, candidates: Sequence[Foil], caption: str,
+                 entity_texts: Sequence[str], rejections: list[Rejection]) -> list[Foil]:
+    """Candidates that pass `foil_rejection`, keeping at most one per change type and
+    recording the rejected ones."""
+    kept: list[Foil] = []
+    for foil in candidates:
+        if any(k.change_type == foil.change_type and unit.kind == "entity"
+               and foil.change_type == ChangeType.OBJECT_CHANGE for k in kept):
+            continue  # one object change is enough; later ones were back-ups
+        if foil in kept:
+            continue
+        reason = foil_rejection(unit, foil, caption, entity_texts)
+        if reason is None:
+            kept.append(foil)
+        else:
+            rejections.append(Rejection(
+                reason, f"{unit.kind} {unit.text!r} -> {foil.text!r} ({foil.change_type})"))
+    return kept
+
+
+def _relation_units(parse: _Parse, entities: dict[str, Unit], caption: str,
+                    rejections: list[Rejection]) -> list[Unit]:
+    """Relation units over caption entities: antonym, negation, swap (not for symmetric
+    predicates, where it would be true) and subject/object replacement foils."""
+    units: dict[str, Unit] = {}
+    texts = list(entities)
+    for s, predicate, o in parse.relations:
+        subject, obj = parse.phrases[s], parse.phrases[o]
+        if subject.text == obj.text or subject.text not in entities or obj.text not in entities:
+            continue
+        unit = Unit.relation(subject.text, predicate.render(subject.is_plural), obj.text)
+        if unit.text in units:
+            continue
+        candidates = _relation_foil_candidates(subject, predicate, obj, entities)
+        foils = _valid_foils(unit, candidates, caption, texts, rejections)
+        units[unit.text] = Unit.relation(unit.subject, unit.predicate, unit.object, foils)
+    if len(units) > MAX_RELATIONS:
+        rejections.append(Rejection(RejectReason.TOO_MANY_UNITS,
+                                    f"{len(units)} relations, kept {MAX_RELATIONS}"))
+    return list(units.values())[:MAX_RELATIONS]
+
+
+def _relation_foil_candidates(subject: _Phrase, predicate: _Predicate, obj: _Phrase,
+                              entities: dict[str, Unit]) -> list[Foil]:
+    s, o = subject.text, obj.text
+    rendered = predicate.render(subject.is_plural)
+    candidates = []
+    antonym = predicate.antonym()
+    if antonym is not None:
+        candidates.append(Foil.relation(s, antonym.render(subject.is_plural), o,
+                                        ChangeType.ANTONYM))
+    candidates.append(Foil.relation(s, predicate.render(subject.is_plural, negated=True), o,
+                                    ChangeType.NEGATION))
+    if not predicate.is_symmetric:
+        candidates.append(Foil.relation(o, predicate.render(obj.is_plural), s,
+                                        ChangeType.SUBJECT_OBJECT_SWAP))
+    subject_foil = _first_foil(entities[s])
+    if subject_foil is not None:
+        candidates.append(Foil.relation(subject_foil, rendered, o, ChangeType.SUBJECT_REPLACE))
+    object_foil = _first_foil(entities[o])
+    if object_foil is not None:
+        candidates.append(Foil.relation(s, rendered, object_foil, ChangeType.OBJECT_REPLACE))
+    return candidates
+
+
+def _first_foil(entity: Unit) -> str | None:
+    # Object changes first: "woman is riding horse" is the SPEC's subject_replace example.
+    foils = entity.foils_of(ChangeType.OBJECT_CHANGE) or entity.foils_of(
+        ChangeType.ATTRIBUTE_CHANGE)
+    return foils[0].text if foils else None
+
+
+# ------------------------------------------------------------------------------------------
+# Scoring against gold units
+# ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PRF:
+    """Precision, recall and F1 with the counts behind them."""
+
+    true_positives: int
+    false_positives: int
+    false_negatives: int
+
+    @property
+    def precision(self) -> float:
+        found = self.true_positives + self.false_positives
+        return self.true_positives / found if found else 0.0
+
+    @property
+    def recall(self) -> float:
+        wanted = self.true_positives + self.false_negatives
+        return self.true_positives / wanted if wanted else 0.0
+
+    @property
+    def f1(self) -> float:
+        p, r = self.precision, self.recall
+        return 2 * p * r / (p + r) if p + r else 0.0
+
+
+@dataclass(frozen=True)
+class ExtractionScores:
+    """Entity and relation P/R/F1 of predicted units against gold, micro-averaged over
+    records, units matched on normalized text."""
+
+    entity: PRF
+    relation: PRF
+    num_records: int
+
+    def as_dict(self) -> dict[str, float]:
+        """Flat metrics (`entity_precision`, ..., `relation_f1`) for tables and MLflow."""
+        out: dict[str, float] = {"num_records": float(self.num_records)}
+        for name, prf in (("entity", self.entity), ("relation", self.relation)):
+            out[f"{name}_precision"] = prf.precision
+            out[f"{name}_recall"] = prf.recall
+            out[f"{name}_f1"] = prf.f1
+        return out
+
+
+def score_against_gold(predicted: Sequence[UnitsRecord] | Sequence[RulesResult],
+                       gold: Sequence[UnitsRecord]) -> ExtractionScores:
+    """Score predicted units against gold units, record by record (same order).
+
+    Raises:
+        DataError: the two sequences differ in length, or records' sample_ids differ.
+    """
+    if len(predicted) != len(gold):
+        raise DataError(f"{len(predicted)} predicted records but {len(gold)} gold records; "
+                        "score the same captions in the same order")
+    counts = {"entity": [0, 0, 0], "relation": [0, 0, 0]}
+    for pred, ref in zip(predicted, gold, strict=True):
+        if isinstance(pred, UnitsRecord) and pred.sample_id != ref.sample_id:
+            raise DataError(f"predicted record {pred.sample_id!r} is paired with gold "
+                            f"{ref.sample_id!r}; sort both by sample_id")
+        for kind, mine, theirs in (("entity", pred.entities, ref.entities),
+                                   ("relation", pred.relations, ref.relations)):
+            found = {normalize_text(u.text) for u in mine}
+            wanted = {normalize_text(u.text) for u in theirs}
+            counts[kind][0] += len(found & wanted)
+            counts[kind][1] += len(found - wanted)
+            counts[kind][2] += len(wanted - found)
+    return ExtractionScores(PRF(*counts["entity"]), PRF(*counts["relation"]), len(gold))
