@@ -56,8 +56,9 @@ class OutputConfig(StrictModel):
 
 
 class TrackingConfig(StrictModel):
-    enabled: bool = True
-    uri: str = "sqlite:///mlflow.db"
+    """MLflow; `uri: null` skips logging."""
+
+    uri: str | None = "sqlite:///mlflow.db"
     experiment: str = "extract_units"
     run_name: str | None = None
 
@@ -355,7 +356,7 @@ def _summarize(out: _Output, config: ExtractConfig, num_shards: int, written: in
         rejected_by_reason=dict(by_reason), items_rejected_by_reason=dict(items),
         num_shards=num_shards, shards_written=written, shards_skipped=num_shards - written,
         units_uri=out.uri_of("units"), rejects_uri=out.uri_of("rejects"))
-    if config.tracking.enabled:
+    if config.tracking.uri:
         run_id = log_to_mlflow(summary, config, out)
         summary = ExtractSummary(**{**summary.__dict__, "mlflow_run_id": run_id})
     return summary
