@@ -1,0 +1,214 @@
+"""Ray Data preprocessing for training: read units (the synthetic world or a units table),
+decode + transform images, sample text slots (SPEC §3) and tokenize, all on CPU in Ray
+Data; workers only consume `iter_torch_batches`.
+
+Slot sampling depends on the epoch, so the training stream is the union of one
+`map_batches` per epoch (each with its own `epoch` argument) over the same source.
+Images that fail to decode are counted by a check pass before training and dropped from
+the stream with their ids logged: never a crash, never a silent loss.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+from pydantic import Field
+
+from csclip.config import StrictModel
+from csclip.errors import DataError
+from csclip.sampling import SamplingConfig, sample_text_columns
+from csclip.units import record_from_row
+from csclip.world.config import WorldConfig
+
+logger = logging.getLogger(__name__)
+
+
+class DataConfig(StrictModel):
+    """The `data` section of a training config."""
+
+    world: WorldConfig = WorldConfig()
+    # A units table (Parquet, local or s3://) with image_bytes or image_path; None trains
+    # on the synthetic world generated from `world`.
+    units_uri: str | None = None
+    split: str = "train"
+    batch_size: int = Field(32, ge=1)  # per worker
+    shuffle_buffer: int = Field(512, ge=0)  # local shuffle buffer rows; 0 = no shuffle
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """What the driver learns about the data before training starts."""
+
+    num_rows: int  # rows that decode
+    num_decode_failures: int
+    failed_ids: tuple[str, ...]  # the first few, for the log
+    num_epochs: int
+    steps_per_epoch: int  # optimizer steps per epoch across all workers
+    total_steps: int
+
+
+def source_dataset(data: DataConfig):
+    """The units rows to train on, as a Ray Dataset in UNITS_SCHEMA."""
+    import ray.data
+
+    if data.units_uri is None:
+        from csclip.world.ray_source import world_dataset
+
+        return world_dataset(data.world, data.split)
+    from csclip.storage import filesystem_for
+
+    fs, path = filesystem_for(data.units_uri)
+    try:
+        ds = ray.data.read_parquet(path, filesystem=fs)
+    except (FileNotFoundError, OSError) as err:
+        raise DataError(f"data.units_uri: cannot read {data.units_uri} ({err}); "
+                        "point it at a units Parquet file or directory") from err
+    split = data.split
+    return ds.filter(lambda row: row["split"] == split)
+
+
+# ---------------------------------------------------------------------------------------
+# Per-batch functions (run inside Ray Data tasks; pure, testable without Ray)
+# ---------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=4)
+def _transform(preprocess_key: tuple):
+    from open_clip.transform import PreprocessCfg, image_transform_v2
+
+    cfg = dict(preprocess_key)
+    cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()}
+    return image_transform_v2(PreprocessCfg(**cfg), is_train=False)
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(model_name: str):
+    import open_clip
+
+    from csclip.model import register_small_models
+
+    register_small_models()
+    return open_clip.get_tokenizer(model_name)
+
+
+def preprocess_key(preprocess_cfg: dict) -> tuple:
+    """A hashable form of a ModelSpec.preprocess_cfg (for caching the transform)."""
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
+                        for k, v in preprocess_cfg.items()))
+
+
+def _image_bytes(row: dict) -> bytes:
+    if row.get("image_bytes") is not None:
+        return bytes(row["image_bytes"])
+    if row.get("image_path"):
+        from csclip.storage import filesystem_for, read_bytes
+
+        fs, path = filesystem_for(row["image_path"])
+        return read_bytes(fs, path)
+    raise DataError(f"row {row.get('sample_id')} has neither image_bytes nor image_path")
+
+
+def decode_image(row: dict):
+    """The row's image as an RGB PIL image, or None when it cannot be read or decoded."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        image = Image.open(io.BytesIO(_image_bytes(row)))
+        image.load()
+        return image.convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError, DataError) as err:
+        logger.debug("image of %s does not decode: %s", row.get("sample_id"), err)
+        return None
+
+
+def image_status(batch: pa.Table) -> dict[str, np.ndarray]:
+    """Map function of the check pass: which rows decode."""
+    rows = batch.to_pylist()
+    ok = [decode_image(row) is not None for row in rows]
+    return {"sample_id": np.array([r["sample_id"] for r in rows], dtype=object),
+            "ok": np.array(ok, dtype=bool)}
+
+
+def prepare_batch(batch: pa.Table, *, sampling: dict, preprocess: tuple, model_name: str,
+                  seed: int, epoch: int) -> dict[str, np.ndarray]:
+    """Map function of the training stream: decode + transform images, sample slots
+    (SPEC §3) for `epoch`, tokenize. Rows whose image does not decode are dropped (the
+    check pass counted them).
+
+    Returns columns image (n, 3, H, W) float32; caption, caption_negative, unit_k, foil_k
+    (n, context_length) int64 for k < N; unit_mask (n,) bool.
+    """
+    transform, tokenize = _transform(preprocess), _tokenizer(model_name)
+    records, images = [], []
+    for row in batch.to_pylist():
+        image = decode_image(row)
+        if image is not None:
+            records.append(record_from_row(row))
+            images.append(transform(image).numpy())
+    config = SamplingConfig.model_validate(sampling)
+    out: dict[str, np.ndarray] = {}
+    if not records:
+        return out
+    columns = sample_text_columns(records, config, seed, epoch)
+    out["image"] = np.stack(images).astype(np.float32)                 # (n, 3, H, W)
+    for name, values in columns.items():
+        if name == "unit_mask":
+            out[name] = np.asarray(values, dtype=bool)                    # (n,)
+        else:
+            out[name] = tokenize(list(values)).numpy().astype(np.int64)   # (n, L)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Driver side
+# ---------------------------------------------------------------------------------------
+
+def plan_data(source, data: DataConfig, num_workers: int, epochs: int,
+              max_steps: int | None, max_listed_failures: int = 20) -> DataPlan:
+    """Run the check pass over `source` and work out epochs and steps.
+
+    With max_steps the stream holds enough epochs for max_steps; otherwise `epochs`.
+    Raises DataError when nothing decodes or the data is smaller than one global batch.
+    """
+    status = source.map_batches(image_status, batch_format="pyarrow").to_pandas()
+    failed = status.loc[~status["ok"].astype(bool), "sample_id"].astype(str).tolist()
+    num_rows = len(status) - len(failed)
+    if failed:
+        logger.warning("%d of %d images do not decode and are skipped: %s%s", len(failed),
+                       len(status), failed[:max_listed_failures],
+                       " ..." if len(failed) > max_listed_failures else "")
+    global_batch = data.batch_size * num_workers
+    if num_rows < global_batch:
+        raise DataError(f"{num_rows} usable rows (of {len(status)}) is less than one global "
+                        f"batch ({data.batch_size} x {num_workers} workers); lower "
+                        "data.batch_size or add data")
+    steps_per_epoch = num_rows // global_batch
+    if max_steps is not None:
+        # Streaming split may drop up to num_workers - 1 rows to keep shards equal.
+        num_epochs = math.ceil((max_steps * global_batch + num_workers) / num_rows)
+        total_steps = max_steps
+    else:
+        num_epochs = epochs
+        total_steps = (epochs * num_rows - num_workers + 1) // global_batch
+    return DataPlan(num_rows, len(failed), tuple(failed[:max_listed_failures]), num_epochs,
+                    steps_per_epoch, total_steps)
+
+
+def training_stream(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
+                    model_name: str, seed: int, num_epochs: int, rows_per_block: int = 64):
+    """The union over epochs of `source` prepared for training (see prepare_batch)."""
+    epochs: Sequence = [
+        source.map_batches(
+            prepare_batch, batch_format="pyarrow", batch_size=rows_per_block,
+            fn_kwargs={"sampling": sampling.model_dump(mode="json"),
+                       "preprocess": preprocess_key(preprocess_cfg),
+                       "model_name": model_name, "seed": seed, "epoch": epoch})
+        for epoch in range(num_epochs)
+    ]
+    return epochs[0].union(*epochs[1:]) if len(epochs) > 1 else epochs[0]
