@@ -541,7 +541,9 @@ def run_trial(params: dict) -> None:
         client.set_tag(run_id, "csclip_trial_started", f"{started:.3f}")
         _fail_once_for_tests(context, setting)
         result = train.run(config, callbacks=[TuneReportCallback()])
-        metrics = evaluate_trial(config, result.checkpoint_uri, context.eval_seed)
+        report = evaluate_trial(config, result.checkpoint_uri, context.eval_seed)
+        metrics = {k: float(v) for k, v in report.metrics.items()
+                   if isinstance(v, int | float) and not isinstance(v, bool)}
         curves: dict[str, list[tuple[int, float]]] = {}
         if result.mlflow_run_id:
             client.set_tag(run_id, "csclip_train_run_id", result.mlflow_run_id)
@@ -549,7 +551,7 @@ def run_trial(params: dict) -> None:
             client.set_tag(result.mlflow_run_id, PARENT_TAG, run_id)
             curves = copy_curves(client, result.mlflow_run_id, run_id)
         log_metrics(client, run_id, metrics)
-        _log_trial_files(client, run_id, setting, metrics, curves)
+        _log_trial_files(client, run_id, setting, report, curves)
         client.set_terminated(run_id, "FINISHED")
     except BaseException:
         client.set_terminated(run_id, "FAILED")
@@ -590,31 +592,36 @@ def validation_records(config: BaseModel) -> list:
     return records
 
 
-def evaluate_trial(config: BaseModel, checkpoint_uri: str, seed: int) -> dict[str, float]:
-    """Half-truth (and whatever other suites the evaluation has) of a trained checkpoint."""
+def evaluate_trial(config: BaseModel, checkpoint_uri: str, seed: int):
+    """The HalfTruthReport (half-truth, image-side; whatever suites the evaluation has) of
+    a trained checkpoint on the validation split."""
     from csclip.evaluate import evaluate_bundle
     from csclip.model import load_bundle
 
     bundle = load_bundle(checkpoint_uri)
-    report = evaluate_bundle(bundle, validation_records(config), seed=seed)
-    return {k: float(v) for k, v in report.metrics.items()
-            if isinstance(v, int | float) and not isinstance(v, bool)}
+    return evaluate_bundle(bundle, validation_records(config), seed=seed)
 
 
-def _log_trial_files(client, run_id: str, setting: Setting, metrics: Mapping[str, float],
+def _log_trial_files(client, run_id: str, setting: Setting, report,
                      curves: Mapping[str, list[tuple[int, float]]]) -> None:
-    """The trial's own table (its row in the paper's layout, plus every metric) and its
-    training curves, as artifacts of its child run."""
+    """The trial's own tables (its row in the Tables 16-17 layout; the evaluation's
+    Tables 1/6/7 and image-side table), Figure 3 and its training curves, as artifacts of
+    its child run."""
     import tempfile
 
+    from csclip.evaluate import paper_tables, plot_figure3
+
     grid = Grid((), False, (setting,), (Row(setting.key, "trial", None, setting, False),))
-    table = build_table(grid, {setting.key: metrics})
+    table = build_table(grid, {setting.key: report.metrics})
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         (out / "trial.md").write_text(f"# trial {setting.key}\n\n{TABLE_CAPTION}\n\n"
                                       f"{table.markdown()}")
         (out / "trial.csv").write_text(table.csv())
-        (out / "metrics.json").write_text(json.dumps(dict(metrics), indent=2, sort_keys=True))
+        (out / "metrics.json").write_text(json.dumps(report.metrics, indent=2, sort_keys=True))
+        for stem, paper_table in paper_tables({setting.key: report}).items():
+            paper_table.write(out, stem)
+        plot_figure3({setting.key: report}, out / "figure3.png")
         if curves:
             plot_curves(curves, out / "curves.png", title=f"trial {setting.key}")
         for path in sorted(out.iterdir()):
@@ -649,7 +656,6 @@ def plot_curves(curves: Mapping[str, list[tuple[int, float]]], path: str | Path,
 # ---------------------------------------------------------------------------------------
 
 TRIAL_CPUS = 0.25  # the trial driver only waits on its Train run; workers hold the cores
-CPUS_PER_TRAIN_WORKER = 1.0
 
 
 def absolute_uri(uri: str) -> str:
@@ -680,13 +686,13 @@ def resolve_paths(config: BaseModel) -> BaseModel:
 
 
 def max_concurrent_trials(cluster: Mapping[str, float], num_workers: int, use_gpu: bool,
-                          trial_cpus: float = TRIAL_CPUS) -> int:
+                          cpus_per_worker: float = 1.0, trial_cpus: float = TRIAL_CPUS) -> int:
     """How many trials fit the cluster at once: by GPUs when training on GPUs (each trial's
     Train run takes num_workers GPUs), else by CPUs (driver + workers per trial)."""
     workers = max(1, num_workers)
     if use_gpu:
         return max(1, int(cluster.get("GPU", 0) // workers))
-    per_trial = workers * CPUS_PER_TRAIN_WORKER + trial_cpus
+    per_trial = workers * cpus_per_worker + trial_cpus
     return max(1, int(cluster.get("CPU", 1) // per_trial))
 
 
@@ -748,7 +754,8 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
                            marker_dir=f"{storage}/{name}-markers", fail_once=tuple(fail_once))
     if max_concurrent is None:
         max_concurrent = max_concurrent_trials(ray.cluster_resources(), base.run.num_workers,
-                                               base.run.use_gpu, trial_cpus)
+                                               base.run.use_gpu, base.run.cpus_per_worker,
+                                               trial_cpus)
     trainable = tune.with_resources(run_trial, {"cpu": trial_cpus})
     path = f"{storage}/{name}"
     resumed = tune.Tuner.can_restore(path)

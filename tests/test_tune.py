@@ -7,12 +7,14 @@ import csv
 import io
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from csclip import tune
 from csclip.errors import ConfigError
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 PAPER_COLUMNS = ["I2T", "T2I", "Grp", "HT All", "HT Ent", "HT Rel", "ZS", "Ret I2T", "Ret T2I"]
 
 
@@ -109,3 +111,110 @@ def test_absolute_uri():
     assert tune.absolute_uri("sqlite:////abs/m.db") == "sqlite:////abs/m.db"
     assert tune.absolute_uri("sqlite:///m.db").startswith("sqlite:////")
     assert tune.absolute_uri("runs").startswith("/")
+
+
+# ---------------------------------------------------------------------------------------
+# Real sweeps: TrainConfig validation, and a 2-trial grid on the tiny world
+# ---------------------------------------------------------------------------------------
+
+def tiny_config(tmp_path, mlflow_uri: str):
+    from csclip.config import load_config
+    from csclip.train import TrainConfig
+
+    return load_config(TrainConfig, None, [
+        "model.name=csclip-tiny", "model.image_size=32",
+        "data.world.image_size=32", "data.world.num_train=16", "data.world.num_val=12",
+        "data.world.num_test=0", "data.batch_size=8", "data.shuffle_buffer=0",
+        "optim.max_steps=2", "optim.warmup_steps=0", "optim.lr=1e-4",
+        "run.checkpoint_every=2", "run.log_every=1", f"run.storage_path={tmp_path / 'runs'}",
+        f"tracking.uri={mlflow_uri}", "tracking.experiment=tune-test",
+    ])
+
+
+@pytest.mark.parametrize("grid, message", [
+    (["lr=abc"], "--grid lr=abc: invalid optim.lr: Input should be a valid number"),
+    (["units=0"], "--grid units=0: invalid sampling.num_unit_slots: Input should be greater"),
+    (["relfrac=1.5"], "sampling.relation_prob: Input should be less than or equal to 1"),
+])
+def test_bad_grid_values_are_refused_through_train_config(tmp_path, mlflow_uri, grid, message):
+    with pytest.raises(ConfigError, match=message):
+        tune.expand_grid(tiny_config(tmp_path, mlflow_uri), tune.parse_grid(grid))
+
+
+def test_one_at_a_time_shares_the_base_and_lr_defaults_scale_the_base(tmp_path, mlflow_uri):
+    base = tiny_config(tmp_path, mlflow_uri)
+    grid = tune.expand_grid(base, tune.parse_grid(["lr,units"]))
+    # lr 0.2x/0.4x/1x/2x of 1e-4, N 1..4; the base (lr 1e-4, N 2) is one shared trial.
+    assert [s.key for s in grid.settings] == [
+        "base", "lr=2e-5", "lr=4e-5", "lr=2e-4", "units=1", "units=3", "units=4"]
+    assert [r.label for r in grid.rows if r.is_base] == ["lr 1e-4", "N 2"]
+    full = tune.expand_grid(base, tune.parse_grid(["lr=1e-4,1e-3", "units=1,2"]), full=True)
+    assert sorted(s.key for s in full.settings) == ["base", "lr=1e-3", "lr=1e-3,units=1",
+                                                    "units=1"]
+    assert tune.sweep_name(base, grid) == tune.sweep_name(base, grid)
+    assert tune.sweep_name(base, grid) != tune.sweep_name(base, full)
+
+
+@pytest.mark.parametrize("argv", [["--grid", "foo"], ["--grid", "lr=abc"],
+                                  ["--grid", "units=0"]])
+def test_entry_point_refuses_bad_grid_with_one_line_and_exit_2(argv, capsys):
+    sys.path.insert(0, str(REPO_ROOT / "tune"))
+    import ablate
+
+    assert ablate.main(["--config", str(REPO_ROOT / "configs" / "default.yaml"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: --grid")
+
+
+def _child_runs(mlflow_uri: str, parent_id: str):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    experiment = client.get_experiment_by_name("tune-test")
+    runs = client.search_runs([experiment.experiment_id],
+                              filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")
+    return client, {r.data.tags["csclip_setting"]: r for r in runs}
+
+
+@pytest.mark.slow
+def test_two_trial_sweep_logs_parent_and_children_and_resumes(tmp_path, mlflow_uri,
+                                                              ray_session):
+    base = tiny_config(tmp_path, mlflow_uri)
+    grid = tune.expand_grid(base, tune.parse_grid(["units=1,2"]))  # base is N=2: 2 trials
+    assert [s.key for s in grid.settings] == ["base", "units=1"]
+
+    # First run: trial units=1 fails (stands in for an interrupted sweep).
+    first = tune.run_sweep(base, grid, max_concurrent=2, fail_once=["units=1"])
+    assert not first.resumed and set(first.errors) == {"units=1"}
+    client, children = _child_runs(mlflow_uri, first.parent_run_id)
+    assert set(children) == {"base", "units=1"}
+    assert children["units=1"].info.status == "FAILED"
+    base_started = children["base"].data.tags["csclip_trial_started"]
+
+    # Same command again: restores the experiment, reruns only the failed trial.
+    second = tune.run_sweep(base, grid, max_concurrent=2, fail_once=["units=1"])
+    assert second.resumed and not second.errors and second.name == first.name
+    assert second.parent_run_id == first.parent_run_id
+    client, children = _child_runs(mlflow_uri, second.parent_run_id)
+    assert set(children) == {"base", "units=1"}  # no new child runs
+    assert children["base"].data.tags["csclip_trial_started"] == base_started  # not rerun
+    for key, run in children.items():
+        assert run.info.status == "FINISHED"
+        assert run.data.params["setting"] == key
+        assert run.data.params["sampling.num_unit_slots"] == ("1" if key == "units=1" else "2")
+        assert 0 <= run.data.metrics["ht_all"] <= 100
+        assert {"ht_entity", "ht_relation"} <= set(run.data.metrics)
+        assert any(k.startswith("train/") for k in run.data.metrics)  # the training curves
+        artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {"trial.md", "trial.csv", "table1.md", "figure3.png"} <= artifacts
+
+    parent = client.get_run(second.parent_run_id)
+    assert parent.info.status == "FINISHED" and parent.data.params["grid"] == "units=1,2"
+    assert {"ablation.md", "ablation.csv", "ablation.png"} <= {
+        a.path for a in client.list_artifacts(parent.info.run_id)}
+    header = second.report.csv.read_text().splitlines()[0].split(",")
+    assert header[6:] == PAPER_COLUMNS
+    rows = list(csv.DictReader(io.StringIO(second.report.csv.read_text())))
+    assert [(r["setting"], r["is_base"], r["status"]) for r in rows] == [
+        ("N 1", "False", "done"), ("N 2", "True", "done")]
+    assert all(r["HT All"] and not r["I2T"] and not r["Ret I2T"] for r in rows)

@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
             # A local Ray counts more logical CPUs than cores (see init_ray); how many
             # fine-tunes run at once follows the real cores.
             max_concurrent = tune.max_concurrent_trials(
-                {"CPU": os.cpu_count() or 1}, base.run.num_workers, base.run.use_gpu)
+                {"CPU": os.cpu_count() or 1}, base.run.num_workers, base.run.use_gpu,
+                base.run.cpus_per_worker)
         result = tune.run_sweep(base, grid, max_concurrent=max_concurrent)
         if args.results_doc:
             tune.update_results_doc(args.results_doc, result, command=" ".join(
