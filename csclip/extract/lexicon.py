@@ -31,80 +31,107 @@ _NOUN_TABLE: dict[str, str] = {
     "person_role": (
         "person/people player skier surfer skateboarder snowboarder rider chef cook worker "
         "tourist soldier officer policeman/policemen umpire catcher batter pitcher "
-        "businessman/businessmen student couple family/families crowd"
+        "businessman/businessmen student couple family/families crowd bride groom "
+        "mother father friend pedestrian passenger spectator audience biker cyclist "
+        "vendor customer"
     ),
     # COCO vehicle
     "vehicle": (
         "bicycle car motorcycle airplane bus/buses train truck boat bike motorbike plane "
-        "jet van taxi/taxis tractor trolley scooter ship jeep suv cart vehicle"
+        "jet van taxi/taxis tractor trolley scooter ship jeep suv cart vehicle engine "
+        "trailer carriage locomotive fire_truck pickup_truck school_bus wagon"
     ),
     # COCO outdoor
     "outdoor": (
         "traffic_light fire_hydrant stop_sign parking_meter bench/benches hydrant "
-        "street_sign sign pole fence statue fountain"
+        "street_sign sign pole fence statue fountain flag cone sculpture post gate "
+        "clock_tower tower lamp_post street_light"
     ),
     # COCO animal
     "animal": (
         "bird cat dog horse sheep/sheep cow elephant bear zebra giraffe cattle/cattle "
         "puppy/puppies kitten goat duck pigeon seagull pony/ponies calf/calves lamb "
-        "deer/deer animal"
+        "deer/deer animal fish/fish chicken"
     ),
     # COCO accessory
     "accessory": "backpack umbrella handbag tie suitcase purse bag luggage/luggage",
     # COCO sports
     "sports": (
         "frisbee skis/skis snowboard sports_ball kite baseball_bat baseball_glove skateboard "
-        "surfboard tennis_racket racket racquet ball bat glove ski"
+        "surfboard tennis_racket racket racquet ball bat glove ski skate_board net "
+        "tennis_ball soccer_ball"
     ),
     # COCO kitchen
     "kitchen": (
         "bottle wine_glass cup fork knife/knives spoon bowl plate mug glass/glasses pan pot "
-        "tray dish/dishes"
+        "tray dish/dishes napkin lid utensil basket container jar can"
     ),
     # COCO food
     "food": (
         "banana apple sandwich/sandwiches orange broccoli/broccoli carrot hot_dog pizza donut "
         "cake doughnut hamburger burger salad bread/bread cheese/cheese meat/meat "
         "fruit/fruit vegetable pie pastry/pastries dessert cookie sausage fries/fries "
-        "soup food/food coffee/coffee"
+        "soup food/food coffee/coffee chocolate/chocolate sauce pasta/pasta rice/rice "
+        "noodle ham/ham bacon/bacon egg tomato/tomatoes lettuce/lettuce bean butter/butter "
+        "honey/honey tea/tea milk/milk potato/potatoes strawberry/strawberries pineapple "
+        "waffle cupcake meal dinner lunch breakfast veggies/veggies beer/beer soda/soda "
+        "chips/chips cracker frosting/frosting topping bun hotdog mushroom onion pepper "
+        "peppers/peppers cookie muffin bagel steak/steak wine/wine water_bottle"
     ),
     # COCO furniture
     "furniture": (
         "chair couch/couches potted_plant bed dining_table toilet table sofa desk shelf/shelves "
-        "cabinet dresser/dressers bookshelf/bookshelves stool"
+        "cabinet dresser/dressers bookshelf/bookshelves stool furniture/furniture armchair "
+        "recliner"
     ),
     # COCO electronic
     "electronic": (
         "tv laptop mouse/mice remote keyboard cell_phone phone computer monitor television "
-        "screen camera controller tablet"
+        "screen camera controller tablet video_game game_controller wii_remote "
+        "wii_controller cellphone smart_phone mobile_phone printer microphone headphones/"
+        "headphones calculator desktop speaker"
     ),
     # COCO appliance
     "appliance": "microwave oven toaster sink refrigerator fridge stove dishwasher blender",
     # COCO indoor
     "indoor": (
         "book clock vase scissors/scissors teddy_bear hair_drier toothbrush/toothbrushes "
-        "toy lamp pillow blanket towel mirror picture painting candle"
+        "toy lamp pillow blanket towel mirror picture painting candle box/boxes pen rack "
+        "case tripod holder portrait poster rug carpet kite_string cord wire"
     ),
     # Beyond COCO: the places and surfaces captions put objects on or in.
     "room": (
         "room kitchen bathroom bedroom living_room office restaurant store shop "
-        "classroom hallway"
+        "classroom hallway restroom area stall"
     ),
     "outdoor_place": (
         "street road sidewalk field beach park yard city/cities parking_lot airport runway "
         "station platform court tennis_court track/tracks highway/highways intersection bridge "
-        "building house zoo farm"
+        "building house zoo farm slope ramp enclosure pasture desert trail path hillside "
+        "tarmac garden lawn patio roof ceiling church school hotel town barn stage "
+        "hospital dugout curb ledge rail railing train_tracks train_station bus_stop "
+        "parking_lot corner market ground/ground pen"
     ),
     "nature": (
         "grass/grass water/water snow/snow sand/sand dirt/dirt sky/skies tree ocean lake "
         "river mountain hill forest wave rock beach_sand flower plant bush/bushes "
-        "leaf/leaves"
+        "leaf/leaves sun rain/rain smoke/smoke rainbow log branch/branches tulip "
+        "puddle woods/woods hay/hay greenery/greenery cloud"
     ),
     "clothing": (
         "shirt hat jacket dress/dresses helmet coat suit uniform sweater cap scarf/scarves "
-        "jersey vest"
+        "jersey vest shoe shorts/shorts pants/pants boot sunglasses/sunglasses costume skirt "
+        "collar heels/heels gear/gear glove jeans/jeans tshirt t-shirt outfit apron "
+        "sweatshirt hoodie"
     ),
-    "fixture": "wall window door floor counter shower bathtub tub curtain",
+    "fixture": "wall window door floor counter shower bathtub tub curtain fireplace tile "
+    "sink_counter countertop",
+    # Body parts: what people hold things in or with.
+    "body": "hand head mouth neck leg arm eye tooth/teeth tongue paw finger hair/hair face "
+    "lap nose ear back",
+    # Sports and games, nouns in their own right ("playing tennis", "a tennis player").
+    "sport": "tennis/tennis baseball/baseball soccer/soccer basketball/basketball "
+    "football/football golf/golf volleyball/volleyball game frisbee_game",
     # The synthetic world's objects (csclip/world): shapes are objects like any other.
     "shape": "circle square triangle cross/crosses star rectangle diamond hexagon",
 }
@@ -167,7 +194,9 @@ for _group in _SAME_THING:
 NOT_FOILS = frozenset({"animal", "vehicle", "food", "person", "people", "adult", "crowd",
                        "family", "couple", "player", "rider", "worker", "sign", "toy",
                        "fruit", "vegetable", "dessert", "bag", "ball", "glass", "building", "room",
-                       "water", "plant", "screen", "computer", "phone", "dish", "pastry"})
+                       "water", "plant", "screen", "computer", "phone", "dish", "pastry", "area",
+                       "furniture", "meal", "game", "ground", "corner", "tower", "post",
+                       "case", "holder", "container", "gear", "outfit", "friend"})
 
 
 def same_thing(a: Noun, b: Noun) -> bool:
@@ -187,8 +216,10 @@ FRAME_PHRASES = ("close up of", "close up view of", "closeup of", "view of", "sc
 # of pizza"); the object is the noun after "of".
 COLLECTIVES = frozenset(
     "group bunch couple pair herd flock lot lots number few pile stack row line set crowd "
-    "team variety assortment slice piece plate bowl cup glass box tray".split()
+    "team variety assortment collection slice piece plate bowl cup glass box tray bottle can "
+    "jar vase basket carton bag".split()
 )
+COLLECTIVES = COLLECTIVES | frozenset(_plural(w) for w in COLLECTIVES)
 # Collectives that also are object nouns: "a plate of food" is food, but "a plate" alone is
 # a plate. Only used with a following "of".
 
@@ -239,7 +270,11 @@ OTHER_ADJECTIVES = frozenset(
     "colorful striped spotted cute adult stuffed fresh busy modern vintage antique "
     "double decker parked grassy snowy sandy rocky wild baby polar passenger "
     "commercial electric digital fancy ornate tiled frosted fluffy furry shiny smiling "
-    "male female elderly pretty beautiful nice different various "
+    "male female elderly pretty beautiful nice different various colored high flat outdoor "
+    "lush cloudy sunny public wooded clear broken stopped glazed grilled fried messy odd "
+    "single plain tasty wide low mixed blurry crowded professional historic neon "
+    "electronic personal residential homeless pregnant blonde floral flowered stainless "
+    "shaded fenced enclosed healthy delicious uncooked unmade "
     "several many few half smaller larger bigger taller older younger".split()
 )
 # Quantity words kept in the entity text; no count foil, since they are vague.
@@ -328,6 +363,17 @@ IRREGULAR_FORMS: dict[str, str] = {
 SKIPPABLE_ADVERBS = frozenset(
     "together happily quietly peacefully also just still currently alone closely "
     "patiently calmly nearby".split()
+)
+# Particles that may sit between a verb and its preposition ("lying down in").
+PARTICLES = frozenset({"up", "down", "out", "off", "over", "around", "back", "away"})
+# Fixed adverbial phrases that carry no unit; dropped from the words between phrases.
+ADVERBIAL_PHRASES: tuple[list[str], ...] = tuple(
+    p.split() for p in (
+        "in the background", "in the foreground", "in the distance", "at night",
+        "on display", "each other", "one another", "during the day", "in the daytime",
+        "at the same time", "in the air", "in the sun", "in the snow", "in the rain",
+        "in the middle", "side by side", "next to each other", "in a row", "in a line",
+    )
 )
 AUXILIARIES = frozenset({"is", "are", "was", "were", "be", "being", "been"})
 RELATIVE_WORDS = frozenset({"that", "which", "who", "while", "whilst"})

@@ -463,7 +463,8 @@ def _pronoun_relation_follows(tokens: list[str], phrases: list[_Phrase], index: 
 def _read_connector(gap: list[str]) -> tuple[_Connector | None, str]:
     """Read the words between two phrases as [that|while|,] [is|are] [verb] [preposition].
     Returns (connector, "") or (None, why not)."""
-    words = [w for w in gap if w not in lx.SKIPPABLE_ADVERBS]
+    words = _drop_unknown_modifiers(
+        [w for w in _drop_adverbials(gap) if w not in lx.SKIPPABLE_ADVERBS])
     is_relative = False
     while words and words[0] in _SUBORDINATORS:
         words = words[1:]
@@ -482,6 +483,8 @@ def _read_connector(gap: list[str]) -> tuple[_Connector | None, str]:
         verb = _verb_ing(words[0]) or (words[0] if words[0] in lx.PARTICIPLES else None)
         if verb is not None:
             words = words[1:]
+            if len(words) > 1 and words[0] in lx.PARTICLES and _preposition_at(words, 1):
+                verb, words = f"{verb} {words[0]}", words[1:]  # "lying down in"
     preposition = None
     for n in range(min(lx.MAX_PREPOSITION_WORDS, len(words)), 0, -1):
         candidate = " ".join(words[:n])
@@ -497,6 +500,43 @@ def _read_connector(gap: list[str]) -> tuple[_Connector | None, str]:
     if verb == "has" and preposition is not None:
         return None, f"'has ... {preposition}' not in lexicon"
     return _Connector(_Predicate(verb, preposition), is_relative, aux_plural), ""
+
+
+def _preposition_at(words: list[str], i: int) -> bool:
+    return any(" ".join(words[i : i + n]) in lx.PREPOSITION_ANTONYMS
+               for n in range(1, lx.MAX_PREPOSITION_WORDS + 1))
+
+
+def _drop_adverbials(gap: list[str]) -> list[str]:
+    """`gap` without fixed adverbial phrases ("in the background", "each other")."""
+    kept, i = [], 0
+    while i < len(gap):
+        for phrase in lx.ADVERBIAL_PHRASES:
+            if gap[i : i + len(phrase)] == phrase:
+                i += len(phrase)
+                break
+        else:
+            kept.append(gap[i])
+            i += 1
+    return kept
+
+
+def _drop_unknown_modifiers(words: list[str]) -> list[str]:
+    """Drop unknown words (and their determiner) right before the next phrase: in "in a
+    santa costume" the phrase is "costume" and "santa" a modifier we do not know. The
+    entity is then less specific, but still true."""
+    end = len(words)
+    while end and _is_unknown_word(words[end - 1]) and end > 1:
+        end -= 1
+    if end < len(words) and end and words[end - 1] in lx.DETERMINERS:
+        end -= 1
+    return words[:end] if end < len(words) and end else words
+
+
+def _is_unknown_word(word: str) -> bool:
+    return (word.isalpha() and word not in _FUNCTION_WORDS and word not in _PREPOSITION_WORDS
+            and word not in lx.ATTRIBUTE_KIND and word not in lx.NOUNS
+            and _verb_ing(word) is None and not word.endswith(("ing", "ed")))
 
 
 def _unknown_reason(words: list[str], verb: str | None) -> str:
@@ -533,7 +573,7 @@ _ING_FORMS = frozenset(lx.VERB_ING.values())
 def _check_leftover(gap: list[str], after: str | None, rejections: list[Rejection],
                     leading: bool = False) -> None:
     """Record words outside any unit that may have carried a relation."""
-    content = [w for w in gap if w.isalnum() and w not in lx.DETERMINERS
+    content = [w for w in _drop_adverbials(gap) if w.isalnum() and w not in lx.DETERMINERS
                and w not in lx.SKIPPABLE_ADVERBS and w not in _COORDINATORS]
     text = " ".join(content)
     if not content or (leading and _is_existential(gap) and len(content) <= 3):
