@@ -183,7 +183,8 @@ def score_image_side(features: FeatureTables, items: Sequence[ImageSideItem]) ->
 # ---------------------------------------------------------------------------------------
 
 class _EncodeBatch:
-    """Ray Data callable class: holds one BundleScorer per actor."""
+    """Ray Data callable class: holds one BundleScorer per actor. A batch mixes text rows
+    and image rows (`kind`); features come back in the batch's row order."""
 
     def __init__(self, bundle_ref: list, batch_size: int, device: str) -> None:
         import ray
@@ -192,46 +193,54 @@ class _EncodeBatch:
         self.scorer = BundleScorer(ray.get(bundle_ref[0]), batch_size=batch_size, device=device)
 
     def __call__(self, batch: dict) -> dict:
-        if "text" in batch:
-            features = self.scorer.encode_texts([str(t) for t in batch["text"]])
-        else:
-            features = self.scorer.encode_images([bytes(b) for b in batch["image"]])
-        return {"row": batch["row"], "features": features}
+        is_text = np.asarray(batch["kind"]) == "text"
+        texts = [str(t) for t in np.asarray(batch["text"])[is_text]]
+        images = [bytes(b) for b in np.asarray(batch["image"], dtype=object)[~is_text]]
+        text_features, image_features = self.scorer.encode_texts(texts), self.scorer.encode_images(images)
+        dim = max(text_features.shape[1], image_features.shape[1])
+        features = np.zeros((len(is_text), dim), dtype=np.float32)  # (b, D)
+        if texts:
+            features[is_text] = text_features
+        if images:
+            features[~is_text] = image_features
+        return {"kind": batch["kind"], "row": batch["row"], "features": features}
 
 
 def encode_features_with_ray(bundle: ClipBundle, texts: Sequence[str], images: Mapping[str, bytes],
                              batch_size: int = 64, concurrency: int = 1, device: str = "cpu",
                              num_cpus: float = 1.0) -> FeatureTables:
     """encode_features on Ray Data: `concurrency` actors each hold the model (shipped once
-    through the object store, so random or fine-tuned weights arrive unchanged)."""
+    through the object store, so random or fine-tuned weights arrive unchanged). Texts and
+    images go through one actor pool in one pass."""
     import ray
 
     unique_texts = sorted(set(texts))
     image_ids = sorted(images)
-    bundle_ref = ray.put(bundle)
-    kwargs = {"bundle_ref": [bundle_ref], "batch_size": batch_size, "device": device}
-
-    def run(rows: list[dict]) -> np.ndarray:
-        if not rows:
-            return np.zeros((0, 0), dtype=np.float32)
+    rows = [{"kind": "text", "row": k, "text": t, "image": b""} for k, t in enumerate(unique_texts)]
+    rows += [{"kind": "image", "row": k, "text": "", "image": images[i]} for k, i in enumerate(image_ids)]
+    log.info("encoding %d unique texts and %d images on Ray Data (%d actors)",
+             len(unique_texts), len(image_ids), concurrency)
+    text_features = image_features = None
+    if rows:
+        kwargs = {"bundle_ref": [ray.put(bundle)], "batch_size": batch_size, "device": device}
         # ~4 blocks per actor keeps every actor busy without tiny tasks.
         dataset = ray.data.from_items(rows, override_num_blocks=max(1, min(len(rows), 4 * concurrency)))
         out = dataset.map_batches(_EncodeBatch, fn_constructor_kwargs=kwargs, batch_size=batch_size,
                                   concurrency=concurrency, num_cpus=num_cpus,
                                   num_gpus=1 if device.startswith("cuda") else 0)
-        features = np.zeros((len(rows), 0), dtype=np.float32)
         for batch in out.iter_batches(batch_size=None, batch_format="numpy"):
-            if features.shape[1] == 0:
-                features = np.zeros((len(rows), batch["features"].shape[1]), dtype=np.float32)
-            features[batch["row"]] = batch["features"]
-        return features
-
-    log.info("encoding %d unique texts and %d images on Ray Data (%d actors)",
-             len(unique_texts), len(image_ids), concurrency)
-    text_features = run([{"row": k, "text": t} for k, t in enumerate(unique_texts)])
-    image_features = run([{"row": k, "image": images[i]} for k, i in enumerate(image_ids)])
-    return FeatureTables({t: k for k, t in enumerate(unique_texts)}, text_features,
-                         {i: k for k, i in enumerate(image_ids)}, image_features)
+            if text_features is None:
+                dim = batch["features"].shape[1]
+                text_features = np.zeros((len(unique_texts), dim), dtype=np.float32)
+                image_features = np.zeros((len(image_ids), dim), dtype=np.float32)
+            is_text = batch["kind"] == "text"
+            text_features[batch["row"][is_text]] = batch["features"][is_text]
+            image_features[batch["row"][~is_text]] = batch["features"][~is_text]
+    empty = np.zeros((0, 0), dtype=np.float32)
+    return FeatureTables({t: k for k, t in enumerate(unique_texts)},
+                         text_features if text_features is not None else empty,
+                         {i: k for k, i in enumerate(image_ids)},
+                         image_features if image_features is not None else empty)
 
 
 def score_with_ray(bundle: ClipBundle, items: Sequence[HalfTruthItem], images: Mapping[str, bytes],

@@ -1,0 +1,119 @@
+"""Batched scoring: unique texts and images once, parity with one-at-a-time and with Ray
+Data, the caption-length known answer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from csclip.errors import DataError
+from csclip.evaluate import BenchmarkConfig, evaluate_scorer, prepare_benchmark
+from csclip.halftruth import build_benchmark
+from csclip.model import create_bundle
+from csclip.scoring import (
+    BundleScorer,
+    CaptionLengthScorer,
+    encode_features,
+    image_bytes_by_id,
+    score_items,
+    score_with_ray,
+)
+from csclip.units import UnitsRecord
+from csclip.world import WorldConfig, iter_world
+
+NO_CI = BenchmarkConfig(num_bootstrap=0, image_side=False)
+
+
+@pytest.fixture(scope="module")
+def world_records() -> list[UnitsRecord]:
+    return list(iter_world(WorldConfig(num_train=0, num_val=12, num_test=0), splits=("val",)))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return create_bundle("csclip-tiny")
+
+
+class CountingScorer(CaptionLengthScorer):
+    """Records every text and image it is asked to encode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[str] = []
+        self.num_images = 0
+
+    def encode_texts(self, texts):
+        self.texts.extend(texts)
+        return super().encode_texts(texts)
+
+    def encode_images(self, images):
+        self.num_images += len(images)
+        return super().encode_images(images)
+
+
+def test_each_unique_text_and_image_is_encoded_once(world_records):
+    prepared = prepare_benchmark(world_records, 0, NO_CI)
+    scorer = CountingScorer()
+    encode_features(scorer, prepared.texts, prepared.images)
+    assert len(scorer.texts) == len(set(scorer.texts)) == len(set(prepared.texts))
+    assert len(prepared.texts) > len(set(prepared.texts))  # anchors repeat across conditions
+    assert scorer.num_images == len(world_records)
+
+
+def test_batched_scores_equal_one_pair_at_a_time(world_records, tiny):
+    items = build_benchmark(world_records, seed=0)[:10]
+    images = image_bytes_by_id(world_records, [i.image_id for i in items])
+    scorer = BundleScorer(tiny, batch_size=7)
+    scores = score_items(encode_features(scorer, [t for i in items for t in
+                                                  (i.anchor, i.completion, i.half_truth)], images), items)
+    for k, item in enumerate(items):
+        image = scorer.encode_images([images[item.image_id]])[0]
+        text = scorer.encode_texts([item.half_truth])[0]
+        # Batch size changes the float32 summation order inside the encoders: 1e-5, not 1e-6.
+        assert float(image @ text) == pytest.approx(scores.half_truth[k], abs=1e-5)
+    features = scorer.encode_texts(["red circle", "blue square"])
+    assert np.allclose(np.linalg.norm(features, axis=1), 1.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("prefer_short", [False, True])
+def test_caption_length_scorer_gets_the_known_answer(world_records, prefer_short):
+    report = evaluate_scorer(CaptionLengthScorer(prefer_short), world_records, config=NO_CI)
+    items = report.items
+    # Every A- is "A and ..." or a relation clause: strictly longer than the anchor A.
+    assert all(len(i.half_truth) > len(i.anchor) for i in items)
+    assert report.metrics["ht_all"] == (100.0 if prefer_short else 0.0)
+    assert report.metrics["consistency_all"] == (0.0 if prefer_short else 100.0)
+    longer = [len(i.completion) < len(i.half_truth) if prefer_short else
+              len(i.completion) > len(i.half_truth) for i in items]
+    assert report.metrics["winrate_all"] == pytest.approx(100 * np.mean(longer))
+    ties = sum(len(i.completion) == len(i.half_truth) for i in items)
+    assert ties > 0  # e.g. Ant "is above" vs "is below": a tie must count as a loss both ways
+
+
+def test_missing_image_raises_with_the_image_named(world_records):
+    bare = UnitsRecord("s1", "img-without-pixels", "a red circle", "val")
+    with pytest.raises(DataError, match="img-without-pixels"):
+        image_bytes_by_id([bare], ["img-without-pixels"])
+    with pytest.raises(DataError, match="not in the units table"):
+        image_bytes_by_id(world_records, ["unknown-image"])
+
+
+def test_image_path_is_read_from_disk(tmp_path, world_records):
+    path = tmp_path / "image.png"
+    path.write_bytes(world_records[0].image_bytes)
+    record = UnitsRecord("s1", "img-1", "a red circle", "val", image_path=str(path))
+    assert image_bytes_by_id([record], ["img-1"]) == {"img-1": world_records[0].image_bytes}
+    missing = UnitsRecord("s2", "img-2", "a red circle", "val", image_path=str(tmp_path / "no.png"))
+    with pytest.raises(DataError, match="no.png"):
+        image_bytes_by_id([missing], ["img-2"])
+
+
+def test_ray_scores_equal_in_process_scores(ray_session, world_records, tiny):
+    records = world_records[:4]
+    items = build_benchmark(records, seed=0)
+    images = image_bytes_by_id(records, [i.image_id for i in items])
+    texts = [t for i in items for t in (i.anchor, i.completion, i.half_truth)]
+    local = score_items(encode_features(BundleScorer(tiny, batch_size=16), texts, images), items)
+    remote = score_with_ray(tiny, items, images, batch_size=16, concurrency=1)
+    for name in ("anchor", "completion", "half_truth"):
+        np.testing.assert_allclose(getattr(remote, name), getattr(local, name), atol=1e-6)
