@@ -88,6 +88,78 @@ def test_every_unit_holds_and_every_foil_does_not(seed, split, index):
     _check_truth(world_record(WorldConfig(seed=seed), split, index))
 
 
+def _find(scene: Scene, mention: str) -> SceneObject | None:
+    # Independent of the oracle: the last word is the shape, the one before the color,
+    # an optional first word the size.
+    *size, color, shape = mention.split()
+    found = [o for o in scene.objects if o.shape == shape and o.color == color
+             and (not size or o.size == size[0])]
+    assert len(found) <= 1
+    return found[0] if found else None
+
+
+_GEOMETRY = {"is left of": lambda a, b: a.col < b.col, "is right of": lambda a, b: a.col > b.col,
+             "is above": lambda a, b: a.row < b.row, "is below": lambda a, b: a.row > b.row}
+
+
+def _triple_holds(scene: Scene, subject: str, predicate: str, object: str) -> bool:
+    negated = " not " in predicate
+    a, b = _find(scene, subject), _find(scene, object)
+    positive = a is not None and b is not None and _GEOMETRY[predicate.replace(" not", "")](a, b)
+    return positive != negated
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10**6), index=st.integers(0, 10**5),
+       change_type=st.sampled_from(list(ChangeType)))
+def test_foils_of_each_change_type_edit_as_named_and_are_false(seed, index, change_type):
+    # Checked against the scene's objects directly, without the oracle or the generator.
+    record = world_record(WorldConfig(seed=seed, size_mention_prob=0.5), "train", index)
+    scene = scene_from_record(record)
+    for unit in record.units:
+        for foil in unit.foils_of(change_type):
+            if unit.kind == "entity":
+                obj, words, foil_words = _find(scene, unit.text), unit.text.split(), foil.text.split()
+                assert obj is not None and _find(scene, foil.text) is None
+                assert len(words) == len(foil_words)
+                changed = [i for i, (u, f) in enumerate(zip(words, foil_words, strict=True))
+                           if u != f]
+                last = len(words) - 1  # the shape; the words before it are size/color
+                if change_type == ChangeType.OBJECT_CHANGE:
+                    assert changed == [last]
+                else:
+                    assert len(changed) == 1 and changed[0] < last
+                continue
+            assert _triple_holds(scene, unit.subject, unit.predicate, unit.object)
+            assert not _triple_holds(scene, foil.subject, foil.predicate, foil.object)
+            same = (foil.subject == unit.subject, foil.predicate == unit.predicate,
+                    foil.object == unit.object)
+            expected = {ChangeType.ANTONYM: (True, False, True),
+                        ChangeType.NEGATION: (True, False, True),
+                        ChangeType.SUBJECT_REPLACE: (False, True, True),
+                        ChangeType.OBJECT_REPLACE: (True, True, False),
+                        ChangeType.SUBJECT_OBJECT_SWAP: (False, True, False)}[change_type]
+            assert same == expected
+            if change_type == ChangeType.SUBJECT_OBJECT_SWAP:
+                assert (foil.subject, foil.object) == (unit.object, unit.subject)
+
+
+def test_image_shows_each_object_in_its_cell():
+    import io
+
+    from PIL import Image
+
+    config = WorldConfig(seed=2, image_size=64)
+    for index in range(20):
+        record = world_record(config, "train", index)
+        image = Image.open(io.BytesIO(record.image_bytes)).convert("RGB")
+        cell = 64 / 3
+        for obj in scene_from_record(record).objects:
+            x, y = (obj.col + 0.5) * cell + obj.dx, (obj.row + 0.5) * cell + obj.dy
+            assert int(x // cell) == obj.col and int(y // cell) == obj.row
+            assert image.getpixel((int(x), int(y))) == PALETTE[obj.color]
+
+
 def test_every_change_type_occurs_and_is_false_of_its_scene():
     # Count per change_type over a block of samples, checking each foil against the scene.
     seen: dict[ChangeType, int] = dict.fromkeys(ChangeType, 0)
@@ -266,3 +338,12 @@ def test_write_world_to_s3_reads_back(s3_world_uri):
     assert summary.files == ("world/v1/train/part-00000.parquet",
                              "world/v1/train/part-00001.parquet")
     assert read_world_split(s3_world_uri, "train") == list(iter_world(TINY, ["train"]))
+
+
+def test_cli_prints_summary_and_rejects_bad_fields(capsys):
+    from csclip.world.__main__ import main
+
+    assert main(["--set", "num_train=3", "--set", "num_val=1", "--set", "num_test=0"]) == 0
+    assert "| train | 3 |" in capsys.readouterr().out
+    assert main(["--set", "max_objects=9"]) == 2
+    assert "max_objects" in capsys.readouterr().err

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from csclip.errors import DataError
 from csclip.units import UnitsRecord
@@ -47,7 +47,7 @@ class Scene:
     def to_json(self) -> str:
         """Canonical JSON (sorted keys, no spaces): same scene, same string."""
         data = {"grid_size": self.grid_size, "image_size": self.image_size,
-                "objects": [asdict(o) for o in self.objects]}
+                "objects": [vars(o) for o in self.objects]}  # flat: no deep copy needed
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @staticmethod

@@ -12,6 +12,7 @@ can check gold units and foils against the scene:
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -100,8 +101,10 @@ def _parse_clause(words: list[str], text: str) -> Clause:
         "'right of', 'above' or 'below'")
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def parse_statement(text: str) -> tuple[Clause, ...]:
-    """Parse world-language text into clauses joined by 'and'.
+    """Parse world-language text into clauses joined by 'and'. Cached: the language is
+    small, so the generator's oracle checks repeat the same texts over and over.
 
     Raises:
         WorldLanguageError: the text uses words or a structure outside the language.

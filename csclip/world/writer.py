@@ -29,7 +29,8 @@ def _resolve(uri: str, filesystem: pafs.FileSystem | None) -> tuple[pafs.FileSys
 
 def write_world(config: WorldConfig, uri: str, *, rows_per_file: int = 10_000,
                 row_group_size: int = 1_000, splits: Iterable[str] = SPLITS,
-                filesystem: pafs.FileSystem | None = None) -> WorldSummary:
+                filesystem: pafs.FileSystem | None = None,
+                num_examples: int = 3) -> WorldSummary:
     """Generate the world and write it as sharded Parquet in `UNITS_SCHEMA`.
 
     Files: `{uri}/{split}/part-00000.parquet`, ... (`rows_per_file` rows each) and
@@ -41,6 +42,7 @@ def write_world(config: WorldConfig, uri: str, *, rows_per_file: int = 10_000,
     Args:
         uri: a local directory or `s3://bucket/prefix` (endpoint from AWS_ENDPOINT_URL).
         filesystem: a pyarrow filesystem to use instead of the one the URI implies.
+        num_examples: records kept in the summary as examples.
 
     Returns:
         The summary of what was written, with the file paths.
@@ -53,7 +55,7 @@ def write_world(config: WorldConfig, uri: str, *, rows_per_file: int = 10_000,
     totals = {split: config.num_samples(split) for split in splits}  # validates split names
     write_bytes_atomic(fs, join(root, CONFIG_FILE),
                        json.dumps(config.model_dump(mode="json"), sort_keys=True).encode())
-    builder, files = SummaryBuilder(), []
+    builder, files = SummaryBuilder(num_examples=num_examples), []
     for split in splits:
         directory = join(root, split)
         fs.create_dir(directory, recursive=True)
