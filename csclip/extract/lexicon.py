@@ -215,11 +215,13 @@ FRAME_PHRASES = ("close up of", "close up view of", "closeup of", "view of", "sc
 # Collective and partitive heads kept as part of the entity text ("group of sheep", "slice
 # of pizza"); the object is the noun after "of".
 COLLECTIVES = frozenset(
-    "group bunch couple pair herd flock lot lots number few pile stack row line set crowd "
+    "group bunch couple pair herd flock few pile stack row line set crowd "
     "team variety assortment collection slice piece plate bowl cup glass box tray bottle can "
     "jar vase basket carton bag".split()
 )
 COLLECTIVES = COLLECTIVES | frozenset(_plural(w) for w in COLLECTIVES)
+# Vague amounts dropped from the entity text: "a lot of girls" is "girls".
+QUANTITY_PREFIXES = frozenset({"lot", "lots", "number", "plenty"})
 # Collectives that also are object nouns: "a plate of food" is food, but "a plate" alone is
 # a plate. Only used with a following "of".
 

@@ -48,6 +48,8 @@ _CANONICAL_PREPOSITION = {"to the left of": "left of", "to the right of": "right
                           "inside of": "inside", "outside of": "outside",
                           "towards": "toward", "underneath": "under", "beneath": "under"}
 _MAX_ENTITY_FOILS = 3
+# Prepositions that say nothing spatial on their own ("holding a slice to her face").
+_NEEDS_VERB = frozenset({"to", "for", "from", "up", "down", "off", "of"})
 
 
 @dataclass(frozen=True)
@@ -252,9 +254,13 @@ def _match_phrase(tokens: list[str], i: int) -> tuple[_Phrase | None, int, str |
         j += 1
     while j < len(tokens) and tokens[j] in lx.INTENSIFIERS:
         j += 1
+    is_counted = False
+    if j + 1 < len(tokens) and tokens[j] in lx.QUANTITY_PREFIXES and tokens[j + 1] == "of":
+        j, is_counted = j + 2, True  # "a lot of girls" is "girls"
+        while j < len(tokens) and tokens[j] in lx.DETERMINERS:
+            j += 1
     start = j
     attributes: list[tuple[int, str]] = []
-    is_counted = False
     head: tuple[int, str, lx.Noun] | None = None  # (token index, form, noun)
     while j < len(tokens):
         word = tokens[j]
@@ -390,10 +396,14 @@ def _read_relations(tokens: list[str], parse: _Parse) -> None:
             last = None
             if gap and gap[-1] in _CLAUSE_OPENERS:
                 clause_subjects = [nxt]
+            elif gap and gap[-1] == "with":
+                # "... with toothbrushes in their mouths": what follows describes the object.
+                last = ([], _Predicate("has", None))
             continue
-        # "a bathroom with towels hanging by the shower": a bare verb right after a "with"
-        # object describes that object, like a relative clause.
-        follows_with = last is not None and last[1].verb == "has" and _is_bare_verb(connector)
+        # "a bathroom with towels hanging by the shower", "with toothbrushes in their mouths":
+        # a bare verb or preposition right after a "with" object describes that object.
+        follows_with = (last is not None and last[1].verb == "has"
+                        and _is_bare_connector(connector))
         subjects = [i] if connector.is_relative or follows_with else clause_subjects
         if connector.is_relative:
             clause_subjects = [i]
@@ -409,9 +419,9 @@ def _read_relations(tokens: list[str], parse: _Parse) -> None:
         last = (list(subjects), connector.predicate)
 
 
-def _is_bare_verb(connector: _Connector) -> bool:
+def _is_bare_connector(connector: _Connector) -> bool:
     return (connector.aux_plural is None and not connector.is_relative
-            and connector.predicate.verb not in (None, "has"))
+            and connector.predicate.verb != "has" and not connector.is_bare_with)
 
 
 def _is_existential(gap: list[str]) -> bool:
@@ -495,6 +505,8 @@ def _read_connector(gap: list[str]) -> tuple[_Connector | None, str]:
         return None, _unknown_reason(words, verb)
     if verb is None and preposition is None:
         return None, "no verb or preposition" if gap else "nothing between them"
+    if verb is None and preposition in _NEEDS_VERB:
+        return None, f"preposition {preposition!r} without a verb"
     if preposition == "with" and verb is None:
         return _Connector(_Predicate("has", None), is_relative, aux_plural, True), ""
     if verb == "has" and preposition is not None:
