@@ -238,6 +238,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     config = TrainConfig.model_validate(loop_config["config"])
     plan = loop_config["plan"]
+    _worker_logging()
     context = ray.train.get_context()
     rank = context.get_world_rank()
     torch.manual_seed(config.run.seed + rank)
@@ -286,7 +287,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         tick = now
         step_logger.log(state.step, metrics)
         if state.step % config.run.log_every == 0 and rank == 0:
-            logger.warning("step %d/%d loss %.4f (full %.4f unit %.4f) lr %.2e %.1f samples/s",
+            logger.info("step %d/%d loss %.4f (full %.4f unit %.4f) lr %.2e %.1f samples/s",
                            state.step, total, metrics["loss"], metrics["loss_full"],
                            metrics["loss_unit"], lr, metrics["samples_per_s"])
         if state.step % config.run.checkpoint_every == 0 or state.step == total:
@@ -299,6 +300,16 @@ def train_loop_per_worker(loop_config: dict) -> None:
         raise RuntimeError(f"data ran out at step {state.step} of {total}")
     if not metrics:  # restored at the end: nothing left to do, report the state
         ray.train.report({"step": state.step, "resumed_from": state.restored_from}, checkpoint=None)
+
+
+def _worker_logging() -> None:
+    # Ray workers have no handler for our logger; progress lines should reach the driver.
+    csclip_logger = logging.getLogger("csclip")
+    csclip_logger.setLevel(logging.INFO)
+    if not csclip_logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+        csclip_logger.addHandler(handler)
 
 
 def _step(model, optimizer, scaler, batch, config: TrainConfig, dtype, device) -> LossParts:
@@ -331,7 +342,7 @@ def _restore(model, optimizer, scaler, spec: ModelSpec) -> _State:
     if "scaler" in saved:
         scaler.load_state_dict(saved["scaler"])
     step = int(saved.get("step", 0))
-    logger.warning("resumed from checkpoint at step %d", step)
+    logger.info("resumed from checkpoint at step %d", step)
     return _State(step=step, samples=int(saved.get("samples", 0)), restored_from=step)
 
 

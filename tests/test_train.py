@@ -1,0 +1,211 @@
+"""Training: schedule, loss wiring, data preparation, and real Ray Train runs (one real
+2-worker gloo run; resumption after a kill; MLflow logging; the exported checkpoint)."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import open_clip
+import pytest
+import torch
+
+from csclip.config import load_config
+from csclip.data import DataConfig, plan_data, prepare_batch, preprocess_key
+from csclip.errors import CsclipError, DataError
+from csclip.model import WEIGHTS_FILE, create_bundle, register_small_models, spec_of
+from csclip.sampling import SamplingConfig
+from csclip.train import (
+    LossConfig,
+    OptimConfig,
+    TrainConfig,
+    build_optimizer,
+    compute_loss,
+    finished_result,
+    lr_at,
+    run,
+    run_name,
+)
+from csclip.units import records_to_table
+from csclip.world import WorldConfig, world_record
+
+TINY_WORLD = WorldConfig(image_size=32, num_train=48, num_val=8, num_test=8)
+
+
+def tiny_config(tmp_path, mlflow_uri: str, *overrides: str) -> TrainConfig:
+    return load_config(TrainConfig, None, [
+        "model.name=csclip-tiny", "model.image_size=32", "data.world.image_size=32",
+        "data.world.num_train=48", "data.batch_size=8", "data.shuffle_buffer=16",
+        "optim.max_steps=4", "optim.warmup_steps=1", "optim.lr=1e-4",
+        "run.checkpoint_every=2", "run.log_every=1",
+        f"run.storage_path={tmp_path / 'runs'}", f"tracking.uri={mlflow_uri}", *overrides])
+
+
+# ---------------------------------------------------------------------------------------
+# Pure pieces
+# ---------------------------------------------------------------------------------------
+
+def test_lr_warms_up_then_decays_to_zero_every_step():
+    optim = OptimConfig(lr=1.0, warmup_steps=4)
+    assert [lr_at(s, optim, 12, 3) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_at(8, optim, 12, 3) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert lr_at(12, optim, 12, 3) == pytest.approx(0.0)
+
+
+def test_authors_schedule_steps_per_epoch_so_warmup_never_ends():
+    # SPEC §6: stepped once per epoch, a 4-step warmup over 2 epochs stays at lr * (e+1)/4.
+    optim = OptimConfig(lr=1.0, warmup_steps=4, schedule="authors_per_epoch")
+    assert [lr_at(s, optim, 20, 10) for s in (0, 9, 10, 19)] == [0.25, 0.25, 0.5, 0.5]
+
+
+def test_weight_decay_skips_gains_biases_and_logit_scale():
+    model = create_bundle("csclip-tiny").model
+    groups = build_optimizer(model, OptimConfig(weight_decay=0.3)).param_groups
+    no_decay = {id(p) for p in groups[0]["params"]}
+    assert groups[0]["weight_decay"] == 0.0 and groups[1]["weight_decay"] == 0.3
+    assert id(model.logit_scale) in no_decay
+    assert id(model.visual.conv1.weight) not in no_decay
+
+
+def _batch(model_name: str = "csclip-tiny", size: int = 6, slots: int = 2) -> dict:
+    world = WorldConfig(image_size=32)
+    records = [world_record(world, "train", i) for i in range(size)]
+    spec = spec_of(create_bundle(model_name, image_size=32).model, model_name)
+    columns = prepare_batch(records_to_table(records), sampling=SamplingConfig(
+        num_unit_slots=slots).model_dump(), preprocess=preprocess_key(spec.preprocess_cfg),
+        model_name=model_name, seed=0, epoch=0)
+    return {k: torch.as_tensor(v) for k, v in columns.items()}
+
+
+def test_prepare_batch_gives_images_tokens_and_mask():
+    batch = _batch(size=5, slots=3)
+    assert batch["image"].shape == (5, 3, 32, 32)
+    for name in ["caption", "caption_negative", "unit_0", "unit_2", "foil_2"]:
+        assert batch[name].shape == (5, 32) and batch[name].dtype == torch.int64
+    assert batch["unit_mask"].dtype == torch.bool
+    assert not torch.equal(batch["unit_0"], batch["foil_0"])
+
+
+def test_undecodable_image_is_dropped_from_the_batch():
+    world = WorldConfig(image_size=32)
+    records = [world_record(world, "train", i) for i in range(3)]
+    table = records_to_table(records)
+    rows = table.to_pylist()
+    rows[1]["image_bytes"] = b"not a png"
+    spec = spec_of(create_bundle("csclip-tiny", image_size=32).model, "csclip-tiny")
+    out = prepare_batch(type(table).from_pylist(rows, schema=table.schema),
+                        sampling=SamplingConfig().model_dump(),
+                        preprocess=preprocess_key(spec.preprocess_cfg), model_name="csclip-tiny",
+                        seed=0, epoch=0)
+    assert out["image"].shape[0] == 2 and out["caption"].shape[0] == 2
+
+
+def test_clip_method_matches_open_clip_loss():
+    torch.manual_seed(0)
+    model = create_bundle("csclip-tiny", image_size=32).model
+    batch = _batch()
+    parts = compute_loss(model, batch, LossConfig(method="clip"), 2)
+    image, text, scale = model(batch["image"], batch["caption"])[:3]
+    expected = open_clip.ClipLoss()(image, text, scale)
+    assert parts.total.item() == pytest.approx(expected.item(), abs=1e-6)
+
+
+def test_csclip_adds_weighted_unit_loss():
+    torch.manual_seed(0)
+    model = create_bundle("csclip-tiny", image_size=32).model
+    parts = compute_loss(model, _batch(), LossConfig(method="csclip", unit_loss_weight=0.5), 2)
+    assert parts.unit.item() > 0
+    assert parts.total.item() == pytest.approx(parts.full.item() + 0.5 * parts.unit.item(), abs=1e-5)
+
+
+def test_run_name_is_a_hash_of_what_is_trained(tmp_path):
+    a = tiny_config(tmp_path, "sqlite:///x.db")
+    moved = tiny_config(tmp_path / "elsewhere", "sqlite:///y.db", "run.fail_after_step=3")
+    other = tiny_config(tmp_path, "sqlite:///x.db", "optim.lr=2e-4")
+    assert run_name(a) == run_name(moved) != run_name(other)
+    assert run_name(a).startswith("csclip-")
+
+
+# ---------------------------------------------------------------------------------------
+# With Ray
+# ---------------------------------------------------------------------------------------
+
+def test_decode_failures_are_counted(ray_session):
+    world = WorldConfig(image_size=32)
+    rows = records_to_table([world_record(world, "train", i) for i in range(10)]).to_pylist()
+    rows[3]["image_bytes"] = b"\x89PNG broken"
+    source = ray_session.data.from_items(rows)
+    plan = plan_data(source, DataConfig(batch_size=4), num_workers=1, epochs=2, max_steps=None)
+    assert (plan.num_rows, plan.num_decode_failures) == (9, 1)
+    assert plan.failed_ids == (rows[3]["sample_id"],)
+    assert plan.total_steps == 4  # 2 epochs x 9 rows // 4
+    with pytest.raises(DataError, match="batch_size"):
+        plan_data(source, DataConfig(batch_size=64), num_workers=1, epochs=1, max_steps=None)
+
+
+def _loads_with_plain_open_clip(checkpoint_uri: str) -> None:
+    register_small_models()
+    model, _, _ = open_clip.create_model_and_transforms(
+        "csclip-tiny", pretrained=f"{checkpoint_uri}/{WEIGHTS_FILE}", force_image_size=32)
+    assert model.visual.image_size == (32, 32)
+
+
+@pytest.mark.slow
+def test_two_gloo_workers_train_negclip(ray_session, tmp_path, mlflow_uri):
+    config = tiny_config(tmp_path, mlflow_uri, "run.num_workers=2", "loss.method=negclip",
+                         "data.batch_size=4")
+    result = run(config)
+    assert result.metrics["step"] == 4
+    assert result.metrics["loss_unit"] == 0.0 and result.metrics["loss"] > 0
+    _loads_with_plain_open_clip(result.checkpoint_uri)
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_and_finishes_with_same_step_count(ray_session, tmp_path, mlflow_uri):
+    from csclip.tracking import run_metrics
+
+    killed = tiny_config(tmp_path, mlflow_uri, "run.fail_after_step=2")
+    with pytest.raises(Exception, match="injected failure"):
+        run(killed)
+    assert finished_result(killed) is None
+    config = tiny_config(tmp_path, mlflow_uri)  # the same command again
+    result = run(config)
+    assert result.metrics["step"] == config.optim.max_steps == 4
+    assert result.metrics["resumed_from"] == 2
+    # One MLflow run across the kill: loss, lr and throughput for every step, the
+    # resolved config as params, and the final checkpoint path.
+    assert [step for step, _ in run_metrics(mlflow_uri, result.mlflow_run_id, "loss")] == \
+        [1, 2, 3, 4]
+    assert len(run_metrics(mlflow_uri, result.mlflow_run_id, "samples_per_s")) == 4
+    from mlflow.tracking import MlflowClient
+
+    logged = MlflowClient(mlflow_uri).get_run(result.mlflow_run_id).data
+    assert logged.params["optim.lr"] == "0.0001" and logged.params["loss.method"] == "csclip"
+    assert logged.tags["checkpoint_uri"] == result.checkpoint_uri
+    _loads_with_plain_open_clip(result.checkpoint_uri)
+    # A finished run is returned as it is, without training again.
+    assert run(config).checkpoint_uri == result.checkpoint_uri
+
+
+def test_reused_run_name_with_other_config_is_refused(tmp_path, mlflow_uri):
+    import json
+
+    from csclip.train import _final_uri, storage_root
+
+    config = tiny_config(tmp_path, mlflow_uri, "run.name=fixed")
+    final = tmp_path / "runs" / "fixed" / "final"
+    assert _final_uri(storage_root(config), "fixed") == str(final)
+    final.mkdir(parents=True)
+    (final / "config.json").write_text(json.dumps(config.model_dump(mode="json")))
+    (final / "metrics.json").write_text(json.dumps({"step": 4}))
+    assert finished_result(config).metrics == {"step": 4}
+    with pytest.raises(CsclipError, match="different config"):
+        finished_result(tiny_config(tmp_path, mlflow_uri, "run.name=fixed", "optim.lr=1e-3"))
+
+
+def test_png_roundtrip_sanity():
+    # The world's PNG bytes decode with PIL (what the data pipeline relies on).
+    from PIL import Image
+
+    record = world_record(TINY_WORLD, "train", 0)
+    assert Image.open(io.BytesIO(record.image_bytes)).size == (32, 32)
