@@ -1,0 +1,65 @@
+"""Configs: every YAML file in configs/ loads; a bad field is named before Ray starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from csclip.config import load_config
+from csclip.errors import ConfigError
+from csclip.train import TrainConfig
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+TRAIN_CONFIGS = ["default.yaml", "coco.yaml"]
+
+
+@pytest.mark.parametrize("name", TRAIN_CONFIGS)
+def test_train_config_loads(name):
+    config = load_config(TrainConfig, CONFIGS / name)
+    assert config.loss.method == "csclip"
+
+
+def test_coco_config_is_the_papers_setting():
+    config = load_config(TrainConfig, CONFIGS / "coco.yaml")
+    assert (config.model.name, config.model.pretrained, config.model.quick_gelu) == \
+        ("ViT-B-32", "openai", True)
+    assert (config.optim.lr, config.optim.betas, config.optim.eps) == (5e-6, (0.9, 0.98), 1e-6)
+    assert (config.optim.weight_decay, config.optim.epochs, config.optim.grad_clip) == (0.01, 5, 1.0)
+    assert (config.data.batch_size, config.sampling.num_unit_slots, config.loss.unit_loss_weight,
+            config.run.seed) == (128, 2, 0.5, 42)
+
+
+def test_every_yaml_in_configs_loads():
+    # Other pipelines' configs are loaded by their own tests; here: nothing unparsable.
+    import yaml
+
+    for path in CONFIGS.glob("*.yaml"):
+        assert isinstance(yaml.safe_load(path.read_text()), dict), path
+
+
+@pytest.mark.parametrize("override, field", [
+    ("optim.lr=-1", "optim.lr"),
+    ("optim.shedule=cosine", "optim.shedule"),
+    ("loss.method=clipp", "loss.method"),
+    ("data.world.image_size=500", "data.world.image_size"),
+    ("sampling.num_unit_slots=0", "sampling.num_unit_slots"),
+    ("optim.betas=[0.9, 1.5]", "optim"),
+])
+def test_bad_override_names_its_field(override, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_config(TrainConfig, CONFIGS / "default.yaml", [override])
+
+
+def test_entry_point_reports_bad_field_in_one_line_and_exits_2(capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "train_entry", CONFIGS.parent / "pipelines" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--method", "negclip", "--set", "optim.warmup_steps=-3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "optim.warmup_steps" in err
+    assert module.main(["--demo", "--set", "pretrain.num_train=0"]) == 2
+    assert "pretrain.num_train" in capsys.readouterr().err
