@@ -219,7 +219,9 @@ COLLECTIVES = frozenset(
     "team variety assortment collection slice piece plate bowl cup glass box tray bottle can "
     "jar vase basket carton bag".split()
 )
+COLLECTIVE_BASES = COLLECTIVES
 COLLECTIVES = COLLECTIVES | frozenset(_plural(w) for w in COLLECTIVES)
+PLURAL_COLLECTIVES = frozenset({"couple", "pair", "few"})
 # Vague amounts dropped from the entity text: "a lot of girls" is "girls".
 QUANTITY_PREFIXES = frozenset({"lot", "lots", "number", "plenty"})
 # Collectives that also are object nouns: "a plate of food" is food, but "a plate" alone is
@@ -306,7 +308,7 @@ PREPOSITION_ANTONYMS: dict[str, str | None] = {
     "between": None, "among": None, "up": "down", "down": "up", "off": "on",
     "with": None, "without": None, "for": None, "to": None, "from": None,
     "in the middle of": None, "on the side of": None, "at the top of": "at the bottom of",
-    "at the bottom of": "at the top of",
+    "at the bottom of": "at the top of", "full of": None,
 }
 PREPOSITIONS: tuple[str, ...] = tuple(sorted(PREPOSITION_ANTONYMS, key=lambda p: -len(p.split())))
 MAX_PREPOSITION_WORDS = max(len(p.split()) for p in PREPOSITIONS)

@@ -255,6 +255,7 @@ def _match_phrase(tokens: list[str], i: int) -> tuple[_Phrase | None, int, str |
     while j < len(tokens) and tokens[j] in lx.INTENSIFIERS:
         j += 1
     is_counted = False
+    collective: str | None = None
     if j + 1 < len(tokens) and tokens[j] in lx.QUANTITY_PREFIXES and tokens[j + 1] == "of":
         j, is_counted = j + 2, True  # "a lot of girls" is "girls"
         while j < len(tokens) and tokens[j] in lx.DETERMINERS:
@@ -273,7 +274,7 @@ def _match_phrase(tokens: list[str], i: int) -> tuple[_Phrase | None, int, str |
             j += len(noun[0].split())
             continue
         if word in lx.COLLECTIVES and j + 1 < len(tokens) and tokens[j + 1] == "of":
-            is_counted = True
+            collective = word
             j += 2
             continue
         is_modifier = word in lx.ATTRIBUTE_KIND or word in lx.OTHER_ADJECTIVES
@@ -303,10 +304,13 @@ def _match_phrase(tokens: list[str], i: int) -> tuple[_Phrase | None, int, str |
     if _is_unknown_noun(follower, after):
         # "toilet seat", "living area": the real head is a noun we do not know.
         return None, end + 1, f"head noun of {' '.join(words + (follower,))!r} not in lexicon"
-    is_plural = (form == noun.plural and noun.plural != noun.singular) or (
-        noun.plural == noun.singular and is_counted)
-    if form == noun.singular and noun.plural != noun.singular:
-        is_plural = False
+    if collective is not None:
+        # "a plate of noodles" is one plate, "a couple of dogs" two dogs.
+        is_plural = collective in lx.PLURAL_COLLECTIVES or collective not in lx.COLLECTIVE_BASES
+    elif noun.plural == noun.singular:
+        is_plural = is_counted  # "two sheep"
+    else:
+        is_plural = form == noun.plural
     attributes = [(k, kind) for k, kind in attributes if k < head_index - start]
     return (_Phrase(start, end, i, words, head_index - start, noun, tuple(attributes),
                     is_plural), end, None)
@@ -363,14 +367,21 @@ def _is_unknown_noun(word: str, after: str) -> bool:
 
 def _read_relations(tokens: list[str], parse: _Parse) -> None:
     """Walk the gaps between consecutive noun phrases, reading each as a predicate, a
-    coordination ("and"), a sentence break, or nothing (with a rejection)."""
+    coordination ("and"), a sentence break, or nothing (with a rejection).
+
+    A predicate attaches to the clause's subject (the first phrase of the sentence), or to
+    the phrase just before it after "that"/"which"/"who" or after a "with" object. When the
+    subject cannot be read (unknown words before the first phrase, or an unreadable gap),
+    later predicates are dropped rather than pinned on the wrong phrase.
+    """
     phrases = parse.phrases
-    clause_subjects = [0]
+    has_preamble = bool(_content_words(_skip_frames(tokens[: phrases[0].lead])))
+    clause_subjects: list[int] = [] if has_preamble else [0]
     last: tuple[list[int], _Predicate] | None = None  # relation whose object is phrase i
     for i in range(len(phrases)):
         gap_end = phrases[i + 1].lead if i + 1 < len(phrases) else len(tokens)
         gap = tokens[phrases[i].end : gap_end]
-        gap = _read_pronoun_relation(gap, i, clause_subjects[0], parse)
+        gap = _read_pronoun_relation(gap, i, parse)
         if i + 1 == len(phrases):
             _check_leftover(gap, phrases[i].text, parse.rejections)
             break
@@ -393,7 +404,7 @@ def _read_relations(tokens: list[str], parse: _Parse) -> None:
             parse.rejections.append(Rejection(
                 RejectReason.UNPARSED,
                 f"no relation between {phrases[i].text!r} and {phrases[nxt].text!r}: {problem}"))
-            last = None
+            last, clause_subjects = None, []
             if gap and gap[-1] in _CLAUSE_OPENERS:
                 clause_subjects = [nxt]
             elif gap and gap[-1] == "with":
@@ -407,16 +418,35 @@ def _read_relations(tokens: list[str], parse: _Parse) -> None:
         subjects = [i] if connector.is_relative or follows_with else clause_subjects
         if connector.is_relative:
             clause_subjects = [i]
+        if connector.is_bare_with and (i not in subjects or _pronoun_relation_follows(
+                tokens, phrases, nxt)):
+            # "a field with logs" after "zebra playing on": whose logs is unclear, so no
+            # relation; "a blue square, with a red circle to its left": the pronoun says it.
+            last = ([], connector.predicate)
+            continue
+        if not subjects:
+            parse.rejections.append(Rejection(
+                RejectReason.UNPARSED, f"no readable subject for {_gap_text(gap)!r} "
+                f"{phrases[nxt].text!r}"))
+            last = None
+            continue
         if connector.aux_plural is not None:
             for s in subjects:
                 phrases[s].is_plural = connector.aux_plural
-        if connector.is_bare_with and _pronoun_relation_follows(tokens, phrases, nxt):
-            # "a blue square, with a red circle to its left": the relation is the pronoun one.
-            last = None
-            continue
         for s in subjects:
             parse.relations.append((s, connector.predicate, nxt))
         last = (list(subjects), connector.predicate)
+
+
+def _gap_text(gap: list[str]) -> str:
+    return " ".join(gap)
+
+
+def _content_words(tokens: list[str]) -> list[str]:
+    """Words that may carry meaning (not determiners, "there is", adverbs, punctuation)."""
+    return [w for w in _drop_adverbials(tokens) if w.isalnum() and w not in lx.DETERMINERS
+            and w not in lx.SKIPPABLE_ADVERBS and w not in _COORDINATORS
+            and w not in ("there", "here", "is", "are", "'s")]
 
 
 def _is_bare_connector(connector: _Connector) -> bool:
@@ -440,11 +470,12 @@ def _starts_clause(tokens: list[str], phrases: list[_Phrase], index: int) -> boo
         _verb_ing(first) is not None and first not in _PREPOSITION_WORDS)
 
 
-def _read_pronoun_relation(gap: list[str], subject: int, antecedent: int,
-                           parse: _Parse) -> list[str]:
-    """Read a leading "to its left" / "above it" (pointing back at the clause's first
-    phrase), record the relation, and return the rest of the gap."""
-    if subject == antecedent:
+def _read_pronoun_relation(gap: list[str], subject: int, parse: _Parse) -> list[str]:
+    """Read a leading "to its left" / "above it" (pointing back at the phrase before the
+    subject: "a dresser with a monitor on top of it"), record the relation, and return the
+    rest of the gap."""
+    antecedent = subject - 1
+    if antecedent < 0:
         return gap
     for words, preposition in _POSSESSIVE_DIRECTIONS.items():
         if tuple(gap[: len(words)]) == words:
@@ -585,10 +616,9 @@ _ING_FORMS = frozenset(lx.VERB_ING.values())
 def _check_leftover(gap: list[str], after: str | None, rejections: list[Rejection],
                     leading: bool = False) -> None:
     """Record words outside any unit that may have carried a relation."""
-    content = [w for w in _drop_adverbials(gap) if w.isalnum() and w not in lx.DETERMINERS
-               and w not in lx.SKIPPABLE_ADVERBS and w not in _COORDINATORS]
+    content = _content_words(gap)
     text = " ".join(content)
-    if not content or (leading and _is_existential(gap) and len(content) <= 3):
+    if not content:
         return
     where = "before the first object" if leading else f"after {after!r}"
     rejections.append(Rejection(RejectReason.UNPARSED, f"{where}: {text!r} not parsed"))

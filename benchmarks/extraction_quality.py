@@ -1,0 +1,95 @@
+"""Quality numbers of the rules backend (issue 5, part 6), as in docs/extraction.md:
+
+- entity / relation precision, recall and F1 against the synthetic world's gold units;
+- coverage on the SugarCrepe captions (share with >= 1 entity, relation, foil) and the
+  rejection reasons;
+- a fixed-seed sample of captions with their units, as a markdown table to hand-check.
+
+    .venv/bin/python benchmarks/extraction_quality.py --world 1000 --sample 50 --seed 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+from pathlib import Path
+
+from csclip.extract.rules import extract_record, extract_units, score_against_gold
+from csclip.world import WorldConfig, iter_world
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "sugarcrepe"
+
+
+def load_sugarcrepe(directory: Path) -> list[str]:
+    """The positive captions of every SugarCrepe file, in file then key order."""
+    captions: list[str] = []
+    for path in sorted(directory.glob("*.json")):
+        data = json.loads(path.read_text())
+        captions += [data[key]["caption"] for key in sorted(data, key=int)]
+    return captions
+
+
+def world_scores(num_records: int, seed: int) -> dict[str, float]:
+    config = WorldConfig(seed=seed, num_train=0, num_val=num_records, num_test=0)
+    gold = list(iter_world(config, splits=("val",)))
+    predicted = [extract_record(record)[0] for record in gold]
+    return score_against_gold(predicted, gold).as_dict()
+
+
+def coverage(captions: list[str]) -> tuple[dict[str, float], collections.Counter]:
+    counts = collections.Counter()
+    reasons: collections.Counter = collections.Counter()
+    for caption in captions:
+        result = extract_units(caption)
+        counts["entity"] += bool(result.entities)
+        counts["relation"] += bool(result.relations)
+        counts["foil"] += any(u.foils for u in result.entities + result.relations)
+        counts["entities"] += len(result.entities)
+        counts["relations"] += len(result.relations)
+        reasons.update(r.reason.value for r in result.rejections)
+    n = len(captions)
+    shares = {"captions": n, "with_entity": counts["entity"] / n,
+              "with_relation": counts["relation"] / n, "with_foil": counts["foil"] / n,
+              "entities_per_caption": counts["entities"] / n,
+              "relations_per_caption": counts["relations"] / n}
+    return shares, reasons
+
+
+def sample_table(captions: list[str], size: int, seed: int) -> str:
+    """Markdown rows: caption, entities, relations (one foil each, as a taste)."""
+    rows = ["| # | caption | entities | relations |", "|---|---|---|---|"]
+    picked = random.Random(seed).sample(sorted(set(captions)), size)
+    for number, caption in enumerate(picked, 1):
+        result = extract_units(caption)
+        entities = "; ".join(u.text for u in result.entities) or "—"
+        relations = "; ".join(u.text for u in result.relations) or "—"
+        rows.append(f"| {number} | {caption.strip()} | {entities} | {relations} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--world", type=int, default=1000, help="world val records to score")
+    parser.add_argument("--sample", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    print(f"## World ({args.world} val records, seed {args.seed})")
+    for key, value in world_scores(args.world, args.seed).items():
+        print(f"- {key}: {value:.4f}")
+    captions = load_sugarcrepe(args.data)
+    shares, reasons = coverage(captions)
+    print(f"\n## SugarCrepe coverage ({len(captions)} captions)")
+    for key, value in shares.items():
+        print(f"- {key}: {value:.4f}" if isinstance(value, float) else f"- {key}: {value}")
+    print("\nRejections by reason: " + ", ".join(f"{k} {v}" for k, v in reasons.most_common()))
+    print(f"\n## Sample of {args.sample} unique captions (seed {args.seed})\n")
+    print(sample_table(captions, args.sample, args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
