@@ -1,0 +1,140 @@
+"""Evaluation against the synthetic world's truth oracle, the comparison tables, MLflow
+logging and the pipelines/evaluate.py entry point."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+from collections import Counter
+
+import pytest
+
+from csclip.errors import ConfigError, DataError
+from csclip.evaluate import (
+    BenchmarkConfig,
+    EvalDataConfig,
+    compare_models,
+    evaluate_bundle,
+    load_records,
+    prepare_benchmark,
+)
+from csclip.halftruth import CONDITIONS, build_half_truth_benchmark, build_image_side_benchmark
+from csclip.model import create_bundle
+from csclip.units import UnitsRecord, write_units
+from csclip.world import WorldConfig, iter_world, scene_from_record
+from tests.conftest import REPO_ROOT
+
+FAST = BenchmarkConfig(num_bootstrap=50)
+
+
+@pytest.fixture(scope="module")
+def world_val() -> list[UnitsRecord]:
+    return list(iter_world(WorldConfig(num_train=0, num_val=150, num_test=0), splits=("val",)))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return create_bundle("csclip-tiny")
+
+
+def test_every_half_truth_is_false_and_every_completion_true(world_val):
+    bench = build_half_truth_benchmark(world_val, seed=0)
+    scenes = {r.image_id: scene_from_record(r) for r in world_val}
+    per_condition = Counter(item.condition for item in bench.items)
+    assert set(per_condition) == {c.slug for c in CONDITIONS}
+    for item in bench.items:
+        scene = scenes[item.image_id]
+        assert scene.holds(item.anchor), item
+        assert scene.holds(item.completion), item
+        assert not scene.holds(item.half_truth), item
+
+
+def test_image_side_target_holds_and_distractors_do_not(world_val):
+    scenes = {r.image_id: scene_from_record(r) for r in world_val}
+    items = build_image_side_benchmark(world_val, seed=0)
+    assert len(items) > len(world_val) // 2
+    for item in items:
+        assert scenes[item.image_id].holds(item.text)
+        for other in item.distractors:
+            assert scenes[other].holds(item.shared) and not scenes[other].holds(item.text)
+
+
+def test_evaluate_bundle_reports_every_metric(world_val, tiny):
+    report = evaluate_bundle(tiny, world_val[:20], seed=0, config=FAST)
+    metrics = report.metrics
+    for key in ["ht_all", "ht_entity", "ht_relation", "ht_gap", "winrate_all", "consistency_all",
+                "ht_all_ci_low", "image_side_top1", "image_side_mrr", "image_side_margin"]:
+        assert key in metrics
+    for condition in CONDITIONS:
+        assert 0 <= metrics[f"ht_{condition.slug}"] <= 100
+    assert metrics["ht_all_ci_low"] <= metrics["ht_all"] <= metrics["ht_all_ci_high"]
+    assert metrics["num_items_all"] == len(report.items)
+    assert len(report.items) + sum(report.skipped.values()) == 20 * len(CONDITIONS)
+
+
+def test_compare_models_writes_tables_figure_and_logs_to_mlflow(world_val, tiny, tmp_path, mlflow_uri):
+    import mlflow
+
+    bundles = {"tiny-a": tiny, "tiny-b": tiny}
+    report = compare_models(bundles, world_val[:8], tmp_path / "out", tracking_uri=mlflow_uri,
+                            config=FAST)
+    for name in ["table1", "table6", "table7", "image_side"]:
+        assert (tmp_path / "out" / f"{name}.md").read_text() in report.markdown
+        with open(tmp_path / "out" / f"{name}.csv") as handle:
+            rows = list(csv.reader(handle))
+        assert [row[0] for row in rows[1:]] == ["tiny-a", "tiny-b"]
+    assert "| +Obj | +Attr | +Rand | Rel:Attr | Rel:Obj | Ant | Swap | Subj |" in report.markdown
+    assert (tmp_path / "out" / "figure3.png").read_bytes()[:4] == b"\x89PNG"
+    run = mlflow.MlflowClient(mlflow_uri).get_run(report.mlflow_run_id)
+    assert run.data.params["models"] == "tiny-a,tiny-b"
+    assert run.data.metrics["tiny-a/ht_all"] == pytest.approx(report.reports["tiny-a"].metrics["ht_all"])
+    artifacts = {a.path for a in mlflow.MlflowClient(mlflow_uri).list_artifacts(run.info.run_id)}
+    assert {"table1.md", "table6.csv", "table7.md", "figure3.png", "benchmark.parquet"} <= artifacts
+
+
+def test_records_without_images_or_foils_give_clear_errors(world_val):
+    no_pixels = [UnitsRecord(r.sample_id, r.image_id, r.caption, r.split, r.entities, r.relations)
+                 for r in world_val[:3]]
+    with pytest.raises(DataError, match="missing_image"):
+        prepare_benchmark(no_pixels, 0, FAST)
+    with pytest.raises(DataError, match="no records"):
+        prepare_benchmark([], 0, FAST)
+
+
+def test_load_records_names_the_missing_split(tmp_path, world_val):
+    path = tmp_path / "units.parquet"
+    write_units([UnitsRecord(r.sample_id, r.image_id, r.caption, "train", r.entities, r.relations,
+                             image_bytes=r.image_bytes) for r in world_val[:2]], str(path))
+    with pytest.raises(DataError, match="splits present: \\['train'\\]"):
+        load_records(EvalDataConfig(units_uri=str(path)))
+    assert len(load_records(EvalDataConfig(units_uri=str(path), split="train"))) == 2
+    with pytest.raises(ConfigError):
+        load_records(EvalDataConfig(split="holdout"))
+
+
+def _pipeline():
+    spec = importlib.util.spec_from_file_location("evaluate_pipeline", REPO_ROOT / "pipelines" / "evaluate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_pipeline_end_to_end_on_a_tiny_model(tmp_path, mlflow_uri, capsys, world_val):
+    units = tmp_path / "units.parquet"
+    write_units(world_val[:6], str(units))
+    code = _pipeline().main(["--model", "csclip-tiny", "--units", str(units), "--out", str(tmp_path / "eval"),
+                             "--set", f"tracking.uri={mlflow_uri}", "--set", "benchmark.num_bootstrap=20"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "Table 1" in out and "MLflow run" in out
+    assert {"table1.csv", "table6.md", "table7.csv", "figure3.png"} <= {p.name for p in (tmp_path / "eval").iterdir()}
+
+
+def test_pipeline_user_errors_are_one_line_and_exit_2(tmp_path, capsys):
+    main = _pipeline().main
+    assert main(["--units", str(tmp_path / "missing.parquet"), "--set", "tracking.uri=null"]) == 2
+    assert main(["--set", "benchmark.max_distractors=1", "--set", "tracking.uri=null"]) == 2
+    assert main(["--set", "data.world.num_val=0", "--set", "tracking.uri=null"]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 3 and all(line.startswith("error: ") for line in errors)
+    assert "missing.parquet" in errors[0] and "max_distractors" in errors[1] and "no records" in errors[2]
