@@ -262,3 +262,19 @@ def test_entry_point_runs_and_reports_accounting(ray_session, tmp_path, capsys):
     assert code == 0
     assert "read 5 = with units 5 + rejected 0" in capsys.readouterr().out
     assert main(["--set", "backend.name=llama"]) == 2
+
+
+def test_rules_backend_in_the_pipeline_matches_direct_extraction(ray_session, tmp_path):
+    from csclip.extract.backends import rules_outcome
+    from csclip.extract.readers import caption_table
+
+    config = _config(tmp_path, "backend.name=rules")
+    summary = run_extraction(config)
+    units, rejects = _outputs(tmp_path)
+    _check_balanced(summary, units, rejects)
+    direct = {row["sample_id"]: rules_outcome(row) for row in caption_table(config.input).to_pylist()}
+    assert {u.sample_id: u.units for u in units} == {
+        sid: o.record.units for sid, o in direct.items() if o.record is not None}
+    assert {u.source for u in units} == {"rules"}
+    items = sum(len(o.item_rejections) for o in direct.values())
+    assert len([r for r in rejects if r["level"] == "item"]) == items
