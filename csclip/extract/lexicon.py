@@ -196,7 +196,8 @@ NOT_FOILS = frozenset({"animal", "vehicle", "food", "person", "people", "adult",
                        "fruit", "vegetable", "dessert", "bag", "ball", "glass", "building", "room",
                        "water", "plant", "screen", "computer", "phone", "dish", "pastry", "area",
                        "furniture", "meal", "game", "ground", "corner", "tower", "post",
-                       "case", "holder", "container", "gear", "outfit", "friend"})
+                       "case", "holder", "container", "gear", "outfit", "friend", "lunch",
+                       "dinner", "breakfast", "veggies", "topping", "frosting", "student"})
 
 
 def same_thing(a: Noun, b: Noun) -> bool:

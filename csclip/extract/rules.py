@@ -228,6 +228,13 @@ def _frame_length(tokens: list[str], i: int) -> int:
     j = i
     while j < len(tokens) and tokens[j] in ("a", "an", "the"):
         j += 1
+    # "a black and white photo of": the photo's own adjectives belong to the frame.
+    k = j
+    while k < len(tokens) and (tokens[k] in lx.ATTRIBUTE_KIND or tokens[k] == "and"
+                               or tokens[k] in lx.OTHER_ADJECTIVES):
+        k += 1
+    if k > j and k + 1 < len(tokens) and tokens[k] in lx.FRAME_WORDS and tokens[k + 1] == "of":
+        return k + 2 - i
     for phrase in lx.FRAME_PHRASES:
         words = phrase.split()
         if tokens[j : j + len(words)] == words:
@@ -375,7 +382,7 @@ def _read_relations(tokens: list[str], parse: _Parse) -> None:
     later predicates are dropped rather than pinned on the wrong phrase.
     """
     phrases = parse.phrases
-    has_preamble = bool(_content_words(_skip_frames(tokens[: phrases[0].lead])))
+    has_preamble = _has_preamble(tokens[: phrases[0].lead])
     clause_subjects: list[int] = [] if has_preamble else [0]
     last: tuple[list[int], _Predicate] | None = None  # relation whose object is phrase i
     for i in range(len(phrases)):
@@ -413,13 +420,18 @@ def _read_relations(tokens: list[str], parse: _Parse) -> None:
             continue
         # "a bathroom with towels hanging by the shower", "with toothbrushes in their mouths":
         # a bare verb or preposition right after a "with" object describes that object.
+        # A bare preposition after a "with" object stays with the subject ("cake with
+        # frosting on a plate"), unless its object is a body part ("with a toothbrush in
+        # his mouth").
         follows_with = (last is not None and last[1].verb == "has"
-                        and _is_bare_connector(connector))
+                        and _is_bare_connector(connector)
+                        and (connector.predicate.verb is not None
+                             or phrases[nxt].head.category == "body"))
         subjects = [i] if connector.is_relative or follows_with else clause_subjects
         if connector.is_relative:
             clause_subjects = [i]
         if connector.is_bare_with and (i not in subjects or _pronoun_relation_follows(
-                tokens, phrases, nxt)):
+                tokens, phrases, nxt) or _describes_scenery(tokens, phrases[nxt].end)):
             # "a field with logs" after "zebra playing on": whose logs is unclear, so no
             # relation; "a blue square, with a red circle to its left": the pronoun says it.
             last = ([], connector.predicate)
@@ -440,6 +452,28 @@ def _read_relations(tokens: list[str], parse: _Parse) -> None:
 
 def _gap_text(gap: list[str]) -> str:
     return " ".join(gap)
+
+
+def _describes_scenery(tokens: list[str], start: int) -> bool:
+    """Whether the clause from `start` places things "in the background" (then "X with Y in
+    the background" says nothing about X having Y)."""
+    for i in range(start, len(tokens)):
+        if tokens[i] in _SENTENCE_END:
+            return False
+        if tokens[i : i + 2] == ["the", "background"] or tokens[i : i + 2] == [
+                "the", "foreground"] or tokens[i : i + 2] == ["the", "distance"]:
+            return True
+    return False
+
+
+def _has_preamble(tokens: list[str]) -> bool:
+    """Whether words before the first phrase may hide the real subject ("an older man
+    downhill skiing down a slope"): anything beyond frames, "there is", collectives and
+    one unknown modifier ("an attractive young woman")."""
+    words = _drop_unknown_modifiers(_skip_frames(tokens))
+    ignorable = lx.COLLECTIVES | lx.QUANTITY_PREFIXES | lx.OTHER_ADJECTIVES | lx.INTENSIFIERS
+    return any(w not in ignorable and w != "of" and w not in lx.ATTRIBUTE_KIND
+               for w in _content_words(words))
 
 
 def _content_words(tokens: list[str]) -> list[str]:
@@ -506,6 +540,8 @@ def _read_connector(gap: list[str]) -> tuple[_Connector | None, str]:
     Returns (connector, "") or (None, why not)."""
     words = _drop_unknown_modifiers(
         [w for w in _drop_adverbials(gap) if w not in lx.SKIPPABLE_ADVERBS])
+    if not words and gap:
+        return None, f"{_gap_text(gap)!r} not in lexicon"
     is_relative = False
     while words and words[0] in _SUBORDINATORS:
         words = words[1:]
@@ -569,11 +605,11 @@ def _drop_unknown_modifiers(words: list[str]) -> list[str]:
     santa costume" the phrase is "costume" and "santa" a modifier we do not know. The
     entity is then less specific, but still true."""
     end = len(words)
-    while end and _is_unknown_word(words[end - 1]) and end > 1:
+    while end and _is_unknown_word(words[end - 1]):
         end -= 1
     if end < len(words) and end and words[end - 1] in lx.DETERMINERS:
         end -= 1
-    return words[:end] if end < len(words) and end else words
+    return words[:end]
 
 
 def _is_unknown_word(word: str) -> bool:
