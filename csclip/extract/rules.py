@@ -620,7 +620,8 @@ def _is_unknown_word(word: str) -> bool:
 
 def _unknown_reason(words: list[str], verb: str | None) -> str:
     first = words[0]
-    if verb is None and first.isalpha():
+    if verb is None and first.isalpha() and first not in lx.DETERMINERS and (
+            first not in _FUNCTION_WORDS and first not in lx.ATTRIBUTE_KIND):
         return f"verb {first!r} not in lexicon"
     return f"{' '.join(words)!r} not in lexicon"
 
