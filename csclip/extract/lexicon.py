@@ -197,7 +197,17 @@ NOT_FOILS = frozenset({"animal", "vehicle", "food", "person", "people", "adult",
                        "water", "plant", "screen", "computer", "phone", "dish", "pastry", "area",
                        "furniture", "meal", "game", "ground", "corner", "tower", "post",
                        "case", "holder", "container", "gear", "outfit", "friend", "lunch",
-                       "dinner", "breakfast", "veggies", "topping", "frosting", "student"})
+                       "dinner", "breakfast", "veggies", "topping", "frosting", "student",
+                       "mother", "father"})
+
+
+# Where object foils of a generic noun come from: "people" could be skiers or fathers (so
+# no person noun is clearly false of them), but never dogs.
+FOIL_CATEGORY_OF_GENERIC: dict[str, str] = {
+    "person": "animal", "people": "animal", "adult": "animal", "crowd": "animal",
+    "family": "animal", "couple": "animal", "friend": "animal", "mother": "animal",
+    "father": "animal", "student": "animal", "worker": "animal",
+}
 
 
 def same_thing(a: Noun, b: Noun) -> bool:

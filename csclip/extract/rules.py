@@ -705,7 +705,8 @@ def _entity_foil_candidates(phrase: _Phrase, heads: Sequence[lx.Noun],
     next count, material -> another material."""
     words = list(phrase.words)
     candidates: list[Foil] = []
-    others = [n for n in _CATEGORY_NOUNS[phrase.head.category]
+    category = lx.FOIL_CATEGORY_OF_GENERIC.get(phrase.head.singular, phrase.head.category)
+    others = [n for n in _CATEGORY_NOUNS[category]
               if n.singular not in lx.NOT_FOILS and not _mentions(caption_words, n)
               and not any(lx.same_thing(n, head) for head in heads)]
     rng.shuffle(others)
