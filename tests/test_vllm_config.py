@@ -155,3 +155,22 @@ def test_answer_with_only_placeholders_rejects_the_caption():
     assert backends.is_repairable(outcome)
     empty = backends.llm_outcome(ROW, '{"entities": [], "relations": []}', None)
     assert empty.reason == RejectReason.EMPTY_EXTRACTION
+
+
+def test_engine_rows_round_trip_through_processor_columns():
+    from csclip.extract.vllm import _from_engine_row, _to_engine_row, drop_engine_columns
+
+    batch = add_prompt_columns(pa.Table.from_pylist([ROW]), cfg_json=VllmConfig().model_dump_json())
+    row = _to_engine_row(batch.to_pylist()[0])
+    assert row["messages"][1]["content"].startswith("Caption: ")
+    assert row["sampling_params"]["structured_outputs"]["json"] == prompts.UNITS_ANSWER_SCHEMA
+    # What the processor hands back: a success row through our postprocess, and an error
+    # row that bypassed it; both keep the engine's working columns until we drop them.
+    engine_cols = {"prompt": "<|im_start|>...", "num_input_tokens": 1040, "request_id": 3,
+                   "params": "SamplingParams(...)", "time_taken_llm": 1.5, "batch_uuid": "ab"}
+    ok = _from_engine_row({**row, **engine_cols, "generated_text": "{}", "__inference_error__": ""})
+    failed = {**row, **engine_cols, "generated_text": None, "__inference_error__": "ValueError: x"}
+    table = drop_engine_columns(pa.Table.from_pylist([ok, failed]))
+    assert set(table.column_names) == set(ROW) | {"prompt_json", "sampling_json", "generated_text",
+                                                   "__inference_error__"}
+    assert table.column("__inference_error__").to_pylist() == ["", "ValueError: x"]

@@ -109,13 +109,25 @@ def _to_engine_row(row: dict) -> dict:
 
 
 def _from_engine_row(row: dict) -> dict:
-    # Keep our columns plus the answer; drop the processor's working columns.
-    keep = {k: v for k, v in row.items()
-            if k not in ("messages", "sampling_params", "prompt", "tokenized_prompt",
-                         "generated_tokens", "num_generated_tokens", "num_input_tokens",
-                         "embeddings", "metrics", "request_id", "params", "time_taken_llm")}
-    keep["generated_text"] = row.get("generated_text") or ""
-    return keep
+    # Keep every column: error rows bypass this function and come back with all of the
+    # processor's columns, so success rows must have the same ones (one block schema).
+    return {**row, "generated_text": row.get("generated_text") or ""}
+
+
+# Working columns of the ray.data.llm stages, dropped after the engine.
+ENGINE_COLUMNS = ("messages", "sampling_params", "prompt", "prompt_token_ids", "tokenized_prompt",
+                  "generated_tokens", "num_generated_tokens", "num_input_tokens", "embeddings",
+                  "metrics", "request_id", "params", "time_taken_llm", "batch_uuid", "model",
+                  "image", "multimodal_data", "mm_processor_kwargs")
+
+
+def drop_engine_columns(batch: pa.Table) -> pa.Table:
+    """Our columns plus `generated_text` and `__inference_error__`."""
+    table = batch.drop_columns([c for c in batch.column_names
+                                if c in ENGINE_COLUMNS or c.startswith("__") and c != ERROR_COLUMN])
+    if ERROR_COLUMN not in table.column_names:
+        table = table.append_column(ERROR_COLUMN, pa.array([""] * table.num_rows, pa.string()))
+    return table
 
 
 def build_engine(cfg: VllmConfig) -> Engine:
@@ -126,4 +138,5 @@ def build_engine(cfg: VllmConfig) -> Engine:
     DataContext.get_current().wait_for_min_actors_s = cfg.wait_for_min_actors_s
     processor = build_processor(processor_config(cfg), preprocess=_to_engine_row,
                                 postprocess=_from_engine_row)
-    return processor
+    return lambda ds: processor(ds).map_batches(drop_engine_columns, batch_format="pyarrow",
+                                                batch_size=None)
