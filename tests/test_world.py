@@ -347,3 +347,15 @@ def test_cli_prints_summary_and_rejects_bad_fields(capsys):
     assert "| train | 3 |" in capsys.readouterr().out
     assert main(["--set", "max_objects=9"]) == 2
     assert "max_objects" in capsys.readouterr().err
+
+
+def test_captions_fit_the_text_context_exactly_as_clip_tokenizes_them():
+    open_clip = pytest.importorskip("open_clip")
+    from csclip.world.captions import count_tokens
+
+    tokenizer = open_clip.get_tokenizer("ViT-B-32")  # the BPE every open_clip model shares
+    config = WorldConfig(seed=1, size_mention_prob=1.0, max_objects=4, min_objects=4)
+    for index in range(40):
+        caption = world_record(config, "train", index).caption
+        assert count_tokens(caption) == len(tokenizer.encode(caption)) + 2  # + start/end
+        assert count_tokens(caption) <= config.max_caption_tokens

@@ -9,6 +9,7 @@ captions with `caption.replace(entity, foil, 1)`). Relation units are "{subject}
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -133,14 +134,16 @@ def _sentence(text: str) -> str:
     return text[0].upper() + text[1:] + "."
 
 
+TEMPLATES: tuple[str, ...] = ("listing", "relations_first", "plus")
+
+
 def compose_caption(entity_texts: Sequence[str], relations: Sequence[tuple[str, str, str]],
-                    rng: random.Random) -> tuple[str, str]:
-    """A caption naming every entity and stating every relation; returns (caption,
-    template name). Facts are split into sentences so no phrase reads as a false claim
-    (e.g. "X is left of Y and Z" would also claim X is left of Z)."""
+                    template: str, rng: random.Random) -> str:
+    """A caption naming every entity and stating every relation, in one of TEMPLATES.
+    Facts are split into sentences so no phrase reads as a false claim (e.g. "X is left
+    of Y and Z" would also claim X is left of Z)."""
     in_relations = {t for s, _, o in relations for t in (s, o)}
     rest = [t for t in entity_texts if t not in in_relations]
-    template = rng.choice(("listing", "relations_first", "plus"))
     if template == "listing":
         sentences = [f"a scene with {_listing(entity_texts)}"]
         sentences += [f"the {s} {p} the {o}" for s, p, o in relations]
@@ -152,7 +155,7 @@ def compose_caption(entity_texts: Sequence[str], relations: Sequence[tuple[str, 
         first = _relation_clause(*relations[0], rng)
         sentences = [first + (f"; plus {_listing(rest)}" if rest else "")]
         sentences += [_relation_clause(s, p, o, rng) for s, p, o in relations[1:]]
-    return " ".join(_sentence(s) for s in sentences), template
+    return " ".join(_sentence(s) for s in sentences)
 
 
 def describe(scene: Scene, config: WorldConfig, rng: random.Random) -> Described:
@@ -164,6 +167,29 @@ def describe(scene: Scene, config: WorldConfig, rng: random.Random) -> Described
                                     entity_foils(obj, with_size, scene, config, rng)))
     relations = [relation_unit(entities[i], predicate, entities[j], scene, rng)
                  for i, predicate, j in _pick_relations(scene, config, rng)]
-    caption, template = compose_caption(
-        [e.text for e in entities], [(r.subject, r.predicate, r.object) for r in relations], rng)
-    return Described(caption, tuple(entities), tuple(relations), template)
+    texts = [e.text for e in entities]
+    while True:
+        # The first template (in random order) whose caption fits; if none does, state one
+        # relation fewer (relation units are what the caption states, so the unit goes too).
+        # With one relation left, the shortest caption is kept even if it is too long:
+        # every entity must be named.
+        options = []
+        for template in rng.sample(TEMPLATES, len(TEMPLATES)):
+            caption = compose_caption(
+                texts, [(r.subject, r.predicate, r.object) for r in relations], template, rng)
+            if count_tokens(caption) <= config.max_caption_tokens:
+                return Described(caption, tuple(entities), tuple(relations), template)
+            options.append((count_tokens(caption), caption, template))
+        if len(relations) == 1:
+            _, caption, template = min(options)
+            return Described(caption, tuple(entities), tuple(relations), template)
+        relations.pop()
+
+
+_TOKEN = re.compile(r"[a-z]+|[^\sa-z]")
+
+
+def count_tokens(caption: str) -> int:
+    """CLIP BPE tokens of a world caption, start and end tokens included: each world word
+    and each punctuation mark is one token (checked against open_clip's tokenizer)."""
+    return len(_TOKEN.findall(caption.lower())) + 2

@@ -44,6 +44,12 @@ class WorldConfig(StrictModel):
     # otherwise it is "red circle". Either way the mention picks out exactly one object.
     size_mention_prob: float = Field(0.5, ge=0.0, le=1.0)
     max_relations: int = Field(2, ge=1, le=2)  # relations stated per caption (1..this)
+    # Longest caption in CLIP BPE tokens, start/end tokens included (every world word is
+    # one token, so it is counted exactly without a tokenizer). Default: the context length
+    # of csclip-tiny, so no caption (and no in-place foil at its end) is truncated.
+    # A longer caption drops its second relation; one that is still too long (a very small
+    # limit) keeps its shortest phrasing.
+    max_caption_tokens: int = Field(32, ge=16, le=77)
     # Random shift of an object inside its cell, as a fraction of the free room; it never
     # leaves the cell, so grid-based relations stay unambiguous.
     position_jitter: float = Field(0.5, ge=0.0, le=1.0)
