@@ -89,7 +89,7 @@ _NOUN_TABLE: dict[str, str] = {
         "tv laptop mouse/mice remote keyboard cell_phone phone computer monitor television "
         "screen camera controller tablet video_game game_controller wii_remote "
         "wii_controller cellphone smart_phone mobile_phone printer microphone headphones/"
-        "headphones calculator desktop speaker"
+        "headphones calculator desktop speaker device electronics/electronics appliance"
     ),
     # COCO appliance
     "appliance": "microwave oven toaster sink refrigerator fridge stove dishwasher blender",
@@ -101,7 +101,7 @@ _NOUN_TABLE: dict[str, str] = {
     ),
     # Beyond COCO: the places and surfaces captions put objects on or in.
     "room": (
-        "room kitchen bathroom bedroom living_room office restaurant store shop "
+        "room kitchen bathroom bedroom living_room dining_room office restaurant store shop "
         "classroom hallway restroom area stall"
     ),
     "outdoor_place": (
@@ -116,7 +116,8 @@ _NOUN_TABLE: dict[str, str] = {
         "grass/grass water/water snow/snow sand/sand dirt/dirt sky/skies tree ocean lake "
         "river mountain hill forest wave rock beach_sand flower plant bush/bushes "
         "leaf/leaves sun rain/rain smoke/smoke rainbow log branch/branches tulip "
-        "puddle woods/woods hay/hay greenery/greenery cloud"
+        "puddle woods/woods hay/hay greenery/greenery cloud "
+    "body_of_water/bodies_of_water"
     ),
     "clothing": (
         "shirt hat jacket dress/dresses helmet coat suit uniform sweater cap scarf/scarves "
@@ -125,7 +126,7 @@ _NOUN_TABLE: dict[str, str] = {
         "sweatshirt hoodie"
     ),
     "fixture": "wall window door floor counter shower bathtub tub curtain fireplace tile "
-    "sink_counter countertop",
+    "sink_counter countertop light",
     # Body parts: what people hold things in or with.
     "body": "hand head mouth neck leg arm eye tooth/teeth tongue paw finger hair/hair face "
     "lap nose ear back",
@@ -198,7 +199,8 @@ NOT_FOILS = frozenset({"animal", "vehicle", "food", "person", "people", "adult",
                        "furniture", "meal", "game", "ground", "corner", "tower", "post",
                        "case", "holder", "container", "gear", "outfit", "friend", "lunch",
                        "dinner", "breakfast", "veggies", "topping", "frosting", "student",
-                       "mother", "father"})
+                       "mother", "father", "device", "electronics", "appliance",
+                       "body of water", "light"})
 
 
 # Where object foils of a generic noun come from: "people" could be skiers or fathers (so
@@ -289,7 +291,7 @@ OTHER_ADJECTIVES = frozenset(
     "lush cloudy sunny public wooded clear broken stopped glazed grilled fried messy odd "
     "single plain tasty wide low mixed blurry crowded professional historic neon "
     "electronic personal residential homeless pregnant blonde floral flowered stainless "
-    "shaded fenced enclosed healthy delicious uncooked unmade "
+    "shaded fenced enclosed healthy delicious uncooked unmade light "
     "several many few half smaller larger bigger taller older younger".split()
 )
 # Quantity words kept in the entity text; no count foil, since they are vague.
@@ -320,6 +322,10 @@ PREPOSITION_ANTONYMS: dict[str, str | None] = {
     "with": None, "without": None, "for": None, "to": None, "from": None,
     "in the middle of": None, "on the side of": None, "at the top of": "at the bottom of",
     "at the bottom of": "at the top of", "full of": None,
+    "on the edge of": None, "at the edge of": None, "in the shade of": None,
+    "on the back of": None, "at the end of": None, "on the front of": None,
+    "in the corner of": None, "on the top of": "at the bottom of", "in the back of": None,
+    "on either side of": None, "on both sides of": None,
 }
 PREPOSITIONS: tuple[str, ...] = tuple(sorted(PREPOSITION_ANTONYMS, key=lambda p: -len(p.split())))
 MAX_PREPOSITION_WORDS = max(len(p.split()) for p in PREPOSITIONS)
@@ -352,7 +358,25 @@ _VERBS = (
     "overlook:overlooking approach:approaching pass:passing skate:skating "
     "snowboard:snowboarding sit:sitting stick:sticking peek:peeking crouch:crouching "
     "kneel:kneeling squat:squatting hover:hovering roam:roaming drag:dragging "
-    "tow:towing grab:grabbing"
+    "tow:towing grab:grabbing operate:operating place:placing flip:flipping wash:washing "
+    "balance:balancing pitch:pitching perform:performing smoke:smoking reflect:reflecting "
+    "view:viewing sell:selling hand:handing stretch:stretching laugh:laughing "
+    "return:returning type:typing speak:speaking clean:cleaning fall:falling help:helping "
+    "extend:extending offer:offering travel:traveling spray:spraying trim:trimming "
+    "pick:picking paddle:paddling wave:waving guide:guiding grow:growing relax:relaxing "
+    "slide:sliding feature:featuring herd:herding write:writing include:including "
+    "punch:punching listen:listening growl:growling adorn:adorning practice:practicing "
+    "chew:chewing dip:dipping march:marching gaze:gazing milk:milking depict:depicting "
+    "line:lining race:racing order:ordering enjoy:enjoying try:trying fight:fighting "
+    "work:working make:making stare:staring film:filming sit:sitting hold:holding "
+    "check:checking admire:admiring examine:examining inspect:inspecting wander:wandering "
+    "huddle:huddling dance:dancing sing:singing smile:smiling glide:gliding soar:soaring "
+    "wade:wading dive:diving roll:rolling toss:tossing haul:hauling load:loading "
+    "unload:unloading fix:fixing repair:repairing build:building paint:painting "
+    "draw:drawing slice:slicing chop:chopping bake:baking grill:grilling fry:frying "
+    "lift:lifting carry:carrying drop:dropping hide:hiding explore:exploring "
+    "observe:observing protect:protecting shelter:sheltering surround:surrounding "
+    "cross:crossing"
 )
 VERB_ING: dict[str, str] = dict(item.split(":") for item in _VERBS.split())
 # Past participles read as states: "a vase filled with flowers" -> "vase is filled with".
