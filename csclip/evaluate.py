@@ -39,6 +39,7 @@ from csclip.scoring import (
     score_image_side,
     score_items,
 )
+from csclip.tracking import TrackingConfig, resolve_uri
 from csclip.units import UnitsRecord
 from csclip.world.config import WorldConfig
 
@@ -81,8 +82,10 @@ class ScoringConfig(StrictModel):
     ray_concurrency: int = Field(1, ge=1)  # model actors
 
 
-class TrackingConfig(StrictModel):
-    uri: str | None = "sqlite:///mlflow.db"  # None: do not log to MLflow
+class EvalTrackingConfig(TrackingConfig):
+    """The training `tracking` section (uri None: $MLFLOW_TRACKING_URI, else
+    sqlite:///mlflow.db; enabled), with the evaluation's own experiment."""
+
     experiment: str = "csclip-eval"
 
 
@@ -94,7 +97,7 @@ class EvalConfig(StrictModel):
     data: EvalDataConfig = EvalDataConfig()
     benchmark: BenchmarkConfig = BenchmarkConfig()
     scoring: ScoringConfig = ScoringConfig()
-    tracking: TrackingConfig = TrackingConfig()
+    tracking: EvalTrackingConfig = EvalTrackingConfig()
     out_dir: str = "runs/eval"
 
 
@@ -461,7 +464,8 @@ def run_evaluation(config: EvalConfig) -> ComparisonReport:
         bundle = load_bundle(config.checkpoint, device=config.scoring.device)
     else:
         bundle = bundle_from_config(config.model, device=config.scoring.device)
+    tracking_uri = resolve_uri(config.tracking.uri) if config.tracking.enabled else None
     return compare_models({model_label(bundle): bundle}, records, config.out_dir,
-                          config.tracking.uri, seed=config.benchmark.seed,
+                          tracking_uri, seed=config.benchmark.seed,
                           experiment=config.tracking.experiment, scoring=config.scoring,
                           config=config.benchmark, params=flatten(config))

@@ -6,7 +6,7 @@
 
 Without --units the synthetic world's validation split is generated on the fly. Writes
 table1/6/7 and image_side (.md/.csv), figure3.png and benchmark.parquet to --out, prints
-the tables, and logs them to MLflow (tracking.uri; `--set tracking.uri=null` to skip).
+the tables, and logs them to MLflow (tracking.uri; `--set tracking.enabled=false` to skip).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     print(report.markdown)
     print(f"tables and figure written to {config.out_dir}")
     if report.mlflow_run_id:
-        print(f"MLflow run {report.mlflow_run_id} at {config.tracking.uri}")
+        print(f"MLflow run {report.mlflow_run_id} in experiment {config.tracking.experiment}")
     return 0
 
 

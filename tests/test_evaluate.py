@@ -9,9 +9,11 @@ from collections import Counter
 
 import pytest
 
+from csclip.config import load_config
 from csclip.errors import ConfigError, DataError
 from csclip.evaluate import (
     BenchmarkConfig,
+    EvalConfig,
     EvalDataConfig,
     compare_models,
     evaluate_bundle,
@@ -19,7 +21,7 @@ from csclip.evaluate import (
     prepare_benchmark,
 )
 from csclip.halftruth import CONDITIONS, build_half_truth_benchmark, build_image_side_benchmark
-from csclip.model import create_bundle
+from csclip.model import create_bundle, save_checkpoint, spec_of
 from csclip.units import UnitsRecord, write_units
 from csclip.world import WorldConfig, iter_world, scene_from_record
 from tests.conftest import REPO_ROOT
@@ -119,22 +121,37 @@ def _pipeline():
     return module
 
 
-def test_pipeline_end_to_end_on_a_tiny_model(tmp_path, mlflow_uri, capsys, world_val):
+def test_pipeline_end_to_end_on_a_checkpoint(tmp_path, mlflow_uri, capsys, world_val, tiny):
+    # A saved checkpoint, so the pipeline scores the same random weights as `tiny` here.
+    checkpoint = save_checkpoint(tiny.model, spec_of(tiny.model, tiny.name), tmp_path / "ckpt")
     units = tmp_path / "units.parquet"
     write_units(world_val[:6], str(units))
-    code = _pipeline().main(["--model", "csclip-tiny", "--units", str(units), "--out", str(tmp_path / "eval"),
-                             "--set", f"tracking.uri={mlflow_uri}", "--set", "benchmark.num_bootstrap=20"])
+    code = _pipeline().main(["--checkpoint", str(checkpoint), "--units", str(units),
+                             "--out", str(tmp_path / "eval"), "--set", f"tracking.uri={mlflow_uri}",
+                             "--set", "benchmark.num_bootstrap=20"])
     out = capsys.readouterr().out
-    assert code == 0
-    assert "Table 1" in out and "MLflow run" in out
+    assert code == 0 and "Table 1" in out and "MLflow run" in out
     assert {"table1.csv", "table6.md", "table7.csv", "figure3.png"} <= {p.name for p in (tmp_path / "eval").iterdir()}
+    with open(tmp_path / "eval" / "table1.csv") as handle:
+        row = list(csv.DictReader(handle))[0]
+    expected = evaluate_bundle(tiny, world_val[:6], seed=0, config=FAST).metrics
+    assert float(row["Overall"]) == pytest.approx(expected["ht_all"], abs=1e-9)
+
+
+def test_pipeline_flags_become_overrides():
+    pipeline = _pipeline()
+    args = pipeline.parse_args(["--model", "ViT-B-32", "--pretrained", "openai", "--set", "out_dir=x"])
+    assert pipeline.overrides_from_args(args) == ["model.name='ViT-B-32'", "model.pretrained='openai'",
+                                                  "out_dir=x"]
+    config = load_config(EvalConfig, None, pipeline.overrides_from_args(args))
+    assert (config.model.name, config.model.pretrained, config.out_dir) == ("ViT-B-32", "openai", "x")
 
 
 def test_pipeline_user_errors_are_one_line_and_exit_2(tmp_path, capsys):
     main = _pipeline().main
-    assert main(["--units", str(tmp_path / "missing.parquet"), "--set", "tracking.uri=null"]) == 2
-    assert main(["--set", "benchmark.max_distractors=1", "--set", "tracking.uri=null"]) == 2
-    assert main(["--set", "data.world.num_val=0", "--set", "tracking.uri=null"]) == 2
+    assert main(["--units", str(tmp_path / "missing.parquet"), "--set", "tracking.enabled=false"]) == 2
+    assert main(["--set", "benchmark.max_distractors=1", "--set", "tracking.enabled=false"]) == 2
+    assert main(["--set", "data.world.num_val=0", "--set", "tracking.enabled=false"]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 3 and all(line.startswith("error: ") for line in errors)
     assert "missing.parquet" in errors[0] and "max_distractors" in errors[1] and "no records" in errors[2]
