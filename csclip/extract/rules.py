@@ -693,7 +693,9 @@ def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed:
         rng = random.Random(seed ^ _stable_seed(phrase.text))
         candidates = _entity_foil_candidates(phrase, heads, caption_words, rng)
         unit = Unit.entity(phrase.text)
-        foils = _valid_foils(unit, candidates, caption, texts, rejections)
+        # SPEC §2 asks for 2-3 foils: an entity without attributes gets two object changes.
+        max_object = 1 if phrase.attributes else 2
+        foils = _valid_foils(unit, candidates, caption, texts, rejections, max_object)
         units[phrase.text] = Unit.entity(phrase.text, foils[:_MAX_ENTITY_FOILS])
     return units
 
@@ -752,14 +754,15 @@ _CATEGORY_NOUNS = _build_category_nouns()
 
 
 def _valid_foils(unit: Unit, candidates: Sequence[Foil], caption: str,
-                 entity_texts: Sequence[str], rejections: list[Rejection]) -> list[Foil]:
-    """Candidates that pass `foil_rejection`, keeping at most one per change type and
-    recording the rejected ones."""
+                 entity_texts: Sequence[str], rejections: list[Rejection],
+                 max_object_changes: int = 1) -> list[Foil]:
+    """Candidates that pass `foil_rejection`, recording the rejected ones. Object changes
+    beyond `max_object_changes` were back-ups and are skipped."""
     kept: list[Foil] = []
     for foil in candidates:
-        if any(k.change_type == foil.change_type and unit.kind == "entity"
-               and foil.change_type == ChangeType.OBJECT_CHANGE for k in kept):
-            continue  # one object change is enough; later ones were back-ups
+        if foil.change_type == ChangeType.OBJECT_CHANGE and unit.kind == "entity" and sum(
+                k.change_type == ChangeType.OBJECT_CHANGE for k in kept) >= max_object_changes:
+            continue
         if foil in kept:
             continue
         reason = foil_rejection(unit, foil, caption, entity_texts)
