@@ -9,12 +9,14 @@ import sys
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from csclip.config import load_config
 from csclip.errors import ConfigError
 from csclip.extract import backends, prompts
 from csclip.extract.vllm import VllmConfig, add_prompt_columns, processor_config, sampling_params
-from csclip.units import ChangeType, RejectReason
+from csclip.units import ChangeType, RejectReason, validate_record
 
 ROW = {"sample_id": "s-0", "image_id": "img", "caption": "A man riding a brown horse on a beach.",
        "split": "val", "image_path": "img.jpg", "image_bytes": None, "shard": 0}
@@ -174,3 +176,33 @@ def test_engine_rows_round_trip_through_processor_columns():
     assert set(table.column_names) == set(ROW) | {"prompt_json", "sampling_json", "generated_text",
                                                    "__inference_error__"}
     assert table.column("__inference_error__").to_pylist() == ["", "ValueError: x"]
+
+
+_WORDS = st.sampled_from(["man", "horse", "brown horse", "beach", " ", "N/A", "thing", "is on",
+                          "is not on", "woman", "entity_1", "two dogs", "", "caption", "Man"])
+_ENTITY_CHANGE = st.sampled_from(["attribute_change", "object_change", "antonym"])
+_RELATION_CHANGE = st.sampled_from(["antonym", "negation", "subject_object_swap", "object_change"])
+_ANSWERS = st.fixed_dictionaries({
+    "entities": st.lists(st.fixed_dictionaries({
+        "entity": _WORDS, "foils": st.lists(st.fixed_dictionaries(
+            {"foil": _WORDS, "change_type": _ENTITY_CHANGE}), max_size=3)}), max_size=4),
+    "relations": st.lists(st.fixed_dictionaries({
+        "subject": _WORDS, "predicate": _WORDS, "object": _WORDS,
+        "foils": st.lists(st.fixed_dictionaries({"subject": _WORDS, "predicate": _WORDS,
+                                                  "object": _WORDS, "change_type": _RELATION_CHANGE}),
+                          max_size=3)}), max_size=3)})
+
+
+@settings(max_examples=150, deadline=None)
+@given(answer=_ANSWERS, cut=st.integers(0, 400), caption=st.sampled_from(["", ROW["caption"]]))
+def test_any_answer_ends_as_a_record_or_a_reason(answer, cut, caption):
+    # Whatever the model writes (valid, schema-breaking, cut off), the answer stage decides;
+    # it never raises, and a kept record has only valid units.
+    text = json.dumps(answer)
+    for candidate in (text, text[:cut]):
+        outcome = backends.llm_outcome(ROW | {"caption": caption}, candidate, None)
+        assert (outcome.record is None) != (outcome.reason is None)
+        if outcome.record is not None:
+            assert outcome.record.units
+            again, dropped = validate_record(outcome.record)
+            assert again == outcome.record and dropped == []
