@@ -25,6 +25,7 @@ from csclip.halftruth import (
     build_image_side_benchmark,
     half_truth_metrics,
     image_side_metrics,
+    items_to_table,
     save_benchmark,
 )
 from csclip.model import ClipBundle, ModelConfig
@@ -325,7 +326,8 @@ def plot_figure3(reports: Mapping[str, HalfTruthReport], path: Path) -> Path:
 
 def write_outputs(reports: Mapping[str, HalfTruthReport], prepared: PreparedBenchmark,
                   out_dir: str | Path) -> tuple[str, dict[str, Path]]:
-    """Write the tables, Figure 3 and the benchmark table; return (markdown, files)."""
+    """Write the tables, Figure 3, the benchmark table and per-item scores; return
+    (markdown, files)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}
@@ -334,6 +336,7 @@ def write_outputs(reports: Mapping[str, HalfTruthReport], prepared: PreparedBenc
         files.update(table.write(out, stem))
     files["figure3.png"] = plot_figure3(reports, out / "figure3.png")
     files["benchmark.parquet"] = save_benchmark(prepared.benchmark.items, out / "benchmark.parquet")
+    files["scores.parquet"] = write_item_scores(reports, prepared.benchmark.items, out / "scores.parquet")
     bench = prepared.benchmark
     skips = "".join(f"| {c} | {r} | {n} |\n" for (c, r), n in bench.skipped.items())
     markdown = "\n".join(t.to_markdown() for t in tables.values())
@@ -344,6 +347,21 @@ def write_outputs(reports: Mapping[str, HalfTruthReport], prepared: PreparedBenc
     (out / "halftruth.md").write_text(markdown)
     files["halftruth.md"] = out / "halftruth.md"
     return markdown, files
+
+
+def write_item_scores(reports: Mapping[str, HalfTruthReport], items: Sequence[HalfTruthItem],
+                      path: Path) -> Path:
+    """The benchmark table plus s(I, A), s(I, A+), s(I, A-) per model: one row per item,
+    columns `<model>/anchor`, `<model>/completion`, `<model>/half_truth`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = items_to_table(items)
+    for name, report in reports.items():
+        for part in ("anchor", "completion", "half_truth"):
+            table = table.append_column(f"{name}/{part}", pa.array(getattr(report.scores, part)))
+    pq.write_table(table, path)
+    return path
 
 
 # ---------------------------------------------------------------------------------------
@@ -402,8 +420,8 @@ def compare_models(bundles: Mapping[str, ClipBundle], records: Sequence[UnitsRec
                    config: BenchmarkConfig | None = None,
                    params: Mapping[str, object] | None = None) -> ComparisonReport:
     """Evaluate several models on one benchmark built from `records`; write table1/6/7
-    (.md/.csv), image_side (.md/.csv), figure3.png, benchmark.parquet and halftruth.md to
-    out_dir; log them to MLflow when tracking_uri is given."""
+    (.md/.csv), image_side (.md/.csv), figure3.png, benchmark.parquet, scores.parquet and
+    halftruth.md to out_dir; log them to MLflow when tracking_uri is given."""
     if not bundles:
         raise ConfigError("compare_models: no models given; pass at least one ClipBundle")
     config = config or BenchmarkConfig(seed=seed)

@@ -7,6 +7,7 @@ import csv
 import importlib.util
 from collections import Counter
 
+import pyarrow.parquet as pq
 import pytest
 
 from csclip.config import load_config
@@ -87,6 +88,10 @@ def test_compare_models_writes_tables_figure_and_logs_to_mlflow(world_val, tiny,
         assert [row[0] for row in rows[1:]] == ["tiny-a", "tiny-b"]
     assert "| +Obj | +Attr | +Rand | Rel:Attr | Rel:Obj | Ant | Swap | Subj |" in report.markdown
     assert (tmp_path / "out" / "figure3.png").read_bytes()[:4] == b"\x89PNG"
+    scores = pq.read_table(tmp_path / "out" / "scores.parquet")
+    assert scores.num_rows == len(report.reports["tiny-a"].items)
+    assert scores.column("tiny-b/half_truth").to_pylist() == pytest.approx(
+        list(report.reports["tiny-b"].scores.half_truth))
     run = mlflow.MlflowClient(mlflow_uri).get_run(report.mlflow_run_id)
     assert run.data.params["models"] == "tiny-a,tiny-b"
     assert run.data.metrics["tiny-a/ht_all"] == pytest.approx(report.reports["tiny-a"].metrics["ht_all"])
