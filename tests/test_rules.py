@@ -84,6 +84,26 @@ def test_with_object_takes_the_following_participle():
     assert "blue bathroom is hanging by shower" not in texts(result.relations)
 
 
+def test_pronoun_refers_to_the_phrase_before_its_subject():
+    result = extract_units("Small bedroom with a bed and dresser with a small monitor on top of it.")
+    assert "small monitor is on top of dresser" in texts(result.relations)
+    assert "small bedroom has small monitor" not in texts(result.relations)
+
+
+def test_ambiguous_attachment_after_with_object_is_not_guessed():
+    result = extract_units("a bright kitchen with tulips on the table and plants by the window")
+    assert texts(result.relations) == ["bright kitchen has tulips"]
+    assert any("ambiguous attachment" in r.detail for r in result.rejections)
+
+
+def test_unreadable_subject_gives_no_relations():
+    # The subject ("woman model") is unknown: nothing may be pinned on the chair.
+    result = extract_units("a young Asian woman model sitting on a folding chair in a "
+                           "sleeveless dress, high heels and holding an umbrella")
+    assert "chair" in texts(result.entities)
+    assert result.relations == ()
+
+
 def test_counts_and_attributes_get_attribute_foils():
     result = extract_units("A brown cow and two black cows eating grass in a field.")
     cows = next(u for u in result.entities if u.text == "two black cows")

@@ -420,14 +420,22 @@ def _read_relations(tokens: list[str], parse: _Parse) -> None:
             continue
         # "a bathroom with towels hanging by the shower", "with toothbrushes in their mouths":
         # a bare verb or preposition right after a "with" object describes that object.
-        # A bare preposition after a "with" object stays with the subject ("cake with
-        # frosting on a plate"), unless its object is a body part ("with a toothbrush in
-        # his mouth").
-        follows_with = (last is not None and last[1].verb == "has"
-                        and _is_bare_connector(connector)
-                        and (connector.predicate.verb is not None
-                             or phrases[nxt].head.category == "body"))
-        subjects = [i] if connector.is_relative or follows_with else clause_subjects
+        # After a "with" object ("a bathroom with towels", "a counter topped with a cake") a
+        # bare verb describes that object ("... hanging by the shower"), and so does a bare
+        # preposition to a body part ("with a toothbrush in his mouth"). Any other bare
+        # preposition there is ambiguous ("a kitchen with tulips on the table"): no relation.
+        after_with = (last is not None and _is_bare_connector(connector)
+                      and (last[1].verb == "has" or last[1].preposition == "with"))
+        if after_with and connector.predicate.verb is None:
+            if last[1].verb == "has" and phrases[nxt].head.category != "body":
+                parse.rejections.append(Rejection(
+                    RejectReason.UNPARSED, f"ambiguous attachment of {_gap_text(gap)!r} "
+                    f"{phrases[nxt].text!r}"))
+                last, clause_subjects = None, []
+                continue
+            # "a vase filled with flowers next to a vase": the vase is next to it.
+            after_with = phrases[nxt].head.category == "body"
+        subjects = [i] if connector.is_relative or after_with else clause_subjects
         if connector.is_relative:
             clause_subjects = [i]
         if connector.is_bare_with and (i not in subjects or _pronoun_relation_follows(
