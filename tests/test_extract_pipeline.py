@@ -5,6 +5,7 @@ inference errors, and crashes followed by a resume."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -13,6 +14,8 @@ from csclip.config import load_config
 from csclip.errors import ConfigError, DataError
 from csclip.extract.pipeline import ExtractConfig, run_extraction
 from csclip.units import read_units
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _e(entity, *foils):
@@ -253,9 +256,25 @@ def test_gold_backend_needs_the_world():
         load_config(ExtractConfig, None, ["input.format=csv", "input.uri=x.csv"])
 
 
-def test_entry_point_runs_and_reports_accounting(ray_session, tmp_path, capsys):
-    from pipelines.extract_units import main
+def _entry_point():
+    import importlib.util
 
+    spec = importlib.util.spec_from_file_location("extract_entry", REPO / "pipelines" / "extract_units.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def test_coco_extract_config_loads_with_paper_settings():
+    config = load_config(ExtractConfig, REPO / "configs" / "extract_coco.yaml")
+    assert (config.input.format, config.backend.name) == ("karpathy", "vllm")
+    vllm = config.backend.vllm
+    assert (vllm.model_source, vllm.batch_size, vllm.temperature, vllm.top_p) == (
+        "Qwen/Qwen3-8B-AWQ", 256, 0.3, 0.95)
+
+
+def test_entry_point_runs_and_reports_accounting(ray_session, tmp_path, capsys):
+    main = _entry_point()
     code = main(["--set", "input.world.num_train=3", "--set", "input.world.num_val=1",
                  "--set", "input.world.num_test=1", "--set", f"output.uri={tmp_path / 'out'}",
                  "--set", "tracking.uri=null"])
