@@ -126,7 +126,7 @@ _NOUN_TABLE: dict[str, str] = {
         "sweatshirt hoodie"
     ),
     "fixture": "wall window door floor counter shower bathtub tub curtain fireplace tile "
-    "sink_counter countertop light",
+    "sink_counter countertop lights/lights",
     # Body parts: what people hold things in or with.
     "body": "hand head mouth neck leg arm eye tooth/teeth tongue paw finger hair/hair face "
     "lap nose ear back",
