@@ -19,6 +19,7 @@ from csclip.model import ClipBundle
 from csclip.units import UnitsRecord
 
 log = logging.getLogger(__name__)
+LOG_EVERY_BATCHES = 20  # progress line for long encodes
 
 
 @runtime_checkable
@@ -67,10 +68,13 @@ class BundleScorer:
 
     def _encode(self, inputs: Sequence, encode) -> np.ndarray:
         outputs = []
+        num_batches = -(-len(inputs) // self.batch_size)
         with torch.inference_mode():
-            for start in range(0, len(inputs), self.batch_size):
+            for index, start in enumerate(range(0, len(inputs), self.batch_size)):
                 features = encode(inputs[start:start + self.batch_size]).float()  # (b, D)
                 outputs.append(torch.nn.functional.normalize(features, dim=-1).cpu().numpy())
+                if (index + 1) % LOG_EVERY_BATCHES == 0:
+                    log.info("encoded batch %d / %d", index + 1, num_batches)
         if not outputs:
             return np.zeros((0, self._embed_dim()), dtype=np.float32)
         return np.concatenate(outputs)
