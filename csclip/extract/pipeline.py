@@ -135,15 +135,24 @@ def _llm_passthrough(batch: pa.Table) -> pa.Table:
     return batch.select(keep)
 
 
+def _split_by_shard(rows: pa.Table) -> list[pa.Table]:
+    shards = rows.column("shard")
+    return [rows.filter(pc.equal(shards, k)) for k in sorted(set(shards.to_pylist()))]
+
+
 def _run_backend(rows: pa.Table, config: ExtractConfig, engine: Engine | None,
                  attempt: int) -> Iterable[pa.Table]:
     """Stream result batches for `rows` (caption rows with `shard`, or rows to repair)."""
     import ray.data
 
-    num_blocks = max(1, min(256, -(-rows.num_rows // config.backend.vllm.batch_size)))
-    if config.backend.name != "vllm":
-        num_blocks = max(1, min(256, -(-rows.num_rows // 500)))
-    ds = ray.data.from_arrow(rows).repartition(num_blocks)
+    # One block per slice of a shard, in shard order: no shuffle, a block never spans two
+    # shards, and shards come back roughly in order, so the driver holds few partial shards
+    # and a crash loses little finished work.
+    rows_per_block = config.backend.vllm.batch_size if config.backend.name == "vllm" else 500
+    blocks = [shard.slice(start, rows_per_block).combine_chunks()
+              for shard in _split_by_shard(rows)
+              for start in range(0, shard.num_rows, rows_per_block)]
+    ds = ray.data.from_arrow(blocks)
     name = config.backend.name
     if name in ("gold", "rules"):
         ds = ds.map_batches(partial(backend_stage, backend=name), batch_format="pyarrow",
