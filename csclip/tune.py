@@ -120,8 +120,12 @@ class Setting:
 
     @property
     def slug(self) -> str:
-        """A file- and run-name-safe form of the key."""
-        return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.key.replace("=", "-"))
+        return slugify(self.key)
+
+
+def slugify(key: str) -> str:
+    """A file- and run-name-safe form of a setting key: "lr=1e-5,units=1" -> "lr-1e-5_units-1"."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", key.replace("=", "-"))
 
 
 @dataclass(frozen=True)
@@ -481,29 +485,24 @@ def copy_curves(client, source_run_id: str, target_run_id: str) -> dict[str, lis
 # ---------------------------------------------------------------------------------------
 
 class SweepContext(BaseModel):
-    """What every trial of a sweep shares; travels in Tune's param space as a dict."""
+    """What every trial of a sweep shares; given to trials with tune.with_parameters."""
 
     model_config = {"extra": "forbid", "frozen": True}
 
     sweep: str  # Tune experiment name
     base: dict  # the base TrainConfig, model_dump(mode="json"), paths absolute
+    settings: dict[str, list]  # setting key -> [[axis, value], ...]
     parent_run_id: str
     tracking_uri: str
     mlflow_experiment: str
     eval_seed: int = 0
     marker_dir: str = ""
-    # Test-only: settings whose first attempt fails after the child run starts, to stand in
-    # for an interrupted sweep. A marker file makes the failure happen once.
+    # Test-only: settings whose first attempt fails after training, before evaluation, to
+    # stand in for an interrupted sweep. A marker file makes the failure happen once.
     fail_once: tuple[str, ...] = ()
 
-
-def setting_from_params(params: Mapping[str, Any]) -> Setting:
-    return Setting(tuple((str(a), v) for a, v in params["values"]))
-
-
-def setting_params(setting: Setting) -> dict[str, Any]:
-    """A setting as a plain dict for Tune's param space (and back: setting_from_params)."""
-    return {"key": setting.key, "slug": setting.slug, "values": [[a, v] for a, v in setting.values]}
+    def setting(self, key: str) -> Setting:
+        return Setting(tuple((str(a), v) for a, v in self.settings[key]))
 
 
 def trial_config(base: BaseModel, setting: Setting, sweep: str) -> BaseModel:
@@ -514,52 +513,83 @@ def trial_config(base: BaseModel, setting: Setting, sweep: str) -> BaseModel:
                        origin=f"trial {setting.key}")
 
 
-def run_trial(params: dict) -> None:
+def run_trial(params: dict, sweep: dict) -> None:
     """Tune trainable: fine-tune one setting (Ray Train, metrics forwarded to Tune), load
-    its checkpoint, evaluate on the validation split, report the evaluation."""
+    its checkpoint, evaluate on the validation split, report the evaluation.
+
+    params: Tune's trial config, {"setting": key}; sweep: SweepContext as a dict.
+    """
     import time
 
     from ray import tune
-    from ray.tune.integration.ray_train import TuneReportCallback
 
     from csclip import train
     from csclip.config import flatten
 
-    context = SweepContext.model_validate(params["sweep"])
-    setting = setting_from_params(params["setting"])
+    context = SweepContext.model_validate(sweep)
+    setting = context.setting(params["setting"])
     base = validate_config(train.TrainConfig, context.base, origin="sweep base config")
     config = trial_config(base, setting, context.sweep)
     client = _client(context.tracking_uri)
+    experiment_id = _experiment_id(client, context.mlflow_experiment)
     tags = {"csclip_sweep": context.sweep, "csclip_role": "trial",
             "csclip_setting": setting.key, PARENT_TAG: context.parent_run_id}
-    run_id = find_or_create_run(client, _experiment_id(client, context.mlflow_experiment),
-                                tags, run_name=setting.key)
+    run_id = find_or_create_run(client, experiment_id, tags, run_name=setting.key)
     started = time.time()
     try:
         log_params(client, run_id, {**{f"axis.{a}": v for a, v in setting.values},
                                     "setting": setting.key, **flatten(config)})
         client.set_tag(run_id, "csclip_trial_started", f"{started:.3f}")
-        _fail_once_for_tests(context, setting)
-        result = train.run(config, callbacks=[TuneReportCallback()])
-        report = evaluate_trial(config, result.checkpoint_uri, context.eval_seed)
-        metrics = {k: float(v) for k, v in report.metrics.items()
-                   if isinstance(v, int | float) and not isinstance(v, bool)}
-        curves: dict[str, list[tuple[int, float]]] = {}
-        if result.mlflow_run_id:
-            client.set_tag(run_id, "csclip_train_run_id", result.mlflow_run_id)
-            # Nest the training run under the trial, so the UI shows sweep > trial > train.
-            client.set_tag(result.mlflow_run_id, PARENT_TAG, run_id)
-            curves = copy_curves(client, result.mlflow_run_id, run_id)
-        log_metrics(client, run_id, metrics)
-        _log_trial_files(client, run_id, setting, report, curves)
+        metrics, checkpoint_uri = _train_and_evaluate(config, setting, context, client,
+                                                      experiment_id, run_id)
         client.set_terminated(run_id, "FINISHED")
     except BaseException:
         client.set_terminated(run_id, "FAILED")
         raise
     logger.info("trial %s done in %.0f s: ht_all=%s", setting.key, time.time() - started,
                 metrics.get("ht_all"))
-    tune.report({**metrics, "setting": setting.key, "trial_started": started,
-                 "checkpoint_uri": result.checkpoint_uri, "mlflow_child_run_id": run_id})
+    tune.report({**metrics, "trial_started": started, "checkpoint_uri": checkpoint_uri,
+                 "mlflow_child_run_id": run_id})
+
+
+def _train_and_evaluate(config: BaseModel, setting: Setting, context: SweepContext, client,
+                        experiment_id: str, run_id: str) -> tuple[dict[str, float], str]:
+    """The trial's work, logged to its child run: metrics and the checkpoint URI."""
+    import time
+
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from csclip import train
+
+    started = time.time()
+    result = train.run(config, callbacks=[TuneReportCallback()])
+    trained = time.time()
+    _fail_once_for_tests(context, setting)
+    report = evaluate_trial(config, result.checkpoint_uri, context.eval_seed)
+    metrics = {k: float(v) for k, v in report.metrics.items()
+               if isinstance(v, int | float) and not isinstance(v, bool)}
+    metrics["trial_train_seconds"] = trained - started
+    metrics["trial_eval_seconds"] = time.time() - trained
+    # A Train run that had already finished (a resumed trial) comes back without its
+    # MLflow id: find its run by the name the training code tags it with.
+    train_run_id = result.mlflow_run_id or _train_run_id(client, experiment_id, result.run_name)
+    curves: dict[str, list[tuple[int, float]]] = {}
+    if train_run_id:
+        client.set_tag(run_id, "csclip_train_run_id", train_run_id)
+        # Nest the training run under the trial, so the UI shows sweep > trial > train.
+        client.set_tag(train_run_id, PARENT_TAG, run_id)
+        curves = copy_curves(client, train_run_id, run_id)
+    log_metrics(client, run_id, metrics)
+    _log_trial_files(client, run_id, setting, report, curves)
+    return metrics, result.checkpoint_uri
+
+
+def _train_run_id(client, experiment_id: str, run_name: str) -> str | None:
+    from csclip.tracking import RUN_NAME_TAG
+
+    found = client.search_runs([experiment_id], max_results=1,
+                               filter_string=f"tags.`{RUN_NAME_TAG}` = '{run_name}'")
+    return found[0].info.run_id if found else None
 
 
 def _fail_once_for_tests(context: SweepContext, setting: Setting) -> None:
@@ -748,7 +778,9 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
         **{f"base.{k}": v for k, v in flatten(base).items()
            if k not in ("tracking.uri", "run.storage_path", "run.name")},
     })
-    context = SweepContext(sweep=name, base=base.model_dump(mode="json"), parent_run_id=parent_id,
+    context = SweepContext(sweep=name, base=base.model_dump(mode="json"),
+                           settings={s.key: [[a, v] for a, v in s.values] for s in grid.settings},
+                           parent_run_id=parent_id,
                            tracking_uri=base.tracking.uri,
                            mlflow_experiment=base.tracking.experiment, eval_seed=eval_seed,
                            marker_dir=f"{storage}/{name}-markers", fail_once=tuple(fail_once))
@@ -756,7 +788,9 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
         max_concurrent = max_concurrent_trials(ray.cluster_resources(), base.run.num_workers,
                                                base.run.use_gpu, base.run.cpus_per_worker,
                                                trial_cpus)
-    trainable = tune.with_resources(run_trial, {"cpu": trial_cpus})
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, sweep=context.model_dump(mode="json")),
+        {"cpu": trial_cpus})
     path = f"{storage}/{name}"
     resumed = tune.Tuner.can_restore(path)
     if resumed:
@@ -767,8 +801,7 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
                     max_concurrent, path)
         tuner = tune.Tuner(
             trainable,
-            param_space={"setting": tune.grid_search([setting_params(s) for s in grid.settings]),
-                         "sweep": context.model_dump(mode="json")},
+            param_space={"setting": tune.grid_search([s.key for s in grid.settings])},
             tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent,
                                         trial_dirname_creator=trial_dirname),
             run_config=tune.RunConfig(name=name, storage_path=storage, verbose=1),
@@ -788,7 +821,7 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
 
 def trial_dirname(trial) -> str:
     """Trial directories named after their setting (readable, and stable on restore)."""
-    return f"trial-{trial.config['setting']['slug']}"
+    return f"trial-{slugify(trial.config['setting'])}"
 
 
 def collect_results(results) -> tuple[dict[str, dict], dict[str, str], dict[str, str]]:
@@ -798,7 +831,7 @@ def collect_results(results) -> tuple[dict[str, dict], dict[str, str], dict[str,
     status: dict[str, str] = {}
     errors: dict[str, str] = {}
     for result in results:
-        key = result.config["setting"]["key"]
+        key = result.config["setting"]
         if result.error is not None:
             errors[key] = str(result.error).strip().splitlines()[-1][:300]
             status[key] = "failed"

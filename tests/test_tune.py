@@ -183,7 +183,8 @@ def test_two_trial_sweep_logs_parent_and_children_and_resumes(tmp_path, mlflow_u
     grid = tune.expand_grid(base, tune.parse_grid(["units=1,2"]))  # base is N=2: 2 trials
     assert [s.key for s in grid.settings] == ["base", "units=1"]
 
-    # First run: trial units=1 fails (stands in for an interrupted sweep).
+    # First run: trial units=1 fails after training, before evaluation (stands in for an
+    # interrupted sweep).
     first = tune.run_sweep(base, grid, max_concurrent=2, fail_once=["units=1"])
     assert not first.resumed and set(first.errors) == {"units=1"}
     client, children = _child_runs(mlflow_uri, first.parent_run_id)
@@ -198,6 +199,12 @@ def test_two_trial_sweep_logs_parent_and_children_and_resumes(tmp_path, mlflow_u
     client, children = _child_runs(mlflow_uri, second.parent_run_id)
     assert set(children) == {"base", "units=1"}  # no new child runs
     assert children["base"].data.tags["csclip_trial_started"] == base_started  # not rerun
+    # The rerun trial found its finished Train run (named after the trial): one training
+    # run per setting, none trained twice.
+    train_runs = client.search_runs([children["base"].info.experiment_id],
+                                    filter_string="tags.`csclip.run_name` LIKE 'ablate-%'")
+    assert sorted(r.data.tags["csclip.run_name"] for r in train_runs) == [
+        f"{first.name}-base", f"{first.name}-units-1"]
     for key, run in children.items():
         assert run.info.status == "FINISHED"
         assert run.data.params["setting"] == key
