@@ -806,10 +806,9 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
                                         trial_dirname_creator=trial_dirname),
             run_config=tune.RunConfig(name=name, storage_path=storage, verbose=1),
         )
-    results = tuner.fit()
-    metrics, status, errors = collect_results(results)
+    metrics, status, errors = collect_results(tuner.fit())
     table = build_table(grid, metrics, status)
-    report = write_report(table, f"{storage}/{name}-report", title=f"Ablation {name}")
+    report = publish_report(table, f"{storage}/{name}-report", title=f"Ablation {name}")
     for artifact in (report.markdown, report.csv, report.png):
         client.log_artifact(parent_id, str(artifact))
     log_metrics(client, parent_id, {"num_trials_done": len(metrics),
@@ -817,6 +816,23 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
     client.set_terminated(parent_id, "FAILED" if errors else "FINISHED")
     return SweepResult(name, path, parent_id, table, report, len(grid.settings), resumed,
                        errors, time.time() - started)
+
+
+def publish_report(table: AblationTable, uri: str, title: str) -> ReportFiles:
+    """Write the report next to the sweep: in `uri` when local; for s3:// storage, into a
+    local copy under runs/tune-reports/ that is then uploaded to `uri`."""
+    if "://" not in uri:
+        return write_report(table, uri, title)
+    import pyarrow.fs as pafs
+
+    from csclip.storage import filesystem_for
+
+    local = Path("runs") / "tune-reports" / uri.rstrip("/").rsplit("/", 1)[-1]
+    files = write_report(table, local, title)
+    fs, path = filesystem_for(uri)
+    fs.create_dir(path, recursive=True)
+    pafs.copy_files(str(local.resolve()), path, destination_filesystem=fs)
+    return files
 
 
 def trial_dirname(trial) -> str:
