@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import logging
 import re
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -212,7 +213,10 @@ def evaluate_bundle(bundle: ClipBundle, records: Sequence[UnitsRecord], seed: in
 
 
 def model_label(bundle: ClipBundle) -> str:
-    return f"{bundle.name}:{bundle.pretrained}" if bundle.pretrained else bundle.name
+    """"ViT-B-32:openai", "csclip-tiny" or, for a checkpoint, "csclip-tiny:<directory name>"."""
+    if not bundle.pretrained:
+        return bundle.name
+    return f"{bundle.name}:{Path(bundle.pretrained).name or bundle.pretrained}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -313,7 +317,8 @@ def plot_figure3(reports: Mapping[str, HalfTruthReport], path: Path) -> Path:
         ax.bar(x + offset, values, width=0.4, color=color, label=group, yerr=errors, capsize=3)
     # Chance: a model with no preference between A and A- wins half the time.
     ax.axhline(50, color="black", linestyle="--", linewidth=1, label="chance")
-    ax.set_xticks(x, names, rotation=15, ha="right")
+    # Checkpoint labels carry paths: wrap them so the axes keep their room.
+    ax.set_xticks(x, [textwrap.fill(n, 22) for n in names], rotation=15, ha="right", fontsize=8)
     ax.set_ylabel("Acc_HT (%)")
     ax.set_ylim(0, 100)
     ax.set_title("Half-truth accuracy: entity vs relation additions")
