@@ -54,6 +54,7 @@ class RejectReason(StrEnum):
     SCHEMA_VIOLATION = "schema_violation"
     INFERENCE_ERROR = "inference_error"
     UNPARSED = "unparsed"
+    ENTITY_NOT_IN_CAPTION = "entity_not_in_caption"  # an LLM entity the caption never says
 
 
 MAX_ENTITIES = 12

@@ -206,3 +206,19 @@ def test_any_answer_ends_as_a_record_or_a_reason(answer, cut, caption):
             assert outcome.record.units
             again, dropped = validate_record(outcome.record)
             assert again == outcome.record and dropped == []
+
+
+def test_entities_the_caption_does_not_say_are_dropped_with_their_relations():
+    answer = {"entities": [_entity("man"), _entity("brown horses"), _entity("saddle")],
+              "relations": [{"subject": "man", "predicate": "is on", "object": "saddle", "foils": []}]}
+    outcome = backends.llm_outcome(ROW, json.dumps(answer), None)
+    assert [e.text for e in outcome.record.entities] == ["man", "brown horses"]  # plural ok
+    assert outcome.record.relations == ()
+    assert sorted(r.reason.value for r in outcome.item_rejections) == [
+        "entity_not_in_caption", "relation_argument_not_entity"]
+    invented = backends.llm_outcome(ROW, json.dumps({"entities": [_entity("saddle")], "relations": []}), None)
+    assert invented.reason == RejectReason.ENTITY_NOT_IN_CAPTION and backends.is_repairable(invented)
+
+
+def _entity(text):
+    return {"entity": text, "foils": []}

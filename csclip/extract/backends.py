@@ -25,6 +25,8 @@ from csclip.units import (
     RejectReason,
     Unit,
     UnitsRecord,
+    is_placeholder,
+    normalize_text,
     record_from_row,
     record_to_row,
     validate_record,
@@ -49,6 +51,7 @@ class Status:
 # Record-level failures an LLM can fix when shown its answer and the error.
 REPAIRABLE = frozenset({RejectReason.MALFORMED_JSON, RejectReason.SCHEMA_VIOLATION,
                         RejectReason.EMPTY_EXTRACTION, RejectReason.PLACEHOLDER,
+                        RejectReason.ENTITY_NOT_IN_CAPTION,
                         RejectReason.RELATION_ARGUMENT_NOT_ENTITY, RejectReason.DUPLICATE_UNIT})
 
 
@@ -83,13 +86,13 @@ def _base_record(row: dict, source: str, entities=(), relations=()) -> UnitsReco
 def finish(record: UnitsRecord, raw_answer: str = "",
            extra_rejections: list[Rejection] | None = None) -> Outcome:
     """Validate a candidate record (SPEC §2 foil rules, `validate_record`). A record with
-    no unit left is rejected: EMPTY_EXTRACTION if the backend found none, else the most
-    common reason its units were dropped."""
+    no unit left is rejected: EMPTY_EXTRACTION if nothing was found or dropped, else the
+    most common reason its units were dropped."""
     cleaned, rejections = validate_record(record)
     rejections = list(extra_rejections or []) + rejections
     if cleaned.units:
         return Outcome("validation", record=cleaned, raw_answer=raw_answer, item_rejections=rejections)
-    if not record.units:
+    if not rejections:
         return Outcome("validation", reason=RejectReason.EMPTY_EXTRACTION,
                        detail="no entities or relations", raw_answer=raw_answer,
                        item_rejections=rejections)
@@ -158,11 +161,38 @@ def parse_answer(text: str) -> dict:
     return answer
 
 
-def record_from_answer(row: dict, answer: dict) -> UnitsRecord:
-    """Build the candidate record of a schema-valid answer."""
-    entities = [Unit.entity(e["entity"].strip(),
-                            [Foil(f["foil"].strip(), f["change_type"]) for f in e["foils"]])
-                for e in answer["entities"]]
+def _forms(word: str) -> set[str]:
+    # Plural folding only: entities are noun phrases ("two horses" / "horse", "boxes" / "box").
+    forms = {word}
+    if len(word) > 3 and word.endswith("s"):
+        forms.add(word[:-1])
+    if len(word) > 4 and word.endswith("es"):
+        forms.add(word[:-2])
+    return forms
+
+
+def _said_in(text: str, caption: str) -> bool:
+    """Whether every word of `text` occurs in `caption` (up to plural), so an entity is
+    one the caption states ("extract only what is said", SPEC §2)."""
+    caption_forms = set().union(*(_forms(w) for w in normalize_text(caption).split()))
+    return all(_forms(w) & caption_forms for w in normalize_text(text).split())
+
+
+def record_from_answer(row: dict, answer: dict,
+                       rejections: list[Rejection] | None = None) -> UnitsRecord:
+    """Build the candidate record of a schema-valid answer. Entities the caption does not
+    state are dropped (with a Rejection appended to `rejections`); relations that use them
+    are then dropped by validate_record."""
+    entities = []
+    for e in answer["entities"]:
+        text = e["entity"].strip()
+        # Placeholders are left to validate_record, which names them as such.
+        if text and not is_placeholder(text) and not _said_in(text, row["caption"]):
+            if rejections is not None:
+                rejections.append(Rejection(RejectReason.ENTITY_NOT_IN_CAPTION, f"entity {text!r}"))
+            continue
+        entities.append(Unit.entity(text, [Foil(f["foil"].strip(), f["change_type"])
+                                           for f in e["foils"]]))
     relations = [Unit.relation(r["subject"].strip(), r["predicate"].strip(), r["object"].strip(),
                                [Foil.relation(f["subject"].strip(), f["predicate"].strip(),
                                               f["object"].strip(), f["change_type"])
@@ -184,7 +214,9 @@ def llm_outcome(row: dict, generated_text: str | None, inference_error: str | No
         answer = parse_answer(raw)
     except AnswerError as err:
         return Outcome(err.stage, reason=err.reason, detail=err.detail, raw_answer=raw)
-    return finish(record_from_answer(row, answer), raw_answer=raw)
+    dropped: list[Rejection] = []
+    record = record_from_answer(row, answer, dropped)
+    return finish(record, raw_answer=raw, extra_rejections=dropped)
 
 
 def is_repairable(outcome: Outcome) -> bool:
