@@ -101,7 +101,7 @@ def _parse_clause(words: list[str], text: str) -> Clause:
         "'right of', 'above' or 'below'")
 
 
-@functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=4096)  # bounded: memory stays flat over 100k samples
 def parse_statement(text: str) -> tuple[Clause, ...]:
     """Parse world-language text into clauses joined by 'and'. Cached: the language is
     small, so the generator's oracle checks repeat the same texts over and over.
