@@ -61,7 +61,9 @@ def run_demo(args: argparse.Namespace) -> int:
 
     # The demo fine-tunes with both methods, so --method does not apply to it.
     data = apply_overrides({"train": read_yaml(args.config)}, args.overrides)
-    result = run_demo(validate_config(DemoConfig, data, origin=f"demo with {args.config}"))
+    command = " ".join(["python pipelines/train.py", *sys.argv[1:]]).strip()
+    result = run_demo(validate_config(DemoConfig, data, origin=f"demo with {args.config}"),
+                      command=command)
     print(result.markdown)
     print(f"demo finished in {result.seconds:.0f} s; tables and figures in {result.out_dir}")
     return 0
