@@ -328,18 +328,21 @@ def run_extraction(config: ExtractConfig, engine: Engine | None = None,
 
 def _repair(out: _Output, parked: list[int], config: ExtractConfig, engine: Engine | None,
             finished: Callable[[int, pa.Table], None]) -> None:
-    """One more engine call for every parked row, then finish the parked shards."""
-    stage1 = {k: out.read_parquet("_stage1", _part(k, ".parquet")) for k in parked}
+    """One more engine call for every parked row, then finish the parked shards. Only the
+    rows to repair are held in memory; each shard is re-read when it is finished."""
+    def stage1(shard: int) -> pa.Table:
+        return out.read_parquet("_stage1", _part(shard, ".parquet"))
+
     to_repair = pa.concat_tables(
-        t.filter(pc.equal(t.column("status"), Status.REPAIR)) for t in stage1.values())
+        [t.filter(pc.equal(t.column("status"), Status.REPAIR)) for t in map(stage1, parked)])
     log.info("extract: repairing %d answers in %d shards", to_repair.num_rows, len(parked))
     repaired = {}
     for batch in _run_backend(to_repair, config, engine, attempt=1):
         for row in batch.to_pylist():
             repaired[row["sample_id"]] = row
-    for shard, table in stage1.items():
+    for shard in parked:
         rows = [repaired.get(r["sample_id"], r) if r["status"] == Status.REPAIR else r
-                for r in table.to_pylist()]
+                for r in stage1(shard).to_pylist()]
         finished(shard, pa.Table.from_pylist(rows, schema=RESULT_SCHEMA))
 
 
