@@ -100,10 +100,11 @@ def _negclip(image: Tensor, caption: Tensor, caption_negative: Tensor, scale: Te
     # L_full: image→text logits img @ [cap ; capneg]ᵀ / τ (B × 2B, label i), so every image
     # also has every caption-level negative of the batch as a distractor (NegCLIP);
     # text→image logits cap @ imgᵀ / τ (negatives are never positives of an image).
+    batch = image.shape[0]
     texts = torch.cat([caption, caption_negative], dim=0)        # (2B, D)
     logits_per_image = scale * image @ texts.T                   # (B, 2B), label i
-    logits_per_text = scale * caption @ image.T                  # (B, B), label i
-    labels = _labels(image.shape[0], image.device)
+    logits_per_text = logits_per_image[:, :batch].T              # (B, B) = cap @ imgᵀ / τ
+    labels = _labels(batch, image.device)
     return (F.cross_entropy(logits_per_image, labels)
             + F.cross_entropy(logits_per_text, labels)) / 2
 
@@ -116,17 +117,18 @@ def _unit(image: Tensor, units: Tensor, foils: Tensor, mask: Tensor, scale: Tens
         return (image.sum() + units.sum() + foils.sum()) * 0.0 + scale * 0.0
     image = image[mask]                                          # (B_v, D)
     units, foils = units[:, mask], foils[:, mask]                # (K, B_v, D)
-    labels = _labels(image.shape[0], image.device)
-    slot_losses = []
-    for unit, foil in zip(units, foils, strict=True):            # slot k: (B_v, D) each
-        # L_unit, slot k: image i scores every unit of slot k in the batch plus only its
-        # own foil ũ_i (label i); text→image is u @ imgᵀ / τ.
-        own_foil = (image * foil).sum(-1, keepdim=True)          # (B_v, 1)
-        logits_per_image = scale * torch.cat([image @ unit.T, own_foil], dim=1)  # (B_v, B_v+1)
-        logits_per_text = scale * unit @ image.T                 # (B_v, B_v)
-        slot_losses.append((F.cross_entropy(logits_per_image, labels)
-                            + F.cross_entropy(logits_per_text, labels)) / 2)
-    return torch.stack(slot_losses).mean()                      # mean over the K slots
+    num_slots, batch = units.shape[:2]
+    # L_unit, slot k: image i scores every unit of slot k in the batch plus only its own
+    # foil ũ_i (label i); text→image is u @ imgᵀ / τ. All K slots in one batched product.
+    unit_scores = scale * torch.einsum("id,kjd->kij", image, units)        # (K, B_v, B_v)
+    own_foil = scale * (image * foils).sum(-1, keepdim=True)               # (K, B_v, 1)
+    logits_per_image = torch.cat([unit_scores, own_foil], dim=2)           # (K, B_v, B_v+1)
+    logits_per_text = unit_scores.transpose(1, 2)                          # (K, B_v, B_v)
+    labels = _labels(batch, image.device).repeat(num_slots)                # (K·B_v,), label i
+    # Every slot has B_v rows, so the mean over all K·B_v rows is the mean over slots of
+    # each slot's mean: L_unit = mean_k (CE_i2t,k + CE_t2i,k) / 2.
+    return (F.cross_entropy(logits_per_image.reshape(num_slots * batch, batch + 1), labels)
+            + F.cross_entropy(logits_per_text.reshape(num_slots * batch, batch), labels)) / 2
 
 
 # ---------------------------------------------------------------------------------------

@@ -4,9 +4,12 @@ concatenated batch."""
 
 from __future__ import annotations
 
+import datetime
 import socket
+import time
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -16,6 +19,8 @@ from csclip.loss import clip_loss, csclip_loss
 
 WORLD_SIZE = 2
 LOCAL_BATCH, SLOTS, DIM = 3, 2, 8
+# Generous: two fresh interpreters import torch on a shared, loaded 2-core machine.
+JOIN_TIMEOUT_S = 180
 
 
 def _global_inputs() -> dict[str, torch.Tensor]:
@@ -54,7 +59,7 @@ def _gradients(inputs, scale, loss) -> dict[str, torch.Tensor]:
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=WORLD_SIZE)
+                            world_size=WORLD_SIZE, timeout=datetime.timedelta(seconds=60))
     try:
         rows = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
         local = {}
@@ -79,10 +84,16 @@ def _free_port() -> int:
 
 
 def test_two_gloo_workers_match_one_process_on_the_concatenated_batch(tmp_path):
-    # fork, not spawn: the children reuse the imported torch instead of importing it again
-    # (seconds on a loaded CI box); safe on CPU, where nothing CUDA is initialised.
-    mp.start_processes(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD_SIZE,
-                       join=True, start_method="fork")
+    # spawn, not fork: fork is faster (no second torch import) but hangs the children when
+    # the parent has already used its OpenMP thread pool (any earlier torch test).
+    context = mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD_SIZE,
+                       join=False)
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    while not context.join(timeout=1):  # raises if a worker failed
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"gloo workers did not finish within {JOIN_TIMEOUT_S} s")
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE)]
 
     inputs = {k: v.clone().requires_grad_(k != "mask") for k, v in _global_inputs().items()}
