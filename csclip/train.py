@@ -407,9 +407,10 @@ def run(config: TrainConfig, callbacks: Sequence = ()) -> TrainResult:
     final_uri = _export_final(result.checkpoint, root, name)
     metrics = {**_read_metrics(final_uri), "decode_failures": plan.num_decode_failures,
                "num_rows": plan.num_rows}
+    # Per-step metrics are already logged by rank 0; here only the run's totals.
     finish_run(config.tracking, run_id, tags={"checkpoint_uri": final_uri},
-               metrics={k: v for k, v in metrics.items() if isinstance(v, int | float)
-                        and v is not None})
+               metrics={"data.decode_failures": plan.num_decode_failures,
+                        "final_loss": float(metrics.get("loss") or 0.0)})
     return TrainResult(name, final_uri, metrics, run_id)
 
 
