@@ -9,6 +9,7 @@ import pytest
 
 from csclip import storage
 from csclip.config import load_config
+from csclip.errors import DataError
 from csclip.extract.pipeline import ExtractConfig, run_extraction
 from csclip.extract.readers import InputConfig, caption_table
 from csclip.units import read_units
@@ -63,6 +64,8 @@ def test_readers_read_from_s3(s3, sugarcrepe_dir):
     assert table.num_rows == len(json.loads((sugarcrepe_dir / "swap_obj.json").read_text()))
     rows = caption_table(InputConfig(format="jsonl", uri=f"s3://{BUCKET}/pairs.jsonl")).to_pylist()
     assert [(r["caption"], r["image_path"]) for r in rows] == [("A red bus.", "s3://img/1.jpg")]
+    with pytest.raises(DataError, match="not found.*captions_val2014.json"):
+        caption_table(InputConfig(format="coco", uri=f"s3://{BUCKET}/captions_val2014.json"))
 
 
 def test_pipeline_writes_units_and_rejects_to_s3_and_resumes(ray_session, s3, s3_endpoint):
