@@ -159,24 +159,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=30, help="timed steps (after 5 warmup)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats (median)")
     parser.add_argument("--ray", action="store_true", help="also time the full Ray Train run")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     warmup = 5
     batches = make_batches(args.model, args.image_size, args.batch, args.steps + warmup)
-    results = {
-        "baseline (open_clip train_one_epoch)": time_open_clip(args.model, args.image_size,
-                                                               batches, warmup),
-        "csclip --method clip": time_csclip(args.model, args.image_size, batches, warmup, "clip"),
-        "csclip --method csclip": time_csclip(args.model, args.image_size, batches, warmup,
-                                              "csclip"),
+    loops = {
+        "baseline (open_clip train_one_epoch)": lambda: time_open_clip(
+            args.model, args.image_size, batches, warmup),
+        "csclip --method clip": lambda: time_csclip(args.model, args.image_size, batches, warmup,
+                                                    "clip"),
+        "csclip --method csclip": lambda: time_csclip(args.model, args.image_size, batches,
+                                                      warmup, "csclip"),
     }
+    # Interleaved repeats, medians: other processes' load shifts over a run.
+    samples: dict[str, list[float]] = {name: [] for name in loops}
+    for _ in range(args.repeats):
+        for name, loop in loops.items():
+            samples[name].append(loop())
+    results = {name: statistics.median(values) for name, values in samples.items()}
     if args.ray:
         results["csclip --method clip, Ray Train + Ray Data"] = ray_clip_samples_per_s(
             args.model, args.image_size, args.batch, args.steps + warmup)
     base = results["baseline (open_clip train_one_epoch)"]
     print(f"model {args.model}, {args.image_size} px, batch {args.batch}, {args.steps} timed "
-          f"steps, {args.threads} thread(s)")
+          f"steps, {args.threads} thread(s), median of {args.repeats} interleaved repeats")
     print("| loop | samples/s | vs baseline |")
     print("|---|---|---|")
     for name, value in results.items():
