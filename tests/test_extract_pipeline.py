@@ -119,20 +119,11 @@ def recorded_engine(first=FIRST, second=SECOND, failing=FAILING, crash_flag=None
     return lambda ds: ds.map_batches(answer, batch_format="pyarrow", batch_size=None)
 
 
-def _config(tmp_path, *overrides):
+def _config(sugarcrepe_dir, tmp_path, *overrides):
     return load_config(ExtractConfig, None, [
-        "input.format=sugarcrepe", f"input.uri={SUGARCREPE}/add_att.json", "input.limit=10",
+        "input.format=sugarcrepe", f"input.uri={sugarcrepe_dir}/add_att.json", "input.limit=10",
         "backend.name=vllm", "output.shard_size=4", f"output.uri={tmp_path / 'out'}",
         "tracking.uri=null", *overrides])
-
-
-SUGARCREPE = None
-
-
-@pytest.fixture(autouse=True)
-def _sugarcrepe(sugarcrepe_dir):
-    global SUGARCREPE
-    SUGARCREPE = sugarcrepe_dir
 
 
 def _outputs(tmp_path):
@@ -150,8 +141,8 @@ def _check_balanced(summary, units, rejects, read=10):
     assert (summary.with_units, summary.rejected) == (len(ids), len(rejected))
 
 
-def test_recorded_answers_end_to_end_with_repair_and_rejects(ray_session, tmp_path):
-    summary = run_extraction(_config(tmp_path), engine=recorded_engine())
+def test_recorded_answers_end_to_end_with_repair_and_rejects(ray_session, sugarcrepe_dir, tmp_path):
+    summary = run_extraction(_config(sugarcrepe_dir, tmp_path), engine=recorded_engine())
     units, rejects = _outputs(tmp_path)
     _check_balanced(summary, units, rejects)
     assert summary.with_units == 7 and summary.num_shards == 3
@@ -175,16 +166,16 @@ def test_recorded_answers_end_to_end_with_repair_and_rejects(ray_session, tmp_pa
     assert not list((tmp_path / "out").glob("_stage1/*.parquet"))  # parked shards finished
 
 
-def test_without_repair_bad_answers_are_rejected_at_once(ray_session, tmp_path):
-    summary = run_extraction(_config(tmp_path, "backend.vllm.repair=false"), engine=recorded_engine())
+def test_without_repair_bad_answers_are_rejected_at_once(ray_session, sugarcrepe_dir, tmp_path):
+    summary = run_extraction(_config(sugarcrepe_dir, tmp_path, "backend.vllm.repair=false"), engine=recorded_engine())
     _check_balanced(summary, *_outputs(tmp_path))
     assert summary.rejected_by_reason == {"inference_error": 1, "placeholder": 1,
                                           "empty_extraction": 1, "malformed_json": 1,
                                           "schema_violation": 1}
 
 
-def test_crash_after_a_shard_then_resume_skips_it_and_loses_nothing(ray_session, tmp_path):
-    config = _config(tmp_path)
+def test_crash_after_a_shard_then_resume_skips_it_and_loses_nothing(ray_session, sugarcrepe_dir, tmp_path):
+    config = _config(sugarcrepe_dir, tmp_path)
     written = []
 
     def crash_after_first(shard):
@@ -207,8 +198,8 @@ def test_crash_after_a_shard_then_resume_skips_it_and_loses_nothing(ray_session,
     assert summary.with_units == 7
 
 
-def test_engine_failure_mid_run_then_resume_completes(ray_session, tmp_path):
-    config = _config(tmp_path)
+def test_engine_failure_mid_run_then_resume_completes(ray_session, sugarcrepe_dir, tmp_path):
+    config = _config(sugarcrepe_dir, tmp_path)
     flag = str(tmp_path / "crashed")
     with pytest.raises(Exception, match="engine actor died"):
         run_extraction(config, engine=recorded_engine(crash_flag=flag, crash_shard=1))
@@ -220,10 +211,10 @@ def test_engine_failure_mid_run_then_resume_completes(ray_session, tmp_path):
     assert (final.shards_written, final.read, final.with_units) == (0, 10, 7)
 
 
-def test_resume_into_output_of_another_config_is_refused(ray_session, tmp_path):
-    run_extraction(_config(tmp_path), engine=recorded_engine())
+def test_resume_into_output_of_another_config_is_refused(ray_session, sugarcrepe_dir, tmp_path):
+    run_extraction(_config(sugarcrepe_dir, tmp_path), engine=recorded_engine())
     with pytest.raises(DataError, match="shard_size"):
-        run_extraction(_config(tmp_path, "output.shard_size=5"), engine=recorded_engine())
+        run_extraction(_config(sugarcrepe_dir, tmp_path, "output.shard_size=5"), engine=recorded_engine())
 
 
 def test_gold_backend_passes_world_units_through_and_logs_to_mlflow(ray_session, tmp_path, mlflow_uri):
@@ -283,11 +274,11 @@ def test_entry_point_runs_and_reports_accounting(ray_session, tmp_path, capsys):
     assert main(["--set", "backend.name=llama"]) == 2
 
 
-def test_rules_backend_in_the_pipeline_matches_direct_extraction(ray_session, tmp_path):
+def test_rules_backend_in_the_pipeline_matches_direct_extraction(ray_session, sugarcrepe_dir, tmp_path):
     from csclip.extract.backends import rules_outcome
     from csclip.extract.readers import caption_table
 
-    config = _config(tmp_path, "backend.name=rules")
+    config = _config(sugarcrepe_dir, tmp_path, "backend.name=rules")
     summary = run_extraction(config)
     units, rejects = _outputs(tmp_path)
     _check_balanced(summary, units, rejects)
