@@ -33,13 +33,13 @@ _NOUN_TABLE: dict[str, str] = {
         "tourist soldier officer policeman/policemen umpire catcher batter pitcher "
         "businessman/businessmen student couple family/families crowd bride groom "
         "mother father friend pedestrian passenger spectator audience biker cyclist "
-        "vendor customer"
+        "vendor customer husband wife/wives photographer user"
     ),
     # COCO vehicle
     "vehicle": (
         "bicycle car motorcycle airplane bus/buses train truck boat bike motorbike plane "
         "jet van taxi/taxis tractor trolley scooter ship jeep suv cart vehicle engine "
-        "trailer carriage locomotive fire_truck pickup_truck school_bus wagon"
+        "trailer carriage locomotive fire_truck pickup_truck school_bus wagon wheel"
     ),
     # COCO outdoor
     "outdoor": (
@@ -51,7 +51,7 @@ _NOUN_TABLE: dict[str, str] = {
     "animal": (
         "bird cat dog horse sheep/sheep cow elephant bear zebra giraffe cattle/cattle "
         "puppy/puppies kitten goat duck pigeon seagull pony/ponies calf/calves lamb "
-        "deer/deer animal fish/fish chicken"
+        "deer/deer animal fish/fish chicken pheasant"
     ),
     # COCO accessory
     "accessory": "backpack umbrella handbag tie suitcase purse bag luggage/luggage",
@@ -59,12 +59,12 @@ _NOUN_TABLE: dict[str, str] = {
     "sports": (
         "frisbee skis/skis snowboard sports_ball kite baseball_bat baseball_glove skateboard "
         "surfboard tennis_racket racket racquet ball bat glove ski skate_board net "
-        "tennis_ball soccer_ball"
+        "tennis_ball soccer_ball snow_board surf_board"
     ),
     # COCO kitchen
     "kitchen": (
         "bottle wine_glass cup fork knife/knives spoon bowl plate mug glass/glasses pan pot "
-        "tray dish/dishes napkin lid utensil basket container jar can"
+        "tray dish/dishes napkin lid utensil basket container jar can platter cutting_board"
     ),
     # COCO food
     "food": (
@@ -82,7 +82,7 @@ _NOUN_TABLE: dict[str, str] = {
     "furniture": (
         "chair couch/couches potted_plant bed dining_table toilet table sofa desk shelf/shelves "
         "cabinet dresser/dressers bookshelf/bookshelves stool furniture/furniture armchair "
-        "recliner"
+        "recliner seat mattress cushion"
     ),
     # COCO electronic
     "electronic": (
@@ -97,7 +97,8 @@ _NOUN_TABLE: dict[str, str] = {
     "indoor": (
         "book clock vase scissors/scissors teddy_bear hair_drier toothbrush/toothbrushes "
         "toy lamp pillow blanket towel mirror picture painting candle box/boxes pen rack "
-        "case tripod holder portrait poster rug carpet kite_string cord wire"
+        "case tripod holder portrait poster rug carpet kite_string cord wire hook chalkboard "
+        "sheet linen/linens bedspread handle cigarette trash_can"
     ),
     # Beyond COCO: the places and surfaces captions put objects on or in.
     "room": (
@@ -110,7 +111,8 @@ _NOUN_TABLE: dict[str, str] = {
         "building house zoo farm slope ramp enclosure pasture desert trail path hillside "
         "tarmac garden lawn patio roof ceiling church school hotel town barn stage "
         "hospital dugout curb ledge rail railing train_tracks train_station bus_stop "
-        "parking_lot corner market ground/ground pen"
+        "parking_lot corner market ground/ground pen side_walk porch paddock valley "
+        "wilderness/wilderness shore obelisk home"
     ),
     "nature": (
         "grass/grass water/water snow/snow sand/sand dirt/dirt sky/skies tree ocean lake "
@@ -126,13 +128,14 @@ _NOUN_TABLE: dict[str, str] = {
         "sweatshirt hoodie"
     ),
     "fixture": "wall window door floor counter shower bathtub tub curtain fireplace tile "
-    "sink_counter countertop lights/lights",
+    "sink_counter countertop lights/lights doorway",
     # Body parts: what people hold things in or with.
     "body": "hand head mouth neck leg arm eye tooth/teeth tongue paw finger hair/hair face "
     "lap nose ear back",
     # Sports and games, nouns in their own right ("playing tennis", "a tennis player").
     "sport": "tennis/tennis baseball/baseball soccer/soccer basketball/basketball "
-    "football/football golf/golf volleyball/volleyball game frisbee_game",
+    "football/football golf/golf volleyball/volleyball game frisbee_game match/matches "
+    "videogame",
     # The synthetic world's objects (csclip/world): shapes are objects like any other.
     "shape": "circle square triangle cross/crosses star rectangle diamond hexagon",
 }
@@ -177,10 +180,11 @@ _SAME_THING = (
     "tv television monitor screen", "laptop computer", "cell_phone phone",
     "remote controller", "refrigerator fridge", "oven stove microwave",
     "teddy_bear toy", "picture painting", "room bedroom living_room",
-    "street road highway", "sidewalk street", "field park yard farm", "beach sand beach_sand",
+    "street road highway", "sidewalk side_walk street", "field park yard farm", "beach sand beach_sand shore",
     "ocean lake river water wave", "mountain hill", "court tennis_court",
     "track tracks", "building house", "store shop", "hat cap helmet", "shirt jersey",
-    "jacket coat sweater", "bathtub tub", "shower bathtub", "couple family crowd",
+    "jacket coat sweater", "bathtub tub", "shower bathtub", "snowboard snow_board", "surfboard surf_board",
+    "linen sheet bedspread", "game match videogame video_game", "couple family crowd",
     "rider player skier surfer skateboarder snowboarder", "chef cook",
     "officer policeman soldier", "rock stone", "grass field", "food meat",
     "fruit apple banana orange", "vegetable broccoli carrot", "meat sausage hot_dog",
@@ -196,7 +200,7 @@ NOT_FOILS = frozenset({"animal", "vehicle", "food", "person", "people", "adult",
                        "family", "couple", "player", "rider", "worker", "sign", "toy",
                        "fruit", "vegetable", "dessert", "bag", "ball", "glass", "building", "room",
                        "water", "plant", "screen", "computer", "phone", "dish", "pastry", "area",
-                       "furniture", "meal", "game", "ground", "corner", "tower", "post",
+                       "furniture", "meal", "game", "ground", "corner", "match", "user", "home", "seat", "tower", "post",
                        "case", "holder", "container", "gear", "outfit", "friend", "lunch",
                        "dinner", "breakfast", "veggies", "topping", "frosting", "student",
                        "mother", "father", "device", "electronics", "appliance",
@@ -411,7 +415,7 @@ ADVERBIAL_PHRASES: tuple[list[str], ...] = tuple(
         "in the background", "in the foreground", "in the distance", "at night",
         "on display", "each other", "one another", "during the day", "in the daytime",
         "at the same time", "in the air", "in the sun", "in the snow", "in the rain",
-        "in the middle", "side by side", "next to each other", "in a row", "in a line",
+        "side by side", "next to each other", "in a row", "in a line",
     )
 )
 AUXILIARIES = frozenset({"is", "are", "was", "were", "be", "being", "been"})

@@ -308,7 +308,8 @@ def _match_phrase(tokens: list[str], i: int) -> tuple[_Phrase | None, int, str |
     words = tuple(tokens[start:end])
     follower = tokens[end] if end < len(tokens) else ""
     after = tokens[end + 1] if end + 1 < len(tokens) else ""
-    if _is_unknown_noun(follower, after):
+    is_singular = form == noun.singular and noun.singular != noun.plural
+    if _is_unknown_noun(follower, after) or (is_singular and _is_bare_verb_noun(follower)):
         # "toilet seat", "living area": the real head is a noun we do not know.
         return None, end + 1, f"head noun of {' '.join(words + (follower,))!r} not in lexicon"
     if collective is not None:
@@ -348,6 +349,12 @@ _FUNCTION_WORDS = (
                              "plus", "also", "their", "his", "her", "one", "each", "other"})
 )
 _PREPOSITION_WORDS = frozenset(w for p in lx.PREPOSITIONS for w in p.split())
+
+
+def _is_bare_verb_noun(word: str) -> bool:
+    """A verb's base form right after a singular noun cannot be its verb ("a cat brush"
+    is not a cat brushing): it is the head of a compound ("toilet brush")."""
+    return word in lx.VERB_ING and word not in lx.NOUNS and word not in lx.PARTICIPLES
 
 
 def _is_unknown_noun(word: str, after: str) -> bool:
