@@ -17,7 +17,7 @@ import json
 import logging
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from functools import partial
 
 import pyarrow as pa
@@ -94,7 +94,6 @@ class ExtractSummary:
     units_uri: str
     rejects_uri: str
     mlflow_run_id: str | None = None
-    extra: dict = field(default_factory=dict)
 
     def format(self) -> str:
         lines = [f"read {self.read} = with units {self.with_units} + rejected {self.rejected}",
@@ -370,7 +369,7 @@ def _summarize(out: _Output, config: ExtractConfig, num_shards: int, written: in
         units_uri=out.uri_of("units"), rejects_uri=out.uri_of("rejects"))
     if config.tracking.uri:
         run_id = log_to_mlflow(summary, config, out)
-        summary = ExtractSummary(**{**summary.__dict__, "mlflow_run_id": run_id})
+        summary = replace(summary, mlflow_run_id=run_id)
     return summary
 
 
@@ -383,7 +382,8 @@ def log_to_mlflow(summary: ExtractSummary, config: ExtractConfig, out: _Output) 
 
     mlflow.set_tracking_uri(config.tracking.uri)
     mlflow.set_experiment(config.tracking.experiment)
-    with mlflow.start_run(run_name=config.tracking.run_name) as run:
+    run_name = config.tracking.run_name or f"extract-{config.backend.name}-{config.input.format}"
+    with mlflow.start_run(run_name=run_name) as run:
         mlflow.log_params({k: str(v)[:500] for k, v in flatten(config).items()})
         metrics = {"read": summary.read, "with_units": summary.with_units,
                    "rejected": summary.rejected, "num_shards": summary.num_shards,
