@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 from pydantic import Field, model_validator
 
 from csclip import storage
@@ -76,7 +77,7 @@ def _image_ref(root: str | None, *parts: str) -> str:
     return posixpath.join(root, rel) if root else rel
 
 
-def _load_json(fs, path: str) -> object:
+def _load_json(fs: pafs.FileSystem, path: str) -> object:
     try:
         return json.loads(storage.read_bytes(fs, path))
     except json.JSONDecodeError as err:
@@ -88,7 +89,7 @@ def _expect(cond: bool, path: str, fmt: str, what: str) -> None:
         raise DataError(f"{path}: not a {fmt} file ({what}); check input.format and input.uri")
 
 
-def iter_karpathy(fs, path: str, cfg: InputConfig) -> Iterator[dict]:
+def iter_karpathy(fs: pafs.FileSystem, path: str, cfg: InputConfig) -> Iterator[dict]:
     """COCO Karpathy `dataset_coco.json`: images with `sentences` and a `split`."""
     data = _load_json(fs, path)
     _expect(isinstance(data, dict) and isinstance(data.get("images"), list), path, "Karpathy",
@@ -109,7 +110,7 @@ def iter_karpathy(fs, path: str, cfg: InputConfig) -> Iterator[dict]:
 _COCO_SPLIT = re.compile(r"(train|val|test)\d*")
 
 
-def iter_coco(fs, path: str, cfg: InputConfig) -> Iterator[dict]:
+def iter_coco(fs: pafs.FileSystem, path: str, cfg: InputConfig) -> Iterator[dict]:
     """COCO `captions_<split><year>.json`: `images` (id, file_name) and `annotations`."""
     data = _load_json(fs, path)
     _expect(isinstance(data, dict) and isinstance(data.get("annotations"), list), path, "COCO captions",
@@ -127,7 +128,7 @@ def iter_coco(fs, path: str, cfg: InputConfig) -> Iterator[dict]:
         yield _row(f"coco-{image_id}-{ann['id']}", str(image_id), ref, ann.get("caption", ""), split)
 
 
-def iter_sugarcrepe(fs, path: str, cfg: InputConfig) -> Iterator[dict]:
+def iter_sugarcrepe(fs: pafs.FileSystem, path: str, cfg: InputConfig) -> Iterator[dict]:
     """SugarCrepe `<subset>.json`: {"0": {filename, caption, negative_caption}, ...}; a
     directory reads every subset. Only the positive caption is a caption of the image."""
     paths = storage.list_files(fs, path, ".json") if storage.is_dir(fs, path) else [path]
@@ -159,13 +160,13 @@ def _table_rows(rows: list[dict], path: str, cfg: InputConfig) -> Iterator[dict]
                    str(item.get("split") or cfg.split or "train"))
 
 
-def iter_csv(fs, path: str, cfg: InputConfig) -> Iterator[dict]:
+def iter_csv(fs: pafs.FileSystem, path: str, cfg: InputConfig) -> Iterator[dict]:
     """CSV with a header: `image`, `caption`, optional `split`, `image_id`, `sample_id`."""
     text = storage.read_bytes(fs, path).decode("utf-8-sig")
     yield from _table_rows(list(csv.DictReader(io.StringIO(text))), path, cfg)
 
 
-def iter_jsonl(fs, path: str, cfg: InputConfig) -> Iterator[dict]:
+def iter_jsonl(fs: pafs.FileSystem, path: str, cfg: InputConfig) -> Iterator[dict]:
     """JSON Lines, one object per line with the same keys as the CSV format."""
     rows = []
     for number, line in enumerate(storage.read_bytes(fs, path).decode("utf-8").splitlines()):
