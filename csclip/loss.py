@@ -34,22 +34,31 @@ def _is_distributed() -> bool:
 
 
 class _AllGatherWithGrad(torch.autograd.Function):
-    """all_gather whose backward sums the gradient over workers and keeps this worker's
-    slice (SimCLR's GatherLayer). Written out because torch.distributed.nn.all_gather warns
-    that it is deprecated, and its suggested replacement is private API."""
+    """Concatenate every worker's rows (dim 0); the backward sums the gradient over workers
+    and keeps this worker's rows (SimCLR's GatherLayer). Written out because
+    torch.distributed.nn.all_gather warns that it is deprecated (its suggested replacement
+    is private API), and so that workers may hold different numbers of rows (a last,
+    partial batch): rows are padded to the largest worker's count for the collective."""
 
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:
-        x = x.contiguous()
-        parts = [torch.empty_like(x) for _ in range(torch.distributed.get_world_size())]
-        torch.distributed.all_gather(parts, x)
-        return torch.stack(parts)                                # (W, *x.shape)
+        world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+        count = torch.tensor([x.shape[0]], device=x.device)
+        counts = [torch.empty_like(count) for _ in range(world)]
+        torch.distributed.all_gather(counts, count)
+        sizes = [int(c) for c in counts]
+        padded = x.new_zeros((max(sizes), *x.shape[1:]))
+        padded[: x.shape[0]] = x
+        parts = [torch.empty_like(padded) for _ in range(world)]
+        torch.distributed.all_gather(parts, padded)
+        ctx.start, ctx.stop = sum(sizes[:rank]), sum(sizes[: rank + 1])
+        return torch.cat([part[:size] for part, size in zip(parts, sizes, strict=True)])
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
         grad = grad.contiguous()
         torch.distributed.all_reduce(grad)                       # sum over workers
-        return grad[torch.distributed.get_rank()]
+        return grad[ctx.start:ctx.stop]
 
 
 def gather_features(x: Tensor, dim: int = 0) -> Tensor:
@@ -61,22 +70,21 @@ def gather_features(x: Tensor, dim: int = 0) -> Tensor:
     DDP then *averages* parameter gradients over workers, which gives exactly ∂L/∂θ (the
     world_size cancels). This is open_clip's `local_loss=False` convention.
 
-    Every worker must pass the same shape (use equal per-worker batch sizes, e.g.
-    drop_last). Identity when torch.distributed is not initialised or has one worker.
+    Workers may differ in size along `dim` (e.g. a last, partial batch); all other
+    dimensions must match. Identity when torch.distributed is not initialised or has one
+    worker.
     """
     if not _is_distributed():
         return x
-    return torch.cat(tuple(_AllGatherWithGrad.apply(x)), dim=dim)
+    gathered = _AllGatherWithGrad.apply(x.movedim(dim, 0))
+    return gathered.movedim(0, dim)
 
 
 def _gather_mask(mask: Tensor) -> Tensor:
     # The mask carries no gradient; gather it as uint8 (gloo has no bool all_gather).
     if not _is_distributed():
         return mask.bool()
-    parts = [torch.empty_like(mask, dtype=torch.uint8)
-             for _ in range(torch.distributed.get_world_size())]
-    torch.distributed.all_gather(parts, mask.to(torch.uint8).contiguous())
-    return torch.cat(parts).bool()
+    return _AllGatherWithGrad.apply(mask.to(torch.uint8)).bool()
 
 
 # ---------------------------------------------------------------------------------------

@@ -18,14 +18,16 @@ import torch.nn.functional as F
 from csclip.loss import clip_loss, csclip_loss
 
 WORLD_SIZE = 2
-LOCAL_BATCH, SLOTS, DIM = 3, 2, 8
+GLOBAL_BATCH, SLOTS, DIM = 6, 2, 8
+# Rows per worker: equal shards, and a last partial batch where the workers differ.
+SPLITS = {"even": (3, 3), "uneven": (4, 2)}
 # Generous: two fresh interpreters import torch on a shared, loaded 2-core machine.
 JOIN_TIMEOUT_S = 180
 
 
 def _global_inputs() -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
-    batch = WORLD_SIZE * LOCAL_BATCH
+    batch = GLOBAL_BATCH
 
     def features(*shape: int) -> torch.Tensor:
         return F.normalize(torch.randn(*shape, generator=generator), dim=-1)
@@ -34,7 +36,7 @@ def _global_inputs() -> dict[str, torch.Tensor]:
         "image": features(batch, DIM), "caption": features(batch, DIM),
         "caption_negative": features(batch, DIM),
         "units": features(SLOTS, batch, DIM), "foils": features(SLOTS, batch, DIM),
-        # One masked sample on each rank, so masking and gathering meet.
+        # A masked sample on each rank in both splits, so masking and gathering meet.
         "mask": torch.tensor([True, False, True, True, True, False]),
     }
 
@@ -57,21 +59,30 @@ def _gradients(inputs, scale, loss) -> dict[str, torch.Tensor]:
     return dict(zip([*FEATURES, "scale"], grads, strict=True))
 
 
+def _rows(split: str, rank: int) -> slice:
+    sizes = SPLITS[split]
+    return slice(sum(sizes[:rank]), sum(sizes[: rank + 1]))
+
+
+def _local(inputs: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:
+    return {name: value[:, rows] if name in ("units", "foils") else value[rows]
+            for name, value in inputs.items()}
+
+
 def _worker(rank: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=WORLD_SIZE, timeout=datetime.timedelta(seconds=60))
     try:
-        rows = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
-        local = {}
-        for name, value in _global_inputs().items():
-            value = value[:, rows] if name in ("units", "foils") else value[rows]
-            local[name] = value.clone().requires_grad_(name != "mask")
-        scale = torch.tensor(12.5, requires_grad=True)
-        losses = _losses(local, scale)
-        result = {f"loss_{k}": v.detach() for k, v in losses.items()}
-        for kind in ("total", "clip"):
-            grads = _gradients(local, scale, losses[kind])
-            result.update({f"grad_{kind}_{k}": v for k, v in grads.items()})
+        result = {}
+        for split in SPLITS:
+            local = {name: value.clone().requires_grad_(name != "mask")
+                     for name, value in _local(_global_inputs(), _rows(split, rank)).items()}
+            scale = torch.tensor(12.5, requires_grad=True)
+            losses = _losses(local, scale)
+            result.update({f"{split}_loss_{k}": v.detach() for k, v in losses.items()})
+            for kind in ("total", "clip"):
+                grads = _gradients(local, scale, losses[kind])
+                result.update({f"{split}_grad_{kind}_{k}": v for k, v in grads.items()})
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -100,23 +111,24 @@ def test_two_gloo_workers_match_one_process_on_the_concatenated_batch(tmp_path):
     scale = torch.tensor(12.5, requires_grad=True)
     losses = _losses(inputs, scale)
     single = {kind: _gradients(inputs, scale, losses[kind]) for kind in ("total", "clip")}
-    for rank, result in enumerate(ranks):
-        for name, value in losses.items():
-            # Every worker computes the global loss itself.
-            torch.testing.assert_close(result[f"loss_{name}"], value.detach(), atol=1e-6, rtol=0)
-        rows = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
-        for kind in ("total", "clip"):
-            for name in FEATURES:
-                full = single[kind][name]
-                expected = full[:, rows] if name in ("units", "foils") else full[rows]
-                # all_gather's backward sums the W workers' (identical) gradients of this
-                # slice, so a worker holds W·∂L/∂x_local; DDP averages over W, giving ∂L/∂θ.
-                torch.testing.assert_close(result[f"grad_{kind}_{name}"], WORLD_SIZE * expected,
+    for split in SPLITS:
+        for rank, result in enumerate(ranks):
+            for name, value in losses.items():
+                # Every worker computes the global loss itself.
+                torch.testing.assert_close(result[f"{split}_loss_{name}"], value.detach(),
                                            atol=1e-6, rtol=0)
-            # logit_scale is replicated, not gathered: each worker has ∂L/∂scale itself,
-            # and DDP's average of W equal values leaves it unchanged.
-            torch.testing.assert_close(result[f"grad_{kind}_scale"], single[kind]["scale"],
-                                       atol=1e-6, rtol=0)
-    # The masked samples (global rows 1 and 5) get no unit gradient on their own rank.
-    assert torch.all(ranks[0]["grad_total_units"][:, 1] == 0)
-    assert torch.all(ranks[1]["grad_total_units"][:, 2] == 0)
+            for kind in ("total", "clip"):
+                expected = _local({n: single[kind][n] for n in FEATURES}, _rows(split, rank))
+                for name in FEATURES:
+                    # The gather's backward sums the W workers' (identical) gradients of
+                    # this worker's rows, so a worker holds W·∂L/∂x_local; DDP averages
+                    # parameter gradients over W, giving ∂L/∂θ.
+                    torch.testing.assert_close(result[f"{split}_grad_{kind}_{name}"],
+                                               WORLD_SIZE * expected[name], atol=1e-6, rtol=0)
+                # logit_scale is replicated, not gathered: each worker has ∂L/∂scale
+                # itself, and DDP's average of W equal values leaves it unchanged.
+                torch.testing.assert_close(result[f"{split}_grad_{kind}_scale"],
+                                           single[kind]["scale"], atol=1e-6, rtol=0)
+    # The masked samples (global rows 1 and 5) get no unit gradient.
+    assert torch.all(ranks[0]["even_grad_total_units"][:, 1] == 0)
+    assert torch.all(ranks[1]["uneven_grad_total_units"][:, 1] == 0)
