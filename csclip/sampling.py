@@ -180,8 +180,9 @@ def draw_unit_slots(record: UnitsRecord, config: SamplingConfig,
                     rng: random.Random) -> list[UnitChoice]:
     """Fill the N unit slots of one sample (SPEC §3). Units are drawn without replacement
     within a sample, so the slots carry different units while the sample has enough; a
-    slot that cannot be filled copies another filled slot. Returns [] when the sample has
-    no unit with a foil (it is then masked out of L_unit)."""
+    slot that cannot be filled copies another filled slot. A relation slot falls back to an
+    entity, never the other way (SPEC §3), so relation_prob = 0 never trains on relations.
+    Returns [] when no slot can be filled (the sample is then masked out of L_unit)."""
     pools = _pools(record, config)
     used: set[int] = set()
     slots: list[UnitChoice | None] = []
