@@ -230,6 +230,31 @@ def test_any_text_gives_units_or_a_reason(text):
         assert relation.subject in texts(result.entities)
 
 
+_VOCABULARY = sorted(
+    {"a", "the", "two", "red", "small", "wooden", "man", "dogs", "horse", "table", "sheep",
+     "group", "of", "with", "and", ",", ".", "is", "are", "riding", "sits", "on", "next",
+     "to", "it", "its", "left", "that", "while", "not", "in", "front", "filled", "there",
+     "has", "toilet", "seat", "brush", "close", "up", "picture", "the background"}
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(_VOCABULARY), min_size=1, max_size=14))
+def test_lexicon_word_salad_keeps_the_invariants(words):
+    # Sequences of known words reach every parsing branch; whatever comes out must still
+    # be well-formed: relations over caption entities, every foil valid.
+    caption = " ".join(words)
+    result = extract_units(caption)
+    names = texts(result.entities)
+    assert len(set(names)) == len(names)
+    for relation in result.relations:
+        assert relation.subject in names and relation.object in names
+        assert relation.subject != relation.object
+    for unit in result.entities + result.relations:
+        for foil in unit.foils:
+            assert foil_rejection(unit, foil, caption, names) is None
+
+
 # --- scoring -------------------------------------------------------------------------------
 
 def _record(sample_id: str, entities: list[str], relations: list[tuple[str, str, str]]):
