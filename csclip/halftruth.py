@@ -451,26 +451,46 @@ def build_image_side_benchmark(records: Iterable[UnitsRecord], seed: int = 0,
             record.image_bytes is not None or record.image_path)
     if not entities:
         raise DataError("image-side benchmark: no records; pass a non-empty units table")
-    images_with: dict[str, list[str]] = defaultdict(list)
-    for image_id in sorted(entities):
+    images_with: dict[str, set[str]] = defaultdict(set)
+    for image_id, texts in entities.items():
         if has_image[image_id]:
-            for text in entities[image_id]:
-                images_with[text].append(image_id)
+            for text in texts:
+                images_with[text].add(image_id)
+    with_head: dict[str, set[str]] = defaultdict(set)
+    for image_id, texts in entities.items():
+        for text in texts:
+            with_head[text.split()[-1] if text else ""].add(image_id)
+    blocked: dict[str, set[str]] = {}
+    pools: dict[tuple[str, str], set[str]] = {}
+
+    def pool(shared: str, distinct: str) -> set[str]:
+        if (shared, distinct) not in pools:
+            pools[(shared, distinct)] = _pool(shared, distinct)
+        return pools[(shared, distinct)]
+
+    def _pool(shared: str, distinct: str) -> set[str]:
+        # Images showing `shared` where `distinct` may not hold. Which images block a
+        # distinct entity does not depend on the target image: computed once per text,
+        # only over images with the same head noun (linear, not quadratic, in images).
+        if distinct not in blocked:
+            head = distinct.split()[-1] if distinct else ""
+            blocked[distinct] = {other for other in with_head[head]
+                                 if entity_may_hold(distinct, sorted(entities[other]))}
+        return images_with[shared] - blocked[distinct]
+
     items = []
     for image_id in sorted(entities):
         if not has_image[image_id]:
             continue
-        rng = stable_rng(seed, image_id, "image_side")
-        options = []
-        for shared in sorted(entities[image_id]):
-            for distinct in sorted(entities[image_id] - {shared}):
-                pool = [other for other in images_with[shared] if other != image_id
-                        and not entity_may_hold(distinct, sorted(entities[other]))]
-                if len(pool) >= min_distractors:
-                    options.append((shared, distinct, pool))
+        options = [(shared, distinct) for shared in sorted(entities[image_id])
+                   for distinct in sorted(entities[image_id] - {shared})
+                   # The image itself shows `distinct`, so it is never in its own pool.
+                   if len(pool(shared, distinct)) >= min_distractors]
         if options:
-            shared, distinct, pool = rng.choice(options)
-            chosen = rng.sample(pool, min(max_distractors, len(pool)))
+            rng = stable_rng(seed, image_id, "image_side")
+            shared, distinct = rng.choice(options)
+            candidates = sorted(pool(shared, distinct))
+            chosen = rng.sample(candidates, min(max_distractors, len(candidates)))
             items.append(ImageSideItem(image_id, _and(shared, distinct), shared, distinct,
                                        tuple(sorted(chosen))))
     return items

@@ -118,6 +118,13 @@ def test_same_input_in_any_order_gives_the_same_benchmark():
     assert build_benchmark(records, seed=6) != first
 
 
+def test_saved_benchmark_is_byte_for_byte_reproducible(tmp_path):
+    records = varied_records(8)
+    first = save_benchmark(build_benchmark(records, seed=5), tmp_path / "a.csv").read_bytes()
+    again = save_benchmark(build_benchmark(records[::-1], seed=5), tmp_path / "b.csv").read_bytes()
+    assert first == again
+
+
 def test_one_caption_per_image():
     records = [record(0, caption_index=k, colors=(COLORS[k], COLORS[k + 1])) for k in range(3)]
     items = build_benchmark(records, seed=0)
