@@ -91,10 +91,12 @@ SECOND = {**{caption: json.dumps(answer) for caption, answer in REPAIRED.items()
 FAILING = {"cars are stopped at a traffic light on a highway"}  # engine error every time
 
 
-def recorded_engine(first=FIRST, second=SECOND, failing=FAILING, crash_flag=None, crash_shard=None):
+def recorded_engine(first=FIRST, second=SECOND, failing=FAILING, crash_flag=None, crash_shard=None,
+                    call_log=None):
     """A stand-in for the vLLM processor: adds `generated_text` / `__inference_error__`
     from recorded answers keyed by caption. With crash_flag, the first batch holding
-    `crash_shard` raises (once), like an engine actor dying mid-run."""
+    `crash_shard` raises (once), like an engine actor dying mid-run. With call_log, each
+    request appends "<first|repair> <sample_id>" to that file (workers share the disk)."""
 
     def answer(batch):
         import os
@@ -111,6 +113,9 @@ def recorded_engine(first=FIRST, second=SECOND, failing=FAILING, crash_flag=None
             messages = json.loads(row["prompt_json"])
             caption = " ".join(caption_from_messages(messages).split())  # keys: single spaces
             answers = second if len(messages) > 2 else first
+            if call_log:
+                with open(call_log, "a") as log:
+                    log.write(f"{'repair' if len(messages) > 2 else 'first'} {row['sample_id']}\n")
             texts.append("" if caption in failing else answers.get(caption, "{}"))
             errors.append("CUDA error: out of memory (injected)" if caption in failing else "")
         batch = batch.append_column("generated_text", pa.array(texts, pa.string()))
@@ -190,8 +195,15 @@ def test_crash_after_a_shard_then_resume_skips_it_and_loses_nothing(ray_session,
     stamp = (marker.stat().st_mtime_ns, units_file.stat().st_mtime_ns)
 
     again = []
-    summary = run_extraction(config, engine=recorded_engine(), on_shard_written=again.append)
+    calls = tmp_path / "calls.txt"
+    summary = run_extraction(config, engine=recorded_engine(call_log=str(calls)),
+                             on_shard_written=again.append)
     assert first not in again and sorted(again + written) == [0, 1, 2]
+    # Every shard had answers to repair, so the crash came in the repair phase: the rerun
+    # repairs the parked shards' rows and asks nothing twice of the first pass.
+    requests = calls.read_text().split("\n")[:-1]
+    assert requests and all(r.startswith("repair ") for r in requests)
+    assert len(requests) == len(set(requests))
     assert (summary.shards_written, summary.shards_skipped) == (2, 1)
     assert (marker.stat().st_mtime_ns, units_file.stat().st_mtime_ns) == stamp  # not redone
     _check_balanced(summary, *_outputs(tmp_path))
