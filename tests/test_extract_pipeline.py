@@ -300,3 +300,62 @@ def test_rules_backend_in_the_pipeline_matches_direct_extraction(ray_session, su
     assert {u.source for u in units} == {"rules"}
     items = sum(len(o.item_rejections) for o in direct.values())
     assert len([r for r in rejects if r["level"] == "item"]) == items
+
+
+@pytest.fixture
+def chat_server():
+    """A small OpenAI-compatible chat-completions stub on 127.0.0.1 that answers from the
+    recorded answers (an error body for FAILING captions) and keeps every request."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from csclip.extract.prompts import caption_from_messages
+
+    requests = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            requests.append(body)
+            caption = " ".join(caption_from_messages(body["messages"]).split())
+            answers = SECOND if len(body["messages"]) > 2 else FIRST
+            reply = ({"error": {"message": "CUDA error: out of memory", "code": 500}}
+                     if caption in FAILING else
+                     {"choices": [{"index": 0, "message": {"role": "assistant",
+                                                           "content": answers.get(caption, "{}")}}]})
+            data = json.dumps(reply).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1/chat/completions", requests
+    server.shutdown()
+
+
+def test_ray_data_llm_http_processor_against_a_chat_server(ray_session, sugarcrepe_dir, tmp_path,
+                                                           chat_server):
+    # The real ray.data.llm processor (HTTP flavour) end to end, instead of a stand-in.
+    url, requests = chat_server
+    config = _config(sugarcrepe_dir, tmp_path, f"backend.vllm.server_url={url}",
+                     "backend.vllm.model_source=Qwen/Qwen3-8B-AWQ", "backend.vllm.num_engines=2")
+    summary = run_extraction(config)
+    units, rejects = _outputs(tmp_path)
+    _check_balanced(summary, units, rejects)
+    assert summary.with_units == 7
+    assert summary.rejected_by_reason == {"inference_error": 1, "placeholder": 1,
+                                          "empty_extraction": 1}
+    first = requests[0]
+    assert first["model"] == "Qwen/Qwen3-8B-AWQ" and first["chat_template_kwargs"] == {
+        "enable_thinking": False}
+    assert first["response_format"]["json_schema"]["schema"]["required"] == ["entities", "relations"]
+    assert (first["temperature"], first["top_p"]) == (0.3, 0.95)
+    repairs = [r for r in requests if len(r["messages"]) > 2]
+    assert len(requests) == 10 + len(repairs) and len(repairs) == 4  # 4 answers repaired once

@@ -222,3 +222,19 @@ def test_entities_the_caption_does_not_say_are_dropped_with_their_relations():
 
 def _entity(text):
     return {"entity": text, "foils": []}
+
+
+def test_http_processor_config_and_request_for_a_chat_server():
+    from csclip.extract.vllm import _from_http_row, chat_request, http_processor_config
+
+    cfg = VllmConfig(server_url="http://127.0.0.1:8000/v1/chat/completions", num_engines=3)
+    config = http_processor_config(cfg)
+    assert (config.url, config.batch_size, config.concurrency) == (cfg.server_url, 256, 3)
+    request = chat_request([{"role": "user", "content": "x"}], sampling_params(cfg), "m")
+    assert request["response_format"]["json_schema"]["schema"] == prompts.UNITS_ANSWER_SCHEMA
+    assert request["chat_template_kwargs"] == {"enable_thinking": False}
+    ok = _from_http_row({"sample_id": "a", "payload": request, "http_response": {
+        "choices": [{"message": {"content": "{}"}}]}})
+    assert ok == {"sample_id": "a", "generated_text": "{}", "__inference_error__": ""}
+    failed = _from_http_row({"sample_id": "b", "http_response": {"error": {"message": "boom"}}})
+    assert failed["generated_text"] == "" and "boom" in failed["__inference_error__"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -45,6 +46,10 @@ class VllmConfig(StrictModel):
     tensor_parallel_size: int = Field(1, ge=1)
     # Fail fast when no GPU engine can be scheduled instead of waiting silently.
     wait_for_min_actors_s: int = Field(600, ge=1)
+    # An OpenAI-compatible chat-completions URL (`vllm serve`, Ray Serve LLM, ...). When set,
+    # rows go there over HTTP (ray.data.llm's HTTP processor, num_engines concurrent
+    # clients) instead of to in-process GPU engines.
+    server_url: str | None = None
 
     @field_validator("model_source")
     @classmethod
@@ -131,12 +136,62 @@ def drop_engine_columns(batch: pa.Table) -> pa.Table:
 
 
 def build_engine(cfg: VllmConfig) -> Engine:
-    """The real engine: a `ray.data.llm` vLLM processor (GPU cluster only)."""
+    """The real engine: a `ray.data.llm` vLLM processor on GPU actors, or the HTTP
+    processor when `cfg.server_url` is set."""
     from ray.data import DataContext
     from ray.data.llm import build_processor
 
-    DataContext.get_current().wait_for_min_actors_s = cfg.wait_for_min_actors_s
-    processor = build_processor(processor_config(cfg), preprocess=_to_engine_row,
-                                postprocess=_from_engine_row)
+    if cfg.server_url:
+        processor = build_processor(http_processor_config(cfg),
+                                    preprocess=partial(_to_http_row, model=cfg.model_source),
+                                    postprocess=_from_http_row)
+    else:
+        DataContext.get_current().wait_for_min_actors_s = cfg.wait_for_min_actors_s
+        processor = build_processor(processor_config(cfg), preprocess=_to_engine_row,
+                                    postprocess=_from_engine_row)
     return lambda ds: processor(ds).map_batches(drop_engine_columns, batch_format="pyarrow",
                                                 batch_size=None)
+
+
+# ---------------------------------------------------------------------------------------
+# The same requests to an OpenAI-compatible server
+# ---------------------------------------------------------------------------------------
+
+def http_processor_config(cfg: VllmConfig):
+    """`ray.data.llm.HttpRequestProcessorConfig` for `cfg.server_url`."""
+    from ray.data.llm import HttpRequestProcessorConfig
+
+    return HttpRequestProcessorConfig(url=cfg.server_url, batch_size=cfg.batch_size,
+                                      concurrency=cfg.num_engines, max_retries=2)
+
+
+def chat_request(messages: list[dict], params: dict[str, Any], model: str) -> dict[str, Any]:
+    """A chat-completions request with the same sampling as the in-process engine: the
+    schema goes in OpenAI's `response_format`, thinking is switched off through vLLM's
+    `chat_template_kwargs`."""
+    return {
+        "model": model, "messages": messages, "temperature": params["temperature"],
+        "top_p": params["top_p"], "max_tokens": params["max_tokens"],
+        "response_format": {"type": "json_schema", "json_schema": {
+            "name": "units", "strict": True, "schema": params["structured_outputs"]["json"]}},
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+
+
+def _to_http_row(row: dict, *, model: str) -> dict:
+    return {**row, "payload": chat_request(json.loads(row["prompt_json"]),
+                                           json.loads(row["sampling_json"]), model)}
+
+
+def _from_http_row(row: dict) -> dict:
+    # An error body (no "choices") is an inference error of that row, as with the engine.
+    response = row.get("http_response") or {}
+    out = {k: v for k, v in row.items() if k not in ("payload", "http_response")}
+    try:
+        out["generated_text"] = response["choices"][0]["message"]["content"] or ""
+        out[ERROR_COLUMN] = ""
+    except (KeyError, IndexError, TypeError):
+        out["generated_text"] = ""
+        out[ERROR_COLUMN] = json.dumps(response.get("error", response) if isinstance(response, dict)
+                                       else response)[:500]
+    return out
