@@ -33,14 +33,14 @@ from csclip.units import (
 # punctuation that separates phrases and sentences.
 _TOKEN = re.compile(r"[a-z0-9]+(?:['-][a-z0-9]+)*|[.,;:!?]")
 _SENTENCE_END = frozenset(".;:!?")
-_COORDINATORS = frozenset({",", "and", "or", "plus", "also", "as well as"})
+_COORDINATORS = frozenset({",", "and", "or", "plus", "also"})
 # Words after which the next noun phrase starts a new clause ("... while a girl plays").
 _CLAUSE_OPENERS = frozenset({"while", "whilst", "as", "and", "but", "when", "where", ",",
                              "because", "so"})
 _REL_PRONOUNS = frozenset({"that", "which", "who"})
 _SUBORDINATORS = frozenset({"while", "whilst", "and", ","})
 _PRONOUNS = frozenset({"it", "them"})
-# "to its left" style phrases: the relation points back at the clause's first object.
+# "to its left" style phrases: the relation points back at the phrase before.
 _POSSESSIVE_DIRECTIONS = {("to", "its", "left"): "left of", ("to", "its", "right"): "right of",
                           ("on", "its", "left"): "left of", ("on", "its", "right"): "right of"}
 # One spelling per spatial relation, so "to the left of" and "left of" give one predicate.
@@ -388,81 +388,108 @@ def _read_relations(tokens: list[str], parse: _Parse) -> None:
     subject cannot be read (unknown words before the first phrase, or an unreadable gap),
     later predicates are dropped rather than pinned on the wrong phrase.
     """
+    reader = _RelationReader(tokens, parse)
     phrases = parse.phrases
-    has_preamble = _has_preamble(tokens[: phrases[0].lead])
-    clause_subjects: list[int] = [] if has_preamble else [0]
-    last: tuple[list[int], _Predicate] | None = None  # relation whose object is phrase i
     for i in range(len(phrases)):
         gap_end = phrases[i + 1].lead if i + 1 < len(phrases) else len(tokens)
-        gap = tokens[phrases[i].end : gap_end]
-        gap = _read_pronoun_relation(gap, i, parse)
+        gap = _read_pronoun_relation(tokens[phrases[i].end : gap_end], i, parse)
         if i + 1 == len(phrases):
             _check_leftover(gap, phrases[i].text, parse.rejections)
-            break
+        elif any(t in _SENTENCE_END for t in gap) or _is_existential(gap):
+            reader.clause_subjects, reader.last = [i + 1], None
+        elif gap and all(t in _COORDINATORS for t in gap):
+            reader.coordinate(i)
+        else:
+            reader.connect(i, gap)
+
+
+@dataclass
+class _RelationReader:
+    """The state of `_read_relations` while it walks a caption."""
+
+    tokens: list[str]
+    parse: _Parse
+    clause_subjects: list[int] = field(default_factory=list)
+    # The last relation read, as (subjects, predicate); its object is the current phrase.
+    last: tuple[list[int], _Predicate] | None = None
+
+    def __post_init__(self) -> None:
+        has_preamble = _has_preamble(self.tokens[: self.parse.phrases[0].lead])
+        self.clause_subjects = [] if has_preamble else [0]
+
+    def coordinate(self, i: int) -> None:
+        """Phrase i+1 follows phrase i after "and" / ",": it shares phrase i's role."""
         nxt = i + 1
-        if any(t in _SENTENCE_END for t in gap) or _is_existential(gap):
-            clause_subjects, last = [nxt], None
-            continue
-        if gap and all(t in _COORDINATORS for t in gap):
-            if (last is not None or i not in clause_subjects) and _starts_clause(
-                    tokens, phrases, nxt):
-                clause_subjects, last = [nxt], None
-            elif last is not None:
-                for s in last[0]:
-                    parse.relations.append((s, last[1], nxt))
-            elif i in clause_subjects:
-                clause_subjects.append(nxt)
-            continue
+        if (self.last is not None or i not in self.clause_subjects) and _starts_clause(
+                self.tokens, self.parse.phrases, nxt):
+            self.clause_subjects, self.last = [nxt], None
+        elif self.last is not None:
+            for s in self.last[0]:
+                self.parse.relations.append((s, self.last[1], nxt))
+        elif i in self.clause_subjects:
+            self.clause_subjects.append(nxt)
+
+    def connect(self, i: int, gap: list[str]) -> None:
+        """Read the gap between phrases i and i+1 as a predicate and attach it."""
+        phrases, nxt = self.parse.phrases, i + 1
         connector, problem = _read_connector(gap)
         if connector is None:
-            parse.rejections.append(Rejection(
-                RejectReason.UNPARSED,
-                f"no relation between {phrases[i].text!r} and {phrases[nxt].text!r}: {problem}"))
-            last, clause_subjects = None, []
+            self._reject(f"no relation between {phrases[i].text!r} and "
+                         f"{phrases[nxt].text!r}: {problem}")
+            self.last, self.clause_subjects = None, []
             if gap and gap[-1] in _CLAUSE_OPENERS:
-                clause_subjects = [nxt]
+                self.clause_subjects = [nxt]
             elif gap and gap[-1] == "with":
                 # "... with toothbrushes in their mouths": what follows describes the object.
-                last = ([], _Predicate("has", None))
-            continue
-        # "a bathroom with towels hanging by the shower", "with toothbrushes in their mouths":
-        # a bare verb or preposition right after a "with" object describes that object.
-        # After a "with" object ("a bathroom with towels", "a counter topped with a cake") a
-        # bare verb describes that object ("... hanging by the shower"), and so does a bare
-        # preposition to a body part ("with a toothbrush in his mouth"). Any other bare
-        # preposition there is ambiguous ("a kitchen with tulips on the table"): no relation.
-        after_with = (last is not None and _is_bare_connector(connector)
-                      and (last[1].verb == "has" or last[1].preposition == "with"))
-        if after_with and connector.predicate.verb is None:
-            if last[1].verb == "has" and phrases[nxt].head.category != "body":
-                parse.rejections.append(Rejection(
-                    RejectReason.UNPARSED, f"ambiguous attachment of {_gap_text(gap)!r} "
-                    f"{phrases[nxt].text!r}"))
-                last, clause_subjects = None, []
-                continue
-            # "a vase filled with flowers next to a vase": the vase is next to it.
-            after_with = phrases[nxt].head.category == "body"
-        subjects = [i] if connector.is_relative or after_with else clause_subjects
-        if connector.is_relative:
-            clause_subjects = [i]
+                self.last = ([], _Predicate("has", None))
+            return
+        subjects = self._subjects(i, connector, gap)
+        if subjects is None:
+            return
         if connector.is_bare_with and (i not in subjects or _pronoun_relation_follows(
-                tokens, phrases, nxt) or _describes_scenery(tokens, phrases[nxt].end)):
+                self.tokens, phrases, nxt) or _describes_scenery(self.tokens, phrases[nxt].end)):
             # "a field with logs" after "zebra playing on": whose logs is unclear, so no
             # relation; "a blue square, with a red circle to its left": the pronoun says it.
-            last = ([], connector.predicate)
-            continue
+            self.last = ([], connector.predicate)
+            return
         if not subjects:
-            parse.rejections.append(Rejection(
-                RejectReason.UNPARSED, f"no readable subject for {_gap_text(gap)!r} "
-                f"{phrases[nxt].text!r}"))
-            last = None
-            continue
+            self._reject(f"no readable subject for {_gap_text(gap)!r} {phrases[nxt].text!r}")
+            self.last = None
+            return
         if connector.aux_plural is not None:
             for s in subjects:
                 phrases[s].is_plural = connector.aux_plural
         for s in subjects:
-            parse.relations.append((s, connector.predicate, nxt))
-        last = (list(subjects), connector.predicate)
+            self.parse.relations.append((s, connector.predicate, nxt))
+        self.last = (list(subjects), connector.predicate)
+
+    def _subjects(self, i: int, connector: _Connector, gap: list[str]) -> list[int] | None:
+        """Who the predicate is about, or None when that is too ambiguous to say.
+
+        After a "with" object ("a bathroom with towels", "a counter topped with a cake") a
+        bare verb describes that object ("... hanging by the shower"), and so does a bare
+        preposition to a body part ("with a toothbrush in his mouth"). Any other bare
+        preposition after a possession "with" is ambiguous ("a kitchen with tulips on the
+        table"); after a participle ("a vase filled with flowers next to a vase") it is
+        about the subject.
+        """
+        nxt = i + 1
+        after_with = (self.last is not None and _is_bare_connector(connector)
+                      and (self.last[1].verb == "has" or self.last[1].preposition == "with"))
+        if after_with and connector.predicate.verb is None:
+            is_body = self.parse.phrases[nxt].head.category == "body"
+            if self.last[1].verb == "has" and not is_body:
+                self._reject(f"ambiguous attachment of {_gap_text(gap)!r} "
+                             f"{self.parse.phrases[nxt].text!r}")
+                self.last, self.clause_subjects = None, []
+                return None
+            after_with = is_body
+        if connector.is_relative:
+            self.clause_subjects = [i]
+        return [i] if connector.is_relative or after_with else self.clause_subjects
+
+    def _reject(self, detail: str) -> None:
+        self.parse.rejections.append(Rejection(RejectReason.UNPARSED, detail))
 
 
 def _gap_text(gap: list[str]) -> str:
