@@ -33,7 +33,7 @@ SECTION = "## Half-truth scoring (benchmarks/bench_scoring.py)"
 def measure(model: str, num_images: int, baseline_items: int, batch_size: int) -> dict[str, float]:
     from csclip.evaluate import BenchmarkConfig, prepare_benchmark
     from csclip.model import create_bundle
-    from csclip.scoring import BundleScorer, encode_features, score_items
+    from csclip.scoring import BundleScorer, encode_features, load_image, score_items
     from csclip.world import WorldConfig, iter_world
 
     records = list(iter_world(WorldConfig(num_train=0, num_val=num_images, num_test=0), splits=("val",)))
@@ -51,7 +51,7 @@ def measure(model: str, num_images: int, baseline_items: int, batch_size: int) -
     naive = []
     for item in subset:
         for text in (item.anchor, item.completion, item.half_truth):
-            image = scorer.encode_images([prepared.images[item.image_id]])[0]
+            image = scorer.encode_images([load_image(prepared.images[item.image_id])])[0]
             naive.append(float(image @ scorer.encode_texts([text])[0]))
     naive_seconds = time.process_time() - start
     expected = np.stack([batched.anchor, batched.completion, batched.half_truth], 1)[:len(subset)].ravel()

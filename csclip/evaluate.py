@@ -33,11 +33,12 @@ from csclip.model import ClipBundle, ModelConfig
 from csclip.scoring import (
     BundleScorer,
     FeatureTables,
+    ImageSource,
     Scorer,
     benchmark_texts,
     encode_features,
     encode_features_with_ray,
-    image_bytes_by_id,
+    image_sources,
     score_image_side,
     score_items,
 )
@@ -136,7 +137,7 @@ class PreparedBenchmark:
 
     benchmark: HalfTruthBenchmark
     image_side: tuple[ImageSideItem, ...]
-    images: dict[str, bytes]
+    images: dict[str, ImageSource]  # bytes, or a URI read when encoded
 
     @property
     def texts(self) -> list[str]:
@@ -160,7 +161,7 @@ def prepare_benchmark(records: Sequence[UnitsRecord], seed: int = 0,
         side = build_image_side_benchmark(records, seed, config.min_distractors, config.max_distractors)
     image_ids = [i.image_id for i in benchmark.items]
     image_ids += [image_id for item in side for image_id in (item.image_id, *item.distractors)]
-    images = image_bytes_by_id(records, image_ids)
+    images = image_sources(records, image_ids)
     log.info("half-truth benchmark: %d images, %d items, %d image-side items, skips %s",
              benchmark.num_images, len(benchmark.items), len(side), dict(benchmark.skipped))
     return PreparedBenchmark(benchmark, tuple(side), images)

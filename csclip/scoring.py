@@ -121,43 +121,62 @@ class FeatureTables:
         return (images.astype(np.float64) * text_rows.astype(np.float64)).sum(-1)
 
 
-def image_bytes_by_id(records: Sequence[UnitsRecord], image_ids: Sequence[str]) -> dict[str, bytes]:
-    """Encoded image bytes for each image id, from `image_bytes` or by reading `image_path`
-    (local or s3:// through pyarrow). Raises DataError for an image with neither."""
-    by_id = {}
+ImageSource = bytes | str  # encoded image bytes, or a URI read only when it is encoded
+IMAGES_PER_READ = 256  # images held in memory at once while encoding in process
+
+
+def image_sources(records: Sequence[UnitsRecord], image_ids: Sequence[str]) -> dict[str, ImageSource]:
+    """Each image id's `image_bytes`, else its `image_path` URI (local or s3://), which is
+    read only when encoded, so large sets never sit in memory whole.
+
+    Raises DataError for an id not in `records` or a record with neither field.
+    """
+    by_id: dict[str, UnitsRecord] = {}
     for record in records:
-        if record.image_id not in by_id or by_id[record.image_id] is None:
+        known = by_id.get(record.image_id)
+        if known is None or (known.image_bytes is None and not known.image_path):
             by_id[record.image_id] = record
-    images = {}
+    sources: dict[str, ImageSource] = {}
     for image_id in dict.fromkeys(image_ids):
         record = by_id.get(image_id)
         if record is None:
             raise DataError(f"image {image_id!r} is in the benchmark but not in the units table; "
                             "score the benchmark against the table it was built from")
         if record.image_bytes is not None:
-            images[image_id] = record.image_bytes
+            sources[image_id] = record.image_bytes
         elif record.image_path:
-            images[image_id] = _read_bytes(record.image_path)
+            sources[image_id] = record.image_path
         else:
             raise DataError(f"image {image_id!r} has neither image_bytes nor image_path; "
                             "fill one of them in the units table")
-    return images
+    return sources
 
 
-def _read_bytes(uri: str) -> bytes:
+def load_image(source: ImageSource) -> bytes:
+    """The encoded bytes of an image source (reading a URI through csclip.storage)."""
+    if isinstance(source, bytes | bytearray | memoryview):
+        return bytes(source)
     from csclip.storage import filesystem_for, read_bytes
 
-    filesystem, path = filesystem_for(uri)
+    filesystem, path = filesystem_for(source)
     return read_bytes(filesystem, path)
 
 
-def encode_features(scorer: Scorer, texts: Sequence[str], images: Mapping[str, bytes]) -> FeatureTables:
-    """Encode each unique text and each image once (in process)."""
+def image_bytes_by_id(records: Sequence[UnitsRecord], image_ids: Sequence[str]) -> dict[str, bytes]:
+    """image_sources with every URI read now."""
+    return {i: load_image(s) for i, s in image_sources(records, image_ids).items()}
+
+
+def encode_features(scorer: Scorer, texts: Sequence[str], images: Mapping[str, ImageSource]) -> FeatureTables:
+    """Encode each unique text and each image once (in process), reading images
+    IMAGES_PER_READ at a time."""
     unique_texts = sorted(set(texts))
     image_ids = sorted(images)
     log.info("encoding %d unique texts and %d images", len(unique_texts), len(image_ids))
     text_features = l2_normalize(scorer.encode_texts(unique_texts))
-    image_features = l2_normalize(scorer.encode_images([images[i] for i in image_ids]))
+    chunks = [l2_normalize(scorer.encode_images([load_image(images[i]) for i in image_ids[start:start + IMAGES_PER_READ]]))
+              for start in range(0, len(image_ids), IMAGES_PER_READ)]
+    image_features = np.concatenate(chunks) if chunks else l2_normalize(scorer.encode_images([]))
     return FeatureTables({t: k for k, t in enumerate(unique_texts)}, text_features,
                          {i: k for k, i in enumerate(image_ids)}, image_features)
 
@@ -199,7 +218,10 @@ class _EncodeBatch:
     def __call__(self, batch: dict) -> dict:
         is_text = np.asarray(batch["kind"]) == "text"
         texts = [str(t) for t in np.asarray(batch["text"])[is_text]]
-        images = [bytes(b) for b in np.asarray(batch["image"], dtype=object)[~is_text]]
+        # A row carries either the encoded bytes or a URI the actor reads itself.
+        images = [load_image(str(uri)) if uri else bytes(data) for data, uri in
+                  zip(np.asarray(batch["image"], dtype=object)[~is_text],
+                      np.asarray(batch["uri"], dtype=object)[~is_text], strict=True)]
         text_features, image_features = self.scorer.encode_texts(texts), self.scorer.encode_images(images)
         dim = max(text_features.shape[1], image_features.shape[1])
         features = np.zeros((len(is_text), dim), dtype=np.float32)  # (b, D)
@@ -210,7 +232,7 @@ class _EncodeBatch:
         return {"kind": batch["kind"], "row": batch["row"], "features": features}
 
 
-def encode_features_with_ray(bundle: ClipBundle, texts: Sequence[str], images: Mapping[str, bytes],
+def encode_features_with_ray(bundle: ClipBundle, texts: Sequence[str], images: Mapping[str, ImageSource],
                              batch_size: int = 64, concurrency: int = 1, device: str = "cpu",
                              num_cpus: float = 1.0) -> FeatureTables:
     """encode_features on Ray Data: `concurrency` actors each hold the model (shipped once
@@ -220,8 +242,9 @@ def encode_features_with_ray(bundle: ClipBundle, texts: Sequence[str], images: M
 
     unique_texts = sorted(set(texts))
     image_ids = sorted(images)
-    rows = [{"kind": "text", "row": k, "text": t, "image": b""} for k, t in enumerate(unique_texts)]
-    rows += [{"kind": "image", "row": k, "text": "", "image": images[i]} for k, i in enumerate(image_ids)]
+    rows = [{"kind": "text", "row": k, "text": t, "image": b"", "uri": ""} for k, t in enumerate(unique_texts)]
+    rows += [{"kind": "image", "row": k, "text": "", "image": images[i] if isinstance(images[i], bytes) else b"",
+              "uri": images[i] if isinstance(images[i], str) else ""} for k, i in enumerate(image_ids)]
     log.info("encoding %d unique texts and %d images on Ray Data (%d actors)",
              len(unique_texts), len(image_ids), concurrency)
     text_features = image_features = None
@@ -247,7 +270,7 @@ def encode_features_with_ray(bundle: ClipBundle, texts: Sequence[str], images: M
                          image_features if image_features is not None else empty)
 
 
-def score_with_ray(bundle: ClipBundle, items: Sequence[HalfTruthItem], images: Mapping[str, bytes],
+def score_with_ray(bundle: ClipBundle, items: Sequence[HalfTruthItem], images: Mapping[str, ImageSource],
                    batch_size: int = 64, concurrency: int = 1, device: str = "cpu") -> ItemScores:
     """score_items with features encoded on Ray Data actors."""
     features = encode_features_with_ray(bundle, benchmark_texts(items), images,

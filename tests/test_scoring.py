@@ -15,6 +15,7 @@ from csclip.scoring import (
     CaptionLengthScorer,
     encode_features,
     image_bytes_by_id,
+    image_sources,
     score_items,
     score_with_ray,
 )
@@ -41,6 +42,7 @@ class CountingScorer(CaptionLengthScorer):
         super().__init__()
         self.texts: list[str] = []
         self.num_images = 0
+        self.image_calls = 0
 
     def encode_texts(self, texts):
         self.texts.extend(texts)
@@ -48,6 +50,7 @@ class CountingScorer(CaptionLengthScorer):
 
     def encode_images(self, images):
         self.num_images += len(images)
+        self.image_calls += 1
         return super().encode_images(images)
 
 
@@ -98,6 +101,22 @@ def test_missing_image_raises_with_the_image_named(world_records):
         image_bytes_by_id(world_records, ["unknown-image"])
 
 
+def test_images_are_read_in_chunks_from_their_paths(tmp_path, world_records, monkeypatch):
+    monkeypatch.setattr("csclip.scoring.IMAGES_PER_READ", 5)
+    records = []
+    for record in world_records:
+        (tmp_path / f"{record.image_id}.png").write_bytes(record.image_bytes)
+        records.append(UnitsRecord(record.sample_id, record.image_id, record.caption, record.split,
+                                   record.entities, record.relations,
+                                   image_path=str(tmp_path / f"{record.image_id}.png")))
+    ids = [r.image_id for r in records]
+    scorer = CountingScorer()
+    from_paths = encode_features(scorer, ["red circle"], image_sources(records, ids))
+    from_bytes = encode_features(CaptionLengthScorer(), ["red circle"], image_bytes_by_id(world_records, ids))
+    assert scorer.num_images == len(records) == 12 and scorer.image_calls == 3  # 5 + 5 + 2
+    np.testing.assert_array_equal(from_paths.image_features, from_bytes.image_features)
+
+
 def test_image_path_is_read_from_disk(tmp_path, world_records):
     path = tmp_path / "image.png"
     path.write_bytes(world_records[0].image_bytes)
@@ -108,10 +127,16 @@ def test_image_path_is_read_from_disk(tmp_path, world_records):
         image_bytes_by_id([missing], ["img-2"])
 
 
-def test_ray_scores_equal_in_process_scores(ray_session, world_records, tiny):
+def test_ray_scores_equal_in_process_scores(ray_session, world_records, tiny, tmp_path):
     records = world_records[:4]
-    items = build_benchmark(records, seed=0)
-    images = image_bytes_by_id(records, [i.image_id for i in items])
+    # Two images travel as bytes, two as paths the actors read themselves.
+    for record in records[:2]:
+        (tmp_path / f"{record.image_id}.png").write_bytes(record.image_bytes)
+    mixed = [UnitsRecord(r.sample_id, r.image_id, r.caption, r.split, r.entities, r.relations,
+                         image_path=str(tmp_path / f"{r.image_id}.png")) for r in records[:2]] + records[2:]
+    items = build_benchmark(mixed, seed=0)
+    images = image_sources(mixed, [i.image_id for i in items])
+    assert sum(isinstance(v, str) for v in images.values()) == 2
     texts = [t for i in items for t in (i.anchor, i.completion, i.half_truth)]
     local = score_items(encode_features(BundleScorer(tiny, batch_size=16), texts, images), items)
     remote = score_with_ray(tiny, items, images, batch_size=16, concurrency=1)
