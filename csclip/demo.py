@@ -26,7 +26,7 @@ class PretrainConfig(StrictModel):
     world_seed: int = 1000
     num_train: int = Field(4000, ge=1)
     batch_size: int = Field(64, ge=1)
-    optim: OptimConfig = OptimConfig(lr=1e-3, weight_decay=0.1, warmup_steps=50, max_steps=600)
+    optim: OptimConfig = OptimConfig(lr=1e-3, weight_decay=0.1, warmup_steps=50, max_steps=1500)
     storage_path: str = "runs/pretrain"
 
 
