@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 
 from csclip.config import StrictModel
+from csclip.errors import ConfigError
 
 # Few, well-separated colors: a tiny ViT on 64 px images must tell them apart at a glance.
 PALETTE: dict[str, tuple[int, int, int]] = {
@@ -91,7 +92,5 @@ class WorldConfig(StrictModel):
         """How many samples `split` has."""
         counts = {"train": self.num_train, "val": self.num_val, "test": self.num_test}
         if split not in counts:
-            from csclip.errors import ConfigError
-
             raise ConfigError(f"unknown world split {split!r}; use one of {list(SPLITS)}")
         return counts[split]
