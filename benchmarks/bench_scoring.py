@@ -36,7 +36,9 @@ def measure(model: str, num_images: int, baseline_items: int, batch_size: int) -
     from csclip.scoring import BundleScorer, encode_features, load_image, score_items
     from csclip.world import WorldConfig, iter_world
 
-    records = list(iter_world(WorldConfig(num_train=0, num_val=num_images, num_test=0), splits=("val",)))
+    records = list(
+        iter_world(WorldConfig(num_train=0, num_val=num_images, num_test=0), splits=("val",))
+    )
     prepared = prepare_benchmark(records, 0, BenchmarkConfig(image_side=False))
     items = prepared.benchmark.items
     scorer = BundleScorer(create_bundle(model), batch_size=batch_size)
@@ -54,14 +56,23 @@ def measure(model: str, num_images: int, baseline_items: int, batch_size: int) -
             image = scorer.encode_images([load_image(prepared.images[item.image_id])])[0]
             naive.append(float(image @ scorer.encode_texts([text])[0]))
     naive_seconds = time.process_time() - start
-    expected = np.stack([batched.anchor, batched.completion, batched.half_truth], 1)[:len(subset)].ravel()
+    expected = np.stack([batched.anchor, batched.completion, batched.half_truth], 1)[
+        : len(subset)
+    ].ravel()
     # Same model, same pairs: the fast path must give the same scores (batch order aside).
     max_diff = float(np.abs(np.array(naive) - expected).max())
-    return {"images": len(prepared.images), "items": len(items), "pairs": 3 * len(items),
-            "unique_texts": len(set(prepared.texts)), "batched_s": batched_seconds,
-            "batched_pairs_per_s": 3 * len(items) / batched_seconds,
-            "naive_pairs": 3 * len(subset), "naive_s": naive_seconds,
-            "naive_pairs_per_s": 3 * len(subset) / naive_seconds, "max_abs_diff": max_diff}
+    return {
+        "images": len(prepared.images),
+        "items": len(items),
+        "pairs": 3 * len(items),
+        "unique_texts": len(set(prepared.texts)),
+        "batched_s": batched_seconds,
+        "batched_pairs_per_s": 3 * len(items) / batched_seconds,
+        "naive_pairs": 3 * len(subset),
+        "naive_s": naive_seconds,
+        "naive_pairs_per_s": 3 * len(subset) / naive_seconds,
+        "max_abs_diff": max_diff,
+    }
 
 
 def write_docs(section: str) -> None:
@@ -90,28 +101,37 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scoring {args.images} world images with {model} ...", file=sys.stderr, flush=True)
         m = measure(model, args.images, args.baseline_items, args.batch_size)
         ratio = m["batched_pairs_per_s"] / m["naive_pairs_per_s"]
-        rows += [f"| {model} | one image + one text at a time (baseline) | {m['naive_pairs']} | "
-                 f"{m['naive_s']:.2f} | {m['naive_pairs_per_s']:.0f} | 1.0x |",
-                 f"| {model} | batched, unique texts / images once | {m['pairs']} | "
-                 f"{m['batched_s']:.2f} | {m['batched_pairs_per_s']:.0f} | {ratio:.1f}x |"]
+        rows += [
+            f"| {model} | one image + one text at a time (baseline) | {m['naive_pairs']} | "
+            f"{m['naive_s']:.2f} | {m['naive_pairs_per_s']:.0f} | 1.0x |",
+            f"| {model} | batched, unique texts / images once | {m['pairs']} | "
+            f"{m['batched_s']:.2f} | {m['batched_pairs_per_s']:.0f} | {ratio:.1f}x |",
+        ]
         diffs.append(f"{model} {m['max_abs_diff']:.1e}")
-    command = "python benchmarks/bench_scoring.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    section = "\n".join([
-        SECTION, "",
-        f"Command: `{command.strip()}` ({platform.processor() or platform.machine()}, torch "
-        f"{torch.__version__}, 1 thread, CPU time). Random weights, {m['images']} world "
-        f"validation images, {m['items']} items = {m['pairs']} (image, text) pairs, "
-        f"{m['unique_texts']} unique texts, batch {args.batch_size}.", "",
-        "| model | scorer | pairs | CPU s | pairs/s | ratio |",
-        "|---|---|---|---|---|---|",
-        *rows,
-        "",
-        f"Largest score difference between the two paths: {', '.join(diffs)} (float32 "
-        "summation order differs with batch size). The batched path wins twice: each of the "
-        "texts is encoded once instead of once per pair (anchors repeat across conditions, "
-        "each image is shared by its 8 items), and encoders run on batches instead of "
-        "single rows.", "",
-    ])
+    command = "python benchmarks/bench_scoring.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    section = "\n".join(
+        [
+            SECTION,
+            "",
+            f"Command: `{command.strip()}` ({platform.processor() or platform.machine()}, torch "
+            f"{torch.__version__}, 1 thread, CPU time). Random weights, {m['images']} world "
+            f"validation images, {m['items']} items = {m['pairs']} (image, text) pairs, "
+            f"{m['unique_texts']} unique texts, batch {args.batch_size}.",
+            "",
+            "| model | scorer | pairs | CPU s | pairs/s | ratio |",
+            "|---|---|---|---|---|---|",
+            *rows,
+            "",
+            f"Largest score difference between the two paths: {', '.join(diffs)} (float32 "
+            "summation order differs with batch size). The batched path wins twice: each of the "
+            "texts is encoded once instead of once per pair (anchors repeat across conditions, "
+            "each image is shared by its 8 items), and encoders run on batches instead of "
+            "single rows.",
+            "",
+        ]
+    )
     print(section)
     if args.write_docs:
         write_docs(section)

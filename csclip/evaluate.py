@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 # Config
 # ---------------------------------------------------------------------------------------
 
+
 class EvalDataConfig(StrictModel):
     """Where the evaluation records come from."""
 
@@ -71,8 +72,10 @@ class BenchmarkConfig(StrictModel):
     @model_validator(mode="after")
     def _distractor_range(self) -> BenchmarkConfig:
         if self.max_distractors < self.min_distractors:
-            raise ValueError(f"max_distractors ({self.max_distractors}) must be >= "
-                             f"min_distractors ({self.min_distractors})")
+            raise ValueError(
+                f"max_distractors ({self.max_distractors}) must be >= "
+                f"min_distractors ({self.min_distractors})"
+            )
         return self
 
 
@@ -107,6 +110,7 @@ class EvalConfig(StrictModel):
 # ---------------------------------------------------------------------------------------
 # Reports
 # ---------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class HalfTruthReport:
@@ -144,8 +148,9 @@ class PreparedBenchmark:
         return benchmark_texts(self.benchmark.items, self.image_side)
 
 
-def prepare_benchmark(records: Sequence[UnitsRecord], seed: int = 0,
-                      config: BenchmarkConfig | None = None) -> PreparedBenchmark:
+def prepare_benchmark(
+    records: Sequence[UnitsRecord], seed: int = 0, config: BenchmarkConfig | None = None
+) -> PreparedBenchmark:
     """Build the half-truth (and image-side) benchmark and collect its images.
 
     Raises DataError for no records, no usable items, or an image that cannot be read.
@@ -154,21 +159,35 @@ def prepare_benchmark(records: Sequence[UnitsRecord], seed: int = 0,
     benchmark = build_half_truth_benchmark(records, seed)
     if not benchmark.items:
         reasons = ", ".join(f"{c}/{r}: {n}" for (c, r), n in benchmark.skipped.items())
-        raise DataError(f"half-truth benchmark: {benchmark.num_images} images gave no items "
-                        f"(skips: {reasons}); units need foils and images")
+        raise DataError(
+            f"half-truth benchmark: {benchmark.num_images} images gave no items "
+            f"(skips: {reasons}); units need foils and images"
+        )
     side: list[ImageSideItem] = []
     if config.image_side:
-        side = build_image_side_benchmark(records, seed, config.min_distractors, config.max_distractors)
+        side = build_image_side_benchmark(
+            records, seed, config.min_distractors, config.max_distractors
+        )
     image_ids = [i.image_id for i in benchmark.items]
     image_ids += [image_id for item in side for image_id in (item.image_id, *item.distractors)]
     images = image_sources(records, image_ids)
-    log.info("half-truth benchmark: %d images, %d items, %d image-side items, skips %s",
-             benchmark.num_images, len(benchmark.items), len(side), dict(benchmark.skipped))
+    log.info(
+        "half-truth benchmark: %d images, %d items, %d image-side items, skips %s",
+        benchmark.num_images,
+        len(benchmark.items),
+        len(side),
+        dict(benchmark.skipped),
+    )
     return PreparedBenchmark(benchmark, tuple(side), images)
 
 
-def report_from_features(name: str, features: FeatureTables, prepared: PreparedBenchmark,
-                         num_bootstrap: int = 1000, seed: int = 0) -> HalfTruthReport:
+def report_from_features(
+    name: str,
+    features: FeatureTables,
+    prepared: PreparedBenchmark,
+    num_bootstrap: int = 1000,
+    seed: int = 0,
+) -> HalfTruthReport:
     """Metrics of one model from its encoded features."""
     bench = prepared.benchmark
     scores = score_items(features, bench.items)
@@ -181,8 +200,14 @@ def report_from_features(name: str, features: FeatureTables, prepared: PreparedB
     return HalfTruthReport(name, metrics, bench.items, scores, bench.skipped)
 
 
-def evaluate_scorer(scorer: Scorer, records: Sequence[UnitsRecord], seed: int = 0, *,
-                    name: str = "scorer", config: BenchmarkConfig | None = None) -> HalfTruthReport:
+def evaluate_scorer(
+    scorer: Scorer,
+    records: Sequence[UnitsRecord],
+    seed: int = 0,
+    *,
+    name: str = "scorer",
+    config: BenchmarkConfig | None = None,
+) -> HalfTruthReport:
     """Evaluate any Scorer (e.g. CaptionLengthScorer) in process."""
     config = config or BenchmarkConfig(seed=seed)
     prepared = prepare_benchmark(records, seed, config)
@@ -190,22 +215,33 @@ def evaluate_scorer(scorer: Scorer, records: Sequence[UnitsRecord], seed: int = 
     return report_from_features(name, features, prepared, config.num_bootstrap, seed)
 
 
-def encode_bundle(bundle: ClipBundle, prepared: PreparedBenchmark,
-                  scoring: ScoringConfig | None = None) -> FeatureTables:
+def encode_bundle(
+    bundle: ClipBundle, prepared: PreparedBenchmark, scoring: ScoringConfig | None = None
+) -> FeatureTables:
     """Features of the benchmark's texts and images: on Ray Data above
     scoring.ray_min_images images, in process otherwise."""
     scoring = scoring or ScoringConfig()
     if len(prepared.images) > scoring.ray_min_images:
-        return encode_features_with_ray(bundle, prepared.texts, prepared.images,
-                                        batch_size=scoring.batch_size,
-                                        concurrency=scoring.ray_concurrency, device=scoring.device)
+        return encode_features_with_ray(
+            bundle,
+            prepared.texts,
+            prepared.images,
+            batch_size=scoring.batch_size,
+            concurrency=scoring.ray_concurrency,
+            device=scoring.device,
+        )
     scorer = BundleScorer(bundle, batch_size=scoring.batch_size, device=scoring.device)
     return encode_features(scorer, prepared.texts, prepared.images)
 
 
-def evaluate_bundle(bundle: ClipBundle, records: Sequence[UnitsRecord], seed: int = 0, *,
-                    scoring: ScoringConfig | None = None,
-                    config: BenchmarkConfig | None = None) -> HalfTruthReport:
+def evaluate_bundle(
+    bundle: ClipBundle,
+    records: Sequence[UnitsRecord],
+    seed: int = 0,
+    *,
+    scoring: ScoringConfig | None = None,
+    config: BenchmarkConfig | None = None,
+) -> HalfTruthReport:
     """Half-truth metrics of one open_clip model on `records` (the validation units)."""
     config = config or BenchmarkConfig(seed=seed)
     prepared = prepare_benchmark(records, seed, config)
@@ -214,7 +250,7 @@ def evaluate_bundle(bundle: ClipBundle, records: Sequence[UnitsRecord], seed: in
 
 
 def model_label(bundle: ClipBundle) -> str:
-    """"ViT-B-32:openai", "csclip-tiny" or, for a checkpoint, "csclip-tiny:<directory name>"."""
+    """ "ViT-B-32:openai", "csclip-tiny" or, for a checkpoint, "csclip-tiny:<directory name>"."""
     if not bundle.pretrained:
         return bundle.name
     return f"{bundle.name}:{Path(bundle.pretrained).name or bundle.pretrained}"
@@ -223,6 +259,7 @@ def model_label(bundle: ClipBundle) -> str:
 # ---------------------------------------------------------------------------------------
 # Tables (paper layout) and Figure 3
 # ---------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Table:
@@ -234,10 +271,16 @@ class Table:
     formats: tuple[str, ...]  # per column: "" (as is), "acc", "gap", "float", "int"
 
     def to_markdown(self) -> str:
-        lines = [f"### {self.title}", "", "| " + " | ".join(self.headers) + " |",
-                 "|" + "|".join("---" for _ in self.headers) + "|"]
+        lines = [
+            f"### {self.title}",
+            "",
+            "| " + " | ".join(self.headers) + " |",
+            "|" + "|".join("---" for _ in self.headers) + "|",
+        ]
         for row in self.rows:
-            lines.append("| " + " | ".join(_fmt(v, f) for v, f in zip(row, self.formats, strict=True)) + " |")
+            lines.append(
+                "| " + " | ".join(_fmt(v, f) for v, f in zip(row, self.formats, strict=True)) + " |"
+            )
         return "\n".join(lines) + "\n"
 
     def write(self, out_dir: Path, stem: str) -> dict[str, Path]:
@@ -273,29 +316,61 @@ def paper_tables(reports: Mapping[str, HalfTruthReport]) -> dict[str, Table]:
     Table 7 (A+ vs A- win rate) and the image-side table."""
     slugs = [c.slug for c in CONDITIONS]
     labels = tuple(c.label for c in CONDITIONS)
-    t1_keys = ["ht_entity", "ht_relation", "ht_all", "ht_all_ci_low", "ht_all_ci_high",
-               "ht_gap_entity", "ht_gap_relation", "ht_gap", "num_items_all"]
-    t7_keys = ["winrate_entity", "winrate_relation", "winrate_all", *[f"winrate_{s}" for s in slugs],
-               "consistency_all"]
+    t1_keys = [
+        "ht_entity",
+        "ht_relation",
+        "ht_all",
+        "ht_all_ci_low",
+        "ht_all_ci_high",
+        "ht_gap_entity",
+        "ht_gap_relation",
+        "ht_gap",
+        "num_items_all",
+    ]
+    t7_keys = [
+        "winrate_entity",
+        "winrate_relation",
+        "winrate_all",
+        *[f"winrate_{s}" for s in slugs],
+        "consistency_all",
+    ]
     side_keys = ["image_side_top1", "image_side_mrr", "image_side_margin", "image_side_num_items"]
     return {
-        "table1": Table("Table 1: half-truth accuracy Acc_HT (%) and mean gap Δ",
-                        ("Model", "Entity", "Relation", "Overall", "Overall CI low", "Overall CI high",
-                         "Δ Entity", "Δ Relation", "Δ Overall", "Items"),
-                        tuple(_row(n, r.metrics, t1_keys) for n, r in reports.items()),
-                        ("", "acc", "acc", "acc", "acc", "acc", "gap", "gap", "gap", "int")),
-        "table6": Table("Table 6: Acc_HT (%) per condition",
-                        ("Model", *labels),
-                        tuple(_row(n, r.metrics, [f"ht_{s}" for s in slugs]) for n, r in reports.items()),
-                        ("", *["acc"] * len(slugs))),
-        "table7": Table("Table 7: truthful completion vs half-truth, win rate s(A+) > s(A-) (%)",
-                        ("Model", "Entity", "Relation", "Overall", *labels, "Consistency s(A+) > s(A)"),
-                        tuple(_row(n, r.metrics, t7_keys) for n, r in reports.items()),
-                        ("", *["acc"] * (len(t7_keys)))),
-        "image_side": Table("Image-side half-truth: the text ranks its image above distractors",
-                            ("Model", "Top-1 (%)", "MRR", "Margin", "Items"),
-                            tuple(_row(n, r.metrics, side_keys) for n, r in reports.items()),
-                            ("", "acc", "float", "gap", "int")),
+        "table1": Table(
+            "Table 1: half-truth accuracy Acc_HT (%) and mean gap Δ",
+            (
+                "Model",
+                "Entity",
+                "Relation",
+                "Overall",
+                "Overall CI low",
+                "Overall CI high",
+                "Δ Entity",
+                "Δ Relation",
+                "Δ Overall",
+                "Items",
+            ),
+            tuple(_row(n, r.metrics, t1_keys) for n, r in reports.items()),
+            ("", "acc", "acc", "acc", "acc", "acc", "gap", "gap", "gap", "int"),
+        ),
+        "table6": Table(
+            "Table 6: Acc_HT (%) per condition",
+            ("Model", *labels),
+            tuple(_row(n, r.metrics, [f"ht_{s}" for s in slugs]) for n, r in reports.items()),
+            ("", *["acc"] * len(slugs)),
+        ),
+        "table7": Table(
+            "Table 7: truthful completion vs half-truth, win rate s(A+) > s(A-) (%)",
+            ("Model", "Entity", "Relation", "Overall", *labels, "Consistency s(A+) > s(A)"),
+            tuple(_row(n, r.metrics, t7_keys) for n, r in reports.items()),
+            ("", *["acc"] * (len(t7_keys))),
+        ),
+        "image_side": Table(
+            "Image-side half-truth: the text ranks its image above distractors",
+            ("Model", "Top-1 (%)", "MRR", "Margin", "Items"),
+            tuple(_row(n, r.metrics, side_keys) for n, r in reports.items()),
+            ("", "acc", "float", "gap", "int"),
+        ),
     }
 
 
@@ -330,8 +405,9 @@ def plot_figure3(reports: Mapping[str, HalfTruthReport], path: Path) -> Path:
     return path
 
 
-def write_outputs(reports: Mapping[str, HalfTruthReport], prepared: PreparedBenchmark,
-                  out_dir: str | Path) -> tuple[str, dict[str, Path]]:
+def write_outputs(
+    reports: Mapping[str, HalfTruthReport], prepared: PreparedBenchmark, out_dir: str | Path
+) -> tuple[str, dict[str, Path]]:
     """Write the tables, Figure 3, the benchmark table and per-item scores; return
     (markdown, files)."""
     out = Path(out_dir)
@@ -342,12 +418,16 @@ def write_outputs(reports: Mapping[str, HalfTruthReport], prepared: PreparedBenc
         files.update(table.write(out, stem))
     files["figure3.png"] = plot_figure3(reports, out / "figure3.png")
     files["benchmark.parquet"] = save_benchmark(prepared.benchmark.items, out / "benchmark.parquet")
-    files["scores.parquet"] = write_item_scores(reports, prepared.benchmark.items, out / "scores.parquet")
+    files["scores.parquet"] = write_item_scores(
+        reports, prepared.benchmark.items, out / "scores.parquet"
+    )
     bench = prepared.benchmark
     skips = "".join(f"| {c} | {r} | {n} |\n" for (c, r), n in bench.skipped.items())
     markdown = "\n".join(t.to_markdown() for t in tables.values())
-    markdown += (f"\nBenchmark: {bench.num_images} images, {len(bench.items)} items, "
-                 f"{len(prepared.image_side)} image-side items.\n")
+    markdown += (
+        f"\nBenchmark: {bench.num_images} images, {len(bench.items)} items, "
+        f"{len(prepared.image_side)} image-side items.\n"
+    )
     if skips:
         markdown += "\n| Condition | Skip reason | Images |\n|---|---|---|\n" + skips
     (out / "halftruth.md").write_text(markdown)
@@ -355,8 +435,9 @@ def write_outputs(reports: Mapping[str, HalfTruthReport], prepared: PreparedBenc
     return markdown, files
 
 
-def write_item_scores(reports: Mapping[str, HalfTruthReport], items: Sequence[HalfTruthItem],
-                      path: Path) -> Path:
+def write_item_scores(
+    reports: Mapping[str, HalfTruthReport], items: Sequence[HalfTruthItem], path: Path
+) -> Path:
     """The benchmark table plus s(I, A), s(I, A+), s(I, A-) per model: one row per item,
     columns `<model>/anchor`, `<model>/completion`, `<model>/half_truth`."""
     import pyarrow as pa
@@ -382,9 +463,13 @@ def metric_prefix(name: str) -> str:
     return _METRIC_CHARS.sub("_", name)
 
 
-def log_comparison(reports: Mapping[str, HalfTruthReport], files: Mapping[str, Path],
-                   tracking_uri: str, experiment: str = "csclip-eval",
-                   params: Mapping[str, object] | None = None) -> str:
+def log_comparison(
+    reports: Mapping[str, HalfTruthReport],
+    files: Mapping[str, Path],
+    tracking_uri: str,
+    experiment: str = "csclip-eval",
+    params: Mapping[str, object] | None = None,
+) -> str:
     """Log one MLflow run: params (models, config), `<model>/<metric>` metrics and the
     tables / figure as artifacts. Returns the run id."""
     import math
@@ -400,7 +485,12 @@ def log_comparison(reports: Mapping[str, HalfTruthReport], files: Mapping[str, P
         # A sqlite store keeps artifacts next to the database, not in the caller's cwd.
         location = None
         if tracking_uri.startswith("sqlite:///"):
-            location = Path(tracking_uri[len("sqlite:///"):]).absolute().parent.joinpath("mlartifacts").as_uri()
+            location = (
+                Path(tracking_uri[len("sqlite:///") :])
+                .absolute()
+                .parent.joinpath("mlartifacts")
+                .as_uri()
+            )
         experiment_id = client.create_experiment(experiment, artifact_location=location)
     run = client.create_run(experiment_id, run_name="halftruth-eval")
     run_id = run.info.run_id
@@ -408,23 +498,34 @@ def log_comparison(reports: Mapping[str, HalfTruthReport], files: Mapping[str, P
     for index, name in enumerate(reports):
         all_params[f"model_{index}"] = name
     param_list = [Param(k, str(v)[:6000]) for k, v in all_params.items()]
-    metric_list = [Metric(f"{metric_prefix(name)}/{key}", value, 0, 0)
-                   for name, report in reports.items() for key, value in report.metrics.items()
-                   if not math.isnan(value)]
+    metric_list = [
+        Metric(f"{metric_prefix(name)}/{key}", value, 0, 0)
+        for name, report in reports.items()
+        for key, value in report.metrics.items()
+        if not math.isnan(value)
+    ]
     for start in range(0, max(len(param_list), len(metric_list)), 100):  # MLflow's batch limit
-        client.log_batch(run_id, metrics=metric_list[start:start + 100],
-                         params=param_list[start:start + 100])
+        client.log_batch(
+            run_id, metrics=metric_list[start : start + 100], params=param_list[start : start + 100]
+        )
     for path in files.values():
         client.log_artifact(run_id, str(path))
     client.set_terminated(run_id)
     return run_id
 
 
-def compare_models(bundles: Mapping[str, ClipBundle], records: Sequence[UnitsRecord],
-                   out_dir: str | Path, tracking_uri: str | None = None, *, seed: int = 0,
-                   experiment: str = "csclip-eval", scoring: ScoringConfig | None = None,
-                   config: BenchmarkConfig | None = None,
-                   params: Mapping[str, object] | None = None) -> ComparisonReport:
+def compare_models(
+    bundles: Mapping[str, ClipBundle],
+    records: Sequence[UnitsRecord],
+    out_dir: str | Path,
+    tracking_uri: str | None = None,
+    *,
+    seed: int = 0,
+    experiment: str = "csclip-eval",
+    scoring: ScoringConfig | None = None,
+    config: BenchmarkConfig | None = None,
+    params: Mapping[str, object] | None = None,
+) -> ComparisonReport:
     """Evaluate several models on one benchmark built from `records`; write table1/6/7
     (.md/.csv), image_side (.md/.csv), figure3.png, benchmark.parquet, scores.parquet and
     halftruth.md to out_dir; log them to MLflow when tracking_uri is given."""
@@ -449,6 +550,7 @@ def compare_models(bundles: Mapping[str, ClipBundle], records: Sequence[UnitsRec
 # The pipeline's one call
 # ---------------------------------------------------------------------------------------
 
+
 def load_records(data: EvalDataConfig) -> list[UnitsRecord]:
     """The evaluation split: from a units table, or generated from the synthetic world.
 
@@ -458,7 +560,9 @@ def load_records(data: EvalDataConfig) -> list[UnitsRecord]:
         from csclip.world import iter_world
 
         if data.split not in ("train", "val", "test"):
-            raise ConfigError(f"data.split={data.split!r}: the synthetic world has train, val, test")
+            raise ConfigError(
+                f"data.split={data.split!r}: the synthetic world has train, val, test"
+            )
         records = list(iter_world(data.world, splits=(data.split,)))
         origin = f"the synthetic world (seed {data.world.seed})"
     else:
@@ -471,11 +575,15 @@ def load_records(data: EvalDataConfig) -> list[UnitsRecord]:
         origin = data.units_uri
         if everything and not records:
             splits = sorted({r.split for r in everything})
-            raise DataError(f"{origin}: no records in split {data.split!r} (splits present: "
-                            f"{splits}); set data.split")
+            raise DataError(
+                f"{origin}: no records in split {data.split!r} (splits present: "
+                f"{splits}); set data.split"
+            )
     if not records:
-        raise DataError(f"{origin}: split {data.split!r} has no records; evaluate a non-empty "
-                        "units table or raise data.world.num_val")
+        raise DataError(
+            f"{origin}: split {data.split!r} has no records; evaluate a non-empty "
+            "units table or raise data.world.num_val"
+        )
     return records
 
 
@@ -489,7 +597,14 @@ def run_evaluation(config: EvalConfig) -> ComparisonReport:
     else:
         bundle = bundle_from_config(config.model, device=config.scoring.device)
     tracking_uri = resolve_uri(config.tracking.uri) if config.tracking.enabled else None
-    return compare_models({model_label(bundle): bundle}, records, config.out_dir,
-                          tracking_uri, seed=config.benchmark.seed,
-                          experiment=config.tracking.experiment, scoring=config.scoring,
-                          config=config.benchmark, params=flatten(config))
+    return compare_models(
+        {model_label(bundle): bundle},
+        records,
+        config.out_dir,
+        tracking_uri,
+        seed=config.benchmark.seed,
+        experiment=config.tracking.experiment,
+        scoring=config.scoring,
+        config=config.benchmark,
+        params=flatten(config),
+    )

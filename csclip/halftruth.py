@@ -84,6 +84,7 @@ class HalfTruthBenchmark:
 # Construction
 # ---------------------------------------------------------------------------------------
 
+
 def stable_rng(seed: int, *keys: str) -> random.Random:
     """A random.Random seeded from a stable hash of (seed, keys): independent of Python's
     hash randomisation, of input order and of the other images."""
@@ -109,16 +110,22 @@ def build_half_truth_benchmark(records: Iterable[UnitsRecord], seed: int = 0) ->
         by_image[record.image_id].append(record)
         num_records += 1
     if not by_image:
-        raise DataError("half-truth benchmark: the units table has no records; "
-                        "pass the validation split of a non-empty units table")
+        raise DataError(
+            "half-truth benchmark: the units table has no records; "
+            "pass the validation split of a non-empty units table"
+        )
     chosen: dict[str, UnitsRecord] = {}
     for image_id in sorted(by_image):
         candidates = sorted(by_image[image_id], key=lambda r: r.sample_id)
         chosen[image_id] = stable_rng(seed, image_id, "caption").choice(candidates)
     # +Rand draws X from other images: a sorted pool of (image_id, entity text).
-    pool = [(image_id, unit.text) for image_id, record in chosen.items() for unit in record.entities]
+    pool = [
+        (image_id, unit.text) for image_id, record in chosen.items() for unit in record.entities
+    ]
     # Entities of every caption of an image: X must contradict all of them, not just the chosen one.
-    image_entities = {image_id: [u.text for r in rs for u in r.entities] for image_id, rs in by_image.items()}
+    image_entities = {
+        image_id: [u.text for r in rs for u in r.entities] for image_id, rs in by_image.items()
+    }
     items: list[HalfTruthItem] = []
     skipped: Counter[tuple[str, str]] = Counter()
     for image_id, record in chosen.items():
@@ -136,59 +143,101 @@ def build_half_truth_benchmark(records: Iterable[UnitsRecord], seed: int = 0) ->
     return HalfTruthBenchmark(tuple(items), dict(sorted(skipped.items())), len(chosen), num_records)
 
 
-def _item(record: UnitsRecord, slug: str, anchor: str, completion: str, half_truth: str) -> HalfTruthItem:
+def _item(
+    record: UnitsRecord, slug: str, anchor: str, completion: str, half_truth: str
+) -> HalfTruthItem:
     condition = CONDITION_BY_SLUG[slug]
-    return HalfTruthItem(record.image_id, record.sample_id, slug, condition.group,
-                         anchor, completion, half_truth)
+    return HalfTruthItem(
+        record.image_id, record.sample_id, slug, condition.group, anchor, completion, half_truth
+    )
 
 
 def _and(first: str, second: str) -> str:
     return f"{first} and {second}"
 
 
-def _usable_entity_foils(unit: Unit, change_type: ChangeType, caption_entities: Sequence[str]) -> list[Foil]:
+def _usable_entity_foils(
+    unit: Unit, change_type: ChangeType, caption_entities: Sequence[str]
+) -> list[Foil]:
     # A foil naming an entity the caption contains would be true (SPEC §2), even if the
     # extractor let it through.
     named = {normalize_text(e) for e in caption_entities}
     return [f for f in unit.foils_of(change_type) if normalize_text(f.text) not in named]
 
 
-def _entity_items(record: UnitsRecord, seed: int, pool: Sequence[tuple[str, str]],
-                  image_entities: Sequence[str]) -> list[tuple[str, HalfTruthItem | SkipReason]]:
+def _entity_items(
+    record: UnitsRecord, seed: int, pool: Sequence[tuple[str, str]], image_entities: Sequence[str]
+) -> list[tuple[str, HalfTruthItem | SkipReason]]:
     """+Obj, +Attr, +Rand: ordered pair (A, B), A != B, B has the foil the condition needs."""
     entities = list(record.entities)
     texts = [e.text for e in entities]
     out: list[tuple[str, HalfTruthItem | SkipReason]] = []
-    for slug, change_type in (("obj", ChangeType.OBJECT_CHANGE), ("attr", ChangeType.ATTRIBUTE_CHANGE),
-                              ("rand", None)):
+    for slug, change_type in (
+        ("obj", ChangeType.OBJECT_CHANGE),
+        ("attr", ChangeType.ATTRIBUTE_CHANGE),
+        ("rand", None),
+    ):
         if len({normalize_text(t) for t in texts}) < 2:
             out.append((slug, SkipReason.NO_ENTITY_PAIR))
             continue
         rng = stable_rng(seed, record.image_id, slug)
-        needed = (change_type,) if change_type else (ChangeType.OBJECT_CHANGE, ChangeType.ATTRIBUTE_CHANGE)
-        pairs = [(a, b) for a in entities for b in entities
-                 if normalize_text(a.text) != normalize_text(b.text)
-                 and any(_usable_entity_foils(b, c, texts) for c in needed)]
+        needed = (
+            (change_type,)
+            if change_type
+            else (ChangeType.OBJECT_CHANGE, ChangeType.ATTRIBUTE_CHANGE)
+        )
+        pairs = [
+            (a, b)
+            for a in entities
+            for b in entities
+            if normalize_text(a.text) != normalize_text(b.text)
+            and any(_usable_entity_foils(b, c, texts) for c in needed)
+        ]
         if not pairs:
             out.append((slug, SkipReason.NO_ENTITY_FOIL))
             continue
         first, second = rng.choice(pairs)
         if change_type is not None:
             foil = rng.choice(_usable_entity_foils(second, change_type, texts))
-            out.append((slug, _item(record, slug, first.text, _and(first.text, second.text),
-                                    _and(first.text, foil.text))))
+            out.append(
+                (
+                    slug,
+                    _item(
+                        record,
+                        slug,
+                        first.text,
+                        _and(first.text, second.text),
+                        _and(first.text, foil.text),
+                    ),
+                )
+            )
             continue
         other = _random_entity(rng, record.image_id, pool, image_entities)
         if other is None:
             out.append((slug, SkipReason.NO_RANDOM_ENTITY))
         else:
-            out.append((slug, _item(record, slug, first.text, _and(first.text, second.text),
-                                    _and(first.text, other))))
+            out.append(
+                (
+                    slug,
+                    _item(
+                        record,
+                        slug,
+                        first.text,
+                        _and(first.text, second.text),
+                        _and(first.text, other),
+                    ),
+                )
+            )
     return out
 
 
-def _random_entity(rng: random.Random, image_id: str, pool: Sequence[tuple[str, str]],
-                   image_entities: Sequence[str], tries: int = 32) -> str | None:
+def _random_entity(
+    rng: random.Random,
+    image_id: str,
+    pool: Sequence[tuple[str, str]],
+    image_entities: Sequence[str],
+    tries: int = 32,
+) -> str | None:
     # Rejection sampling keeps this O(1) per image instead of filtering the whole pool.
     for _ in range(tries if pool else 0):
         source, text = rng.choice(pool)
@@ -209,7 +258,11 @@ def entity_may_hold(text: str, entities: Sequence[str]) -> bool:
         return True
     for entity in entities:
         other = normalize_text(entity).split()
-        if other and other[-1] == words[-1] and (set(words) <= set(other) or set(other) <= set(words)):
+        if (
+            other
+            and other[-1] == words[-1]
+            and (set(words) <= set(other) or set(other) <= set(words))
+        ):
             return True
     return False
 
@@ -235,23 +288,35 @@ def _relation_half_truths(record: UnitsRecord, relation: Unit) -> dict[str, list
     texts = [e.text for e in record.entities]
     subject, obj = _find_entity(record.entities, s), _find_entity(record.entities, o)
     candidates: dict[str, list[str]] = {
-        "rel_attr": [f"{s} {r} {f.text}" for f in
-                     (_usable_entity_foils(obj, ChangeType.ATTRIBUTE_CHANGE, texts) if obj else [])],
-        "rel_obj": [f"{s} {r} {f.text}" for f in
-                    (_usable_entity_foils(obj, ChangeType.OBJECT_CHANGE, texts) if obj else [])],
+        "rel_attr": [
+            f"{s} {r} {f.text}"
+            for f in (_usable_entity_foils(obj, ChangeType.ATTRIBUTE_CHANGE, texts) if obj else [])
+        ],
+        "rel_obj": [
+            f"{s} {r} {f.text}"
+            for f in (_usable_entity_foils(obj, ChangeType.OBJECT_CHANGE, texts) if obj else [])
+        ],
         # The antonym keeps s and o; take them from the relation, not the foil, so A- differs
         # from A+ by the predicate only.
-        "ant": [f"{s} {f.predicate} {o}" if f.predicate else f.text
-                for f in relation.foils_of(ChangeType.ANTONYM)],
+        "ant": [
+            f"{s} {f.predicate} {o}" if f.predicate else f.text
+            for f in relation.foils_of(ChangeType.ANTONYM)
+        ],
         # Swap `o r s` only where the extractor kept a swap foil: a symmetric predicate
         # ("is next to") makes the swapped text true, and such swaps are rejected upstream.
         "swap": [f"{o} {r} {s}" for _ in relation.foils_of(ChangeType.SUBJECT_OBJECT_SWAP)][:1],
-        "subj": [f"{f.text} {r} {o}" for f in
-                 (_usable_entity_foils(subject, ChangeType.OBJECT_CHANGE, texts) if subject else [])],
+        "subj": [
+            f"{f.text} {r} {o}"
+            for f in (
+                _usable_entity_foils(subject, ChangeType.OBJECT_CHANGE, texts) if subject else []
+            )
+        ],
     }
     unit_text = normalize_text(relation.text)
-    return {slug: sorted({c for c in texts_ if normalize_text(c) != unit_text})
-            for slug, texts_ in candidates.items()}
+    return {
+        slug: sorted({c for c in texts_ if normalize_text(c) != unit_text})
+        for slug, texts_ in candidates.items()
+    }
 
 
 RELATION_SLUGS: tuple[str, ...] = tuple(c.slug for c in CONDITIONS if c.group == "relation")
@@ -284,10 +349,20 @@ def _relation_items(record: UnitsRecord, seed: int) -> list[tuple[str, HalfTruth
 # The benchmark table (shareable, rescorable)
 # ---------------------------------------------------------------------------------------
 
-BENCHMARK_SCHEMA = pa.schema([
-    pa.field(name, pa.string(), nullable=False)
-    for name in ("image_id", "sample_id", "condition", "group", "anchor", "completion", "half_truth")
-])
+BENCHMARK_SCHEMA = pa.schema(
+    [
+        pa.field(name, pa.string(), nullable=False)
+        for name in (
+            "image_id",
+            "sample_id",
+            "condition",
+            "group",
+            "anchor",
+            "completion",
+            "half_truth",
+        )
+    ]
+)
 
 
 def items_to_table(items: Sequence[HalfTruthItem]) -> pa.Table:
@@ -300,14 +375,18 @@ def table_to_items(table: pa.Table, origin: str = "benchmark table") -> list[Hal
     missing = [n for n in BENCHMARK_SCHEMA.names if n not in table.column_names]
     if missing:
         raise DataError(f"{origin}: missing columns {missing}; expected {BENCHMARK_SCHEMA.names}")
-    items = [HalfTruthItem(**{n: str(row[n]) for n in BENCHMARK_SCHEMA.names})
-             for row in table.select(BENCHMARK_SCHEMA.names).to_pylist()]
+    items = [
+        HalfTruthItem(**{n: str(row[n]) for n in BENCHMARK_SCHEMA.names})
+        for row in table.select(BENCHMARK_SCHEMA.names).to_pylist()
+    ]
     for item in items:
         condition = CONDITION_BY_SLUG.get(item.condition)
         if condition is None or condition.group != item.group:
-            raise DataError(f"{origin}: row for image {item.image_id!r} has condition "
-                            f"{item.condition!r} / group {item.group!r}; conditions are "
-                            f"{[(c.slug, c.group) for c in CONDITIONS]}")
+            raise DataError(
+                f"{origin}: row for image {item.image_id!r} has condition "
+                f"{item.condition!r} / group {item.group!r}; conditions are "
+                f"{[(c.slug, c.group) for c in CONDITIONS]}"
+            )
     return items
 
 
@@ -340,7 +419,9 @@ def load_benchmark(path: str | Path) -> list[HalfTruthItem]:
         table = pq.read_table(path)
     elif path.suffix == ".csv":
         # Every column is text: stop pyarrow from guessing numbers in ids.
-        options = pacsv.ConvertOptions(column_types={n: pa.string() for n in BENCHMARK_SCHEMA.names})
+        options = pacsv.ConvertOptions(
+            column_types={n: pa.string() for n in BENCHMARK_SCHEMA.names}
+        )
         table = pacsv.read_csv(path, convert_options=options)
     else:
         raise DataError(f"benchmark path {path}: use a .parquet or .csv file name")
@@ -351,6 +432,7 @@ def load_benchmark(path: str | Path) -> list[HalfTruthItem]:
 # Metrics (strict comparisons: a tie is a failure)
 # ---------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class ItemScores:
     """Cosine similarities of each item's image with its three texts, shape (num_items,)."""
@@ -360,15 +442,18 @@ class ItemScores:
     half_truth: np.ndarray
 
     def __post_init__(self) -> None:
-        arrays = [np.asarray(a, dtype=np.float64) for a in (self.anchor, self.completion, self.half_truth)]
+        arrays = [
+            np.asarray(a, dtype=np.float64) for a in (self.anchor, self.completion, self.half_truth)
+        ]
         if len({a.shape for a in arrays}) != 1 or arrays[0].ndim != 1:
             raise ValueError(f"ItemScores: shapes differ {[a.shape for a in arrays]}")
         for name, array in zip(("anchor", "completion", "half_truth"), arrays, strict=True):
             object.__setattr__(self, name, array)
 
 
-def bootstrap_ci(values: np.ndarray, num_resamples: int = 1000, seed: int = 0,
-                 level: float = 0.95) -> tuple[float, float]:
+def bootstrap_ci(
+    values: np.ndarray, num_resamples: int = 1000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
     """Percentile bootstrap CI of the mean of `values` (resampling items with replacement)."""
     values = np.asarray(values, dtype=np.float64)
     if values.size == 0 or num_resamples <= 0:
@@ -379,14 +464,17 @@ def bootstrap_ci(values: np.ndarray, num_resamples: int = 1000, seed: int = 0,
     chunk = max(1, 4_000_000 // values.size)
     for start in range(0, num_resamples, chunk):
         stop = min(num_resamples, start + chunk)
-        means[start:stop] = values[rng.integers(0, values.size, (stop - start, values.size))].mean(1)
+        means[start:stop] = values[rng.integers(0, values.size, (stop - start, values.size))].mean(
+            1
+        )
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(means, [tail, 100 - tail])
     return float(low), float(high)
 
 
-def half_truth_metrics(items: Sequence[HalfTruthItem], scores: ItemScores,
-                       num_bootstrap: int = 1000, seed: int = 0) -> dict[str, float]:
+def half_truth_metrics(
+    items: Sequence[HalfTruthItem], scores: ItemScores, num_bootstrap: int = 1000, seed: int = 0
+) -> dict[str, float]:
     """SPEC §4 metrics, micro-averaged over items; accuracies in percent.
 
     Keys, for scope in all / entity / relation / each condition slug:
@@ -407,15 +495,18 @@ def half_truth_metrics(items: Sequence[HalfTruthItem], scores: ItemScores,
     wins = (scores.completion > scores.half_truth).astype(np.float64) * 100
     consistent = (scores.completion > scores.anchor).astype(np.float64) * 100
     scopes = [("all", np.ones(len(items), dtype=bool))]
-    scopes += [(g, groups == g) for g in GROUPS] + [(c.slug, conditions == c.slug) for c in CONDITIONS]
+    scopes += [(g, groups == g) for g in GROUPS] + [
+        (c.slug, conditions == c.slug) for c in CONDITIONS
+    ]
     metrics: dict[str, float] = {}
     for offset, (scope, mask) in enumerate(scopes):
         metrics[f"num_items_{scope}"] = float(mask.sum())
         if not mask.any():
             continue
         gap_key = "ht_gap" if scope == "all" else f"ht_gap_{scope}"
-        for index, (key, values) in enumerate(((f"ht_{scope}", correct[mask]), (gap_key, gap[mask]),
-                                               (f"winrate_{scope}", wins[mask]))):
+        for index, (key, values) in enumerate(
+            ((f"ht_{scope}", correct[mask]), (gap_key, gap[mask]), (f"winrate_{scope}", wins[mask]))
+        ):
             metrics[key] = float(values.mean())
             low, high = bootstrap_ci(values, num_bootstrap, seed=seed + 10 * offset + index)
             metrics[f"{key}_ci_low"], metrics[f"{key}_ci_high"] = low, high
@@ -426,6 +517,7 @@ def half_truth_metrics(items: Sequence[HalfTruthItem], scores: ItemScores,
 # ---------------------------------------------------------------------------------------
 # Image-side half-truth (SPEC §4): a text must rank its image above distractors
 # ---------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ImageSideItem:
@@ -439,8 +531,12 @@ class ImageSideItem:
     distractors: tuple[str, ...] = field(default_factory=tuple)
 
 
-def build_image_side_benchmark(records: Iterable[UnitsRecord], seed: int = 0,
-                               min_distractors: int = 2, max_distractors: int = 5) -> list[ImageSideItem]:
+def build_image_side_benchmark(
+    records: Iterable[UnitsRecord],
+    seed: int = 0,
+    min_distractors: int = 2,
+    max_distractors: int = 5,
+) -> list[ImageSideItem]:
     """One item per image where some entity pair has at least `min_distractors` images
     sharing the first entity and lacking the second; seeded and deterministic."""
     entities: dict[str, set[str]] = defaultdict(set)
@@ -448,7 +544,8 @@ def build_image_side_benchmark(records: Iterable[UnitsRecord], seed: int = 0,
     for record in records:
         entities[record.image_id].update(normalize_text(u.text) for u in record.entities)
         has_image[record.image_id] = has_image.get(record.image_id, False) or bool(
-            record.image_bytes is not None or record.image_path)
+            record.image_bytes is not None or record.image_path
+        )
     if not entities:
         raise DataError("image-side benchmark: no records; pass a non-empty units table")
     images_with: dict[str, set[str]] = defaultdict(set)
@@ -474,25 +571,34 @@ def build_image_side_benchmark(records: Iterable[UnitsRecord], seed: int = 0,
         # only over images with the same head noun (linear, not quadratic, in images).
         if distinct not in blocked:
             head = distinct.split()[-1] if distinct else ""
-            blocked[distinct] = {other for other in with_head[head]
-                                 if entity_may_hold(distinct, sorted(entities[other]))}
+            blocked[distinct] = {
+                other
+                for other in with_head[head]
+                if entity_may_hold(distinct, sorted(entities[other]))
+            }
         return images_with[shared] - blocked[distinct]
 
     items = []
     for image_id in sorted(entities):
         if not has_image[image_id]:
             continue
-        options = [(shared, distinct) for shared in sorted(entities[image_id])
-                   for distinct in sorted(entities[image_id] - {shared})
-                   # The image itself shows `distinct`, so it is never in its own pool.
-                   if len(pool(shared, distinct)) >= min_distractors]
+        options = [
+            (shared, distinct)
+            for shared in sorted(entities[image_id])
+            for distinct in sorted(entities[image_id] - {shared})
+            # The image itself shows `distinct`, so it is never in its own pool.
+            if len(pool(shared, distinct)) >= min_distractors
+        ]
         if options:
             rng = stable_rng(seed, image_id, "image_side")
             shared, distinct = rng.choice(options)
             candidates = sorted(pool(shared, distinct))
             chosen = rng.sample(candidates, min(max_distractors, len(candidates)))
-            items.append(ImageSideItem(image_id, _and(shared, distinct), shared, distinct,
-                                       tuple(sorted(chosen))))
+            items.append(
+                ImageSideItem(
+                    image_id, _and(shared, distinct), shared, distinct, tuple(sorted(chosen))
+                )
+            )
     return items
 
 
@@ -506,9 +612,13 @@ def image_side_metrics(target: np.ndarray, distractors: Sequence[np.ndarray]) ->
         raise ValueError(f"{len(target)} targets but {len(distractors)} distractor lists")
     if len(target) == 0:
         return {"image_side_num_items": 0.0}
-    ranks = np.array([1 + int((np.asarray(d) >= t).sum()) for t, d in zip(target, distractors, strict=True)])
+    ranks = np.array(
+        [1 + int((np.asarray(d) >= t).sum()) for t, d in zip(target, distractors, strict=True)]
+    )
     margins = np.array([t - float(np.max(d)) for t, d in zip(target, distractors, strict=True)])
-    return {"image_side_top1": float((ranks == 1).mean() * 100),
-            "image_side_mrr": float((1.0 / ranks).mean()),
-            "image_side_margin": float(margins.mean()),
-            "image_side_num_items": float(len(target))}
+    return {
+        "image_side_top1": float((ranks == 1).mean() * 100),
+        "image_side_mrr": float((1.0 / ranks).mean()),
+        "image_side_margin": float(margins.mean()),
+        "image_side_num_items": float(len(target)),
+    }

@@ -58,20 +58,30 @@ class BundleScorer:
 
     def encode_texts(self, texts: Sequence[str]) -> np.ndarray:
         """(N, D) L2-normalised text features."""
-        return self._encode(texts, lambda chunk: self.model.encode_text(
-            self.bundle.tokenizer(list(chunk)).to(self.device)))
+        return self._encode(
+            texts,
+            lambda chunk: self.model.encode_text(
+                self.bundle.tokenizer(list(chunk)).to(self.device)
+            ),
+        )
 
     def encode_images(self, images: Sequence[bytes]) -> np.ndarray:
         """(M, D) L2-normalised image features of encoded image bytes."""
-        return self._encode(images, lambda chunk: self.model.encode_image(torch.stack(
-            [self.bundle.preprocess(decode_image(data)) for data in chunk]).to(self.device)))
+        return self._encode(
+            images,
+            lambda chunk: self.model.encode_image(
+                torch.stack([self.bundle.preprocess(decode_image(data)) for data in chunk]).to(
+                    self.device
+                )
+            ),
+        )
 
     def _encode(self, inputs: Sequence, encode) -> np.ndarray:
         outputs = []
         num_batches = -(-len(inputs) // self.batch_size)
         with torch.inference_mode():
             for index, start in enumerate(range(0, len(inputs), self.batch_size)):
-                features = encode(inputs[start:start + self.batch_size]).float()  # (b, D)
+                features = encode(inputs[start : start + self.batch_size]).float()  # (b, D)
                 outputs.append(torch.nn.functional.normalize(features, dim=-1).cpu().numpy())
                 if (index + 1) % LOG_EVERY_BATCHES == 0:
                     log.info("encoded batch %d / %d", index + 1, num_batches)
@@ -105,6 +115,7 @@ class CaptionLengthScorer:
 # Item scoring: unique texts and images once
 # ---------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class FeatureTables:
     """L2-normalised features of unique texts and images, with their row indices."""
@@ -125,7 +136,9 @@ ImageSource = bytes | str  # encoded image bytes, or a URI read only when it is 
 IMAGES_PER_READ = 256  # images held in memory at once while encoding in process
 
 
-def image_sources(records: Sequence[UnitsRecord], image_ids: Sequence[str]) -> dict[str, ImageSource]:
+def image_sources(
+    records: Sequence[UnitsRecord], image_ids: Sequence[str]
+) -> dict[str, ImageSource]:
     """Each image id's `image_bytes`, else its `image_path` URI (local or s3://), which is
     read only when encoded, so large sets never sit in memory whole.
 
@@ -140,15 +153,19 @@ def image_sources(records: Sequence[UnitsRecord], image_ids: Sequence[str]) -> d
     for image_id in dict.fromkeys(image_ids):
         record = by_id.get(image_id)
         if record is None:
-            raise DataError(f"image {image_id!r} is in the benchmark but not in the units table; "
-                            "score the benchmark against the table it was built from")
+            raise DataError(
+                f"image {image_id!r} is in the benchmark but not in the units table; "
+                "score the benchmark against the table it was built from"
+            )
         if record.image_bytes is not None:
             sources[image_id] = record.image_bytes
         elif record.image_path:
             sources[image_id] = record.image_path
         else:
-            raise DataError(f"image {image_id!r} has neither image_bytes nor image_path; "
-                            "fill one of them in the units table")
+            raise DataError(
+                f"image {image_id!r} has neither image_bytes nor image_path; "
+                "fill one of them in the units table"
+            )
     return sources
 
 
@@ -167,21 +184,35 @@ def image_bytes_by_id(records: Sequence[UnitsRecord], image_ids: Sequence[str]) 
     return {i: load_image(s) for i, s in image_sources(records, image_ids).items()}
 
 
-def encode_features(scorer: Scorer, texts: Sequence[str], images: Mapping[str, ImageSource]) -> FeatureTables:
+def encode_features(
+    scorer: Scorer, texts: Sequence[str], images: Mapping[str, ImageSource]
+) -> FeatureTables:
     """Encode each unique text and each image once (in process), reading images
     IMAGES_PER_READ at a time."""
     unique_texts = sorted(set(texts))
     image_ids = sorted(images)
     log.info("encoding %d unique texts and %d images", len(unique_texts), len(image_ids))
     text_features = l2_normalize(scorer.encode_texts(unique_texts))
-    chunks = [l2_normalize(scorer.encode_images([load_image(images[i]) for i in image_ids[start:start + IMAGES_PER_READ]]))
-              for start in range(0, len(image_ids), IMAGES_PER_READ)]
+    chunks = [
+        l2_normalize(
+            scorer.encode_images(
+                [load_image(images[i]) for i in image_ids[start : start + IMAGES_PER_READ]]
+            )
+        )
+        for start in range(0, len(image_ids), IMAGES_PER_READ)
+    ]
     image_features = np.concatenate(chunks) if chunks else l2_normalize(scorer.encode_images([]))
-    return FeatureTables({t: k for k, t in enumerate(unique_texts)}, text_features,
-                         {i: k for k, i in enumerate(image_ids)}, image_features)
+    return FeatureTables(
+        {t: k for k, t in enumerate(unique_texts)},
+        text_features,
+        {i: k for k, i in enumerate(image_ids)},
+        image_features,
+    )
 
 
-def benchmark_texts(items: Sequence[HalfTruthItem], image_side: Sequence[ImageSideItem] = ()) -> list[str]:
+def benchmark_texts(
+    items: Sequence[HalfTruthItem], image_side: Sequence[ImageSideItem] = ()
+) -> list[str]:
     texts = [t for item in items for t in (item.anchor, item.completion, item.half_truth)]
     return texts + [item.text for item in image_side]
 
@@ -189,21 +220,28 @@ def benchmark_texts(items: Sequence[HalfTruthItem], image_side: Sequence[ImageSi
 def score_items(features: FeatureTables, items: Sequence[HalfTruthItem]) -> ItemScores:
     """s(I, A), s(I, A+), s(I, A-) of every item from precomputed features."""
     image_ids = [item.image_id for item in items]
-    return ItemScores(features.similarity(image_ids, [i.anchor for i in items]),
-                      features.similarity(image_ids, [i.completion for i in items]),
-                      features.similarity(image_ids, [i.half_truth for i in items]))
+    return ItemScores(
+        features.similarity(image_ids, [i.anchor for i in items]),
+        features.similarity(image_ids, [i.completion for i in items]),
+        features.similarity(image_ids, [i.half_truth for i in items]),
+    )
 
 
-def score_image_side(features: FeatureTables, items: Sequence[ImageSideItem]) -> tuple[np.ndarray, list[np.ndarray]]:
+def score_image_side(
+    features: FeatureTables, items: Sequence[ImageSideItem]
+) -> tuple[np.ndarray, list[np.ndarray]]:
     """Scores of each image-side text with its target image and with its distractors."""
     target = features.similarity([i.image_id for i in items], [i.text for i in items])
-    distractors = [features.similarity(list(i.distractors), [i.text] * len(i.distractors)) for i in items]
+    distractors = [
+        features.similarity(list(i.distractors), [i.text] * len(i.distractors)) for i in items
+    ]
     return target, distractors
 
 
 # ---------------------------------------------------------------------------------------
 # Ray Data: the model lives in actors; texts and images stream through them
 # ---------------------------------------------------------------------------------------
+
 
 class _EncodeBatch:
     """Ray Data callable class: holds one BundleScorer per actor. A batch mixes text rows
@@ -219,10 +257,18 @@ class _EncodeBatch:
         is_text = np.asarray(batch["kind"]) == "text"
         texts = [str(t) for t in np.asarray(batch["text"])[is_text]]
         # A row carries either the encoded bytes or a URI the actor reads itself.
-        images = [load_image(str(uri)) if uri else bytes(data) for data, uri in
-                  zip(np.asarray(batch["image"], dtype=object)[~is_text],
-                      np.asarray(batch["uri"], dtype=object)[~is_text], strict=True)]
-        text_features, image_features = self.scorer.encode_texts(texts), self.scorer.encode_images(images)
+        images = [
+            load_image(str(uri)) if uri else bytes(data)
+            for data, uri in zip(
+                np.asarray(batch["image"], dtype=object)[~is_text],
+                np.asarray(batch["uri"], dtype=object)[~is_text],
+                strict=True,
+            )
+        ]
+        text_features, image_features = (
+            self.scorer.encode_texts(texts),
+            self.scorer.encode_images(images),
+        )
         dim = max(text_features.shape[1], image_features.shape[1])
         features = np.zeros((len(is_text), dim), dtype=np.float32)  # (b, D)
         if texts:
@@ -232,9 +278,15 @@ class _EncodeBatch:
         return {"kind": batch["kind"], "row": batch["row"], "features": features}
 
 
-def encode_features_with_ray(bundle: ClipBundle, texts: Sequence[str], images: Mapping[str, ImageSource],
-                             batch_size: int = 64, concurrency: int = 1, device: str = "cpu",
-                             num_cpus: float = 1.0) -> FeatureTables:
+def encode_features_with_ray(
+    bundle: ClipBundle,
+    texts: Sequence[str],
+    images: Mapping[str, ImageSource],
+    batch_size: int = 64,
+    concurrency: int = 1,
+    device: str = "cpu",
+    num_cpus: float = 1.0,
+) -> FeatureTables:
     """encode_features on Ray Data: `concurrency` actors each hold the model (shipped once
     through the object store, so random or fine-tuned weights arrive unchanged). Texts and
     images go through one actor pool in one pass."""
@@ -242,19 +294,41 @@ def encode_features_with_ray(bundle: ClipBundle, texts: Sequence[str], images: M
 
     unique_texts = sorted(set(texts))
     image_ids = sorted(images)
-    rows = [{"kind": "text", "row": k, "text": t, "image": b"", "uri": ""} for k, t in enumerate(unique_texts)]
-    rows += [{"kind": "image", "row": k, "text": "", "image": images[i] if isinstance(images[i], bytes) else b"",
-              "uri": images[i] if isinstance(images[i], str) else ""} for k, i in enumerate(image_ids)]
-    log.info("encoding %d unique texts and %d images on Ray Data (%d actors)",
-             len(unique_texts), len(image_ids), concurrency)
+    rows = [
+        {"kind": "text", "row": k, "text": t, "image": b"", "uri": ""}
+        for k, t in enumerate(unique_texts)
+    ]
+    rows += [
+        {
+            "kind": "image",
+            "row": k,
+            "text": "",
+            "image": images[i] if isinstance(images[i], bytes) else b"",
+            "uri": images[i] if isinstance(images[i], str) else "",
+        }
+        for k, i in enumerate(image_ids)
+    ]
+    log.info(
+        "encoding %d unique texts and %d images on Ray Data (%d actors)",
+        len(unique_texts),
+        len(image_ids),
+        concurrency,
+    )
     text_features = image_features = None
     if rows:
         kwargs = {"bundle_ref": [ray.put(bundle)], "batch_size": batch_size, "device": device}
         # ~4 blocks per actor keeps every actor busy without tiny tasks.
-        dataset = ray.data.from_items(rows, override_num_blocks=max(1, min(len(rows), 4 * concurrency)))
-        out = dataset.map_batches(_EncodeBatch, fn_constructor_kwargs=kwargs, batch_size=batch_size,
-                                  concurrency=concurrency, num_cpus=num_cpus,
-                                  num_gpus=1 if device.startswith("cuda") else 0)
+        dataset = ray.data.from_items(
+            rows, override_num_blocks=max(1, min(len(rows), 4 * concurrency))
+        )
+        out = dataset.map_batches(
+            _EncodeBatch,
+            fn_constructor_kwargs=kwargs,
+            batch_size=batch_size,
+            concurrency=concurrency,
+            num_cpus=num_cpus,
+            num_gpus=1 if device.startswith("cuda") else 0,
+        )
         for batch in out.iter_batches(batch_size=None, batch_format="numpy"):
             if text_features is None:
                 dim = batch["features"].shape[1]
@@ -264,15 +338,29 @@ def encode_features_with_ray(bundle: ClipBundle, texts: Sequence[str], images: M
             text_features[batch["row"][is_text]] = batch["features"][is_text]
             image_features[batch["row"][~is_text]] = batch["features"][~is_text]
     empty = np.zeros((0, 0), dtype=np.float32)
-    return FeatureTables({t: k for k, t in enumerate(unique_texts)},
-                         text_features if text_features is not None else empty,
-                         {i: k for k, i in enumerate(image_ids)},
-                         image_features if image_features is not None else empty)
+    return FeatureTables(
+        {t: k for k, t in enumerate(unique_texts)},
+        text_features if text_features is not None else empty,
+        {i: k for k, i in enumerate(image_ids)},
+        image_features if image_features is not None else empty,
+    )
 
 
-def score_with_ray(bundle: ClipBundle, items: Sequence[HalfTruthItem], images: Mapping[str, ImageSource],
-                   batch_size: int = 64, concurrency: int = 1, device: str = "cpu") -> ItemScores:
+def score_with_ray(
+    bundle: ClipBundle,
+    items: Sequence[HalfTruthItem],
+    images: Mapping[str, ImageSource],
+    batch_size: int = 64,
+    concurrency: int = 1,
+    device: str = "cpu",
+) -> ItemScores:
     """score_items with features encoded on Ray Data actors."""
-    features = encode_features_with_ray(bundle, benchmark_texts(items), images,
-                                        batch_size=batch_size, concurrency=concurrency, device=device)
+    features = encode_features_with_ray(
+        bundle,
+        benchmark_texts(items),
+        images,
+        batch_size=batch_size,
+        concurrency=concurrency,
+        device=device,
+    )
     return score_items(features, items)

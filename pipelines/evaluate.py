@@ -26,7 +26,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--model", help="open_clip model name (e.g. ViT-B-32, csclip-tiny)")
     source.add_argument("--checkpoint", help="a csclip checkpoint directory")
-    parser.add_argument("--pretrained", help="open_clip pretrained tag or weights file (with --model)")
+    parser.add_argument(
+        "--pretrained", help="open_clip pretrained tag or weights file (with --model)"
+    )
     parser.add_argument("--units", help="units table URI (default: synthetic world val split)")
     parser.add_argument("--out", help="output directory for tables and figure")
     return parser.parse_args(argv)
@@ -34,8 +36,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def overrides_from_args(args: argparse.Namespace) -> list[str]:
     """The shortcut flags as `--set` overrides, placed before the user's own."""
-    flags = {"model.name": args.model, "model.pretrained": args.pretrained,
-             "checkpoint": args.checkpoint, "data.units_uri": args.units, "out_dir": args.out}
+    flags = {
+        "model.name": args.model,
+        "model.pretrained": args.pretrained,
+        "checkpoint": args.checkpoint,
+        "data.units_uri": args.units,
+        "out_dir": args.out,
+    }
     # Quote values so YAML keeps tags like "openai" or paths with colons as strings.
     shortcuts = [f"{key}='{value}'" for key, value in flags.items() if value is not None]
     return shortcuts + list(args.overrides)

@@ -65,8 +65,18 @@ def test_image_side_target_holds_and_distractors_do_not(world_val):
 def test_evaluate_bundle_reports_every_metric(world_val, tiny):
     report = evaluate_bundle(tiny, world_val[:20], seed=0, config=FAST)
     metrics = report.metrics
-    for key in ["ht_all", "ht_entity", "ht_relation", "ht_gap", "winrate_all", "consistency_all",
-                "ht_all_ci_low", "image_side_top1", "image_side_mrr", "image_side_margin"]:
+    for key in [
+        "ht_all",
+        "ht_entity",
+        "ht_relation",
+        "ht_gap",
+        "winrate_all",
+        "consistency_all",
+        "ht_all_ci_low",
+        "image_side_top1",
+        "image_side_mrr",
+        "image_side_margin",
+    ]:
         assert key in metrics
     for condition in CONDITIONS:
         assert 0 <= metrics[f"ht_{condition.slug}"] <= 100
@@ -75,12 +85,15 @@ def test_evaluate_bundle_reports_every_metric(world_val, tiny):
     assert len(report.items) + sum(report.skipped.values()) == 20 * len(CONDITIONS)
 
 
-def test_compare_models_writes_tables_figure_and_logs_to_mlflow(world_val, tiny, tmp_path, mlflow_uri):
+def test_compare_models_writes_tables_figure_and_logs_to_mlflow(
+    world_val, tiny, tmp_path, mlflow_uri
+):
     import mlflow
 
     bundles = {"tiny-a": tiny, "tiny-b": tiny}
-    report = compare_models(bundles, world_val[:8], tmp_path / "out", tracking_uri=mlflow_uri,
-                            config=FAST)
+    report = compare_models(
+        bundles, world_val[:8], tmp_path / "out", tracking_uri=mlflow_uri, config=FAST
+    )
     for name in ["table1", "table6", "table7", "image_side"]:
         assert (tmp_path / "out" / f"{name}.md").read_text() in report.markdown
         with open(tmp_path / "out" / f"{name}.csv") as handle:
@@ -91,17 +104,22 @@ def test_compare_models_writes_tables_figure_and_logs_to_mlflow(world_val, tiny,
     scores = pq.read_table(tmp_path / "out" / "scores.parquet")
     assert scores.num_rows == len(report.reports["tiny-a"].items)
     assert scores.column("tiny-b/half_truth").to_pylist() == pytest.approx(
-        list(report.reports["tiny-b"].scores.half_truth))
+        list(report.reports["tiny-b"].scores.half_truth)
+    )
     run = mlflow.MlflowClient(mlflow_uri).get_run(report.mlflow_run_id)
     assert run.data.params["models"] == "tiny-a,tiny-b"
-    assert run.data.metrics["tiny-a/ht_all"] == pytest.approx(report.reports["tiny-a"].metrics["ht_all"])
+    assert run.data.metrics["tiny-a/ht_all"] == pytest.approx(
+        report.reports["tiny-a"].metrics["ht_all"]
+    )
     artifacts = {a.path for a in mlflow.MlflowClient(mlflow_uri).list_artifacts(run.info.run_id)}
     assert {"table1.md", "table6.csv", "table7.md", "figure3.png", "benchmark.parquet"} <= artifacts
 
 
 def test_records_without_images_or_foils_give_clear_errors(world_val):
-    no_pixels = [UnitsRecord(r.sample_id, r.image_id, r.caption, r.split, r.entities, r.relations)
-                 for r in world_val[:3]]
+    no_pixels = [
+        UnitsRecord(r.sample_id, r.image_id, r.caption, r.split, r.entities, r.relations)
+        for r in world_val[:3]
+    ]
     with pytest.raises(DataError, match="missing_image"):
         prepare_benchmark(no_pixels, 0, FAST)
     with pytest.raises(DataError, match="no records"):
@@ -110,8 +128,21 @@ def test_records_without_images_or_foils_give_clear_errors(world_val):
 
 def test_load_records_names_the_missing_split(tmp_path, world_val):
     path = tmp_path / "units.parquet"
-    write_units([UnitsRecord(r.sample_id, r.image_id, r.caption, "train", r.entities, r.relations,
-                             image_bytes=r.image_bytes) for r in world_val[:2]], str(path))
+    write_units(
+        [
+            UnitsRecord(
+                r.sample_id,
+                r.image_id,
+                r.caption,
+                "train",
+                r.entities,
+                r.relations,
+                image_bytes=r.image_bytes,
+            )
+            for r in world_val[:2]
+        ],
+        str(path),
+    )
     with pytest.raises(DataError, match="splits present: \\['train'\\]"):
         load_records(EvalDataConfig(units_uri=str(path)))
     assert len(load_records(EvalDataConfig(units_uri=str(path), split="train"))) == 2
@@ -120,7 +151,9 @@ def test_load_records_names_the_missing_split(tmp_path, world_val):
 
 
 def _pipeline():
-    spec = importlib.util.spec_from_file_location("evaluate_pipeline", REPO_ROOT / "pipelines" / "evaluate.py")
+    spec = importlib.util.spec_from_file_location(
+        "evaluate_pipeline", REPO_ROOT / "pipelines" / "evaluate.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -131,12 +164,25 @@ def test_pipeline_end_to_end_on_a_checkpoint(tmp_path, mlflow_uri, capsys, world
     checkpoint = save_checkpoint(tiny.model, spec_of(tiny.model, tiny.name), tmp_path / "ckpt")
     units = tmp_path / "units.parquet"
     write_units(world_val[:6], str(units))
-    code = _pipeline().main(["--checkpoint", str(checkpoint), "--units", str(units),
-                             "--out", str(tmp_path / "eval"), "--set", f"tracking.uri={mlflow_uri}",
-                             "--set", "benchmark.num_bootstrap=20"])
+    code = _pipeline().main(
+        [
+            "--checkpoint",
+            str(checkpoint),
+            "--units",
+            str(units),
+            "--out",
+            str(tmp_path / "eval"),
+            "--set",
+            f"tracking.uri={mlflow_uri}",
+            "--set",
+            "benchmark.num_bootstrap=20",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and "Table 1" in out and "MLflow run" in out
-    assert {"table1.csv", "table6.md", "table7.csv", "figure3.png"} <= {p.name for p in (tmp_path / "eval").iterdir()}
+    assert {"table1.csv", "table6.md", "table7.csv", "figure3.png"} <= {
+        p.name for p in (tmp_path / "eval").iterdir()
+    }
     with open(tmp_path / "eval" / "table1.csv") as handle:
         row = list(csv.DictReader(handle))[0]
     expected = evaluate_bundle(tiny, world_val[:6], seed=0, config=FAST).metrics
@@ -145,18 +191,33 @@ def test_pipeline_end_to_end_on_a_checkpoint(tmp_path, mlflow_uri, capsys, world
 
 def test_pipeline_flags_become_overrides():
     pipeline = _pipeline()
-    args = pipeline.parse_args(["--model", "ViT-B-32", "--pretrained", "openai", "--set", "out_dir=x"])
-    assert pipeline.overrides_from_args(args) == ["model.name='ViT-B-32'", "model.pretrained='openai'",
-                                                  "out_dir=x"]
+    args = pipeline.parse_args(
+        ["--model", "ViT-B-32", "--pretrained", "openai", "--set", "out_dir=x"]
+    )
+    assert pipeline.overrides_from_args(args) == [
+        "model.name='ViT-B-32'",
+        "model.pretrained='openai'",
+        "out_dir=x",
+    ]
     config = load_config(EvalConfig, None, pipeline.overrides_from_args(args))
-    assert (config.model.name, config.model.pretrained, config.out_dir) == ("ViT-B-32", "openai", "x")
+    assert (config.model.name, config.model.pretrained, config.out_dir) == (
+        "ViT-B-32",
+        "openai",
+        "x",
+    )
 
 
 def test_pipeline_user_errors_are_one_line_and_exit_2(tmp_path, capsys):
     main = _pipeline().main
-    assert main(["--units", str(tmp_path / "missing.parquet"), "--set", "tracking.enabled=false"]) == 2
+    assert (
+        main(["--units", str(tmp_path / "missing.parquet"), "--set", "tracking.enabled=false"]) == 2
+    )
     assert main(["--set", "benchmark.max_distractors=1", "--set", "tracking.enabled=false"]) == 2
     assert main(["--set", "data.world.num_val=0", "--set", "tracking.enabled=false"]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 3 and all(line.startswith("error: ") for line in errors)
-    assert "missing.parquet" in errors[0] and "max_distractors" in errors[1] and "no records" in errors[2]
+    assert (
+        "missing.parquet" in errors[0]
+        and "max_distractors" in errors[1]
+        and "no records" in errors[2]
+    )

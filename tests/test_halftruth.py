@@ -35,37 +35,69 @@ SHAPES = ("circle", "square", "triangle")
 def entity(color: str, shape: str) -> Unit:
     other_shape = SHAPES[(SHAPES.index(shape) + 1) % len(SHAPES)]
     other_color = COLORS[(COLORS.index(color) + 1) % len(COLORS)]
-    return Unit.entity(f"{color} {shape}", [Foil(f"{color} {other_shape}", ChangeType.OBJECT_CHANGE),
-                                             Foil(f"{other_color} {shape}", ChangeType.ATTRIBUTE_CHANGE)])
+    return Unit.entity(
+        f"{color} {shape}",
+        [
+            Foil(f"{color} {other_shape}", ChangeType.OBJECT_CHANGE),
+            Foil(f"{other_color} {shape}", ChangeType.ATTRIBUTE_CHANGE),
+        ],
+    )
 
 
 def relation(subject: str, predicate: str, obj: str, antonym: str) -> Unit:
-    return Unit.relation(subject, predicate, obj, [
-        Foil.relation(subject, antonym, obj, ChangeType.ANTONYM),
-        Foil.relation(obj, predicate, subject, ChangeType.SUBJECT_OBJECT_SWAP)])
+    return Unit.relation(
+        subject,
+        predicate,
+        obj,
+        [
+            Foil.relation(subject, antonym, obj, ChangeType.ANTONYM),
+            Foil.relation(obj, predicate, subject, ChangeType.SUBJECT_OBJECT_SWAP),
+        ],
+    )
 
 
-def record(index: int, colors=("red", "blue"), shapes=("circle", "square"), with_relation=True,
-           image: bytes | None = b"png", caption_index: int = 0) -> UnitsRecord:
+def record(
+    index: int,
+    colors=("red", "blue"),
+    shapes=("circle", "square"),
+    with_relation=True,
+    image: bytes | None = b"png",
+    caption_index: int = 0,
+) -> UnitsRecord:
     entities = tuple(entity(c, s) for c, s in zip(colors, shapes, strict=True))
     relations = ()
     if with_relation and len(entities) >= 2:
         relations = (relation(entities[0].text, "is left of", entities[1].text, "is right of"),)
     caption = " and ".join(e.text for e in entities)
-    return UnitsRecord(f"val-{index:03d}-{caption_index}", f"img-{index:03d}", caption, "val",
-                       entities, relations, image_bytes=image)
+    return UnitsRecord(
+        f"val-{index:03d}-{caption_index}",
+        f"img-{index:03d}",
+        caption,
+        "val",
+        entities,
+        relations,
+        image_bytes=image,
+    )
 
 
 def varied_records(count: int = 6) -> list[UnitsRecord]:
-    return [record(i, colors=(COLORS[i % 4], COLORS[(i + 1) % 4]),
-                   shapes=(SHAPES[i % 3], SHAPES[(i + 1) % 3])) for i in range(count)]
+    return [
+        record(
+            i,
+            colors=(COLORS[i % 4], COLORS[(i + 1) % 4]),
+            shapes=(SHAPES[i % 3], SHAPES[(i + 1) % 3]),
+        )
+        for i in range(count)
+    ]
 
 
 def test_every_condition_has_an_item_for_a_full_record():
     bench = build_half_truth_benchmark(varied_records(), seed=0)
     assert {item.condition for item in bench.items} == {c.slug for c in CONDITIONS}
-    assert all(item.group == next(c.group for c in CONDITIONS if c.slug == item.condition)
-               for item in bench.items)
+    assert all(
+        item.group == next(c.group for c in CONDITIONS if c.slug == item.condition)
+        for item in bench.items
+    )
 
 
 def test_items_follow_the_spec_templates():
@@ -83,8 +115,11 @@ def test_items_follow_the_spec_templates():
 
 
 def test_accounting_items_plus_skips_equal_images_per_condition():
-    records = varied_records(4) + [record(10, image=None), record(11, with_relation=False),
-                                   record(12, colors=("red",), shapes=("circle",))]
+    records = varied_records(4) + [
+        record(10, image=None),
+        record(11, with_relation=False),
+        record(12, colors=("red",), shapes=("circle",)),
+    ]
     bench = build_half_truth_benchmark(records, seed=1)
     for condition in CONDITIONS:
         produced = sum(1 for i in bench.items if i.condition == condition.slug)
@@ -95,9 +130,15 @@ def test_accounting_items_plus_skips_equal_images_per_condition():
 
 
 def test_units_without_foils_are_counted_skips():
-    bare = UnitsRecord("s", "img", "a red circle left of a blue square", "val",
-                       (Unit.entity("red circle"), Unit.entity("blue square")),
-                       (Unit.relation("red circle", "is left of", "blue square"),), image_bytes=b"x")
+    bare = UnitsRecord(
+        "s",
+        "img",
+        "a red circle left of a blue square",
+        "val",
+        (Unit.entity("red circle"), Unit.entity("blue square")),
+        (Unit.relation("red circle", "is left of", "blue square"),),
+        image_bytes=b"x",
+    )
     bench = build_half_truth_benchmark([bare], seed=0)
     assert bench.items == ()
     assert bench.skipped[("obj", "no_entity_foil")] == 1
@@ -166,15 +207,22 @@ def test_benchmark_table_rejects_unknown_condition(tmp_path):
 
 # ----------------------------------------------------------------------------- metrics
 
+
 def _items(conditions: list[str]) -> list[HalfTruthItem]:
     groups = {c.slug: c.group for c in CONDITIONS}
-    return [HalfTruthItem(str(k), str(k), c, groups[c], "a", "a+", "a-") for k, c in enumerate(conditions)]
+    return [
+        HalfTruthItem(str(k), str(k), c, groups[c], "a", "a+", "a-")
+        for k, c in enumerate(conditions)
+    ]
 
 
 def test_tie_counts_as_failure():
     items = _items(["obj", "obj", "ant"])
-    scores = ItemScores(anchor=np.array([0.5, 0.3, 0.2]), completion=np.array([0.6, 0.3, 0.1]),
-                        half_truth=np.array([0.4, 0.3, 0.2]))
+    scores = ItemScores(
+        anchor=np.array([0.5, 0.3, 0.2]),
+        completion=np.array([0.6, 0.3, 0.1]),
+        half_truth=np.array([0.4, 0.3, 0.2]),
+    )
     metrics = half_truth_metrics(items, scores, num_bootstrap=50)
     assert metrics["ht_all"] == pytest.approx(100 / 3)
     assert metrics["ht_entity"] == pytest.approx(50.0)
@@ -213,8 +261,10 @@ def test_image_side_metrics_known_answer():
 def test_image_side_distractors_share_one_unit_and_lack_the_other():
     # Every image shows a red circle plus one other entity out of four.
     others = [("blue", "square"), ("green", "triangle"), ("yellow", "square"), ("blue", "triangle")]
-    records = [record(i, colors=("red", others[i % 4][0]), shapes=("circle", others[i % 4][1]))
-               for i in range(8)]
+    records = [
+        record(i, colors=("red", others[i % 4][0]), shapes=("circle", others[i % 4][1]))
+        for i in range(8)
+    ]
     entities = {r.image_id: {e.text for e in r.entities} for r in records}
     items = build_image_side_benchmark(records, seed=0)
     assert items

@@ -67,8 +67,12 @@ def test_batched_scores_equal_one_pair_at_a_time(world_records, tiny):
     items = build_benchmark(world_records, seed=0)[:4]
     images = image_bytes_by_id(world_records, [i.image_id for i in items])
     scorer = BundleScorer(tiny, batch_size=7)
-    scores = score_items(encode_features(scorer, [t for i in items for t in
-                                                  (i.anchor, i.completion, i.half_truth)], images), items)
+    scores = score_items(
+        encode_features(
+            scorer, [t for i in items for t in (i.anchor, i.completion, i.half_truth)], images
+        ),
+        items,
+    )
     for k, item in enumerate(items):
         image = scorer.encode_images([images[item.image_id]])[0]
         text = scorer.encode_texts([item.half_truth])[0]
@@ -86,8 +90,12 @@ def test_caption_length_scorer_gets_the_known_answer(world_records, prefer_short
     assert all(len(i.half_truth) > len(i.anchor) for i in items)
     assert report.metrics["ht_all"] == (100.0 if prefer_short else 0.0)
     assert report.metrics["consistency_all"] == (0.0 if prefer_short else 100.0)
-    longer = [len(i.completion) < len(i.half_truth) if prefer_short else
-              len(i.completion) > len(i.half_truth) for i in items]
+    longer = [
+        len(i.completion) < len(i.half_truth)
+        if prefer_short
+        else len(i.completion) > len(i.half_truth)
+        for i in items
+    ]
     assert report.metrics["winrate_all"] == pytest.approx(100 * np.mean(longer))
     ties = sum(len(i.completion) == len(i.half_truth) for i in items)
     assert ties > 0  # e.g. Ant "is above" vs "is below": a tie must count as a loss both ways
@@ -106,13 +114,23 @@ def test_images_are_read_in_chunks_from_their_paths(tmp_path, world_records, mon
     records = []
     for record in world_records:
         (tmp_path / f"{record.image_id}.png").write_bytes(record.image_bytes)
-        records.append(UnitsRecord(record.sample_id, record.image_id, record.caption, record.split,
-                                   record.entities, record.relations,
-                                   image_path=str(tmp_path / f"{record.image_id}.png")))
+        records.append(
+            UnitsRecord(
+                record.sample_id,
+                record.image_id,
+                record.caption,
+                record.split,
+                record.entities,
+                record.relations,
+                image_path=str(tmp_path / f"{record.image_id}.png"),
+            )
+        )
     ids = [r.image_id for r in records]
     scorer = CountingScorer()
     from_paths = encode_features(scorer, ["red circle"], image_sources(records, ids))
-    from_bytes = encode_features(CaptionLengthScorer(), ["red circle"], image_bytes_by_id(world_records, ids))
+    from_bytes = encode_features(
+        CaptionLengthScorer(), ["red circle"], image_bytes_by_id(world_records, ids)
+    )
     assert scorer.num_images == len(records) == 12 and scorer.image_calls == 3  # 5 + 5 + 2
     np.testing.assert_array_equal(from_paths.image_features, from_bytes.image_features)
 
@@ -132,8 +150,18 @@ def test_ray_scores_equal_in_process_scores(ray_session, world_records, tiny, tm
     # Two images travel as bytes, two as paths the actors read themselves.
     for record in records[:2]:
         (tmp_path / f"{record.image_id}.png").write_bytes(record.image_bytes)
-    mixed = [UnitsRecord(r.sample_id, r.image_id, r.caption, r.split, r.entities, r.relations,
-                         image_path=str(tmp_path / f"{r.image_id}.png")) for r in records[:2]] + records[2:]
+    mixed = [
+        UnitsRecord(
+            r.sample_id,
+            r.image_id,
+            r.caption,
+            r.split,
+            r.entities,
+            r.relations,
+            image_path=str(tmp_path / f"{r.image_id}.png"),
+        )
+        for r in records[:2]
+    ] + records[2:]
     items = build_benchmark(mixed, seed=0)
     images = image_sources(mixed, [i.image_id for i in items])
     assert sum(isinstance(v, str) for v in images.values()) == 2
