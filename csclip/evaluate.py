@@ -27,6 +27,7 @@ from csclip.halftruth import (
     half_truth_metrics,
     image_side_metrics,
     items_to_table,
+    load_benchmark,
     save_benchmark,
 )
 from csclip.model import ClipBundle, ModelConfig
@@ -68,6 +69,9 @@ class BenchmarkConfig(StrictModel):
     image_side: bool = True
     min_distractors: int = Field(2, ge=1)
     max_distractors: int = Field(5, ge=1)
+    # A saved benchmark table (.parquet / .csv from a previous run) to rescore instead of
+    # building one; its images still come from the units table.
+    table_uri: str | None = None
 
     @model_validator(mode="after")
     def _distractor_range(self) -> BenchmarkConfig:
@@ -151,12 +155,18 @@ class PreparedBenchmark:
 def prepare_benchmark(
     records: Sequence[UnitsRecord], seed: int = 0, config: BenchmarkConfig | None = None
 ) -> PreparedBenchmark:
-    """Build the half-truth (and image-side) benchmark and collect its images.
+    """Build the half-truth (and image-side) benchmark, or load config.table_uri, and
+    collect its image sources.
 
-    Raises DataError for no records, no usable items, or an image that cannot be read.
+    Raises DataError for no records, no usable items, or an image missing from `records`.
     """
     config = config or BenchmarkConfig(seed=seed)
-    benchmark = build_half_truth_benchmark(records, seed)
+    if config.table_uri:
+        items = tuple(load_benchmark(config.table_uri))
+        num_images = len({item.image_id for item in items})
+        benchmark = HalfTruthBenchmark(items, {}, num_images, len(records))
+    else:
+        benchmark = build_half_truth_benchmark(records, seed)
     if not benchmark.items:
         reasons = ", ".join(f"{c}/{r}: {n}" for (c, r), n in benchmark.skipped.items())
         raise DataError(

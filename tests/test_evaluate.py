@@ -21,7 +21,12 @@ from csclip.evaluate import (
     load_records,
     prepare_benchmark,
 )
-from csclip.halftruth import CONDITIONS, build_half_truth_benchmark, build_image_side_benchmark
+from csclip.halftruth import (
+    CONDITIONS,
+    build_half_truth_benchmark,
+    build_image_side_benchmark,
+    save_benchmark,
+)
 from csclip.model import create_bundle, save_checkpoint, spec_of
 from csclip.units import UnitsRecord, write_units
 from csclip.world import WorldConfig, iter_world, scene_from_record
@@ -113,6 +118,19 @@ def test_compare_models_writes_tables_figure_and_logs_to_mlflow(
     )
     artifacts = {a.path for a in mlflow.MlflowClient(mlflow_uri).list_artifacts(run.info.run_id)}
     assert {"table1.md", "table6.csv", "table7.md", "figure3.png", "benchmark.parquet"} <= artifacts
+
+
+def test_a_saved_benchmark_table_rescores_to_the_same_metrics(world_val, tiny, tmp_path):
+    records = world_val[:10]
+    built = evaluate_bundle(tiny, records, seed=3, config=FAST)
+    path = save_benchmark(built.items, tmp_path / "bench.csv")
+    config = BenchmarkConfig(num_bootstrap=50, table_uri=str(path))
+    rescored = evaluate_bundle(tiny, records, seed=3, config=config)
+    assert rescored.items == built.items
+    for key in ("ht_all", "ht_gap", "winrate_all", "consistency_all", "ht_all_ci_low"):
+        assert rescored.metrics[key] == pytest.approx(built.metrics[key], abs=1e-12)
+    with pytest.raises(DataError, match="not in the units table"):
+        evaluate_bundle(tiny, world_val[10:12], seed=3, config=config)
 
 
 def test_records_without_images_or_foils_give_clear_errors(world_val):
