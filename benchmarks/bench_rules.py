@@ -55,19 +55,23 @@ def throughput(captions: list[str]) -> dict[str, float]:
 def child(data: Path, multiplier: int) -> None:
     """Stream the captions `multiplier` times, keeping only counts; print peak RSS."""
     captions = load_sugarcrepe(data)
-    num_units = 0
+    num_units = done = 0
     for _ in range(multiplier):
         for caption in captions:
             result = extract_units(caption)
             num_units += len(result.entities) + len(result.relations)
+            done += 1
+            if done % 10_000 == 0:  # progress on stderr; stdout carries the result
+                print(f"  {multiplier}x: {done} captions", file=sys.stderr, flush=True)
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     print(json.dumps({"multiplier": multiplier, "captions": len(captions) * multiplier,
                       "units": num_units, "peak_rss_mib": peak_kib / 1024}))
 
 
 def peak_rss(data: Path, multiplier: int) -> dict:
+    print(f"peak RSS run, {multiplier}x input, in a fresh process ...", flush=True)
     out = subprocess.run([sys.executable, __file__, "--child", str(multiplier),
-                          "--data", str(data)], capture_output=True, text=True, check=True)
+                          "--data", str(data)], stdout=subprocess.PIPE, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

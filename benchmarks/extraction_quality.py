@@ -14,6 +14,7 @@ import argparse
 import collections
 import json
 import random
+import sys
 from pathlib import Path
 
 from csclip.extract.rules import extract_record, extract_units, score_against_gold
@@ -41,7 +42,9 @@ def world_scores(num_records: int, seed: int) -> dict[str, float]:
 def coverage(captions: list[str]) -> tuple[dict[str, float], collections.Counter]:
     counts = collections.Counter()
     reasons: collections.Counter = collections.Counter()
-    for caption in captions:
+    for done, caption in enumerate(captions, 1):
+        if done % 2000 == 0:  # progress on stderr; stdout is the report
+            print(f"  coverage: {done}/{len(captions)} captions", file=sys.stderr, flush=True)
         result = extract_units(caption)
         counts["entity"] += bool(result.entities)
         counts["relation"] += bool(result.relations)
