@@ -473,6 +473,27 @@ def metric_prefix(name: str) -> str:
     return _METRIC_CHARS.sub("_", name)
 
 
+def _experiment_id(client, tracking_uri: str, experiment: str) -> str:
+    from mlflow.exceptions import MlflowException
+
+    found = client.get_experiment_by_name(experiment)
+    if found is not None:
+        return found.experiment_id
+    # A sqlite store keeps artifacts next to the database, not in the caller's cwd.
+    location = None
+    if tracking_uri.startswith("sqlite:///"):
+        database = Path(tracking_uri[len("sqlite:///") :]).absolute()
+        location = database.parent.joinpath("mlartifacts").as_uri()
+    try:
+        return client.create_experiment(experiment, artifact_location=location)
+    except MlflowException:
+        # Another process (a parallel trial) created it between our get and create.
+        found = client.get_experiment_by_name(experiment)
+        if found is None:
+            raise
+        return found.experiment_id
+
+
 def log_comparison(
     reports: Mapping[str, HalfTruthReport],
     files: Mapping[str, Path],
@@ -488,20 +509,7 @@ def log_comparison(
     from mlflow.entities import Metric, Param
 
     client = mlflow.MlflowClient(tracking_uri)
-    found = client.get_experiment_by_name(experiment)
-    if found is not None:
-        experiment_id = found.experiment_id
-    else:
-        # A sqlite store keeps artifacts next to the database, not in the caller's cwd.
-        location = None
-        if tracking_uri.startswith("sqlite:///"):
-            location = (
-                Path(tracking_uri[len("sqlite:///") :])
-                .absolute()
-                .parent.joinpath("mlartifacts")
-                .as_uri()
-            )
-        experiment_id = client.create_experiment(experiment, artifact_location=location)
+    experiment_id = _experiment_id(client, tracking_uri, experiment)
     run = client.create_run(experiment_id, run_name="halftruth-eval")
     run_id = run.info.run_id
     all_params = {"models": ",".join(reports), **(params or {})}
