@@ -387,7 +387,10 @@ VERB_ING: dict[str, str] = dict(item.split(":") for item in _VERBS.split())
 PARTICIPLES = frozenset(
     "filled covered topped parked surrounded stacked attached loaded decorated painted "
     "placed lined displayed piled perched mounted seated dressed held tied stuffed "
-    "made set arranged gathered".split()
+    "made set arranged gathered shown seen pictured positioned embedded served propped "
+    "suspended grouped planted leaned curled huddled hooked stopped tucked wrapped stored "
+    "kept framed hung installed strapped taped chained docked reflected located situated "
+    "lit".split()
 )
 # Verb-level antonyms: predicates whose opposite is another verb, not another preposition.
 VERB_ANTONYMS: dict[str, str] = {

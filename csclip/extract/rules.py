@@ -581,7 +581,8 @@ def _read_connector(gap: list[str]) -> tuple[_Connector | None, str]:
     """Read the words between two phrases as [that|while|,] [is|are] [verb] [preposition].
     Returns (connector, "") or (None, why not)."""
     words = _drop_unknown_modifiers(
-        [w for w in _drop_adverbials(gap) if w not in lx.SKIPPABLE_ADVERBS])
+        [w for w in _drop_adverbials(gap) if w not in lx.SKIPPABLE_ADVERBS
+         and not _is_unknown_adverb(w)])
     if not words and gap:
         return None, f"{_gap_text(gap)!r} not in lexicon"
     is_relative = False
@@ -621,6 +622,13 @@ def _read_connector(gap: list[str]) -> tuple[_Connector | None, str]:
     if verb == "has" and preposition is not None:
         return None, f"'has ... {preposition}' not in lexicon"
     return _Connector(_Predicate(verb, preposition), is_relative, aux_plural), ""
+
+
+def _is_unknown_adverb(word: str) -> bool:
+    """An unknown "-ly" word between phrases is a manner adverb ("walking slowly across"):
+    it changes how, not what, so it is skipped."""
+    return (len(word) > 4 and word.endswith("ly") and word not in lx.NOUNS
+            and word not in lx.VERB_ING and _is_unknown_word(word))
 
 
 def _preposition_at(words: list[str], i: int) -> bool:
