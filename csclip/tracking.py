@@ -30,8 +30,16 @@ class TrackingConfig(StrictModel):
 
 
 def resolve_uri(uri: str | None) -> str:
-    """The config's URI, else $MLFLOW_TRACKING_URI, else the local sqlite default."""
-    return uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    """The config's URI, else $MLFLOW_TRACKING_URI, else the local sqlite default.
+
+    A relative sqlite path is made absolute: Ray workers run in another directory, and
+    would otherwise write to a database of their own.
+    """
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
+        uri = prefix + os.path.abspath(uri[len(prefix):])
+    return uri
 
 
 def _client(uri: str):

@@ -209,3 +209,14 @@ def test_png_roundtrip_sanity():
 
     record = world_record(TINY_WORLD, "train", 0)
     assert Image.open(io.BytesIO(record.image_bytes)).size == (32, 32)
+
+
+def test_relative_sqlite_uri_is_made_absolute(monkeypatch, tmp_path):
+    # Ray workers run elsewhere: a relative sqlite path would give them their own database.
+    from csclip.tracking import resolve_uri
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert resolve_uri(None) == f"sqlite:///{tmp_path}/mlflow.db"
+    assert resolve_uri("sqlite:////abs/m.db") == "sqlite:////abs/m.db"
+    assert resolve_uri("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
