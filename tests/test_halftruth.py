@@ -290,3 +290,24 @@ def test_benchmark_is_deterministic_and_accounted(count, seed):
 def test_halftruth_does_not_import_ray():
     code = "import sys, csclip.halftruth; assert 'ray' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    values=st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3)), min_size=1, max_size=30
+    ),
+)
+def test_accuracy_of_a_and_its_mirror_plus_ties_is_100(values):
+    # Scores on a coarse grid so ties are common: a tie fails in both directions.
+    anchor, completion, half_truth = (
+        np.array(column, dtype=float) for column in zip(*values, strict=True)
+    )
+    items = _items(["obj"] * len(values))
+    forward = half_truth_metrics(
+        items, ItemScores(anchor, completion, half_truth), num_bootstrap=20
+    )
+    mirror = half_truth_metrics(items, ItemScores(half_truth, completion, anchor), num_bootstrap=20)
+    ties = 100 * np.mean(anchor == half_truth)
+    assert forward["ht_all"] + mirror["ht_all"] + ties == pytest.approx(100.0)
+    assert forward["ht_gap"] == pytest.approx(-mirror["ht_gap"])
