@@ -96,6 +96,20 @@ def test_ambiguous_attachment_after_with_object_is_not_guessed():
     assert any("ambiguous attachment" in r.detail for r in result.rejections)
 
 
+def test_clothing_goes_to_the_nearest_person_and_surfaces_are_not_guessed():
+    result = extract_units("A girl in a floral dress sitting next to a boy in a blue shirt.")
+    assert "boy is in blue shirt" in texts(result.relations)
+    assert "girl is in blue shirt" not in texts(result.relations)
+    # The keyboard is on the desk, not the person; which one the caption means is not read.
+    result = extract_units("A person uses a black computer keyboard on a wooden desk.")
+    assert texts(result.relations) == ["person is using black computer keyboard"]
+
+
+def test_person_after_and_starts_a_new_subject():
+    result = extract_units("a little girl in a blue apron and a girl in a red apron")
+    assert texts(result.relations) == ["little girl is in blue apron", "girl is in red apron"]
+
+
 def test_unreadable_subject_gives_no_relations():
     # The subject ("woman model") is unknown: nothing may be pinned on the chair.
     result = extract_units("a young Asian woman model sitting on a folding chair in a "

@@ -420,8 +420,12 @@ class _RelationReader:
     def coordinate(self, i: int) -> None:
         """Phrase i+1 follows phrase i after "and" / ",": it shares phrase i's role."""
         nxt = i + 1
-        if (self.last is not None or i not in self.clause_subjects) and _starts_clause(
-                self.tokens, self.parse.phrases, nxt):
+        phrases = self.parse.phrases
+        starts_clause = _starts_clause(self.tokens, phrases, nxt) or (
+            # "a girl in a blue apron and a girl in a red apron": a person after an object
+            # that is not one starts a new subject, it is not worn.
+            _is_person(phrases[nxt]) and not _is_person(phrases[i]))
+        if (self.last is not None or i not in self.clause_subjects) and starts_clause:
             self.clause_subjects, self.last = [nxt], None
         elif self.last is not None:
             for s in self.last[0]:
@@ -486,10 +490,31 @@ class _RelationReader:
             after_with = is_body
         if connector.is_relative:
             self.clause_subjects = [i]
-        return [i] if connector.is_relative or after_with else self.clause_subjects
+        if connector.is_relative or after_with:
+            return [i]
+        phrase, obj = self.parse.phrases[i], self.parse.phrases[nxt]
+        if _is_bare_connector(connector) and connector.predicate.verb is None:
+            if obj.head.category == "clothing" and _is_person(phrase):
+                return [i]  # "next to a boy in a blue shirt": the boy wears it
+            direct_object = (self.last is not None and self.last[1].verb not in (None, "has")
+                             and self.last[1].preposition is None)
+            if direct_object and obj.head.category in _SURFACES:
+                # "using a keyboard on a desk": the keyboard is on the desk, the person is
+                # not; "riding a horse on the beach" is fine (a place, not a surface).
+                self._reject(f"ambiguous attachment of {_gap_text(gap)!r} {obj.text!r}")
+                self.last = None
+                return None
+        return self.clause_subjects
 
     def _reject(self, detail: str) -> None:
         self.parse.rejections.append(Rejection(RejectReason.UNPARSED, detail))
+
+
+_SURFACES = frozenset({"furniture", "kitchen", "electronic", "appliance", "indoor", "fixture"})
+
+
+def _is_person(phrase: _Phrase) -> bool:
+    return phrase.head.category.startswith("person")
 
 
 def _gap_text(gap: list[str]) -> str:
