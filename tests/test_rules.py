@@ -110,6 +110,18 @@ def test_person_after_and_starts_a_new_subject():
     assert texts(result.relations) == ["little girl is in blue apron", "girl is in red apron"]
 
 
+def test_worn_things_never_act():
+    result = extract_units("A man in a white shirt and a red hat catches a white frisbee.")
+    assert "man is catching white frisbee" in texts(result.relations)
+    result = extract_units("A sheep with short hair stands under a fence.")
+    assert "sheep is standing under fence" in texts(result.relations)
+
+
+def test_second_coordinated_subject_keeps_its_base_verb():
+    result = extract_units("A man and woman sit on benches.")
+    assert texts(result.relations) == ["man is sitting on benches", "woman is sitting on benches"]
+
+
 def test_unreadable_subject_gives_no_relations():
     # The subject ("woman model") is unknown: nothing may be pinned on the chair.
     result = extract_units("a young Asian woman model sitting on a folding chair in a "

@@ -308,7 +308,10 @@ def _match_phrase(tokens: list[str], i: int) -> tuple[_Phrase | None, int, str |
     words = tuple(tokens[start:end])
     follower = tokens[end] if end < len(tokens) else ""
     after = tokens[end + 1] if end + 1 < len(tokens) else ""
-    is_singular = form == noun.singular and noun.singular != noun.plural
+    # A base verb after a singular noun is a compound head ("toilet brush"), unless the noun
+    # is the second of two subjects ("a man and woman sit").
+    is_singular = (form == noun.singular and noun.singular != noun.plural
+                   and (i == 0 or tokens[i - 1] not in ("and", ",")))
     if _is_unknown_noun(follower, after) or (is_singular and _is_bare_verb_noun(follower)):
         # "toilet seat", "living area": the real head is a noun we do not know.
         return None, end + 1, f"head noun of {' '.join(words + (follower,))!r} not in lexicon"
@@ -421,10 +424,12 @@ class _RelationReader:
         """Phrase i+1 follows phrase i after "and" / ",": it shares phrase i's role."""
         nxt = i + 1
         phrases = self.parse.phrases
-        starts_clause = _starts_clause(self.tokens, phrases, nxt) or (
+        starts_clause = (_starts_clause(self.tokens, phrases, nxt) or (
             # "a girl in a blue apron and a girl in a red apron": a person after an object
             # that is not one starts a new subject, it is not worn.
-            _is_person(phrases[nxt]) and not _is_person(phrases[i]))
+            _is_person(phrases[nxt]) and not _is_person(phrases[i]))) and (
+            # "a man in a white shirt and a red hat catches ...": the hat does not catch.
+            phrases[nxt].head.category not in _WORN)
         if (self.last is not None or i not in self.clause_subjects) and starts_clause:
             self.clause_subjects, self.last = [nxt], None
         elif self.last is not None:
@@ -479,7 +484,9 @@ class _RelationReader:
         """
         nxt = i + 1
         after_with = (self.last is not None and _is_bare_connector(connector)
-                      and (self.last[1].verb == "has" or self.last[1].preposition == "with"))
+                      and (self.last[1].verb == "has" or self.last[1].preposition == "with")
+                      # "a sheep with short hair stands under a fence": the sheep stands.
+                      and self.parse.phrases[i].head.category not in _WORN)
         if after_with and connector.predicate.verb is None:
             is_body = self.parse.phrases[nxt].head.category == "body"
             if self.last[1].verb == "has" and not is_body:
@@ -498,7 +505,9 @@ class _RelationReader:
                 return [i]  # "next to a boy in a blue shirt": the boy wears it
             direct_object = (self.last is not None and self.last[1].verb not in (None, "has")
                              and self.last[1].preposition is None)
-            if direct_object and obj.head.category in _SURFACES:
+            onto_surface = (i not in self.clause_subjects
+                            and connector.predicate.preposition in _ON_LIKE)
+            if (direct_object or onto_surface) and obj.head.category in _SURFACES:
                 # "using a keyboard on a desk": the keyboard is on the desk, the person is
                 # not; "riding a horse on the beach" is fine (a place, not a surface).
                 self._reject(f"ambiguous attachment of {_gap_text(gap)!r} {obj.text!r}")
@@ -511,6 +520,8 @@ class _RelationReader:
 
 
 _SURFACES = frozenset({"furniture", "kitchen", "electronic", "appliance", "indoor", "fixture"})
+_ON_LIKE = frozenset({"on", "on top of", "in", "at", "inside", "under"})
+_WORN = frozenset({"clothing", "body"})
 
 
 def _is_person(phrase: _Phrase) -> bool:
