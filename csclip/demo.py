@@ -23,11 +23,20 @@ class PretrainConfig(StrictModel):
     state relations, so the model can learn spatial layout) from scenes the fine-tuning
     never sees (another world seed)."""
 
+    # Flat fields, not a nested OptimConfig: `--set pretrain.optim.max_steps=...` would
+    # replace a nested default as a whole and silently reset its lr to OptimConfig's.
     world_seed: int = 1000
     num_train: int = Field(4000, ge=1)
     batch_size: int = Field(64, ge=1)
-    optim: OptimConfig = OptimConfig(lr=1e-3, weight_decay=0.1, warmup_steps=50, max_steps=1500)
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.1, ge=0)
+    warmup_steps: int = Field(50, ge=0)
+    max_steps: int = Field(1500, ge=1)
     storage_path: str = "runs/pretrain"
+
+    def optim(self) -> OptimConfig:
+        return OptimConfig(lr=self.lr, weight_decay=self.weight_decay,
+                           warmup_steps=self.warmup_steps, max_steps=self.max_steps)
 
 
 class DemoConfig(StrictModel):
@@ -58,7 +67,7 @@ def pretrain_config(demo: DemoConfig) -> TrainConfig:
         "model": base.model.model_copy(update={"pretrained": None}),
         "data": base.data.model_copy(update={"world": world, "batch_size": pre.batch_size}),
         "loss": base.loss.model_copy(update={"method": "clip"}),
-        "optim": pre.optim,
+        "optim": pre.optim(),
         "run": base.run.model_copy(update={"name": None, "storage_path": pre.storage_path}),
     })
 
@@ -106,7 +115,7 @@ def write_results_doc(demo: DemoConfig, pretrained: TrainResult, finetuned: dict
         "CLIP-FT and CS-CLIP fine-tuned from it on the same budget.", "",
         f"- model `{train.model.name}`, {world.image_size} px images",
         f"- pretraining: CLIP loss on {pre.num_train} world captions (world seed "
-        f"{pre.world_seed}), {pre.optim.max_steps} steps x batch {pre.batch_size}, lr {pre.optim.lr}",
+        f"{pre.world_seed}), {pre.max_steps} steps x batch {pre.batch_size}, lr {pre.lr}",
         f"- fine-tuning: {world.num_train} training scenes (seed {world.seed}), "
         f"{train.optim.max_steps} steps x batch {train.data.batch_size}, lr {train.optim.lr}, "
         f"N = {train.sampling.num_unit_slots}, relation_prob {train.sampling.relation_prob}, "

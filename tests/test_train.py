@@ -220,3 +220,18 @@ def test_relative_sqlite_uri_is_made_absolute(monkeypatch, tmp_path):
     assert resolve_uri(None) == f"sqlite:///{tmp_path}/mlflow.db"
     assert resolve_uri("sqlite:////abs/m.db") == "sqlite:////abs/m.db"
     assert resolve_uri("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
+
+
+def test_demo_stages_share_the_model_and_differ_in_objective():
+    from csclip.config import load_config
+    from csclip.demo import DemoConfig, finetune_config, pretrain_config
+
+    demo = load_config(DemoConfig, None, ["pretrain.max_steps=7", "train.optim.max_steps=5"])
+    pre = pretrain_config(demo)
+    # Overriding one pretraining field keeps the others (lr stays the demo's, not 5e-6).
+    assert (pre.loss.method, pre.optim.max_steps, pre.optim.lr) == ("clip", 7, 1e-3)
+    assert pre.data.world.seed != demo.train.data.world.seed and pre.model.pretrained is None
+    runs = [finetune_config(demo, method, "/ckpt/final") for method in ("csclip", "clip")]
+    assert [r.loss.method for r in runs] == ["csclip", "clip"]
+    assert all(r.model.pretrained == "/ckpt/final" and r.optim.max_steps == 5 for r in runs)
+    assert run_name(runs[0]) != run_name(runs[1])
