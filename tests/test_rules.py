@@ -85,7 +85,8 @@ def test_with_object_takes_the_following_participle():
 
 
 def test_pronoun_refers_to_the_phrase_before_its_subject():
-    result = extract_units("Small bedroom with a bed and dresser with a small monitor on top of it.")
+    result = extract_units(
+        "Small bedroom with a bed and dresser with a small monitor on top of it.")
     assert "small monitor is on top of dresser" in texts(result.relations)
     assert "small bedroom has small monitor" not in texts(result.relations)
 
@@ -290,9 +291,9 @@ def _record(sample_id: str, entities: list[str], relations: list[tuple[str, str,
 
 
 def test_score_counts_matches_on_normalized_text():
-    gold = [_record("a", ["red circle", "blue square"], [("red circle", "is above", "blue square")]),
-            _record("b", ["cat"], [])]
-    predicted = [_record("a", ["Red circle", "green cross"], [("red circle", "is above", "blue square")]),
+    above = ("red circle", "is above", "blue square")
+    gold = [_record("a", ["red circle", "blue square"], [above]), _record("b", ["cat"], [])]
+    predicted = [_record("a", ["Red circle", "green cross"], [above]),
                  _record("b", ["cat", "mat"], [])]
     scores = score_against_gold(predicted, gold)
     assert (scores.entity.true_positives, scores.entity.false_positives,

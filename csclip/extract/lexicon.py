@@ -170,9 +170,9 @@ NOUNS: dict[str, Noun] = _build_nouns()
 _SAME_THING = (
     "man guy gentleman", "woman lady", "child kid toddler baby", "person adult",
     "bicycle bike", "motorcycle motorbike scooter", "airplane plane jet", "car taxi",
-    "boat ship", "truck van", "bus trolley", "fire_hydrant hydrant", "stop_sign sign street_sign",
-    "cow cattle calf", "horse pony", "dog puppy", "cat kitten", "sheep lamb",
-    "handbag purse bag", "suitcase luggage bag", "sports_ball ball",
+    "boat ship", "truck van", "bus trolley", "fire_hydrant hydrant",
+    "stop_sign sign street_sign", "cow cattle calf", "horse pony", "dog puppy", "cat kitten",
+    "sheep lamb", "handbag purse bag", "suitcase luggage bag", "sports_ball ball",
     "tennis_racket racket racquet", "baseball_bat bat", "baseball_glove glove", "ski skis",
     "wine_glass glass", "cup mug glass", "plate dish tray", "pot pan",
     "donut doughnut", "hamburger burger sandwich", "cake dessert pie pastry",
@@ -180,11 +180,12 @@ _SAME_THING = (
     "tv television monitor screen", "laptop computer", "cell_phone phone",
     "remote controller", "refrigerator fridge", "oven stove microwave",
     "teddy_bear toy", "picture painting", "room bedroom living_room",
-    "street road highway", "sidewalk side_walk street", "field park yard farm", "beach sand beach_sand shore",
-    "ocean lake river water wave", "mountain hill", "court tennis_court",
-    "track tracks", "building house", "store shop", "hat cap helmet", "shirt jersey",
-    "jacket coat sweater", "bathtub tub", "shower bathtub", "snowboard snow_board", "surfboard surf_board",
-    "linen sheet bedspread", "game match videogame video_game", "couple family crowd",
+    "street road highway", "sidewalk side_walk street", "field park yard farm",
+    "beach sand beach_sand shore", "ocean lake river water wave", "mountain hill",
+    "court tennis_court", "track tracks", "building house", "store shop",
+    "hat cap helmet", "shirt jersey", "jacket coat sweater", "bathtub tub", "shower bathtub",
+    "snowboard snow_board", "surfboard surf_board", "linen sheet bedspread",
+    "game match videogame video_game", "couple family crowd",
     "rider player skier surfer skateboarder snowboarder", "chef cook",
     "officer policeman soldier", "rock stone", "grass field", "food meat",
     "fruit apple banana orange", "vegetable broccoli carrot", "meat sausage hot_dog",
@@ -196,16 +197,13 @@ for _group in _SAME_THING:
         SAME_THING_GROUPS[_word] = SAME_THING_GROUPS.get(_word, frozenset()) | _members
 
 # Generic nouns: fine as entities, never as foils ("cat" -> "animal" would be true).
-NOT_FOILS = frozenset({"animal", "vehicle", "food", "person", "people", "adult", "crowd",
-                       "family", "couple", "player", "rider", "worker", "sign", "toy",
-                       "fruit", "vegetable", "dessert", "bag", "ball", "glass", "building", "room",
-                       "water", "plant", "screen", "computer", "phone", "dish", "pastry", "area",
-                       "furniture", "meal", "game", "ground", "corner", "match", "user", "home", "seat", "tower", "post",
-                       "case", "holder", "container", "gear", "outfit", "friend", "lunch",
-                       "dinner", "breakfast", "veggies", "topping", "frosting", "student",
-                       "mother", "father", "device", "electronics", "appliance",
-                       "body of water", "light"})
-
+NOT_FOILS = frozenset(
+    "animal vehicle food person people adult crowd family couple player rider worker sign "
+    "toy fruit vegetable dessert bag ball glass building room water plant screen computer "
+    "phone dish pastry area furniture meal game ground corner match user home seat tower "
+    "post case holder container gear outfit friend lunch dinner breakfast veggies topping "
+    "frosting student mother father device electronics appliance".split()
+) | {"body of water"}
 
 # Where object foils of a generic noun come from: "people" could be skiers or fathers (so
 # no person noun is clearly false of them), but never dogs.
@@ -219,6 +217,8 @@ FOIL_CATEGORY_OF_GENERIC: dict[str, str] = {
 def same_thing(a: Noun, b: Noun) -> bool:
     """Whether two nouns may name the same thing (so one cannot foil the other)."""
     return a.singular == b.singular or b.singular in SAME_THING_GROUPS.get(a.singular, ())
+
+
 MAX_NOUN_WORDS = max(len(form.split()) for form in NOUNS)
 
 # Nouns that frame the picture rather than name something in it: "a photo of a cat" is a
@@ -241,8 +241,6 @@ COLLECTIVES = COLLECTIVES | frozenset(_plural(w) for w in COLLECTIVES)
 PLURAL_COLLECTIVES = frozenset({"couple", "pair", "few"})
 # Vague amounts dropped from the entity text: "a lot of girls" is "girls".
 QUANTITY_PREFIXES = frozenset({"lot", "lots", "number", "plenty"})
-# Collectives that also are object nouns: "a plate of food" is food, but "a plate" alone is
-# a plate. Only used with a following "of".
 
 # ------------------------------------------------------------------------------------------
 # Attributes: kind -> values. An attribute foil changes one value within its kind.
