@@ -187,7 +187,7 @@ _SAME_THING = (
     "snowboard snow_board", "surfboard surf_board", "linen sheet bedspread",
     "game match videogame video_game", "couple family crowd",
     "rider player skier surfer skateboarder snowboarder", "chef cook",
-    "officer policeman soldier", "rock stone", "grass field", "food meat",
+    "officer policeman soldier", "rock stone", "counter countertop sink_counter", "grass field", "food meat",
     "fruit apple banana orange", "vegetable broccoli carrot", "meat sausage hot_dog",
 )
 SAME_THING_GROUPS: dict[str, frozenset[str]] = {}

@@ -905,11 +905,24 @@ def _relation_foil_candidates(subject: _Phrase, predicate: _Predicate, obj: _Phr
                                         ChangeType.SUBJECT_OBJECT_SWAP))
     subject_foil = _first_foil(entities[s])
     if subject_foil is not None:
-        candidates.append(Foil.relation(subject_foil, rendered, o, ChangeType.SUBJECT_REPLACE))
+        # The new subject may differ in number ("cake" -> "chips"): the verb agrees with it.
+        agreeing = predicate.render(_is_plural_text(subject_foil, subject.is_plural))
+        candidates.append(Foil.relation(subject_foil, agreeing, o, ChangeType.SUBJECT_REPLACE))
     object_foil = _first_foil(entities[o])
     if object_foil is not None:
         candidates.append(Foil.relation(s, rendered, object_foil, ChangeType.OBJECT_REPLACE))
     return candidates
+
+
+def _is_plural_text(text: str, default: bool) -> bool:
+    """Whether an entity text's head noun is plural, by its lexicon form (`default` when
+    the form says nothing, as for "sheep")."""
+    words = text.split()
+    for n in range(min(lx.MAX_NOUN_WORDS, len(words)), 0, -1):
+        noun = lx.NOUNS.get(" ".join(words[-n:]))
+        if noun is not None and noun.singular != noun.plural:
+            return " ".join(words[-n:]) == noun.plural
+    return default
 
 
 def _first_foil(entity: Unit) -> str | None:
