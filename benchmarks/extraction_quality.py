@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from csclip.extract.rules import extract_record, extract_units, score_against_gold
-from csclip.world import WorldConfig, iter_world
+from csclip.world import WorldConfig, WorldLanguageError, iter_world, scene_from_record
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "sugarcrepe"
 
@@ -33,10 +33,22 @@ def load_sugarcrepe(directory: Path) -> list[str]:
 
 
 def world_scores(num_records: int, seed: int) -> dict[str, float]:
+    """P/R/F1 against gold, plus the truth oracle's verdict on every rules foil: false (as
+    a foil must be), true (a bad foil), or outside the world's small vocabulary."""
     config = WorldConfig(seed=seed, num_train=0, num_val=num_records, num_test=0)
     gold = list(iter_world(config, splits=("val",)))
     predicted = [extract_record(record)[0] for record in gold]
-    return score_against_gold(predicted, gold).as_dict()
+    scores = score_against_gold(predicted, gold).as_dict()
+    verdicts = collections.Counter()
+    for record, reference in zip(predicted, gold, strict=True):
+        scene = scene_from_record(reference)
+        for foil in (f for unit in record.units for f in unit.foils):
+            try:
+                verdicts["foils_true" if scene.holds(foil.text) else "foils_false"] += 1
+            except WorldLanguageError:
+                verdicts["foils_outside_world_language"] += 1
+    return {**scores, **{k: float(verdicts[k]) for k in (
+        "foils_false", "foils_true", "foils_outside_world_language")}}
 
 
 def coverage(captions: list[str]) -> tuple[dict[str, float], collections.Counter]:
