@@ -328,6 +328,25 @@ def test_world_f1_is_at_least_095():
     assert score_against_gold(results, gold[:50]) == score_against_gold(predicted[:50], gold[:50])
 
 
+def test_world_foils_are_never_true_of_the_scene():
+    from csclip.world import WorldConfig, WorldLanguageError, iter_world, scene_from_record
+
+    config = WorldConfig(seed=3, num_train=0, num_val=80, num_test=0)
+    judged = 0
+    for record in iter_world(config, splits=("val",)):
+        scene = scene_from_record(record)
+        result = extract_units(record.caption)
+        for unit in result.entities + result.relations:
+            assert scene.holds(unit.text), unit.text  # units are true...
+            for foil in unit.foils:
+                try:
+                    assert not scene.holds(foil.text), (record.caption, foil.text)  # ...foils not
+                    judged += 1
+                except WorldLanguageError:
+                    pass  # "pink circle": outside the oracle's vocabulary
+    assert judged > 300
+
+
 def test_rules_module_does_not_import_ray():
     code = "import sys, csclip.extract.rules; assert 'ray' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
