@@ -89,6 +89,9 @@ def test_pronoun_refers_to_the_phrase_before_its_subject():
         "Small bedroom with a bed and dresser with a small monitor on top of it.")
     assert "small monitor is on top of dresser" in texts(result.relations)
     assert "small bedroom has small monitor" not in texts(result.relations)
+    # "it" is singular: the desktop, not the two computers just before the fruit.
+    result = extract_units("A desktop with two computers and fruit on it.")
+    assert "fruit is on desktop" in texts(result.relations)
 
 
 def test_ambiguous_attachment_after_with_object_is_not_guessed():

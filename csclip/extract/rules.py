@@ -583,23 +583,34 @@ def _starts_clause(tokens: list[str], phrases: list[_Phrase], index: int) -> boo
 
 
 def _read_pronoun_relation(gap: list[str], subject: int, parse: _Parse) -> list[str]:
-    """Read a leading "to its left" / "above it" (pointing back at the phrase before the
-    subject: "a dresser with a monitor on top of it"), record the relation, and return the
-    rest of the gap."""
-    antecedent = subject - 1
-    if antecedent < 0:
-        return gap
+    """Read a leading "to its left" / "above it" (pointing back at the nearest earlier
+    phrase of the pronoun's number: "a dresser with a monitor on top of it", "a desktop
+    with two computers and fruit on it"), record the relation, and return the rest of the
+    gap."""
     for words, preposition in _POSSESSIVE_DIRECTIONS.items():
         if tuple(gap[: len(words)]) == words:
+            antecedent = _antecedent(parse.phrases, subject, is_plural=False)
+            if antecedent is None:
+                return gap
             parse.relations.append((subject, _Predicate(None, preposition), antecedent))
             return gap[len(words):]
     for n in range(min(lx.MAX_PREPOSITION_WORDS, len(gap) - 1), 0, -1):
         preposition = " ".join(gap[:n])
         if preposition in lx.PREPOSITION_ANTONYMS and gap[n] in _PRONOUNS:
+            antecedent = _antecedent(parse.phrases, subject, is_plural=gap[n] == "them")
+            if antecedent is None:
+                return gap
             parse.relations.append((subject, _Predicate(None, _canonical(preposition)),
                                     antecedent))
             return gap[n + 1:]
     return gap
+
+
+def _antecedent(phrases: list[_Phrase], subject: int, is_plural: bool) -> int | None:
+    for j in range(subject - 1, -1, -1):
+        if phrases[j].is_plural == is_plural:
+            return j
+    return None
 
 
 def _pronoun_relation_follows(tokens: list[str], phrases: list[_Phrase], index: int) -> bool:
