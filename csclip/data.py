@@ -135,14 +135,27 @@ def image_status(batch: pa.Table) -> dict[str, np.ndarray]:
             "ok": np.array(ok, dtype=bool)}
 
 
+def text_columns(method: str, num_unit_slots: int) -> list[str]:
+    """The token columns a training method encodes, in order."""
+    if method == "clip":
+        return ["caption"]
+    if method == "negclip":
+        return ["caption", "caption_negative"]
+    return (["caption", "caption_negative"] + [f"unit_{k}" for k in range(num_unit_slots)]
+            + [f"foil_{k}" for k in range(num_unit_slots)])
+
+
 def prepare_batch(batch: pa.Table, *, sampling: dict, preprocess: tuple, model_name: str,
-                  seed: int, epoch: int) -> dict[str, np.ndarray]:
+                  seed: int, epoch: int, columns: Sequence[str] | None = None
+                  ) -> dict[str, np.ndarray]:
     """Map function of the training stream: decode + transform images, sample slots
     (SPEC §3) for `epoch`, tokenize. Rows whose image does not decode are dropped (the
     check pass counted them).
 
-    Returns columns image (n, 3, H, W) float32; caption, caption_negative, unit_k, foil_k
-    (n, context_length) int64 for k < N; unit_mask (n,) bool.
+    columns: the token columns to produce (default: all of them, see text_columns);
+    plain CLIP needs only the caption, so it skips slot sampling.
+    Returns image (n, 3, H, W) float32; each token column (n, context_length) int64;
+    unit_mask (n,) bool when unit columns are produced.
     """
     transform, tokenize = _transform(preprocess), _tokenizer(model_name)
     records, images = [], []
@@ -151,17 +164,21 @@ def prepare_batch(batch: pa.Table, *, sampling: dict, preprocess: tuple, model_n
         if image is not None:
             records.append(record_from_row(row))
             images.append(transform(image).numpy())
-    config = SamplingConfig.model_validate(sampling)
     out: dict[str, np.ndarray] = {}
     if not records:
         return out
-    columns = sample_text_columns(records, config, seed, epoch)
-    out["image"] = np.stack(images).astype(np.float32)                 # (n, 3, H, W)
-    for name, values in columns.items():
-        if name == "unit_mask":
-            out[name] = np.asarray(values, dtype=bool)                    # (n,)
-        else:
-            out[name] = tokenize(list(values)).numpy().astype(np.int64)   # (n, L)
+    config = SamplingConfig.model_validate(sampling)
+    wanted = list(columns) if columns is not None else text_columns(
+        "csclip", config.num_unit_slots)
+    if wanted == ["caption"]:
+        texts: dict[str, list] = {"caption": [r.caption for r in records]}
+    else:
+        texts = sample_text_columns(records, config, seed, epoch)
+    out["image"] = np.stack(images).astype(np.float32)                   # (n, 3, H, W)
+    for name in wanted:
+        out[name] = tokenize(list(texts[name])).numpy().astype(np.int64)   # (n, L)
+    if "unit_mask" in texts and any(name.startswith("unit_") for name in wanted):
+        out["unit_mask"] = np.asarray(texts["unit_mask"], dtype=bool)      # (n,)
     return out
 
 
@@ -201,14 +218,18 @@ def plan_data(source, data: DataConfig, num_workers: int, epochs: int,
 
 
 def training_stream(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
-                    model_name: str, seed: int, num_epochs: int, rows_per_block: int = 64):
-    """The union over epochs of `source` prepared for training (see prepare_batch)."""
+                    model_name: str, seed: int, num_epochs: int, method: str = "csclip",
+                    rows_per_block: int = 128):
+    """The union over epochs of `source` prepared for training (see prepare_batch),
+    with the token columns `method` needs."""
+    columns = text_columns(method, sampling.num_unit_slots)
     epochs: Sequence = [
         source.map_batches(
             prepare_batch, batch_format="pyarrow", batch_size=rows_per_block,
             fn_kwargs={"sampling": sampling.model_dump(mode="json"),
                        "preprocess": preprocess_key(preprocess_cfg),
-                       "model_name": model_name, "seed": seed, "epoch": epoch})
+                       "model_name": model_name, "seed": seed, "epoch": epoch,
+                       "columns": columns})
         for epoch in range(num_epochs)
     ]
     return epochs[0].union(*epochs[1:]) if len(epochs) > 1 else epochs[0]

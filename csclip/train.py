@@ -24,7 +24,7 @@ import torch
 from pydantic import Field, model_validator
 
 from csclip.config import StrictModel, flatten
-from csclip.data import DataConfig
+from csclip.data import DataConfig, text_columns
 from csclip.errors import CsclipError
 from csclip.loss import LossParts, clip_loss, csclip_loss, negclip_loss
 from csclip.model import (
@@ -177,16 +177,6 @@ def build_optimizer(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.A
     groups = [{"params": no_decay, "weight_decay": 0.0},
               {"params": decay, "weight_decay": optim.weight_decay}]
     return torch.optim.AdamW(groups, lr=optim.lr, betas=optim.betas, eps=optim.eps)
-
-
-def text_columns(method: str, num_unit_slots: int) -> list[str]:
-    """The token columns a method encodes, in order."""
-    if method == "clip":
-        return ["caption"]
-    if method == "negclip":
-        return ["caption", "caption_negative"]
-    return (["caption", "caption_negative"] + [f"unit_{k}" for k in range(num_unit_slots)]
-            + [f"foil_{k}" for k in range(num_unit_slots)])
 
 
 def compute_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], loss: LossConfig,
@@ -385,13 +375,17 @@ def run(config: TrainConfig, callbacks: Sequence = ()) -> TrainResult:
 
     spec = spec_from_config(config.model)  # a bad model name fails here, before Ray
     source = source_dataset(config.data)
+    if config.data.units_uri is None:
+        # The world is generated: keep its rows (PNG bytes, a few KB each) instead of
+        # rendering every scene again in every epoch. A units table streams from storage.
+        source = source.materialize()
     plan = plan_data(source, config.data, config.run.num_workers, config.optim.epochs,
                      config.optim.max_steps)
     logger.info("run %s: %d rows (%d undecodable), %d epochs, %d steps", name, plan.num_rows,
                 plan.num_decode_failures, plan.num_epochs, plan.total_steps)
     stream = training_stream(source, sampling=config.sampling, preprocess_cfg=spec.preprocess_cfg,
                              model_name=config.model.name, seed=config.run.seed,
-                             num_epochs=plan.num_epochs)
+                             num_epochs=plan.num_epochs, method=config.loss.method)
     data_params = {"data.num_rows": plan.num_rows, "data.decode_failures": plan.num_decode_failures,
                    "data.total_steps": plan.total_steps, "data.num_epochs": plan.num_epochs}
     run_id = open_run(config.tracking, name, {**flatten(config), **data_params})

@@ -86,6 +86,23 @@ def test_prepare_batch_gives_images_tokens_and_mask():
     assert not torch.equal(batch["unit_0"], batch["foil_0"])
 
 
+def test_clip_batches_carry_only_the_caption():
+    world = WorldConfig(image_size=32)
+    records = [world_record(world, "train", i) for i in range(3)]
+    spec = spec_of(create_bundle("csclip-tiny", image_size=32).model, "csclip-tiny")
+    out = prepare_batch(records_to_table(records), sampling=SamplingConfig().model_dump(),
+                        preprocess=preprocess_key(spec.preprocess_cfg), model_name="csclip-tiny",
+                        seed=0, epoch=0, columns=["caption"])
+    assert sorted(out) == ["caption", "image"]
+    expected = _tokenizer_for_test()([r.caption for r in records]).numpy()
+    assert (out["caption"] == expected).all()
+
+
+def _tokenizer_for_test():
+    register_small_models()
+    return open_clip.get_tokenizer("csclip-tiny")
+
+
 def test_undecodable_image_is_dropped_from_the_batch():
     world = WorldConfig(image_size=32)
     records = [world_record(world, "train", i) for i in range(3)]
