@@ -121,6 +121,17 @@ def test_worn_things_never_act():
     assert "sheep is standing under fence" in texts(result.relations)
 
 
+def test_body_parts_and_participles_are_not_misread():
+    result = extract_units("A woman holding hands over their heads.")
+    assert "hands are over heads" in texts(result.relations)
+    assert "woman is over heads" not in texts(result.relations)
+    result = extract_units("A man with a shirt and a tie posing for a picture.")
+    assert "man is posing for picture" in texts(result.relations)
+    # "snow covered" is an adjective here, not "woman is covered forest".
+    result = extract_units("A young woman skiing through a snow covered forest.")
+    assert texts(result.relations) == ["young woman is skiing through snow"]
+
+
 def test_second_coordinated_subject_keeps_its_base_verb():
     result = extract_units("A man and woman sit on benches.")
     assert texts(result.relations) == ["man is sitting on benches", "woman is sitting on benches"]

@@ -503,6 +503,8 @@ class _RelationReader:
         if _is_bare_connector(connector) and connector.predicate.verb is None:
             if obj.head.category == "clothing" and _is_person(phrase):
                 return [i]  # "next to a boy in a blue shirt": the boy wears it
+            if obj.head.category == "body" and i not in self.clause_subjects:
+                return [i]  # "holding hands over their heads": the hands are
             direct_object = (self.last is not None and self.last[1].verb not in (None, "has")
                              and self.last[1].preposition is None)
             onto_surface = (i not in self.clause_subjects
@@ -521,7 +523,8 @@ class _RelationReader:
 
 _SURFACES = frozenset({"furniture", "kitchen", "electronic", "appliance", "indoor", "fixture"})
 _ON_LIKE = frozenset({"on", "on top of", "in", "at", "inside", "under"})
-_WORN = frozenset({"clothing", "body"})
+# Things worn or carried: never the agent of a verb ("a man with a tie posing").
+_WORN = frozenset({"clothing", "body", "accessory"})
 
 
 def _is_person(phrase: _Phrase) -> bool:
@@ -608,7 +611,9 @@ def _read_pronoun_relation(gap: list[str], subject: int, parse: _Parse) -> list[
 
 def _antecedent(phrases: list[_Phrase], subject: int, is_plural: bool) -> int | None:
     for j in range(subject - 1, -1, -1):
-        if phrases[j].is_plural == is_plural:
+        head = phrases[j].head
+        # "lettuce" or "sheep" could be either number: not a safe antecedent.
+        if head.singular != head.plural and phrases[j].is_plural == is_plural:
             return j
     return None
 
@@ -668,6 +673,9 @@ def _read_connector(gap: list[str]) -> tuple[_Connector | None, str]:
         return _Connector(_Predicate("has", None), is_relative, aux_plural, True), ""
     if verb == "has" and preposition is not None:
         return None, f"'has ... {preposition}' not in lexicon"
+    if verb in lx.PARTICIPLES and preposition is None:
+        # "a snow covered forest": a participle without its preposition is an adjective.
+        return None, f"participle {verb!r} without a preposition"
     return _Connector(_Predicate(verb, preposition), is_relative, aux_plural), ""
 
 
