@@ -132,6 +132,18 @@ def test_body_parts_and_participles_are_not_misread():
     assert texts(result.relations) == ["young woman is skiing through snow"]
 
 
+def test_shared_auxiliary_does_not_change_each_subjects_number():
+    result = extract_units("A zebra and two elephants are on a grassy field.")
+    assert texts(result.relations) == ["zebra is on grassy field",
+                                       "two elephants are on grassy field"]
+
+
+def test_function_words_are_not_dropped_as_modifiers():
+    # "about" is not an unknown adjective of "piece of pizza": no "talking piece of pizza".
+    result = extract_units("A young man and a small boy are talking about a piece of pizza.")
+    assert result.relations == ()
+
+
 def test_second_coordinated_subject_keeps_its_base_verb():
     result = extract_units("A man and woman sit on benches.")
     assert texts(result.relations) == ["man is sitting on benches", "woman is sitting on benches"]

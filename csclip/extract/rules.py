@@ -349,7 +349,12 @@ _FUNCTION_WORDS = (
     lx.DETERMINERS | lx.AUXILIARIES | lx.RELATIVE_WORDS | lx.SKIPPABLE_ADVERBS
     | lx.INTENSIFIERS | lx.QUANTITIES | lx.OTHER_ADJECTIVES | lx.PARTICIPLES | _CLAUSE_OPENERS
     | _PRONOUNS | frozenset({"of", "not", "its", "there", "here", "has", "have", "had",
-                             "plus", "also", "their", "his", "her", "one", "each", "other"})
+                             "plus", "also", "their", "his", "her", "one", "each", "other",
+                             "about", "like", "than", "what", "how", "only", "too", "during",
+                             "until", "since", "per", "via", "despite", "except", "if", "or",
+                             "nor", "yet", "such", "then", "him", "them", "they", "he", "she",
+                             "we", "you", "i", "me", "us", "himself", "herself", "themselves",
+                             "itself", "someone", "something", "everyone", "anyone"})
 )
 _PREPOSITION_WORDS = frozenset(w for p in lx.PREPOSITIONS for w in p.split())
 
@@ -465,9 +470,10 @@ class _RelationReader:
             self._reject(f"no readable subject for {_gap_text(gap)!r} {phrases[nxt].text!r}")
             self.last = None
             return
-        if connector.aux_plural is not None:
-            for s in subjects:
-                phrases[s].is_plural = connector.aux_plural
+        if connector.aux_plural is not None and len(subjects) == 1:
+            # "the sheep are grazing": the caption's auxiliary settles the number; with two
+            # subjects ("a zebra and two elephants are") it is the pair's, not each one's.
+            phrases[subjects[0]].is_plural = connector.aux_plural
         for s in subjects:
             self.parse.relations.append((s, connector.predicate, nxt))
         self.last = (list(subjects), connector.predicate)
@@ -505,8 +511,9 @@ class _RelationReader:
                 return [i]  # "next to a boy in a blue shirt": the boy wears it
             if obj.head.category == "body" and i not in self.clause_subjects:
                 return [i]  # "holding hands over their heads": the hands are
-            direct_object = (self.last is not None and self.last[1].verb not in (None, "has")
-                             and self.last[1].preposition is None)
+            if obj.head.singular == "sky" and self._after_direct_object():
+                return [i]  # "flying a kite in the sky": the kite is
+            direct_object = self._after_direct_object()
             onto_surface = (i not in self.clause_subjects
                             and connector.predicate.preposition in _ON_LIKE)
             if (direct_object or onto_surface) and obj.head.category in _SURFACES:
@@ -516,6 +523,11 @@ class _RelationReader:
                 self.last = None
                 return None
         return self.clause_subjects
+
+    def _after_direct_object(self) -> bool:
+        """Whether the current phrase is the direct object of a verb ("using a keyboard")."""
+        return (self.last is not None and self.last[1].verb not in (None, "has")
+                and self.last[1].preposition is None)
 
     def _reject(self, detail: str) -> None:
         self.parse.rejections.append(Rejection(RejectReason.UNPARSED, detail))
