@@ -1,0 +1,207 @@
+"""Image-text retrieval Recall@k (image->text and text->image) over a set of captioned
+images, from features encoded once by csclip.scoring (SPEC §5)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from csclip.errors import DataError
+from csclip.scoring import FeatureTables, ImageSource, Scorer, encode_features, image_sources
+from csclip.units import UnitsRecord
+
+log = logging.getLogger(__name__)
+
+RECALL_KS: tuple[int, ...] = (1, 5, 10)
+BLOCK_ROWS = 1024  # similarity rows computed at once: bounds memory on large sets
+
+
+@dataclass(frozen=True)
+class RetrievalSet:
+    """Images and their captions: `pairs` holds (image index, text index) for every
+    caption; texts are unique (a text captioning two images is one text with two pairs)."""
+
+    image_ids: tuple[str, ...]
+    texts: tuple[str, ...]
+    pairs: tuple[tuple[int, int], ...]
+
+    def positives_of_images(self) -> list[list[int]]:
+        """Text indices that caption each image."""
+        out: list[list[int]] = [[] for _ in self.image_ids]
+        for image, text in self.pairs:
+            out[image].append(text)
+        return out
+
+    def positives_of_texts(self) -> list[list[int]]:
+        """Image indices each text captions."""
+        out: list[list[int]] = [[] for _ in self.texts]
+        for image, text in self.pairs:
+            out[text].append(image)
+        return out
+
+
+def retrieval_set(records: Sequence[UnitsRecord]) -> RetrievalSet:
+    """One image per image_id, every distinct (image, caption) pair of `records`.
+
+    Raises DataError when `records` is empty.
+    """
+    if not records:
+        raise DataError("retrieval: no records; evaluate a non-empty split")
+    image_ids = tuple(dict.fromkeys(r.image_id for r in records))
+    texts = tuple(dict.fromkeys(r.caption for r in records))
+    image_index = {i: k for k, i in enumerate(image_ids)}
+    text_index = {t: k for k, t in enumerate(texts)}
+    pairs = tuple(dict.fromkeys((image_index[r.image_id], text_index[r.caption]) for r in records))
+    return RetrievalSet(image_ids, texts, pairs)
+
+
+def _positive_mask(rows: Sequence[Sequence[int]], num_columns: int) -> np.ndarray:
+    mask = np.zeros((len(rows), num_columns), dtype=bool)
+    for row, columns in enumerate(rows):
+        mask[row, list(columns)] = True
+    return mask
+
+
+def image_to_text_ranks(
+    image_features: np.ndarray, text_features: np.ndarray, positives: Sequence[Sequence[int]]
+) -> np.ndarray:
+    """Rank (1 = best) of each image's best-scoring true caption among all texts.
+
+    Strict: rank = 1 + the number of wrong texts scoring >= that caption, so a tie with a
+    wrong text at the boundary is a miss. Other true captions never push it down (SPEC
+    §5: I2T counts a hit when ANY of the image's captions is in the top k).
+
+    image_features: (M, D) L2-normalised; text_features: (N, D); positives: per image,
+    the indices of its captions (non-empty). Returns (M,) int ranks.
+    """
+    ranks = np.zeros(len(positives), dtype=np.int64)
+    for start in range(0, len(positives), BLOCK_ROWS):
+        block = slice(start, start + BLOCK_ROWS)
+        similarity = image_features[block].astype(np.float64) @ text_features.T.astype(
+            np.float64
+        )  # (b, N)
+        is_true = _positive_mask(positives[block], text_features.shape[0])  # (b, N)
+        best_true = np.where(is_true, similarity, -np.inf).max(axis=1, keepdims=True)  # (b, 1)
+        ranks[block] = 1 + ((similarity >= best_true) & ~is_true).sum(axis=1)
+    return ranks
+
+
+def text_to_image_ranks(
+    image_features: np.ndarray, text_features: np.ndarray, positives: Sequence[Sequence[int]]
+) -> np.ndarray:
+    """Rank of each (text, own image) query among all images, one entry per pair in the
+    order of `positives` (per text, its images).
+
+    Strict: rank = 1 + the number of images that the text does not caption scoring >= its
+    own image; an image the same text also captions is not counted against it.
+    """
+    ranks: list[np.ndarray] = []
+    for start in range(0, len(positives), BLOCK_ROWS):
+        block = slice(start, start + BLOCK_ROWS)
+        similarity = text_features[block].astype(np.float64) @ image_features.T.astype(
+            np.float64
+        )  # (b, M)
+        is_true = _positive_mask(positives[block], image_features.shape[0])  # (b, M)
+        for row, images in enumerate(positives[block]):
+            own = similarity[row, images][:, None]  # (p, 1)
+            wrong = similarity[row][~is_true[row]][None, :]  # (1, M - p)
+            ranks.append(1 + (wrong >= own).sum(axis=1))
+    return np.concatenate(ranks) if ranks else np.zeros(0, dtype=np.int64)
+
+
+def recall_metrics(
+    i2t_ranks: np.ndarray, t2i_ranks: np.ndarray, ks: Sequence[int] = RECALL_KS
+) -> dict[str, float]:
+    """`ret_i2t` / `ret_t2i` (R@1) and `ret_<dir>_r<k>` for the other k, in percent."""
+    metrics: dict[str, float] = {}
+    for direction, ranks in (("i2t", i2t_ranks), ("t2i", t2i_ranks)):
+        if len(ranks) == 0:
+            continue  # not measured: no key (tables show it as missing, never 0)
+        for k in ks:
+            key = f"ret_{direction}" if k == 1 else f"ret_{direction}_r{k}"
+            metrics[key] = 100.0 * float(np.mean(ranks <= k))
+    metrics["ret_num_images"] = float(len(i2t_ranks))
+    metrics["ret_num_queries_t2i"] = float(len(t2i_ranks))
+    return metrics
+
+
+def retrieval_metrics(
+    features: FeatureTables, rset: RetrievalSet, ks: Sequence[int] = RECALL_KS
+) -> dict[str, float]:
+    """Recall@k both ways from features that hold every image and text of `rset`."""
+    images = features.image_features[[features.image_index[i] for i in rset.image_ids]]
+    texts = features.text_features[[features.text_index[t] for t in rset.texts]]
+    i2t = image_to_text_ranks(images, texts, rset.positives_of_images())
+    per_text = rset.positives_of_texts()
+    t2i = text_to_image_ranks(images, texts, per_text)
+    metrics = recall_metrics(i2t, t2i, ks)
+    metrics["ret_num_texts"] = float(len(rset.texts))
+    return metrics
+
+
+def extend_features(
+    scorer: Scorer,
+    texts: Sequence[str],
+    images: Mapping[str, ImageSource],
+    known: FeatureTables | None = None,
+) -> FeatureTables:
+    """Features of `texts` and `images`, encoding only what `known` lacks (so a suite reuses
+    the features the half-truth benchmark already encoded)."""
+    if known is None:
+        return encode_features(scorer, texts, images)
+    new_texts = sorted({t for t in texts if t not in known.text_index})
+    new_images = {i: s for i, s in images.items() if i not in known.image_index}
+    if not new_texts and not new_images:
+        return known
+    fresh = encode_features(scorer, new_texts, new_images)
+    return merge_features(known, fresh)
+
+
+def merge_features(first: FeatureTables, second: FeatureTables) -> FeatureTables:
+    """`first` plus the rows of `second` whose text or image it lacks."""
+
+    def merge(index_a, rows_a, index_b, rows_b):
+        new_keys = [k for k in index_b if k not in index_a]
+        if not new_keys:
+            return index_a, rows_a
+        added = rows_b[[index_b[k] for k in new_keys]]
+        if rows_a.shape[0] == 0:  # an empty table may have no feature dimension: (0, 0)
+            return {k: n for n, k in enumerate(new_keys)}, added
+        index = dict(index_a)
+        index.update({k: rows_a.shape[0] + n for n, k in enumerate(new_keys)})
+        return index, np.concatenate([rows_a, added])
+
+    text_index, text_features = merge(
+        first.text_index, first.text_features, second.text_index, second.text_features
+    )
+    image_index, image_features = merge(
+        first.image_index, first.image_features, second.image_index, second.image_features
+    )
+    return FeatureTables(text_index, text_features, image_index, image_features)
+
+
+def evaluate_retrieval(
+    scorer: Scorer,
+    records: Sequence[UnitsRecord],
+    known: FeatureTables | None = None,
+    ks: Sequence[int] = RECALL_KS,
+) -> dict[str, float]:
+    """Recall@k of `scorer` over `records` (their images and captions), reusing `known`
+    features where given.
+
+    Raises DataError for no records or a record without image bytes or path.
+    """
+    rset = retrieval_set(records)
+    features = extend_features(scorer, rset.texts, image_sources(records, rset.image_ids), known)
+    metrics = retrieval_metrics(features, rset, ks)
+    log.info(
+        "retrieval over %d images, %d texts: R@1 i2t %.1f t2i %.1f",
+        len(rset.image_ids),
+        len(rset.texts),
+        metrics.get("ret_i2t", float("nan")),
+        metrics.get("ret_t2i", float("nan")),
+    )
+    return metrics
