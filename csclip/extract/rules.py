@@ -533,7 +533,10 @@ class _RelationReader:
         self.parse.rejections.append(Rejection(RejectReason.UNPARSED, detail))
 
 
-_SURFACES = frozenset({"furniture", "kitchen", "electronic", "appliance", "indoor", "fixture"})
+# Things other things sit on or in: after a direct object, "on a desk" / "in a suitcase" is
+# more likely about that object than about the subject.
+_SURFACES = frozenset({"furniture", "kitchen", "electronic", "appliance", "indoor", "fixture",
+                       "accessory"})
 _ON_LIKE = frozenset({"on", "on top of", "in", "at", "inside", "under"})
 # Things worn or carried: never the agent of a verb ("a man with a tie posing").
 _WORN = frozenset({"clothing", "body", "accessory"})
