@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
+from csclip.compositional import SuitesConfig, evaluate_suites
 from csclip.config import StrictModel, flatten
 from csclip.errors import ConfigError, DataError
 from csclip.halftruth import (
@@ -108,6 +109,8 @@ class EvalConfig(StrictModel):
     benchmark: BenchmarkConfig = BenchmarkConfig()
     scoring: ScoringConfig = ScoringConfig()
     tracking: EvalTrackingConfig = EvalTrackingConfig()
+    # Retrieval and compositional suites next to the half-truth benchmark (Tables 16-17).
+    suites: SuitesConfig = SuitesConfig()
     out_dir: str = "runs/eval"
 
 
@@ -251,12 +254,32 @@ def evaluate_bundle(
     *,
     scoring: ScoringConfig | None = None,
     config: BenchmarkConfig | None = None,
+    suites: SuitesConfig | None = None,
 ) -> HalfTruthReport:
-    """Half-truth metrics of one open_clip model on `records` (the validation units)."""
+    """Half-truth metrics of one open_clip model on `records` (the validation units), plus
+    the retrieval and compositional suites (csclip.compositional.evaluate_suites)."""
     config = config or BenchmarkConfig(seed=seed)
     prepared = prepare_benchmark(records, seed, config)
     features = encode_bundle(bundle, prepared, scoring)
-    return report_from_features(model_label(bundle), features, prepared, config.num_bootstrap, seed)
+    report = report_from_features(
+        model_label(bundle), features, prepared, config.num_bootstrap, seed
+    )
+    add_suite_metrics(report, bundle, records, features, scoring, suites)
+    return report
+
+
+def add_suite_metrics(
+    report: HalfTruthReport,
+    bundle: ClipBundle,
+    records: Sequence[UnitsRecord],
+    features: FeatureTables,
+    scoring: ScoringConfig | None = None,
+    suites: SuitesConfig | None = None,
+) -> None:
+    """Add the suites' metrics to `report.metrics`, reusing the benchmark's features."""
+    scoring = scoring or ScoringConfig()
+    scorer = BundleScorer(bundle, batch_size=scoring.batch_size, device=scoring.device)
+    report.metrics.update(evaluate_suites(scorer, records, suites, features))
 
 
 def model_label(bundle: ClipBundle) -> str:
@@ -323,7 +346,8 @@ def _row(name: str, metrics: Mapping[str, float], keys: Sequence[str]) -> tuple:
 
 def paper_tables(reports: Mapping[str, HalfTruthReport]) -> dict[str, Table]:
     """Table 1 (entity / relation / overall Acc_HT and Δ), Table 6 (per condition),
-    Table 7 (A+ vs A- win rate) and the image-side table."""
+    Table 7 (A+ vs A- win rate), the image-side table and, when any report has them, the
+    retrieval and compositional suites table."""
     slugs = [c.slug for c in CONDITIONS]
     labels = tuple(c.label for c in CONDITIONS)
     t1_keys = [
@@ -345,7 +369,7 @@ def paper_tables(reports: Mapping[str, HalfTruthReport]) -> dict[str, Table]:
         "consistency_all",
     ]
     side_keys = ["image_side_top1", "image_side_mrr", "image_side_margin", "image_side_num_items"]
-    return {
+    tables = {
         "table1": Table(
             "Table 1: half-truth accuracy Acc_HT (%) and mean gap Δ",
             (
@@ -382,6 +406,25 @@ def paper_tables(reports: Mapping[str, HalfTruthReport]) -> dict[str, Table]:
             ("", "acc", "float", "gap", "int"),
         ),
     }
+    if any(k in r.metrics for r in reports.values() for k in SUITE_KEYS):
+        tables["suites"] = Table(
+            "Retrieval and compositional suites (%)",
+            SUITE_HEADERS,
+            tuple(_row(n, r.metrics, SUITE_KEYS) for n, r in reports.items()),
+            ("", *["acc"] * len(SUITE_KEYS)),
+        )
+    return tables
+
+
+# The suites table: tune.py's Table 16-17 columns (comp_*, ret_*) and the rest measured.
+SUITE_KEYS: tuple[str, ...] = (
+    "comp_i2t", "comp_t2i", "comp_group", "comp_i2t_replace", "sugarcrepe_avg",
+    "ret_i2t", "ret_i2t_r5", "ret_i2t_r10", "ret_t2i", "ret_t2i_r5", "ret_t2i_r10",
+)  # fmt: skip
+SUITE_HEADERS: tuple[str, ...] = (
+    "Model", "Pairs I2T", "Pairs T2I", "Pairs Group", "Replace I2T", "SugarCrepe",
+    "Ret I2T R@1", "Ret I2T R@5", "Ret I2T R@10", "Ret T2I R@1", "Ret T2I R@5", "Ret T2I R@10",
+)  # fmt: skip
 
 
 def plot_figure3(reports: Mapping[str, HalfTruthReport], path: Path) -> Path:
@@ -543,6 +586,7 @@ def compare_models(
     scoring: ScoringConfig | None = None,
     config: BenchmarkConfig | None = None,
     params: Mapping[str, object] | None = None,
+    suites: SuitesConfig | None = None,
 ) -> ComparisonReport:
     """Evaluate several models on one benchmark built from `records`; write table1/6/7
     (.md/.csv), image_side (.md/.csv), figure3.png, benchmark.parquet, scores.parquet and
@@ -556,6 +600,7 @@ def compare_models(
         log.info("scoring %s", name)
         features = encode_bundle(bundle, prepared, scoring)
         reports[name] = report_from_features(name, features, prepared, config.num_bootstrap, seed)
+        add_suite_metrics(reports[name], bundle, records, features, scoring, suites)
     markdown, files = write_outputs(reports, prepared, out_dir)
     run_id = None
     if tracking_uri:
@@ -625,4 +670,5 @@ def run_evaluation(config: EvalConfig) -> ComparisonReport:
         scoring=config.scoring,
         config=config.benchmark,
         params=flatten(config),
+        suites=config.suites,
     )
