@@ -163,15 +163,11 @@ def evaluate_world_suites(
     texts = [t for p in pairs for t in (p.caption_a, p.caption_b)]
     texts += [t for i in items for t in (i.caption, i.foil_caption)]
     images = _pair_images(pairs)
-    images.update({i.image_id: _record_image(world, i.image_id) for i in items})
+    images.update(image_sources(world, [i.image_id for i in items]))
     features = extend_features(scorer, texts, images, known)
     metrics = {**world_pair_metrics(features, pairs), **replace_metrics(features, items)}
     log.info("world suites: %d mirrored pairs, %d replace items", len(pairs), len(items))
     return metrics
-
-
-def _record_image(records: Sequence[UnitsRecord], image_id: str) -> ImageSource:
-    return image_sources(records, [image_id])[image_id]
 
 
 # ---------------------------------------------------------------------------------------

@@ -3,10 +3,13 @@
     python pipelines/evaluate.py --model ViT-B-32 --pretrained openai --units s3://bucket/units
     python pipelines/evaluate.py --checkpoint runs/demo/checkpoint --out runs/eval
     python pipelines/evaluate.py --model csclip-tiny --set data.world.num_val=50
+    python pipelines/evaluate.py --model ViT-B-32 --pretrained openai \
+        --sugarcrepe data/sugarcrepe --coco-images s3://bucket/coco/val2017
 
 Without --units the synthetic world's validation split is generated on the fly. Writes
-table1/6/7 and image_side (.md/.csv), figure3.png and benchmark.parquet to --out, prints
-the tables, and logs them to MLflow (tracking.uri; `--set tracking.enabled=false` to skip).
+table1/6/7, image_side and suites (retrieval, compositional) as .md/.csv, figure3.png and
+benchmark.parquet to --out, prints the tables, and logs them to MLflow (tracking.uri;
+`--set tracking.enabled=false` to skip).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--units", help="units table URI (default: synthetic world val split)")
     parser.add_argument("--out", help="output directory for tables and figure")
+    parser.add_argument("--sugarcrepe", help="SugarCrepe JSON folder (also runs SugarCrepe)")
+    parser.add_argument("--coco-images", help="COCO val2017 image folder for --sugarcrepe")
     return parser.parse_args(argv)
 
 
@@ -42,6 +47,8 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
         "checkpoint": args.checkpoint,
         "data.units_uri": args.units,
         "out_dir": args.out,
+        "suites.sugarcrepe_dir": args.sugarcrepe,
+        "suites.coco_images": args.coco_images,
     }
     # Quote values so YAML keeps tags like "openai" or paths with colons as strings.
     shortcuts = [f"{key}='{value}'" for key, value in flags.items() if value is not None]

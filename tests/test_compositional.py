@@ -91,8 +91,10 @@ def test_replace_foil_is_false_and_caption_entity_true(world_val):
         # The edited span: the unit's text in the caption became one of its foils.
         units = [u for u in record.entities if u.text in item.caption]
         changed = [
-            f.text for u in units for f in u.foils if item.caption.replace(u.text, f.text, 1)
-            == item.foil_caption
+            f.text
+            for u in units
+            for f in u.foils
+            if item.caption.replace(u.text, f.text, 1) == item.foil_caption
         ]
         assert changed, item
         assert not scenes[item.image_id].holds(changed[0])
@@ -234,7 +236,10 @@ def test_evaluate_bundle_adds_suite_metrics(world_val, tiny_bundle):
 
 def test_compare_models_writes_the_suites_table(world_val, tiny_bundle, tmp_path):
     result = compare_models(
-        {"tiny": tiny_bundle}, world_val, tmp_path, config=FAST,
+        {"tiny": tiny_bundle},
+        world_val,
+        tmp_path,
+        config=FAST,
         suites=SuitesConfig(num_world_pairs=8, num_replace_items=8),
     )
     assert "Retrieval and compositional suites" in result.markdown
@@ -244,3 +249,38 @@ def test_compare_models_writes_the_suites_table(world_val, tiny_bundle, tmp_path
     assert float(rows[0]["Pairs Group"]) == pytest.approx(metrics["comp_group"])
     assert float(rows[0]["Ret T2I R@10"]) == pytest.approx(metrics["ret_t2i_r10"])
     assert rows[0]["SugarCrepe"] == ""  # not measured: empty, never 0
+
+
+def _pipeline():
+    import importlib.util
+
+    from tests.conftest import REPO_ROOT
+
+    spec = importlib.util.spec_from_file_location(
+        "evaluate_pipeline", REPO_ROOT / "pipelines" / "evaluate.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_pipeline_runs_sugarcrepe_and_names_a_missing_image_folder(
+    sugarcrepe_dir, tmp_path, capsys
+):
+    directory, subsets = small_sugarcrepe(sugarcrepe_dir, tmp_path, per_subset=2)
+    write_coco_images(tmp_path / "val2017", [i for items in subsets.values() for i in items])
+    common = [
+        "--model", "csclip-tiny", "--out", str(tmp_path / "eval"), "--sugarcrepe", str(directory),
+        "--set", "tracking.enabled=false", "--set", "benchmark.num_bootstrap=10",
+        "--set", "data.world.num_val=12", "--set", "suites.num_world_pairs=4",
+    ]  # fmt: skip
+    main = _pipeline().main
+    assert main([*common, "--coco-images", str(tmp_path / "val2017")]) == 0
+    assert "Retrieval and compositional suites" in capsys.readouterr().out
+    with open(tmp_path / "eval" / "suites.csv") as handle:
+        row = list(csv.DictReader(handle))[0]
+    assert 0.0 <= float(row["SugarCrepe"]) <= 100.0
+    assert 0.0 <= float(row["Pairs Group"]) <= 100.0
+    assert main([*common, "--coco-images", str(tmp_path / "absent")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: ") and "absent" in error and "\n" not in error
