@@ -105,11 +105,11 @@ def run_demo(demo: DemoConfig, command: str = "make demo") -> DemoResult:
 
 def write_results_doc(demo: DemoConfig, pretrained: TrainResult, finetuned: dict[str, TrainResult],
                       markdown: str, command: str, seconds: float) -> Path:
-    """docs/results.md: the comparison table and how it was produced."""
+    """The demo's section of docs/results.md: the comparison table and how it was made."""
     train, pre = demo.train, demo.pretrain
     world = train.data.world
     lines = [
-        "# Results on the synthetic world", "",
+        "## The demo: pretrained CLIP, CLIP-FT and CS-CLIP on the synthetic world", "",
         f"Produced by `{command}` (csclip.demo; {seconds / 60:.1f} min wall clock including "
         "cached stages). Models: the pretrained small CLIP (stands in for zero-shot CLIP), "
         "CLIP-FT and CS-CLIP fine-tuned from it on the same budget.", "",
@@ -125,10 +125,12 @@ def write_results_doc(demo: DemoConfig, pretrained: TrainResult, finetuned: dict
         f"- checkpoints: pretrained `{pretrained.checkpoint_uri}`; "
         + "; ".join(f"{label} `{r.checkpoint_uri}`" for label, r in finetuned.items()), "",
         markdown.strip(), ""]
-    path = Path(demo.results_doc)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines))
-    return path
+    from csclip.tune import update_marked_section
+
+    # docs/results.md is shared (the ablation sweep writes its own section): replace only
+    # the text between our markers.
+    Path(demo.results_doc).parent.mkdir(parents=True, exist_ok=True)
+    return update_marked_section(demo.results_doc, "demo", "\n".join(lines))
 
 
 def evaluate(demo: DemoConfig, pretrained: TrainResult, finetuned: dict[str, TrainResult]) -> str:

@@ -252,3 +252,18 @@ def test_demo_stages_share_the_model_and_differ_in_objective():
     assert [r.loss.method for r in runs] == ["csclip", "clip"]
     assert all(r.model.pretrained == "/ckpt/final" and r.optim.max_steps == 5 for r in runs)
     assert run_name(runs[0]) != run_name(runs[1])
+
+
+def test_demo_results_keep_other_sections_of_the_shared_doc(tmp_path):
+    from csclip.demo import DemoConfig, write_results_doc
+    from csclip.train import TrainResult
+
+    doc = tmp_path / "results.md"
+    doc.write_text("# Results\n\n<!-- BEGIN ablation -->\nablation table\n<!-- END ablation -->\n")
+    demo = DemoConfig(results_doc=str(doc))
+    fake = TrainResult("r", "/ckpt")
+    for table in ("| first |", "| second |"):
+        write_results_doc(demo, fake, {"CS-CLIP": fake}, table, "make demo", 60.0)
+    text = doc.read_text()
+    assert "ablation table" in text and "| second |" in text and "| first |" not in text
+    assert "`make demo`" in text
