@@ -189,9 +189,7 @@ def evaluate_suites(
     has_images = bool(records) and all(r.image_bytes is not None or r.image_path for r in records)
     if config.retrieval and has_images:
         rset = retrieval_set(records)
-        known = extend_features(
-            scorer, rset.texts, image_sources(records, rset.image_ids), known
-        )
+        known = extend_features(scorer, rset.texts, image_sources(records, rset.image_ids), known)
         metrics.update(retrieval_metrics(known, rset))  # the world suites reuse `known`
     if config.world_pairs:
         metrics.update(evaluate_world_suites(scorer, records, config, known))
@@ -284,9 +282,7 @@ def evaluate_sugarcrepe(
     from csclip.storage import join
 
     scheme = "s3://" if image_root.startswith("s3://") else ""
-    images = {
-        i.filename: scheme + join(root, i.filename) for items in kept.values() for i in items
-    }
+    images = {i.filename: scheme + join(root, i.filename) for items in kept.values() for i in items}
     texts = [t for items in kept.values() for i in items for t in (i.caption, i.negative_caption)]
     features = encode_features(as_scorer(scorer_or_bundle), texts, images)
     metrics: dict[str, float] = {}

@@ -221,7 +221,19 @@ def test_sugarcrepe_no_files_is_a_data_error(tmp_path):
 # --- integration --------------------------------------------------------------------------
 
 
+def test_suite_modules_do_not_import_ray():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, csclip.world.pairs, csclip.retrieval, csclip.compositional; "
+        "assert 'ray' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_evaluate_bundle_adds_suite_metrics(world_val, tiny_bundle):
+    world_val = world_val[:12]
     report = evaluate_bundle(tiny_bundle, world_val, config=FAST)
     for key in ("comp_i2t", "comp_t2i", "comp_group", "comp_i2t_replace", "ret_i2t", "ret_t2i"):
         assert 0.0 <= report.metrics[key] <= 100.0, key
@@ -237,7 +249,7 @@ def test_evaluate_bundle_adds_suite_metrics(world_val, tiny_bundle):
 def test_compare_models_writes_the_suites_table(world_val, tiny_bundle, tmp_path):
     result = compare_models(
         {"tiny": tiny_bundle},
-        world_val,
+        world_val[:12],
         tmp_path,
         config=FAST,
         suites=SuitesConfig(num_world_pairs=8, num_replace_items=8),

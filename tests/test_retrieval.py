@@ -111,15 +111,16 @@ def test_recall_is_monotone_and_matches_a_loop(num_images, seed):
 
 def record(image_id: str, caption: str, image: bytes = b"png") -> UnitsRecord:
     return UnitsRecord(
-        sample_id=f"{image_id}-{caption}", image_id=image_id, caption=caption, split="val",
+        sample_id=f"{image_id}-{caption}",
+        image_id=image_id,
+        caption=caption,
+        split="val",
         image_bytes=image,
     )
 
 
 def test_retrieval_set_keeps_one_row_per_image_and_text():
-    rset = retrieval_set(
-        [record("a", "x"), record("a", "y"), record("b", "x"), record("b", "x")]
-    )
+    rset = retrieval_set([record("a", "x"), record("a", "y"), record("b", "x"), record("b", "x")])
     assert rset == RetrievalSet(("a", "b"), ("x", "y"), ((0, 0), (0, 1), (1, 0)))
     assert rset.positives_of_images() == [[0, 1], [0]]
     assert rset.positives_of_texts() == [[0, 1], [0]]
@@ -182,6 +183,4 @@ def test_real_model_on_world_records(world_val_small, tiny_bundle):
     features: FeatureTables = encode_features(
         BundleScorer(tiny_bundle), rset.texts, image_sources(world_val_small, rset.image_ids)
     )
-    assert retrieval_metrics(features, rset) == pytest.approx(
-        {k: v for k, v in metrics.items()}
-    )
+    assert retrieval_metrics(features, rset) == pytest.approx({k: v for k, v in metrics.items()})

@@ -65,7 +65,7 @@ def _name(obj: SceneObject) -> str:
 
 
 def relation_caption(subject: SceneObject, predicate: str, object: SceneObject) -> str:
-    """"a red circle is left of a blue square" (the oracle's language)."""
+    """ "a red circle is left of a blue square" (the oracle's language)."""
     return f"{_with_article(_name(subject))} {predicate} {_with_article(_name(object))}"
 
 
