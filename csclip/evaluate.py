@@ -122,7 +122,8 @@ class EvalConfig(StrictModel):
 @dataclass(frozen=True)
 class HalfTruthReport:
     """One model on one benchmark. metrics: see half_truth_metrics and image_side_metrics,
-    plus num_images and num_skipped_<condition>."""
+    plus num_images, num_skipped_<condition> and the suites' keys (ret_*, comp_*,
+    sugarcrepe_*; csclip.compositional.evaluate_suites)."""
 
     name: str
     metrics: dict[str, float]
@@ -588,8 +589,9 @@ def compare_models(
     params: Mapping[str, object] | None = None,
     suites: SuitesConfig | None = None,
 ) -> ComparisonReport:
-    """Evaluate several models on one benchmark built from `records`; write table1/6/7
-    (.md/.csv), image_side (.md/.csv), figure3.png, benchmark.parquet, scores.parquet and
+    """Evaluate several models on one benchmark built from `records`, plus the `suites`
+    (retrieval, compositional); write table1/6/7 (.md/.csv), image_side (.md/.csv), suites
+    (.md/.csv, when measured), figure3.png, benchmark.parquet, scores.parquet and
     halftruth.md to out_dir; log them to MLflow when tracking_uri is given."""
     if not bundles:
         raise ConfigError("compare_models: no models given; pass at least one ClipBundle")
