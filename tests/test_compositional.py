@@ -11,6 +11,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from csclip.compositional import (
@@ -28,7 +30,13 @@ from csclip.evaluate import BenchmarkConfig, compare_models, evaluate_bundle
 from csclip.scoring import CaptionLengthScorer
 from csclip.units import UnitsRecord
 from csclip.world import WorldConfig, iter_world, scene_from_record
-from csclip.world.pairs import build_mirrored_pairs, build_replace_items, mirror_scene
+from csclip.world.generate import world_record
+from csclip.world.pairs import (
+    build_mirrored_pairs,
+    build_replace_items,
+    mirror_scene,
+    mirrored_pair,
+)
 from csclip.world.render import render_png
 
 FAST = BenchmarkConfig(num_bootstrap=20)
@@ -61,6 +69,16 @@ def test_each_caption_is_true_of_its_image_only(world_val):
         # Image A is the record's own rendering, so its features can be reused.
         assert pair.image_a == next(r for r in world_val if r.image_id == pair.image_id).image_bytes
         assert sorted(pair.caption_a.split()) == sorted(pair.caption_b.split())
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), grid_size=st.integers(2, 4), index=st.integers(0, 50))
+def test_mirrored_captions_hold_of_their_own_image_only(seed, grid_size, index):
+    config = WorldConfig(seed=seed, grid_size=grid_size, max_objects=min(4, grid_size**2))
+    pair = mirrored_pair(world_record(config, "val", index), random.Random(seed))
+    assert pair is not None
+    assert pair.scene_a.holds(pair.caption_a) and not pair.scene_a.holds(pair.caption_b)
+    assert pair.scene_b.holds(pair.caption_b) and not pair.scene_b.holds(pair.caption_a)
 
 
 def test_mirror_twice_is_the_identity_and_mirrored_images_are_flips(world_val):
