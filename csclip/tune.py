@@ -747,14 +747,16 @@ def tune_storage(config: BaseModel) -> str:
 
 
 def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
-              trial_cpus: float = TRIAL_CPUS, eval_seed: int = 0,
+              trial_cpus: float = TRIAL_CPUS, eval_seed: int = 0, reevaluate: bool = False,
               fail_once: Sequence[str] = ()) -> SweepResult:
     """Run (or resume) a sweep: one Tune trial per setting of `grid`, each a Ray Train
     fine-tune plus evaluation; then the table, plot and MLflow parent run.
 
     The experiment name depends only on the base config and the grid, so rerunning the
     same command restores the experiment: finished trials are kept, failed or unfinished
-    ones run again. Ray must be initialised by the caller. fail_once is for tests.
+    ones run again. reevaluate: evaluate every finished trial's checkpoint again with the
+    current evaluation code (no retraining). Ray must be initialised by the caller.
+    fail_once is for tests.
     """
     import time
 
@@ -807,8 +809,12 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
             run_config=tune.RunConfig(name=name, storage_path=storage, verbose=1),
         )
     metrics, status, errors = collect_results(tuner.fit())
+    report_uri = f"{storage}/{name}-report"
+    if reevaluate:
+        reevaluate_trials(base, grid, name, metrics, client, eval_seed, report_uri)
+    metrics = {k: {**m, **_stored_evaluations(report_uri).get(k, {})} for k, m in metrics.items()}
     table = build_table(grid, metrics, status)
-    report = publish_report(table, f"{storage}/{name}-report", title=f"Ablation {name}")
+    report = publish_report(table, report_uri, title=f"Ablation {name}")
     for artifact in (report.markdown, report.csv, report.png):
         client.log_artifact(parent_id, str(artifact))
     log_metrics(client, parent_id, {"num_trials_done": len(metrics),
@@ -816,6 +822,44 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
     client.set_terminated(parent_id, "FAILED" if errors else "FINISHED")
     return SweepResult(name, path, parent_id, table, report, len(grid.settings), resumed,
                        errors, time.time() - started)
+
+
+EVALUATIONS_FILE = "evaluations.json"  # re-evaluated metrics, by setting key
+
+
+def reevaluate_trials(base: BaseModel, grid: Grid, sweep: str, metrics: Mapping[str, dict],
+                      client, eval_seed: int, report_uri: str) -> None:
+    """Evaluate each finished trial's checkpoint again (the evaluation grew a suite, or was
+    fixed, after the trials trained). The new metrics go to the trial's child run (tag
+    csclip_reevaluated) and to <report>/evaluations.json, which later reruns read too."""
+    import time
+
+    from csclip.storage import filesystem_for
+
+    stored = _stored_evaluations(report_uri)
+    settings = {s.key: s for s in grid.settings}
+    for key, old in metrics.items():
+        started = time.time()
+        config = trial_config(base, settings[key], sweep)
+        report = evaluate_trial(config, old["checkpoint_uri"], eval_seed)
+        new = {k: float(v) for k, v in report.metrics.items()
+               if isinstance(v, int | float) and not isinstance(v, bool)}
+        stored[key] = new
+        log_metrics(client, old["mlflow_child_run_id"], new, step=1)
+        client.set_tag(old["mlflow_child_run_id"], "csclip_reevaluated", f"{started:.3f}")
+        logger.info("re-evaluated %s in %.0f s: ht_all=%.1f", key, time.time() - started,
+                    new.get("ht_all", math.nan))
+    fs, path = filesystem_for(f"{report_uri}/{EVALUATIONS_FILE}")
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with fs.open_output_stream(path) as out:
+        out.write(json.dumps(stored, indent=1, sort_keys=True).encode())
+
+
+def _stored_evaluations(report_uri: str) -> dict[str, dict]:
+    from csclip.storage import exists, filesystem_for, read_bytes
+
+    fs, path = filesystem_for(f"{report_uri}/{EVALUATIONS_FILE}")
+    return json.loads(read_bytes(fs, path)) if exists(fs, path) else {}
 
 
 def publish_report(table: AblationTable, uri: str, title: str) -> ReportFiles:

@@ -224,6 +224,21 @@ def test_two_trial_sweep_logs_parent_and_children_and_resumes(tmp_path, mlflow_u
     rows = list(csv.DictReader(io.StringIO(second.report.csv.read_text())))
     assert [(r["setting"], r["is_base"], r["status"]) for r in rows] == [
         ("N 1", "False", "done"), ("N 2", "True", "done")]
+    check_table_matches_runs(second, children)
+
+    # --reevaluate: evaluates both checkpoints again, trains nothing, adds no runs.
+    third = tune.run_sweep(base, grid, max_concurrent=2, reevaluate=True)
+    assert third.resumed and not third.errors
+    client, children = _child_runs(mlflow_uri, third.parent_run_id)
+    assert set(children) == {"base", "units=1"}
+    assert children["base"].data.tags["csclip_trial_started"] == base_started
+    assert all("csclip_reevaluated" in run.data.tags for run in children.values())
+    assert (third.report.markdown.parent / tune.EVALUATIONS_FILE).is_file()
+    check_table_matches_runs(third, children)
+
+
+def check_table_matches_runs(result, children) -> None:
+    rows = list(csv.DictReader(io.StringIO(result.report.csv.read_text())))
     for row in rows:
         measured = children["units=1" if row["setting"] == "N 1" else "base"].data.metrics
         assert float(row["HT All"]) == pytest.approx(measured["ht_all"], abs=0.006)

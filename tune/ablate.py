@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="cross product of the axes (default: one axis at a time)")
     parser.add_argument("--max-concurrent", type=int, default=None,
                         help="trials at once (default: derived from the cluster)")
+    parser.add_argument("--reevaluate", action="store_true",
+                        help="evaluate finished trials' checkpoints again (no retraining)")
     parser.add_argument("--results-doc", default=None, metavar="PATH",
                         help="also write the table into the ablation section of this file")
     args = parser.parse_args(argv)
@@ -46,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
             max_concurrent = tune.max_concurrent_trials(
                 {"CPU": os.cpu_count() or 1}, base.run.num_workers, base.run.use_gpu,
                 base.run.cpus_per_worker)
-        result = tune.run_sweep(base, grid, max_concurrent=max_concurrent)
+        result = tune.run_sweep(base, grid, max_concurrent=max_concurrent,
+                                reevaluate=args.reevaluate)
         if args.results_doc:
             tune.update_results_doc(args.results_doc, result, command=" ".join(
                 ["python", "tune/ablate.py", *(argv if argv is not None else sys.argv[1:])]))
