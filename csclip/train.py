@@ -265,21 +265,18 @@ def train_loop_per_worker(loop_config: dict) -> None:
         for group in optimizer.param_groups:
             group["lr"] = lr
         parts = _step(model, optimizer, scaler, batch, config, dtype, device)
+        global_batch = batch["image"].shape[0] * context.get_world_size()
         state.step += 1
-        state.samples += batch["image"].shape[0] * context.get_world_size()
+        state.samples += global_batch
         now = time.perf_counter()
-        metrics = {"loss": parts.total.item(), "loss_full": parts.full.item(),
-                   "loss_unit": parts.unit.item(), "lr": lr,
-                   "logit_scale": unwrap(model).logit_scale.exp().item(),
-                   "samples_per_s": batch["image"].shape[0] * context.get_world_size()
-                   / max(now - tick, 1e-9), "step": state.step,
-                   "epoch": state.step / max(1, plan["steps_per_epoch"])}
+        metrics = _step_metrics(parts, lr, model, state.step, plan["steps_per_epoch"],
+                                global_batch / max(now - tick, 1e-9))
         tick = now
         step_logger.log(state.step, metrics)
         if state.step % config.run.log_every == 0 and rank == 0:
             logger.info("step %d/%d loss %.4f (full %.4f unit %.4f) lr %.2e %.1f samples/s",
-                           state.step, total, metrics["loss"], metrics["loss_full"],
-                           metrics["loss_unit"], lr, metrics["samples_per_s"])
+                        state.step, total, metrics["loss"], metrics["loss_full"],
+                        metrics["loss_unit"], lr, metrics["samples_per_s"])
         if state.step % config.run.checkpoint_every == 0 or state.step == total:
             _checkpoint(model, optimizer, scaler, spec, state, config, metrics, rank)
             if (config.run.fail_after_step is not None and state.restored_from is None
@@ -290,6 +287,15 @@ def train_loop_per_worker(loop_config: dict) -> None:
         raise RuntimeError(f"data ran out at step {state.step} of {total}")
     if not metrics:  # restored at the end: nothing left to do, report the state
         ray.train.report({"step": state.step, "resumed_from": state.restored_from}, checkpoint=None)
+
+
+def _step_metrics(parts: LossParts, lr: float, model, step: int, steps_per_epoch: int,
+                  samples_per_s: float) -> dict:
+    return {"loss": parts.total.item(), "loss_full": parts.full.item(),
+            "loss_unit": parts.unit.item(), "lr": lr,
+            "logit_scale": unwrap(model).logit_scale.exp().item(),
+            "samples_per_s": samples_per_s, "step": step,
+            "epoch": step / max(1, steps_per_epoch)}
 
 
 def _worker_logging() -> None:
