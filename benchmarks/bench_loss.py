@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import re
 import statistics
 import sys
 import time
@@ -24,9 +23,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from perfdoc import write_section  # benchmarks/perfdoc.py (scripts run from benchmarks/)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DOCS = REPO_ROOT / "docs" / "performance.md"
 SECTION = "## Losses and text sampling (benchmarks/bench_loss.py)"
 
 
@@ -94,17 +93,6 @@ def table(title: str, rows: list[tuple[str, float]], per: int, unit: str) -> lis
     return lines + [""]
 
 
-def write_docs(section: str) -> None:
-    """Replace (or append) this benchmark's section of docs/performance.md, leaving other
-    sections untouched."""
-    text = DOCS.read_text() if DOCS.exists() else "# Performance\n"
-    pattern = re.compile(re.escape(SECTION) + r".*?(?=^## |\Z)", re.DOTALL | re.MULTILINE)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    DOCS.write_text(text)
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -131,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     section = "\n".join(lines)
     print(section)
     if args.write_docs:
-        write_docs(section)
+        write_section(SECTION, section)
     return 0
 
 

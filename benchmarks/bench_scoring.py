@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import argparse
 import platform
-import re
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from perfdoc import write_section  # benchmarks/perfdoc.py (scripts run from benchmarks/)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DOCS = REPO_ROOT / "docs" / "performance.md"
 SECTION = "## Half-truth scoring (benchmarks/bench_scoring.py)"
 
 
@@ -74,17 +73,6 @@ def measure(model: str, num_images: int, baseline_items: int, batch_size: int) -
         "max_abs_diff": max_diff,
     }
 
-
-def write_docs(section: str) -> None:
-    """Replace (or append) this benchmark's section of docs/performance.md, leaving other
-    sections untouched."""
-    text = DOCS.read_text() if DOCS.exists() else "# Performance\n"
-    pattern = re.compile(re.escape(SECTION) + r".*?(?=^## |\Z)", re.DOTALL | re.MULTILINE)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    DOCS.write_text(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(section)
     if args.write_docs:
-        write_docs(section)
+        write_section(SECTION, section)
     return 0
 
 

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import argparse
 import platform
-import re
 import sys
 import time
 from pathlib import Path
 
 import torch
+from perfdoc import write_section  # benchmarks/perfdoc.py (scripts run from benchmarks/)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DOCS = REPO_ROOT / "docs" / "performance.md"
 SECTION = "## Compositional suites and retrieval (benchmarks/bench_suites.py)"
 SHOWN = ("comp_i2t", "comp_t2i", "comp_group", "comp_i2t_replace", "ret_i2t", "ret_t2i",
          "ret_i2t_r10", "ret_t2i_r10")  # fmt: skip
@@ -62,16 +61,6 @@ def measure(model: str, num_images: int, checkpoint: str | None) -> dict:
     return {"halftruth_s": halftruth_s, "reused_s": reused_s, "fresh_s": fresh_s,
             "metrics": reused}  # fmt: skip
 
-
-def write_docs(section: str) -> None:
-    """Replace (or append) this benchmark's section of docs/performance.md."""
-    text = DOCS.read_text() if DOCS.exists() else "# Performance\n"
-    pattern = re.compile(re.escape(SECTION) + r".*?(?=^## |\Z)", re.DOTALL | re.MULTILINE)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    DOCS.write_text(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(section)
     if args.write_docs:
-        write_docs(section)
+        write_section(SECTION, section)
     return 0
 
 

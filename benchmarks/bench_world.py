@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import resource
 import subprocess
 import sys
@@ -23,8 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from perfdoc import write_section  # benchmarks/perfdoc.py (scripts run from benchmarks/)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DOCS = REPO_ROOT / "docs" / "performance.md"
 SECTION = "## World generation (benchmarks/bench_world.py)"
 
 
@@ -83,17 +83,6 @@ def report(results: list[dict], image_size: int, command: str,
     return "\n".join(lines + ["", NOTES]) + "\n"
 
 
-def write_docs(section: str) -> None:
-    """Replace (or append) this benchmark's section of docs/performance.md, leaving other
-    sections untouched."""
-    text = DOCS.read_text() if DOCS.exists() else "# Performance\n"
-    pattern = re.compile(re.escape(SECTION) + r".*?(?=^## |\Z)", re.DOTALL | re.MULTILINE)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    DOCS.write_text(text)
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -119,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                      (load_start, os.getloadavg()[0]))
     print(section)
     if args.write_docs:
-        write_docs(section)
+        write_section(SECTION, section)
     return 0
 
 
