@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import Field
 
 from csclip.config import StrictModel
-from csclip.train import OptimConfig, TrainConfig, TrainResult, run
+from csclip.train import LossConfig, OptimConfig, TrainConfig, TrainResult, run
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,9 @@ def pretrain_config(demo: DemoConfig) -> TrainConfig:
     return base.model_copy(update={
         "model": base.model.model_copy(update={"pretrained": None}),
         "data": base.data.model_copy(update={"world": world, "batch_size": pre.batch_size}),
-        "loss": base.loss.model_copy(update={"method": "clip"}),
+        # Its own loss section, so that fine-tuning settings (λ) do not change the
+        # pretraining's config hash and invalidate its cache.
+        "loss": LossConfig(method="clip"),
         "optim": pre.optim(),
         "run": base.run.model_copy(update={"name": None, "storage_path": pre.storage_path}),
     })

@@ -252,6 +252,10 @@ def test_demo_stages_share_the_model_and_differ_in_objective():
     assert [r.loss.method for r in runs] == ["csclip", "clip"]
     assert all(r.model.pretrained == "/ckpt/final" and r.optim.max_steps == 5 for r in runs)
     assert run_name(runs[0]) != run_name(runs[1])
+    # Fine-tuning settings do not invalidate the cached pretraining.
+    tuned = load_config(DemoConfig, None, ["pretrain.max_steps=7", "train.loss.unit_loss_weight=2",
+                                           "train.optim.lr=0.1"])
+    assert run_name(pretrain_config(tuned)) == run_name(pre)
 
 
 def test_demo_results_keep_other_sections_of_the_shared_doc(tmp_path):
