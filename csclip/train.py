@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -380,6 +381,12 @@ def run(config: TrainConfig, callbacks: Sequence = ()) -> TrainResult:
     from csclip.tracking import finish_run, open_run, resolve_uri
 
     spec = spec_from_config(config.model)  # a bad model name fails here, before Ray
+    if not sys.stderr.isatty():
+        # Ray Data's bars redraw with cursor escapes; in a log (CI, `make demo > log`) they
+        # bury the per-step lines, which already show progress.
+        from ray.data import DataContext
+
+        DataContext.get_current().enable_progress_bars = False
     source = source_dataset(config.data)
     if config.data.units_uri is None:
         # The world is generated: keep its rows (PNG bytes, a few KB each) instead of
