@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from csclip.config import StrictModel
 from csclip.errors import CheckpointMismatch, ConfigError
@@ -67,6 +67,15 @@ class ModelConfig(StrictModel):
     # OpenAI's ViT-B/32 weights were trained with QuickGELU (SPEC §6): set true for them.
     quick_gelu: bool = False
     image_size: int | None = Field(None, ge=16)  # None: the model config's own size
+
+    @field_validator("pretrained")
+    @classmethod
+    def _absolute_local_path(cls, value: str | None) -> str | None:
+        # Ray workers run in their own working directory: a relative path that exists
+        # here would not be found there, so it travels as an absolute one.
+        if value and "://" not in value and Path(value).exists() and not Path(value).is_absolute():
+            return str(Path(value).resolve())
+        return value
 
 
 @dataclass(frozen=True)

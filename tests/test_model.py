@@ -100,3 +100,14 @@ def test_unknown_model_name_is_a_config_error():
 def test_directory_without_spec_is_not_a_checkpoint(tmp_path):
     with pytest.raises(CheckpointMismatch, match=SPEC_FILE):
         load_bundle(tmp_path)
+
+
+def test_relative_pretrained_path_travels_as_absolute(tmp_path, monkeypatch):
+    # Ray workers have another working directory; a relative checkpoint path must resolve.
+    from csclip.model import ModelConfig
+
+    (tmp_path / "ckpt").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert ModelConfig(pretrained="ckpt").pretrained == str(tmp_path / "ckpt")
+    assert ModelConfig(pretrained="openai").pretrained == "openai"
+    assert ModelConfig(pretrained="s3://bucket/ckpt").pretrained == "s3://bucket/ckpt"
