@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from perfdoc import write_section  # benchmarks/perfdoc.py (scripts run from benchmarks/)
+from perfdoc import publish  # benchmarks/perfdoc.py (scripts run from benchmarks/)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Losses and text sampling (benchmarks/bench_loss.py)"
@@ -117,9 +117,7 @@ def main(argv: list[str] | None = None) -> int:
              *table(f"Text sampling, {args.records} world records",
                     sampler, args.records, "µs per sample")]
     section = "\n".join(lines)
-    print(section)
-    if args.write_docs:
-        write_section(SECTION, section)
+    publish(SECTION, section, args.write_docs)
     return 0
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from perfdoc import write_section  # benchmarks/perfdoc.py (scripts run from benchmarks/)
+from perfdoc import publish  # benchmarks/perfdoc.py (scripts run from benchmarks/)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Half-truth scoring (benchmarks/bench_scoring.py)"
@@ -120,9 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
     )
-    print(section)
-    if args.write_docs:
-        write_section(SECTION, section)
+    publish(SECTION, section, args.write_docs)
     return 0
 
 

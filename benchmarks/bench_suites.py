@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import torch
-from perfdoc import write_section  # benchmarks/perfdoc.py (scripts run from benchmarks/)
+from perfdoc import publish  # benchmarks/perfdoc.py (scripts run from benchmarks/)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Compositional suites and retrieval (benchmarks/bench_suites.py)"
@@ -104,9 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
     )
-    print(section)
-    if args.write_docs:
-        write_section(SECTION, section)
+    publish(SECTION, section, args.write_docs)
     return 0
 
 

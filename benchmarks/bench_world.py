@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from perfdoc import write_section  # benchmarks/perfdoc.py (scripts run from benchmarks/)
+from perfdoc import publish  # benchmarks/perfdoc.py (scripts run from benchmarks/)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## World generation (benchmarks/bench_world.py)"
@@ -106,9 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/bench_world.py " + " ".join(argv or sys.argv[1:])
     section = report(results, args.image_size, command.strip(),
                      (load_start, os.getloadavg()[0]))
-    print(section)
-    if args.write_docs:
-        write_section(SECTION, section)
+    publish(SECTION, section, args.write_docs)
     return 0
 
 

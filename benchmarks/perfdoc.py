@@ -18,3 +18,10 @@ def write_section(heading: str, section: str, path: Path = DOCS) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + section
     path.write_text(text)
+
+
+def publish(heading: str, section: str, write: bool) -> None:
+    """Print a benchmark's section; with `write`, also put it in docs/performance.md."""
+    print(section)
+    if write:
+        write_section(heading, section)

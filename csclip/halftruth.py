@@ -198,36 +198,14 @@ def _entity_items(
             continue
         first, second = rng.choice(pairs)
         if change_type is not None:
-            foil = rng.choice(_usable_entity_foils(second, change_type, texts))
-            out.append(
-                (
-                    slug,
-                    _item(
-                        record,
-                        slug,
-                        first.text,
-                        _and(first.text, second.text),
-                        _and(first.text, foil.text),
-                    ),
-                )
-            )
-            continue
-        other = _random_entity(rng, record.image_id, pool, image_entities)
-        if other is None:
-            out.append((slug, SkipReason.NO_RANDOM_ENTITY))
+            wrong = rng.choice(_usable_entity_foils(second, change_type, texts)).text
         else:
-            out.append(
-                (
-                    slug,
-                    _item(
-                        record,
-                        slug,
-                        first.text,
-                        _and(first.text, second.text),
-                        _and(first.text, other),
-                    ),
-                )
-            )
+            wrong = _random_entity(rng, record.image_id, pool, image_entities)
+            if wrong is None:
+                out.append((slug, SkipReason.NO_RANDOM_ENTITY))
+                continue
+        completion = _and(first.text, second.text)
+        out.append((slug, _item(record, slug, first.text, completion, _and(first.text, wrong))))
     return out
 
 
