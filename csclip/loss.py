@@ -1,18 +1,36 @@
-"""CS-CLIP training losses (SPEC §3): plain CLIP, L_full (NegCLIP) and L_unit, with features
-all-gathered with gradient across workers so negatives come from the global batch.
+"""CS-CLIP training objectives (SPEC §3): plain CLIP, L_full (NegCLIP) and L_unit, with
+features all-gathered with gradient across workers so negatives come from the global batch.
 
-Every function takes this worker's *local*, L2-normalised features and `scale =
+Every loss takes this worker's *local*, L2-normalised features and `scale =
 logit_scale.exp()` (= 1/τ). Gathering happens inside, so every worker computes the same
-global loss; outside torch.distributed the gather is the identity.
+global loss; outside torch.distributed the gather is the identity. Every loss runs in fp32
+with autocast disabled, whatever the caller's context (SPEC §6, "Precision").
+
+An `Objective` ties a method to the text columns it needs and its loss, so the trainer
+never slices columns by position: `objective_for(LossConfig, num_unit_slots)`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import Tensor
+
+from csclip.config import StrictModel
+
+
+class LossConfig(StrictModel):
+    """The `loss` section: which objective, and λ in L = L_full + λ·L_unit (SPEC §3)."""
+
+    method: Literal["clip", "negclip", "csclip"] = "csclip"
+    unit_loss_weight: float = Field(0.5, ge=0)
 
 
 @dataclass(frozen=True)
@@ -143,6 +161,27 @@ def _unit(image: Tensor, units: Tensor, foils: Tensor, mask: Tensor, scale: Tens
 # Public losses (local features in, global loss out)
 # ---------------------------------------------------------------------------------------
 
+def fp32_loss(fn: Callable) -> Callable:
+    """Run a loss in fp32 with autocast off. Inside a caller's bf16 autocast the logits
+    matmuls would run in bf16 again even on fp32 inputs; unit and foil similarities differ
+    by ~1e-3, below bf16's resolution, so L_unit's ordering would be mostly noise (issue 9;
+    the authors also compute the loss in fp32 with autocast off)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        def up(value):
+            return value.float() if isinstance(value, Tensor) and value.is_floating_point() else value
+
+        device_types = {a.device.type for a in (*args, *kwargs.values()) if isinstance(a, Tensor)}
+        with contextlib.ExitStack() as stack:
+            for device_type in sorted(device_types | {"cpu"}):
+                stack.enter_context(torch.autocast(device_type=device_type, enabled=False))
+            return fn(*(up(a) for a in args), **{k: up(v) for k, v in kwargs.items()})
+
+    return wrapper
+
+
+@fp32_loss
 def clip_loss(image: Tensor, text: Tensor, scale: Tensor) -> Tensor:
     """Plain CLIP loss: mean of image→text and text→image cross-entropies.
 
@@ -152,6 +191,7 @@ def clip_loss(image: Tensor, text: Tensor, scale: Tensor) -> Tensor:
     return _clip(gather_features(image), gather_features(text), scale)
 
 
+@fp32_loss
 def negclip_loss(image: Tensor, caption: Tensor, caption_negative: Tensor,
                  scale: Tensor) -> Tensor:
     """L_full (NegCLIP, SPEC §3): captions with caption-level negatives as extra columns.
@@ -162,6 +202,7 @@ def negclip_loss(image: Tensor, caption: Tensor, caption_negative: Tensor,
                     gather_features(caption_negative), scale)
 
 
+@fp32_loss
 def unit_loss(image: Tensor, units: Tensor, foils: Tensor, mask: Tensor,
               scale: Tensor) -> Tensor:
     """L_unit (SPEC §3), the mean over the K unit slots.
@@ -175,6 +216,7 @@ def unit_loss(image: Tensor, units: Tensor, foils: Tensor, mask: Tensor,
                  gather_features(foils, dim=1), _gather_mask(mask), scale)
 
 
+@fp32_loss
 def csclip_loss(image: Tensor, caption: Tensor, caption_negative: Tensor, units: Tensor,
                 foils: Tensor, mask: Tensor, scale: Tensor,
                 unit_loss_weight: float = 0.5) -> LossParts:
@@ -200,3 +242,57 @@ def _check_unit_shapes(image: Tensor, units: Tensor, foils: Tensor, mask: Tensor
                          f"{tuple(units.shape)} and {tuple(foils.shape)}")
     if mask.shape != (batch,):
         raise ValueError(f"mask must be ({batch},); got {tuple(mask.shape)}")
+
+
+# ---------------------------------------------------------------------------------------
+# Objectives: a method's text columns and its loss, in one place
+# ---------------------------------------------------------------------------------------
+
+def unit_columns(num_unit_slots: int) -> tuple[str, ...]:
+    """The unit and foil token columns of slots 1..N, in encoding order."""
+    return (tuple(f"unit_{k}" for k in range(num_unit_slots))
+            + tuple(f"foil_{k}" for k in range(num_unit_slots)))
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One training method: the token columns it encodes (in order) and its loss.
+
+    `loss(image, texts, masks, scale)` takes image features (B, D), the features of each
+    text column by name ((B, D) each), the batch's boolean mask columns by name ((B,)) and
+    scale = logit_scale.exp(); it returns LossParts.
+    """
+
+    method: str
+    columns: tuple[str, ...]
+    num_unit_slots: int = 0
+    unit_loss_weight: float = 0.0
+
+    @property
+    def mask_columns(self) -> tuple[str, ...]:
+        """The boolean columns the loss reads from the batch."""
+        return ("unit_mask",) if self.method == "csclip" else ()
+
+    def loss(self, image: Tensor, texts: Mapping[str, Tensor], masks: Mapping[str, Tensor],
+             scale: Tensor) -> LossParts:
+        if self.method == "clip":
+            full = clip_loss(image, texts["caption"], scale)
+            return LossParts(full, torch.zeros_like(full), full)
+        if self.method == "negclip":
+            full = negclip_loss(image, texts["caption"], texts["caption_negative"], scale)
+            return LossParts(full, torch.zeros_like(full), full)
+        n = self.num_unit_slots
+        units = torch.stack([texts[f"unit_{k}"] for k in range(n)])          # (N, B, D)
+        foils = torch.stack([texts[f"foil_{k}"] for k in range(n)])          # (N, B, D)
+        return csclip_loss(image, texts["caption"], texts["caption_negative"], units, foils,
+                           masks["unit_mask"], scale, self.unit_loss_weight)
+
+
+def objective_for(config: LossConfig, num_unit_slots: int) -> Objective:
+    """The Objective of `config.method` with N = num_unit_slots unit slots."""
+    if config.method == "clip":
+        return Objective("clip", ("caption",))
+    if config.method == "negclip":
+        return Objective("negclip", ("caption", "caption_negative"))
+    return Objective("csclip", ("caption", "caption_negative", *unit_columns(num_unit_slots)),
+                     num_unit_slots, config.unit_loss_weight)

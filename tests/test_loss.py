@@ -134,3 +134,65 @@ def test_gather_is_identity_without_distributed():
 def test_pure_modules_do_not_import_ray():
     code = "import sys, csclip.loss, csclip.sampling; assert 'ray' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Precision: every loss runs in fp32 with autocast off (issue 9)
+# ---------------------------------------------------------------------------------------
+
+def _loss_inputs(batch: int = 64, dim: int = 128, slots: int = 2, gap: float = 7e-4):
+    # CLIP-like features: units and their foils nearly identical, as in a real model.
+    image = _normalised(batch, dim, seed=1)
+    caption = _normalised(batch, dim, seed=2)
+    negative = F.normalize(caption + 0.05 * _normalised(batch, dim, seed=3), dim=-1)
+    units = _normalised(slots, batch, dim, seed=4)
+    foils = F.normalize(units + gap * _normalised(slots, batch, dim, seed=5), dim=-1)
+    mask = torch.ones(batch, dtype=torch.bool)
+    mask[::7] = False
+    return image, caption, negative, units, foils, mask, torch.tensor(100.0)
+
+
+@pytest.mark.parametrize("name", ["clip", "negclip", "unit", "csclip"])
+def test_losses_ignore_the_callers_bf16_autocast(name):
+    def run(autocast: bool):
+        leaves = [t.clone().requires_grad_(t.is_floating_point()) for t in _loss_inputs()]
+        image, caption, negative, units, foils, mask, scale = leaves
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = {"clip": lambda: clip_loss(image, caption, scale),
+                    "negclip": lambda: negclip_loss(image, caption, negative, scale),
+                    "unit": lambda: unit_loss(image, units, foils, mask, scale),
+                    "csclip": lambda: csclip_loss(image, caption, negative, units, foils, mask,
+                                                  scale).total}[name]()
+        loss.backward()
+        return loss.detach(), [t.grad for t in leaves if t.grad is not None]
+
+    reference, reference_grads = run(autocast=False)
+    loss, grads = run(autocast=True)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, reference, rtol=1e-6, atol=0)
+    for grad, expected in zip(grads, reference_grads, strict=True):
+        torch.testing.assert_close(grad, expected, rtol=1e-6, atol=1e-9)
+
+
+def test_bf16_features_are_scored_in_fp32():
+    # Features that arrive in bf16 (a bf16 model's output) are upcast before the logits.
+    image, caption, *_ , scale = _loss_inputs()
+    low = clip_loss(image.bfloat16(), caption.bfloat16(), scale)
+    assert low.dtype == torch.float32
+    torch.testing.assert_close(low, clip_loss(image.bfloat16().float(), caption.bfloat16().float(), scale))
+
+
+def test_objectives_name_their_columns_and_compute_their_loss():
+    from csclip.loss import LossConfig, objective_for
+
+    assert objective_for(LossConfig(method="clip"), 3).columns == ("caption",)
+    assert objective_for(LossConfig(method="negclip"), 3).columns == ("caption", "caption_negative")
+    objective = objective_for(LossConfig(method="csclip", unit_loss_weight=0.25), 2)
+    assert objective.columns == ("caption", "caption_negative", "unit_0", "unit_1", "foil_0", "foil_1")
+    assert objective.mask_columns == ("unit_mask",)
+    image, caption, negative, units, foils, mask, scale = _loss_inputs(slots=2)
+    texts = {"caption": caption, "caption_negative": negative, "unit_0": units[0],
+             "unit_1": units[1], "foil_0": foils[0], "foil_1": foils[1]}
+    parts = objective.loss(image, texts, {"unit_mask": mask}, scale)
+    torch.testing.assert_close(parts.total, csclip_loss(image, caption, negative, units, foils,
+                                                        mask, scale, unit_loss_weight=0.25).total)
