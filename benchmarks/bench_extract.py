@@ -22,8 +22,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from test_extract_pipeline import GOOD  # noqa: E402  (hand-written answers, real captions)
 
 from csclip.extract import prompts  # noqa: E402
+from csclip.extract.captions import InputConfig, caption_table  # noqa: E402
 from csclip.extract.pipeline import answer_stage  # noqa: E402
-from csclip.extract.readers import InputConfig, caption_table  # noqa: E402
 from csclip.extract.vllm import VllmConfig, add_prompt_columns  # noqa: E402
 
 SUGARCREPE = ROOT.parent / "shared" / "data" / "sugarcrepe"

@@ -110,7 +110,8 @@ class _Loader:
 def time_csclip(model_name: str, image_size: int, batches: list[dict], warmup: int,
                 method: str) -> float:
     """Samples/s of csclip's training step (schedule + loss + clip + logit clamp)."""
-    from csclip.train import TrainConfig, _step, build_optimizer, lr_at
+    from csclip.optim import build_optimizer, lr_at
+    from csclip.train import TrainConfig, _step
 
     config = TrainConfig.model_validate({
         "loss": {"method": method}, "optim": {"lr": 1e-4, "weight_decay": 0.1, "warmup_steps": 10}})

@@ -77,10 +77,41 @@ def read_yaml(path: str | Path) -> dict:
     return data
 
 
+def with_section_defaults(model: type[BaseModel], data: dict) -> dict:
+    """`data` with every partly given section filled from that section's default.
+
+    pydantic validates a partial dict for a nested section against the section's *class*
+    defaults, so `--set pretrain.optim.max_steps=300` would silently reset the other fields
+    of a default like `optim: OptimConfig = OptimConfig(lr=1e-3)` to OptimConfig's own.
+    Merging the dict over the default instance keeps them (issue 9).
+    """
+    result = dict(data)
+    for name, value in data.items():
+        info = model.model_fields.get(name)
+        if info is None or not isinstance(value, dict):
+            continue
+        default = info.get_default(call_default_factory=True)
+        if isinstance(default, BaseModel):
+            merged = _deep_merge(default.model_dump(), value)
+            result[name] = with_section_defaults(type(default), merged)
+    return result
+
+
+def _deep_merge(base: dict, update: dict) -> dict:
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
 def validate_config(model: type[ConfigT], data: dict, origin: str = "config") -> ConfigT:
-    """Validate `data` into `model`, raising ConfigError naming each bad field."""
+    """Validate `data` into `model` (partly given sections keep their other defaults),
+    raising ConfigError naming each bad field."""
     try:
-        return model.model_validate(data)
+        return model.model_validate(with_section_defaults(model, data))
     except ValidationError as err:
         problems = []
         for item in err.errors():

@@ -22,9 +22,10 @@ import pyarrow as pa
 from pydantic import Field
 
 from csclip.config import StrictModel
-from csclip.errors import DataError
+from csclip.errors import ConfigError, DataError
+from csclip.loss import Objective, unit_columns
 from csclip.sampling import SamplingConfig, sample_text_columns
-from csclip.units import record_from_row
+from csclip.units import UnitsRecord, record_from_row
 from csclip.world.config import WorldConfig
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,43 @@ def source_dataset(data: DataConfig):
                         "point it at a units Parquet file or directory") from err
     split = data.split
     return ds.filter(lambda row: row["split"] == split)
+
+
+def load_split(units_uri: str | None, split: str, world: WorldConfig) -> list[UnitsRecord]:
+    """The records of one split: read from a units table (local or s3://; only that
+    split's rows are read) or, when units_uri is None, generated from the synthetic world.
+
+    Evaluation, the ablation's trials and the demo all load their validation split here.
+    Raises ConfigError for a split the world does not have, DataError for a missing table
+    or an empty split (naming the splits that are present).
+    """
+    if units_uri is None:
+        from csclip.world import iter_world
+
+        if split not in ("train", "val", "test"):
+            raise ConfigError(f"split {split!r}: the synthetic world has train, val, test")
+        records = list(iter_world(world, splits=(split,)))
+        if not records:
+            raise DataError(f"the synthetic world (seed {world.seed}) has no records in split {split!r}; "
+                            f"raise data.world.num_{split}")
+        return records
+    import pyarrow.parquet as pq
+
+    from csclip.storage import filesystem_for
+    from csclip.units import UNITS_SCHEMA, table_to_records
+
+    fs, path = filesystem_for(units_uri)
+    try:
+        table = pq.read_table(path, filesystem=fs, schema=UNITS_SCHEMA,
+                              filters=[("split", "=", split)])
+    except (FileNotFoundError, OSError) as err:
+        raise DataError(f"units table not found or unreadable: {units_uri} ({err})") from err
+    if table.num_rows == 0:
+        present = sorted(set(pq.read_table(path, filesystem=fs, columns=["split"])
+                             .column("split").to_pylist()))
+        raise DataError(f"{units_uri}: no records in split {split!r} (splits present: "
+                        f"{present or 'none'}); set the split or add data")
+    return table_to_records(table)
 
 
 # ---------------------------------------------------------------------------------------
@@ -135,16 +173,6 @@ def image_status(batch: pa.Table) -> dict[str, np.ndarray]:
             "ok": np.array(ok, dtype=bool)}
 
 
-def text_columns(method: str, num_unit_slots: int) -> list[str]:
-    """The token columns a training method encodes, in order."""
-    if method == "clip":
-        return ["caption"]
-    if method == "negclip":
-        return ["caption", "caption_negative"]
-    return (["caption", "caption_negative"] + [f"unit_{k}" for k in range(num_unit_slots)]
-            + [f"foil_{k}" for k in range(num_unit_slots)])
-
-
 def prepare_batch(batch: pa.Table, *, sampling: dict, preprocess: tuple, model_name: str,
                   seed: int, epoch: int, columns: Sequence[str] | None = None
                   ) -> dict[str, np.ndarray]:
@@ -152,8 +180,8 @@ def prepare_batch(batch: pa.Table, *, sampling: dict, preprocess: tuple, model_n
     (SPEC §3) for `epoch`, tokenize. Rows whose image does not decode are dropped (the
     check pass counted them).
 
-    columns: the token columns to produce (default: all of them, see text_columns);
-    plain CLIP needs only the caption, so it skips slot sampling.
+    columns: the token columns to produce (an Objective's `columns`; default: those of
+    CS-CLIP); plain CLIP needs only the caption, so it skips slot sampling.
     Returns image (n, 3, H, W) float32; each token column (n, context_length) int64;
     unit_mask (n,) bool when unit columns are produced.
     """
@@ -168,8 +196,8 @@ def prepare_batch(batch: pa.Table, *, sampling: dict, preprocess: tuple, model_n
     if not records:
         return out
     config = SamplingConfig.model_validate(sampling)
-    wanted = list(columns) if columns is not None else text_columns(
-        "csclip", config.num_unit_slots)
+    wanted = list(columns) if columns is not None else [
+        "caption", "caption_negative", *unit_columns(config.num_unit_slots)]
     if wanted == ["caption"]:
         texts: dict[str, list] = {"caption": [r.caption for r in records]}
     else:
@@ -218,11 +246,11 @@ def plan_data(source, data: DataConfig, num_workers: int, epochs: int,
 
 
 def training_stream(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
-                    model_name: str, seed: int, num_epochs: int, method: str = "csclip",
+                    model_name: str, seed: int, num_epochs: int, objective: Objective,
                     rows_per_block: int = 128):
     """The union over epochs of `source` prepared for training (see prepare_batch),
-    with the token columns `method` needs."""
-    columns = text_columns(method, sampling.num_unit_slots)
+    with the token columns `objective` needs."""
+    columns = list(objective.columns)
     epochs: Sequence = [
         source.map_batches(
             prepare_batch, batch_format="pyarrow", batch_size=rows_per_block,

@@ -13,7 +13,9 @@ from pathlib import Path
 from pydantic import Field
 
 from csclip.config import StrictModel
-from csclip.train import LossConfig, OptimConfig, TrainConfig, TrainResult, run
+from csclip.loss import LossConfig
+from csclip.optim import OptimConfig
+from csclip.train import TrainConfig, TrainResult, run
 
 logger = logging.getLogger(__name__)
 
@@ -23,20 +25,13 @@ class PretrainConfig(StrictModel):
     state relations, so the model can learn spatial layout) from scenes the fine-tuning
     never sees (another world seed)."""
 
-    # Flat fields, not a nested OptimConfig: `--set pretrain.optim.max_steps=...` would
-    # replace a nested default as a whole and silently reset its lr to OptimConfig's.
     world_seed: int = 1000
     num_train: int = Field(4000, ge=1)
     batch_size: int = Field(64, ge=1)
-    lr: float = Field(1e-3, gt=0)
-    weight_decay: float = Field(0.1, ge=0)
-    warmup_steps: int = Field(50, ge=0)
-    max_steps: int = Field(1500, ge=1)
+    # `--set pretrain.optim.max_steps=300` keeps the other fields of this default
+    # (csclip.config.with_section_defaults).
+    optim: OptimConfig = OptimConfig(lr=1e-3, weight_decay=0.1, warmup_steps=50, max_steps=1500)
     storage_path: str = "runs/pretrain"
-
-    def optim(self) -> OptimConfig:
-        return OptimConfig(lr=self.lr, weight_decay=self.weight_decay,
-                           warmup_steps=self.warmup_steps, max_steps=self.max_steps)
 
 
 class DemoConfig(StrictModel):
@@ -69,7 +64,7 @@ def pretrain_config(demo: DemoConfig) -> TrainConfig:
         # Its own loss section, so that fine-tuning settings (λ) do not change the
         # pretraining's config hash and invalidate its cache.
         "loss": LossConfig(method="clip"),
-        "optim": pre.optim(),
+        "optim": pre.optim,
         "run": base.run.model_copy(update={"name": None, "storage_path": pre.storage_path}),
     })
 
@@ -117,7 +112,8 @@ def write_results_doc(demo: DemoConfig, pretrained: TrainResult, finetuned: dict
         "CLIP-FT and CS-CLIP fine-tuned from it on the same budget.", "",
         f"- model `{train.model.name}`, {world.image_size} px images",
         f"- pretraining: CLIP loss on {pre.num_train} world captions (world seed "
-        f"{pre.world_seed}), {pre.max_steps} steps x batch {pre.batch_size}, lr {pre.lr}",
+        f"{pre.world_seed}), {pre.optim.max_steps} steps x batch {pre.batch_size}, "
+        f"lr {pre.optim.lr}",
         f"- fine-tuning: {world.num_train} training scenes (seed {world.seed}), "
         f"{train.optim.max_steps} steps x batch {train.data.batch_size}, lr {train.optim.lr}, "
         f"N = {train.sampling.num_unit_slots}, relation_prob {train.sampling.relation_prob}, "
@@ -137,12 +133,12 @@ def write_results_doc(demo: DemoConfig, pretrained: TrainResult, finetuned: dict
 
 def evaluate(demo: DemoConfig, pretrained: TrainResult, finetuned: dict[str, TrainResult]) -> str:
     """Compare the three models on the world's validation split; return the markdown."""
+    from csclip.data import load_split
     from csclip.evaluate import compare_models
     from csclip.model import load_bundle
     from csclip.tracking import resolve_uri
-    from csclip.world import iter_world
 
-    records = list(iter_world(demo.train.data.world, splits=("val",)))
+    records = load_split(None, "val", demo.train.data.world)
     bundles = {"CLIP (pretrained)": load_bundle(pretrained.checkpoint_uri)}
     bundles.update({label: load_bundle(result.checkpoint_uri) for label, result in finetuned.items()})
     uri = resolve_uri(demo.train.tracking.uri) if demo.train.tracking.enabled else None

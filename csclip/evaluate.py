@@ -617,39 +617,10 @@ def compare_models(
 
 
 def load_records(data: EvalDataConfig) -> list[UnitsRecord]:
-    """The evaluation split: from a units table, or generated from the synthetic world.
+    """The evaluation split (csclip.data.load_split)."""
+    from csclip.data import load_split
 
-    Raises DataError when the split has no records.
-    """
-    if data.units_uri is None:
-        from csclip.world import iter_world
-
-        if data.split not in ("train", "val", "test"):
-            raise ConfigError(
-                f"data.split={data.split!r}: the synthetic world has train, val, test"
-            )
-        records = list(iter_world(data.world, splits=(data.split,)))
-        origin = f"the synthetic world (seed {data.world.seed})"
-    else:
-        from csclip.storage import filesystem_for
-        from csclip.units import read_units
-
-        filesystem, path = filesystem_for(data.units_uri)
-        everything = read_units(path, filesystem=filesystem)
-        records = [r for r in everything if r.split == data.split]
-        origin = data.units_uri
-        if everything and not records:
-            splits = sorted({r.split for r in everything})
-            raise DataError(
-                f"{origin}: no records in split {data.split!r} (splits present: "
-                f"{splits}); set data.split"
-            )
-    if not records:
-        raise DataError(
-            f"{origin}: split {data.split!r} has no records; evaluate a non-empty "
-            "units table or raise data.world.num_val"
-        )
-    return records
+    return load_split(data.units_uri, data.split, data.world)
 
 
 def run_evaluation(config: EvalConfig) -> ComparisonReport:

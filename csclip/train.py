@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from csclip.config import StrictModel, flatten
-from csclip.data import DataConfig, text_columns
+from csclip.data import DataConfig
 from csclip.errors import CsclipError
-from csclip.loss import LossParts, clip_loss, csclip_loss, negclip_loss
+from csclip.loss import LossConfig, LossParts, Objective, objective_for
 from csclip.model import (
     CONFIG_FILE,
     SPEC_FILE,
@@ -41,6 +41,7 @@ from csclip.model import (
     spec_of,
     unwrap,
 )
+from csclip.optim import OptimConfig, build_optimizer, lr_at
 from csclip.sampling import SamplingConfig
 from csclip.tracking import TrackingConfig
 
@@ -48,36 +49,6 @@ logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.json"
 FINAL_DIR = "final"
-
-
-class LossConfig(StrictModel):
-    """The `loss` section: which objective, and λ in L = L_full + λ·L_unit (SPEC §3)."""
-
-    method: Literal["clip", "negclip", "csclip"] = "csclip"
-    unit_loss_weight: float = Field(0.5, ge=0)
-
-
-class OptimConfig(StrictModel):
-    """The `optim` section: AdamW with a warmup + cosine schedule."""
-
-    lr: float = Field(5e-6, gt=0)
-    weight_decay: float = Field(0.01, ge=0)
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = Field(1e-6, gt=0)
-    warmup_steps: int = Field(50, ge=0)
-    epochs: int = Field(5, ge=1)
-    max_steps: int | None = Field(None, ge=1)  # stop after this many steps (overrides epochs)
-    grad_clip: float | None = Field(1.0, gt=0)  # max gradient norm; None: no clipping
-    # cosine: the schedule advances every optimizer step (as intended). authors_per_epoch:
-    # the authors' code builds the same per-step schedule but steps it once per epoch, so
-    # warmup never ends and lr stays near lr * epoch / warmup (SPEC §6); for comparisons.
-    schedule: Literal["cosine", "authors_per_epoch", "constant"] = "cosine"
-
-    @model_validator(mode="after")
-    def _betas_in_range(self) -> OptimConfig:
-        if not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"betas {self.betas} must each be in [0, 1)")
-        return self
 
 
 class RunSection(StrictModel):
@@ -151,57 +122,18 @@ def storage_root(config: TrainConfig) -> str:
 # Pure pieces of the loop: schedule, optimizer, loss, precision
 # ---------------------------------------------------------------------------------------
 
-def lr_at(step: int, optim: OptimConfig, total_steps: int, steps_per_epoch: int) -> float:
-    """Learning rate for optimizer step `step` (0-based): linear warmup, then cosine to 0,
-    as open_clip_train's `cosine_lr`. authors_per_epoch evaluates the same curve at the
-    epoch index, as the authors' per-epoch `scheduler.step()` does (SPEC §6)."""
-    if optim.schedule == "constant":
-        return optim.lr
-    position = step if optim.schedule == "cosine" else step // max(1, steps_per_epoch)
-    if position < optim.warmup_steps:
-        return optim.lr * (position + 1) / optim.warmup_steps
-    decay_steps = max(1, total_steps - optim.warmup_steps)
-    progress = min(1.0, (position - optim.warmup_steps) / decay_steps)
-    return 0.5 * (1 + math.cos(math.pi * progress)) * optim.lr
-
-
-def build_optimizer(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
-    """AdamW with open_clip's parameter groups: no weight decay on gains, biases,
-    embeddings-like 1-d tensors and logit_scale."""
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        exclude = (param.ndim < 2 or "bn" in name or "ln" in name or "bias" in name
-                   or "logit_scale" in name)
-        (no_decay if exclude else decay).append(param)
-    groups = [{"params": no_decay, "weight_decay": 0.0},
-              {"params": decay, "weight_decay": optim.weight_decay}]
-    return torch.optim.AdamW(groups, lr=optim.lr, betas=optim.betas, eps=optim.eps)
-
-
-def compute_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], loss: LossConfig,
-                 num_unit_slots: int) -> LossParts:
+def compute_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor],
+                 objective: Objective) -> LossParts:
     """Encode the batch with one forward call (so DDP sees it) and apply the objective.
 
-    batch: image (B, 3, H, W); token columns (B, L); unit_mask (B,).
+    batch: image (B, 3, H, W); the objective's token columns (B, L) and mask columns (B,).
     """
-    columns = text_columns(loss.method, num_unit_slots)
+    columns = objective.columns
     texts = torch.cat([batch[c] for c in columns])                    # (T*B, L)
     image, text, scale = model(batch["image"], texts)[:3]              # normalised features
-    image, text = image.float(), text.float()
-    parts = text.chunk(len(columns))                                   # T x (B, D)
-    if loss.method == "clip":
-        full = clip_loss(image, parts[0], scale)
-        return LossParts(full, torch.zeros_like(full), full)
-    if loss.method == "negclip":
-        full = negclip_loss(image, parts[0], parts[1], scale)
-        return LossParts(full, torch.zeros_like(full), full)
-    n = num_unit_slots
-    units = torch.stack(parts[2:2 + n])                                # (N, B, D)
-    foils = torch.stack(parts[2 + n:])                                 # (N, B, D)
-    return csclip_loss(image, parts[0], parts[1], units, foils, batch["unit_mask"], scale,
-                       loss.unit_loss_weight)
+    features = dict(zip(columns, text.chunk(len(columns)), strict=True))  # T x (B, D)
+    masks = {name: batch[name] for name in objective.mask_columns}
+    return objective.loss(image, features, masks, scale)
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
@@ -312,7 +244,7 @@ def _worker_logging() -> None:
 def _step(model, optimizer, scaler, batch, config: TrainConfig, dtype, device) -> LossParts:
     optimizer.zero_grad(set_to_none=True)
     with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-        parts = compute_loss(model, batch, config.loss, config.sampling.num_unit_slots)
+        parts = compute_loss(model, batch, objective_for(config.loss, config.sampling.num_unit_slots))
     scaler.scale(parts.total).backward()
     if config.optim.grad_clip is not None:
         scaler.unscale_(optimizer)
@@ -398,7 +330,8 @@ def run(config: TrainConfig, callbacks: Sequence = ()) -> TrainResult:
                 plan.num_decode_failures, plan.num_epochs, plan.total_steps)
     stream = training_stream(source, sampling=config.sampling, preprocess_cfg=spec.preprocess_cfg,
                              model_name=config.model.name, seed=config.run.seed,
-                             num_epochs=plan.num_epochs, method=config.loss.method)
+                             num_epochs=plan.num_epochs,
+                             objective=objective_for(config.loss, config.sampling.num_unit_slots))
     data_params = {"data.num_rows": plan.num_rows, "data.decode_failures": plan.num_decode_failures,
                    "data.total_steps": plan.total_steps, "data.num_epochs": plan.num_epochs}
     run_id = open_run(config.tracking, name, {**flatten(config), **data_params})

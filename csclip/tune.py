@@ -603,23 +603,10 @@ def _fail_once_for_tests(context: SweepContext, setting: Setting) -> None:
 
 
 def validation_records(config: BaseModel) -> list:
-    """The validation split the trial is evaluated on: the units table's `val` rows when
-    data.units_uri is set, else the synthetic world's val split."""
-    from csclip.errors import DataError
+    """The validation split the trial is evaluated on (csclip.data.load_split)."""
+    from csclip.data import load_split
 
-    units_uri = getattr(config.data, "units_uri", None)
-    if units_uri:
-        from csclip.units import read_units
-
-        records = [r for r in read_units(units_uri) if r.split == "val"]
-    else:
-        from csclip.world import iter_world
-
-        records = list(iter_world(config.data.world, splits=("val",)))
-    if not records:
-        raise DataError(f"no validation records in {units_uri or 'the world (num_val=0)'}; "
-                        "the ablation evaluates on the val split: add some")
-    return records
+    return load_split(config.data.units_uri, "val", config.data.world)
 
 
 def evaluate_trial(config: BaseModel, checkpoint_uri: str, seed: int):

@@ -3,7 +3,7 @@
     python pipelines/train.py                                  # the demo (synthetic world, CPU)
     python pipelines/train.py --config configs/default.yaml --method clip
     python pipelines/train.py --config configs/coco.yaml --set optim.lr=1e-5
-    python pipelines/train.py --demo --set pretrain.max_steps=300   # demo overrides
+    python pipelines/train.py --demo --set pretrain.optim.max_steps=300   # demo overrides
 
 Rerunning the same command resumes from the last checkpoint (the run name is a hash of
 the resolved config); a finished run is not trained again.

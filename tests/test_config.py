@@ -71,3 +71,21 @@ def test_override_into_a_value_from_yaml_is_refused(tmp_path):
     path.write_text("name: base\n")
     with pytest.raises(ConfigError, match="'name' is a value"):
         load_config(ExampleConfig, path, ["name.x=1"])
+
+
+class TunedRun(StrictModel):
+    # A section whose default differs from its class defaults.
+    optim: OptimSection = OptimSection(lr=1e-3, betas=(0.8, 0.9))
+    inner: ExampleConfig = ExampleConfig(optim=OptimSection(lr=2e-3), name="inner")
+
+
+def test_set_on_a_nested_field_keeps_the_other_defaults_of_that_section():
+    config = load_config(TunedRun, None, ["optim.betas=[0.5, 0.6]", "inner.optim.betas=[0.1, 0.2]"])
+    assert config.optim == OptimSection(lr=1e-3, betas=(0.5, 0.6))
+    assert config.inner.optim == OptimSection(lr=2e-3, betas=(0.1, 0.2))
+    assert config.inner.name == "inner"
+
+
+def test_a_bad_field_inside_a_defaulted_section_is_still_named():
+    with pytest.raises(ConfigError, match="inner.optim.lr"):
+        load_config(TunedRun, None, ["inner.optim.lr=-1"])

@@ -288,7 +288,7 @@ def test_entry_point_runs_and_reports_accounting(ray_session, tmp_path, capsys):
 
 def test_rules_backend_in_the_pipeline_matches_direct_extraction(ray_session, sugarcrepe_dir, tmp_path):
     from csclip.extract.backends import rules_outcome
-    from csclip.extract.readers import caption_table
+    from csclip.extract.captions import caption_table
 
     config = _config(sugarcrepe_dir, tmp_path, "backend.name=rules")
     summary = run_extraction(config)

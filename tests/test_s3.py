@@ -10,8 +10,8 @@ import pytest
 from csclip import storage
 from csclip.config import load_config
 from csclip.errors import DataError
+from csclip.extract.captions import InputConfig, caption_table
 from csclip.extract.pipeline import ExtractConfig, run_extraction
-from csclip.extract.readers import InputConfig, caption_table
 from csclip.units import read_units
 
 BUCKET = "csclip-test"

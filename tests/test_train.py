@@ -13,16 +13,14 @@ import torch
 from csclip.config import load_config
 from csclip.data import DataConfig, plan_data, prepare_batch, preprocess_key
 from csclip.errors import CsclipError, DataError
+from csclip.loss import LossConfig, objective_for
 from csclip.model import WEIGHTS_FILE, create_bundle, register_small_models, spec_of
+from csclip.optim import OptimConfig, build_optimizer, lr_at
 from csclip.sampling import SamplingConfig
 from csclip.train import (
-    LossConfig,
-    OptimConfig,
     TrainConfig,
-    build_optimizer,
     compute_loss,
     finished_result,
-    lr_at,
     run,
     run_name,
 )
@@ -121,7 +119,7 @@ def test_clip_method_matches_open_clip_loss():
     torch.manual_seed(0)
     model = create_bundle("csclip-tiny", image_size=32).model
     batch = _batch()
-    parts = compute_loss(model, batch, LossConfig(method="clip"), 2)
+    parts = compute_loss(model, batch, objective_for(LossConfig(method="clip"), 2))
     image, text, scale = model(batch["image"], batch["caption"])[:3]
     expected = open_clip.ClipLoss()(image, text, scale)
     assert parts.total.item() == pytest.approx(expected.item(), abs=1e-6)
@@ -130,7 +128,7 @@ def test_clip_method_matches_open_clip_loss():
 def test_csclip_adds_weighted_unit_loss():
     torch.manual_seed(0)
     model = create_bundle("csclip-tiny", image_size=32).model
-    parts = compute_loss(model, _batch(), LossConfig(method="csclip", unit_loss_weight=0.5), 2)
+    parts = compute_loss(model, _batch(), objective_for(LossConfig(method="csclip", unit_loss_weight=0.5), 2))
     assert parts.unit.item() > 0
     assert parts.total.item() == pytest.approx(parts.full.item() + 0.5 * parts.unit.item(), abs=1e-5)
 
@@ -243,7 +241,7 @@ def test_demo_stages_share_the_model_and_differ_in_objective():
     from csclip.config import load_config
     from csclip.demo import DemoConfig, finetune_config, pretrain_config
 
-    demo = load_config(DemoConfig, None, ["pretrain.max_steps=7", "train.optim.max_steps=5"])
+    demo = load_config(DemoConfig, None, ["pretrain.optim.max_steps=7", "train.optim.max_steps=5"])
     pre = pretrain_config(demo)
     # Overriding one pretraining field keeps the others (lr stays the demo's, not 5e-6).
     assert (pre.loss.method, pre.optim.max_steps, pre.optim.lr) == ("clip", 7, 1e-3)
@@ -253,7 +251,7 @@ def test_demo_stages_share_the_model_and_differ_in_objective():
     assert all(r.model.pretrained == "/ckpt/final" and r.optim.max_steps == 5 for r in runs)
     assert run_name(runs[0]) != run_name(runs[1])
     # Fine-tuning settings do not invalidate the cached pretraining.
-    tuned = load_config(DemoConfig, None, ["pretrain.max_steps=7", "train.loss.unit_loss_weight=2",
+    tuned = load_config(DemoConfig, None, ["pretrain.optim.max_steps=7", "train.loss.unit_loss_weight=2",
                                            "train.optim.lr=0.1"])
     assert run_name(pretrain_config(tuned)) == run_name(pre)
 

@@ -67,7 +67,7 @@ def test_building_the_config_does_not_need_vllm():
 
 
 def test_backends_and_prompts_do_not_import_ray():
-    code = ("import sys, csclip.extract.backends, csclip.extract.prompts, csclip.extract.readers; "
+    code = ("import sys, csclip.extract.backends, csclip.extract.prompts, csclip.extract.captions; "
             "assert 'ray' not in sys.modules, 'ray imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

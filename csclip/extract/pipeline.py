@@ -30,7 +30,7 @@ from csclip.config import StrictModel, flatten
 from csclip.errors import DataError
 from csclip.extract import backends
 from csclip.extract.backends import RESULT_SCHEMA, BackendConfig, Status
-from csclip.extract.readers import InputConfig, caption_table
+from csclip.extract.captions import InputConfig, caption_table
 from csclip.extract.vllm import ERROR_COLUMN, Engine, add_prompt_columns
 from csclip.units import records_to_table
 

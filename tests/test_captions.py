@@ -9,7 +9,7 @@ import pytest
 
 from csclip.config import load_config
 from csclip.errors import ConfigError, DataError
-from csclip.extract.readers import CAPTION_SCHEMA, InputConfig, caption_table
+from csclip.extract.captions import CAPTION_SCHEMA, InputConfig, caption_table
 
 KARPATHY = {
     "dataset": "coco",
@@ -160,7 +160,7 @@ def test_world_rows_carry_image_and_gold_units():
 
 
 def test_caption_dataset_is_a_ray_dataset_of_captions(ray_session, sugarcrepe_dir):
-    from csclip.extract.readers import caption_dataset
+    from csclip.extract.captions import caption_dataset
 
     ds = caption_dataset(_config(format="sugarcrepe", uri=str(sugarcrepe_dir / "swap_obj.json")),
                          num_blocks=3)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from csclip.errors import DataError
-from csclip.readers.authors import read_authors_units
+from csclip.extract.authors import read_authors_units
 from csclip.units import ChangeType, RejectReason, records_to_table, table_to_records
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -1,1 +1,0 @@
-"""Readers for existing unit data."""
