@@ -20,7 +20,7 @@ import sys
 
 from csclip.config import add_config_arguments, load_config
 from csclip.errors import CsclipError
-from csclip.evaluate import EvalConfig, run_evaluation
+from csclip.eval.pipeline import EvalConfig, run_evaluation
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

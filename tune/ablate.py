@@ -36,22 +36,24 @@ def main(argv: list[str] | None = None) -> int:
                         help="also write the table into the ablation section of this file")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    from csclip import train, tune
+    from csclip import train
+    from csclip.ablation import grid as grids
+    from csclip.ablation import report, sweep
 
     try:
         base = config_from_args(train.TrainConfig, args)
-        grid = tune.expand_grid(base, tune.parse_grid(args.grid), full=args.full_grid)
+        grid = grids.expand_grid(base, grids.parse_grid(args.grid), full=args.full_grid)
         max_concurrent = args.max_concurrent
         if init_ray() and max_concurrent is None:
             # A local Ray counts more logical CPUs than cores (see init_ray); how many
             # fine-tunes run at once follows the real cores.
-            max_concurrent = tune.max_concurrent_trials(
+            max_concurrent = sweep.max_concurrent_trials(
                 {"CPU": os.cpu_count() or 1}, base.run.num_workers, base.run.use_gpu,
                 base.run.cpus_per_worker)
-        result = tune.run_sweep(base, grid, max_concurrent=max_concurrent,
+        result = sweep.run_sweep(base, grid, max_concurrent=max_concurrent,
                                 reevaluate=args.reevaluate)
         if args.results_doc:
-            tune.update_results_doc(args.results_doc, result, command=" ".join(
+            report.update_results_doc(args.results_doc, result, command=" ".join(
                 ["python", "tune/ablate.py", *(argv if argv is not None else sys.argv[1:])]))
     except CsclipError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -1,16 +1,16 @@
 """Image-text retrieval Recall@k (image->text and text->image) over a set of captioned
-images, from features encoded once by csclip.scoring (SPEC §5)."""
+images, from features encoded once by csclip.eval.encoder (SPEC §5)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from csclip.errors import DataError
-from csclip.scoring import FeatureTables, ImageSource, Scorer, encode_features, image_sources
+from csclip.eval.encoder import Encoder, FeatureTables, image_sources
 from csclip.units import UnitsRecord
 
 log = logging.getLogger(__name__)
@@ -142,60 +142,16 @@ def retrieval_metrics(
     return metrics
 
 
-def extend_features(
-    scorer: Scorer,
-    texts: Sequence[str],
-    images: Mapping[str, ImageSource],
-    known: FeatureTables | None = None,
-) -> FeatureTables:
-    """Features of `texts` and `images`, encoding only what `known` lacks (so a suite reuses
-    the features the half-truth benchmark already encoded)."""
-    if known is None:
-        return encode_features(scorer, texts, images)
-    new_texts = sorted({t for t in texts if t not in known.text_index})
-    new_images = {i: s for i, s in images.items() if i not in known.image_index}
-    if not new_texts and not new_images:
-        return known
-    fresh = encode_features(scorer, new_texts, new_images)
-    return merge_features(known, fresh)
-
-
-def merge_features(first: FeatureTables, second: FeatureTables) -> FeatureTables:
-    """`first` plus the rows of `second` whose text or image it lacks."""
-
-    def merge(index_a, rows_a, index_b, rows_b):
-        new_keys = [k for k in index_b if k not in index_a]
-        if not new_keys:
-            return index_a, rows_a
-        added = rows_b[[index_b[k] for k in new_keys]]
-        if rows_a.shape[0] == 0:  # an empty table may have no feature dimension: (0, 0)
-            return {k: n for n, k in enumerate(new_keys)}, added
-        index = dict(index_a)
-        index.update({k: rows_a.shape[0] + n for n, k in enumerate(new_keys)})
-        return index, np.concatenate([rows_a, added])
-
-    text_index, text_features = merge(
-        first.text_index, first.text_features, second.text_index, second.text_features
-    )
-    image_index, image_features = merge(
-        first.image_index, first.image_features, second.image_index, second.image_features
-    )
-    return FeatureTables(text_index, text_features, image_index, image_features)
-
-
 def evaluate_retrieval(
-    scorer: Scorer,
-    records: Sequence[UnitsRecord],
-    known: FeatureTables | None = None,
-    ks: Sequence[int] = RECALL_KS,
+    encoder: Encoder, records: Sequence[UnitsRecord], ks: Sequence[int] = RECALL_KS
 ) -> dict[str, float]:
-    """Recall@k of `scorer` over `records` (their images and captions), reusing `known`
-    features where given.
+    """Recall@k over `records` (their images and captions), with features from `encoder`
+    (its cache: what the half-truth benchmark encoded is not encoded again).
 
     Raises DataError for no records or a record without image bytes or path.
     """
     rset = retrieval_set(records)
-    features = extend_features(scorer, rset.texts, image_sources(records, rset.image_ids), known)
+    features = encoder.features(rset.texts, image_sources(records, rset.image_ids))
     metrics = retrieval_metrics(features, rset, ks)
     log.info(
         "retrieval over %d images, %d texts: R@1 i2t %.1f t2i %.1f",

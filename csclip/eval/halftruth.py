@@ -1,10 +1,13 @@
 """SPEC §4 half-truth benchmark: construction from a units table (seeded, deterministic),
 the shareable benchmark table (Parquet / CSV) and the metrics (Acc_HT, Δ, win rate,
-consistency, bootstrap CIs; image-side top-1 / MRR / margin). Pure: no ray."""
+consistency, bootstrap CIs; image-side top-1 / MRR / margin), and its scoring from an
+Encoder's features. Every half-truth condition is defined here and nowhere else. Pure: no
+ray."""
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import random
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -14,9 +17,14 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from pydantic import Field, model_validator
 
+from csclip.config import StrictModel
 from csclip.errors import DataError
+from csclip.eval.encoder import FeatureTables, ImageSource, image_sources
 from csclip.units import ChangeType, Foil, Unit, UnitsRecord, normalize_text
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -600,3 +608,110 @@ def image_side_metrics(target: np.ndarray, distractors: Sequence[np.ndarray]) ->
         "image_side_margin": float(margins.mean()),
         "image_side_num_items": float(len(target)),
     }
+
+
+# ---------------------------------------------------------------------------------------
+# The prepared benchmark and its scores
+# ---------------------------------------------------------------------------------------
+
+class BenchmarkConfig(StrictModel):
+    """How the half-truth benchmark is built and bootstrapped. The seed lives here only."""
+
+    seed: int = 0  # every choice of the builder is seeded from (seed, image_id)
+    num_bootstrap: int = Field(1000, ge=0)  # SPEC §4: 1000 resamples
+    image_side: bool = True
+    min_distractors: int = Field(2, ge=1)
+    max_distractors: int = Field(5, ge=1)
+    # A saved benchmark table (.parquet / .csv from a previous run) to rescore instead of
+    # building one; its images still come from the units table.
+    table_uri: str | None = None
+
+    @model_validator(mode="after")
+    def _distractor_range(self) -> BenchmarkConfig:
+        if self.max_distractors < self.min_distractors:
+            raise ValueError(
+                f"max_distractors ({self.max_distractors}) must be >= "
+                f"min_distractors ({self.min_distractors})"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class PreparedBenchmark:
+    """A benchmark with the image bytes it needs: built once, scored by many models."""
+
+    benchmark: HalfTruthBenchmark
+    image_side: tuple[ImageSideItem, ...]
+    images: dict[str, ImageSource]  # bytes, or a URI read when encoded
+
+    @property
+    def texts(self) -> list[str]:
+        return benchmark_texts(self.benchmark.items, self.image_side)
+
+
+def prepare_benchmark(
+    records: Sequence[UnitsRecord], config: BenchmarkConfig | None = None
+) -> PreparedBenchmark:
+    """Build the half-truth (and image-side) benchmark, or load config.table_uri, and
+    collect its image sources.
+
+    Raises DataError for no records, no usable items, or an image missing from `records`.
+    """
+    config = config or BenchmarkConfig()
+    seed = config.seed
+    if config.table_uri:
+        items = tuple(load_benchmark(config.table_uri))
+        num_images = len({item.image_id for item in items})
+        benchmark = HalfTruthBenchmark(items, {}, num_images, len(records))
+    else:
+        benchmark = build_half_truth_benchmark(records, seed)
+    if not benchmark.items:
+        reasons = ", ".join(f"{c}/{r}: {n}" for (c, r), n in benchmark.skipped.items())
+        raise DataError(
+            f"half-truth benchmark: {benchmark.num_images} images gave no items "
+            f"(skips: {reasons}); units need foils and images"
+        )
+    side: list[ImageSideItem] = []
+    if config.image_side:
+        side = build_image_side_benchmark(
+            records, seed, config.min_distractors, config.max_distractors
+        )
+    image_ids = [i.image_id for i in benchmark.items]
+    image_ids += [image_id for item in side for image_id in (item.image_id, *item.distractors)]
+    images = image_sources(records, image_ids)
+    log.info(
+        "half-truth benchmark: %d images, %d items, %d image-side items, skips %s",
+        benchmark.num_images,
+        len(benchmark.items),
+        len(side),
+        dict(benchmark.skipped),
+    )
+    return PreparedBenchmark(benchmark, tuple(side), images)
+
+
+def benchmark_texts(
+    items: Sequence[HalfTruthItem], image_side: Sequence[ImageSideItem] = ()
+) -> list[str]:
+    texts = [t for item in items for t in (item.anchor, item.completion, item.half_truth)]
+    return texts + [item.text for item in image_side]
+
+
+def score_items(features: FeatureTables, items: Sequence[HalfTruthItem]) -> ItemScores:
+    """s(I, A), s(I, A+), s(I, A-) of every item from precomputed features."""
+    image_ids = [item.image_id for item in items]
+    return ItemScores(
+        features.similarity(image_ids, [i.anchor for i in items]),
+        features.similarity(image_ids, [i.completion for i in items]),
+        features.similarity(image_ids, [i.half_truth for i in items]),
+    )
+
+
+def score_image_side(
+    features: FeatureTables, items: Sequence[ImageSideItem]
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Scores of each image-side text with its target image and with its distractors."""
+    target = features.similarity([i.image_id for i in items], [i.text for i in items])
+    distractors = [
+        features.similarity(list(i.distractors), [i.text] * len(i.distractors)) for i in items
+    ]
+    return target, distractors

@@ -11,21 +11,27 @@ from pathlib import Path
 
 import pytest
 
-from csclip import tune
+from csclip.ablation import grid as grids
+from csclip.ablation import report as reports
+from csclip.ablation import sweep as sweeps
+from csclip.ablation.grid import slugify
+from csclip.ablation.trial import evaluate_trial
 from csclip.errors import ConfigError
+from csclip.markdoc import update_marked_section
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PAPER_COLUMNS = ["I2T", "T2I", "Grp", "HT All", "HT Ent", "HT Rel", "ZS", "Ret I2T", "Ret T2I"]
 
 
 def test_tune_grid_code_does_not_import_ray():
-    code = ("import sys, csclip.tune as t; t.parse_grid(['lr,units']); "
+    code = ("import sys, csclip.ablation.grid as g, csclip.ablation.report; "
+            "g.parse_grid(['lr,units']); "
             "assert 'ray' not in sys.modules and 'mlflow' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_parse_grid_names_and_explicit_values():
-    specs = tune.parse_grid(["lr,units", "relfrac=0,0.5", "wd=1e-2"])
+    specs = grids.parse_grid(["lr,units", "relfrac=0,0.5", "wd=1e-2"])
     assert [s.axis for s in specs] == ["lr", "units", "relfrac", "wd"]
     assert specs[0].values is None and specs[1].values is None
     assert specs[2].values == (0, 0.5)
@@ -41,22 +47,22 @@ def test_parse_grid_names_and_explicit_values():
 ])
 def test_bad_grid_spec_is_refused_by_name(tokens, message):
     with pytest.raises(ConfigError, match=message):
-        tune.parse_grid(tokens)
+        grids.parse_grid(tokens)
 
 
 def test_format_value_is_paper_style():
-    assert [tune.format_value(v) for v in (1e-5, 5e-4, 2.5e-4, 0.25, 1.0, 2)] == [
+    assert [grids.format_value(v) for v in (1e-5, 5e-4, 2.5e-4, 0.25, 1.0, 2)] == [
         "1e-5", "5e-4", "2.5e-4", "0.25", "1", "2"]
 
 
 def _grid_and_metrics():
-    specs = (tune.AxisSpec("units", (1, 2)), tune.AxisSpec("lr", (1e-6,)))
-    base = tune.Setting()
-    n1 = tune.Setting((("units", 1),))
-    lr = tune.Setting((("lr", 1e-6),))
-    rows = (tune.Row("N 1", "units", 1, n1, False), tune.Row("N 2", "units", 2, base, True),
-            tune.Row("lr 1e-6", "lr", 1e-6, lr, False))
-    grid = tune.Grid(specs, False, (base, n1, lr), rows)
+    specs = (grids.AxisSpec("units", (1, 2)), grids.AxisSpec("lr", (1e-6,)))
+    base = grids.Setting()
+    n1 = grids.Setting((("units", 1),))
+    lr = grids.Setting((("lr", 1e-6),))
+    rows = (grids.Row("N 1", "units", 1, n1, False), grids.Row("N 2", "units", 2, base, True),
+            grids.Row("lr 1e-6", "lr", 1e-6, lr, False))
+    grid = grids.Grid(specs, False, (base, n1, lr), rows)
     metrics = {"base": {"ht_all": 70.0, "ht_entity": 75.5, "ht_relation": 65.25,
                         "ret_i2t": 50.0},
                "units=1": {"ht_all": 60.0, "ht_entity": 62.0, "ht_relation": 58.0}}
@@ -65,7 +71,7 @@ def _grid_and_metrics():
 
 def test_table_has_paper_columns_and_missing_is_not_zero():
     grid, metrics = _grid_and_metrics()
-    table = tune.build_table(grid, metrics, {"lr=1e-6": "failed"})
+    table = reports.build_table(grid, metrics, {"lr=1e-6": "failed"})
     lines = table.markdown().splitlines()
     assert lines[0] == "| setting | " + " | ".join(PAPER_COLUMNS) + " |"
     assert lines[2] == "| N 1 | — | — | — | 60.0 | 62.0 | 58.0 | — | — | — |"
@@ -80,7 +86,7 @@ def test_table_has_paper_columns_and_missing_is_not_zero():
 
 def test_report_files_and_plot(tmp_path):
     grid, metrics = _grid_and_metrics()
-    files = tune.write_report(tune.build_table(grid, metrics), tmp_path / "rep", "t")
+    files = reports.write_report(reports.build_table(grid, metrics), tmp_path / "rep", "t")
     assert files.png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| setting | I2T |" in files.markdown.read_text()
     assert files.csv.read_text().startswith("setting,axis,value,trial,is_base,status,I2T")
@@ -89,28 +95,28 @@ def test_report_files_and_plot(tmp_path):
 def test_marked_section_replaces_only_its_own_text(tmp_path):
     doc = tmp_path / "results.md"
     doc.write_text("# Results\n\n<!-- BEGIN demo -->\ndemo text\n<!-- END demo -->\n")
-    tune.update_marked_section(doc, "ablation", "first table")
-    tune.update_marked_section(doc, "ablation", "second table")
+    update_marked_section(doc, "ablation", "first table")
+    update_marked_section(doc, "ablation", "second table")
     text = doc.read_text()
     assert "demo text" in text and "second table" in text and "first table" not in text
     assert text.count("<!-- BEGIN ablation -->") == 1
     doc.write_text("<!-- END ablation --> x <!-- BEGIN ablation -->")
     with pytest.raises(ConfigError, match="unbalanced"):
-        tune.update_marked_section(doc, "ablation", "t")
+        update_marked_section(doc, "ablation", "t")
 
 
 def test_max_concurrent_trials_from_cluster():
-    assert tune.max_concurrent_trials({"CPU": 2}, num_workers=1, use_gpu=False) == 1
-    assert tune.max_concurrent_trials({"CPU": 16}, num_workers=1, use_gpu=False) == 12
-    assert tune.max_concurrent_trials({"CPU": 64, "GPU": 8}, num_workers=2, use_gpu=True) == 4
-    assert tune.max_concurrent_trials({"CPU": 64}, num_workers=2, use_gpu=True) == 1
+    assert sweeps.max_concurrent_trials({"CPU": 2}, num_workers=1, use_gpu=False) == 1
+    assert sweeps.max_concurrent_trials({"CPU": 16}, num_workers=1, use_gpu=False) == 12
+    assert sweeps.max_concurrent_trials({"CPU": 64, "GPU": 8}, num_workers=2, use_gpu=True) == 4
+    assert sweeps.max_concurrent_trials({"CPU": 64}, num_workers=2, use_gpu=True) == 1
 
 
 def test_absolute_uri():
-    assert tune.absolute_uri("s3://b/k") == "s3://b/k"
-    assert tune.absolute_uri("sqlite:////abs/m.db") == "sqlite:////abs/m.db"
-    assert tune.absolute_uri("sqlite:///m.db").startswith("sqlite:////")
-    assert tune.absolute_uri("runs").startswith("/")
+    assert sweeps.absolute_uri("s3://b/k") == "s3://b/k"
+    assert sweeps.absolute_uri("sqlite:////abs/m.db") == "sqlite:////abs/m.db"
+    assert sweeps.absolute_uri("sqlite:///m.db").startswith("sqlite:////")
+    assert sweeps.absolute_uri("runs").startswith("/")
 
 
 # ---------------------------------------------------------------------------------------
@@ -138,21 +144,21 @@ def tiny_config(tmp_path, mlflow_uri: str):
 ])
 def test_bad_grid_values_are_refused_through_train_config(tmp_path, mlflow_uri, grid, message):
     with pytest.raises(ConfigError, match=message):
-        tune.expand_grid(tiny_config(tmp_path, mlflow_uri), tune.parse_grid(grid))
+        grids.expand_grid(tiny_config(tmp_path, mlflow_uri), grids.parse_grid(grid))
 
 
 def test_one_at_a_time_shares_the_base_and_lr_defaults_scale_the_base(tmp_path, mlflow_uri):
     base = tiny_config(tmp_path, mlflow_uri)
-    grid = tune.expand_grid(base, tune.parse_grid(["lr,units"]))
+    grid = grids.expand_grid(base, grids.parse_grid(["lr,units"]))
     # lr 0.2x/0.4x/1x/2x of 1e-4, N 1..4; the base (lr 1e-4, N 2) is one shared trial.
     assert [s.key for s in grid.settings] == [
         "base", "lr=2e-5", "lr=4e-5", "lr=2e-4", "units=1", "units=3", "units=4"]
     assert [r.label for r in grid.rows if r.is_base] == ["lr 1e-4", "N 2"]
-    full = tune.expand_grid(base, tune.parse_grid(["lr=1e-4,1e-3", "units=1,2"]), full=True)
+    full = grids.expand_grid(base, grids.parse_grid(["lr=1e-4,1e-3", "units=1,2"]), full=True)
     assert sorted(s.key for s in full.settings) == ["base", "lr=1e-3", "lr=1e-3,units=1",
                                                     "units=1"]
-    assert tune.sweep_name(base, grid) == tune.sweep_name(base, grid)
-    assert tune.sweep_name(base, grid) != tune.sweep_name(base, full)
+    assert grids.sweep_name(base, grid) == grids.sweep_name(base, grid)
+    assert grids.sweep_name(base, grid) != grids.sweep_name(base, full)
 
 
 @pytest.mark.parametrize("argv", [["--grid", "foo"], ["--grid", "lr=abc"],
@@ -164,6 +170,22 @@ def test_entry_point_refuses_bad_grid_with_one_line_and_exit_2(argv, capsys):
     assert ablate.main(["--config", str(REPO_ROOT / "configs" / "default.yaml"), *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: --grid")
+
+
+class EvaluationInterruptedOnce:
+    """A trial evaluation that fails once for `setting` (after its training, before its
+    evaluation; a marker file makes it fail only the first time), then evaluates as usual:
+    stands in for an interrupted sweep."""
+
+    def __init__(self, marker_dir: str, setting: str) -> None:
+        self.marker, self.setting = Path(marker_dir) / "failed", setting
+
+    def __call__(self, config, checkpoint_uri: str, seed: int):
+        if config.run.name.endswith(slugify(self.setting)) and not self.marker.exists():
+            self.marker.parent.mkdir(parents=True, exist_ok=True)
+            self.marker.write_text("interrupted on purpose\n")
+            raise RuntimeError(f"trial {self.setting}: interrupted on purpose")
+        return evaluate_trial(config, checkpoint_uri, seed)
 
 
 def _child_runs(mlflow_uri: str, parent_id: str):
@@ -180,12 +202,15 @@ def _child_runs(mlflow_uri: str, parent_id: str):
 def test_two_trial_sweep_logs_parent_and_children_and_resumes(tmp_path, mlflow_uri,
                                                               ray_session):
     base = tiny_config(tmp_path, mlflow_uri)
-    grid = tune.expand_grid(base, tune.parse_grid(["units=1,2"]))  # base is N=2: 2 trials
+    grid = grids.expand_grid(base, grids.parse_grid(["units=1,2"]))  # base is N=2: 2 trials
     assert [s.key for s in grid.settings] == ["base", "units=1"]
 
     # First run: trial units=1 fails after training, before evaluation (stands in for an
     # interrupted sweep).
-    first = tune.run_sweep(base, grid, max_concurrent=2, fail_once=["units=1"])
+    # Ray workers cannot import this test module: ship its functions by value.
+    ray_session.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    interrupted = EvaluationInterruptedOnce(str(tmp_path / "markers"), "units=1")
+    first = sweeps.run_sweep(base, grid, max_concurrent=2, evaluate=interrupted)
     assert not first.resumed and set(first.errors) == {"units=1"}
     client, children = _child_runs(mlflow_uri, first.parent_run_id)
     assert set(children) == {"base", "units=1"}
@@ -193,7 +218,7 @@ def test_two_trial_sweep_logs_parent_and_children_and_resumes(tmp_path, mlflow_u
     base_started = children["base"].data.tags["csclip_trial_started"]
 
     # Same command again: restores the experiment, reruns only the failed trial.
-    second = tune.run_sweep(base, grid, max_concurrent=2, fail_once=["units=1"])
+    second = sweeps.run_sweep(base, grid, max_concurrent=2, evaluate=interrupted)
     assert second.resumed and not second.errors and second.name == first.name
     assert second.parent_run_id == first.parent_run_id
     client, children = _child_runs(mlflow_uri, second.parent_run_id)
@@ -227,13 +252,13 @@ def test_two_trial_sweep_logs_parent_and_children_and_resumes(tmp_path, mlflow_u
     check_table_matches_runs(second, children)
 
     # --reevaluate: evaluates both checkpoints again, trains nothing, adds no runs.
-    third = tune.run_sweep(base, grid, max_concurrent=2, reevaluate=True)
+    third = sweeps.run_sweep(base, grid, max_concurrent=2, reevaluate=True)
     assert third.resumed and not third.errors
     client, children = _child_runs(mlflow_uri, third.parent_run_id)
     assert set(children) == {"base", "units=1"}
     assert children["base"].data.tags["csclip_trial_started"] == base_started
     assert all("csclip_reevaluated" in run.data.tags for run in children.values())
-    assert (third.report.markdown.parent / tune.EVALUATIONS_FILE).is_file()
+    assert (third.report.markdown.parent / sweeps.EVALUATIONS_FILE).is_file()
     check_table_matches_runs(third, children)
 
 

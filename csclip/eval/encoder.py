@@ -1,6 +1,7 @@
-"""Fast scoring for the half-truth benchmark: every unique text and every image is encoded
-once, in batches, in process (small sets) or on Ray Data actors holding the model (large
-sets); item scores are then cosine similarities looked up from the two feature tables."""
+"""The encoder of an evaluation: every unique text and every image is encoded once per
+model, in batches, in process (small sets) or on Ray Data actors holding the model (large
+sets), into one feature cache that the half-truth benchmark and every suite share; scores
+are then cosine similarities looked up from the cached features."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
+from pydantic import Field
 
+from csclip.config import StrictModel
 from csclip.errors import DataError
-from csclip.halftruth import HalfTruthItem, ImageSideItem, ItemScores
 from csclip.model import ClipBundle
 from csclip.units import UnitsRecord
 
@@ -111,11 +113,6 @@ class CaptionLengthScorer:
         return np.tile(np.array([[0.0, 1.0]]), (len(images), 1))
 
 
-# ---------------------------------------------------------------------------------------
-# Item scoring: unique texts and images once
-# ---------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class FeatureTables:
     """L2-normalised features of unique texts and images, with their row indices."""
@@ -133,6 +130,8 @@ class FeatureTables:
 
 
 ImageSource = bytes | str  # encoded image bytes, or a URI read only when it is encoded
+
+
 IMAGES_PER_READ = 256  # images held in memory at once while encoding in process
 
 
@@ -210,37 +209,83 @@ def encode_features(
     )
 
 
-def benchmark_texts(
-    items: Sequence[HalfTruthItem], image_side: Sequence[ImageSideItem] = ()
-) -> list[str]:
-    texts = [t for item in items for t in (item.anchor, item.completion, item.half_truth)]
-    return texts + [item.text for item in image_side]
+def merge_features(first: FeatureTables, second: FeatureTables) -> FeatureTables:
+    """`first` plus the rows of `second` whose text or image it lacks."""
 
+    def merge(index_a, rows_a, index_b, rows_b):
+        new_keys = [k for k in index_b if k not in index_a]
+        if not new_keys:
+            return index_a, rows_a
+        added = rows_b[[index_b[k] for k in new_keys]]
+        if rows_a.shape[0] == 0:  # an empty table may have no feature dimension: (0, 0)
+            return {k: n for n, k in enumerate(new_keys)}, added
+        index = dict(index_a)
+        index.update({k: rows_a.shape[0] + n for n, k in enumerate(new_keys)})
+        return index, np.concatenate([rows_a, added])
 
-def score_items(features: FeatureTables, items: Sequence[HalfTruthItem]) -> ItemScores:
-    """s(I, A), s(I, A+), s(I, A-) of every item from precomputed features."""
-    image_ids = [item.image_id for item in items]
-    return ItemScores(
-        features.similarity(image_ids, [i.anchor for i in items]),
-        features.similarity(image_ids, [i.completion for i in items]),
-        features.similarity(image_ids, [i.half_truth for i in items]),
+    text_index, text_features = merge(
+        first.text_index, first.text_features, second.text_index, second.text_features
     )
+    image_index, image_features = merge(
+        first.image_index, first.image_features, second.image_index, second.image_features
+    )
+    return FeatureTables(text_index, text_features, image_index, image_features)
 
 
-def score_image_side(
-    features: FeatureTables, items: Sequence[ImageSideItem]
-) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Scores of each image-side text with its target image and with its distractors."""
-    target = features.similarity([i.image_id for i in items], [i.text for i in items])
-    distractors = [
-        features.similarity(list(i.distractors), [i.text] * len(i.distractors)) for i in items
-    ]
-    return target, distractors
+class ScoringConfig(StrictModel):
+    batch_size: int = Field(64, ge=1)
+    device: str = "cpu"
+    # Above this many images the encoders run on Ray Data actors; below, in process
+    # (starting Ray costs seconds, which small sets never win back).
+    ray_min_images: int = Field(5000, ge=0)
+    ray_concurrency: int = Field(1, ge=1)  # model actors
 
 
-# ---------------------------------------------------------------------------------------
-# Ray Data: the model lives in actors; texts and images stream through them
-# ---------------------------------------------------------------------------------------
+class Encoder:
+    """One model's encoder with its feature cache: `features(texts, images)` encodes only
+    what the cache lacks, so the half-truth benchmark, retrieval and every suite of one
+    evaluation encode each unique text and image once.
+
+    scorer: any Scorer; bundle: the ClipBundle behind it, which lets large image sets
+    (more than scoring.ray_min_images new images) go to Ray Data actors.
+    """
+
+    def __init__(self, scorer: Scorer, *, bundle: ClipBundle | None = None,
+                 scoring: ScoringConfig | None = None) -> None:
+        self.scorer = scorer
+        self.bundle = bundle
+        self.scoring = scoring or ScoringConfig()
+        self._cache = FeatureTables({}, np.zeros((0, 0), np.float32), {},
+                                    np.zeros((0, 0), np.float32))
+
+    @classmethod
+    def for_bundle(cls, bundle: ClipBundle, scoring: ScoringConfig | None = None) -> Encoder:
+        """An Encoder over a BundleScorer of `bundle` (one per model and evaluation)."""
+        scoring = scoring or ScoringConfig()
+        scorer = BundleScorer(bundle, batch_size=scoring.batch_size, device=scoring.device)
+        return cls(scorer, bundle=bundle, scoring=scoring)
+
+    @property
+    def cache(self) -> FeatureTables:
+        """Everything encoded so far."""
+        return self._cache
+
+    def features(self, texts: Sequence[str], images: Mapping[str, ImageSource]) -> FeatureTables:
+        """Features holding every text of `texts` and image of `images` (and all cached
+        ones), encoding only the new ones."""
+        new_texts = sorted({t for t in texts if t not in self._cache.text_index})
+        new_images = {i: s for i, s in images.items() if i not in self._cache.image_index}
+        if new_texts or new_images:
+            self._cache = merge_features(self._cache, self._encode(new_texts, new_images))
+        return self._cache
+
+    def _encode(self, texts: Sequence[str], images: Mapping[str, ImageSource]) -> FeatureTables:
+        scoring = self.scoring
+        if self.bundle is not None and len(images) > scoring.ray_min_images:
+            return encode_features_with_ray(
+                self.bundle, texts, images, batch_size=scoring.batch_size,
+                concurrency=scoring.ray_concurrency, device=scoring.device)
+        return encode_features(self.scorer, texts, images)
 
 
 class _EncodeBatch:
@@ -344,23 +389,3 @@ def encode_features_with_ray(
         {i: k for k, i in enumerate(image_ids)},
         image_features if image_features is not None else empty,
     )
-
-
-def score_with_ray(
-    bundle: ClipBundle,
-    items: Sequence[HalfTruthItem],
-    images: Mapping[str, ImageSource],
-    batch_size: int = 64,
-    concurrency: int = 1,
-    device: str = "cpu",
-) -> ItemScores:
-    """score_items with features encoded on Ray Data actors."""
-    features = encode_features_with_ray(
-        bundle,
-        benchmark_texts(items),
-        images,
-        batch_size=batch_size,
-        concurrency=concurrency,
-        device=device,
-    )
-    return score_items(features, items)
