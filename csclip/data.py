@@ -2,8 +2,12 @@
 decode + transform images, sample text slots (SPEC §3) and tokenize, all on CPU in Ray
 Data; workers only consume `iter_torch_batches`.
 
-Slot sampling depends on the epoch, so the training stream is the union of one
-`map_batches` per epoch (each with its own `epoch` argument) over the same source.
+Preparation has two parts. `decode_batch` decodes and transforms the images and
+tokenizes the captions: none of that depends on the epoch, so when the tensors fit in
+`data.image_cache_mb` it runs once and its output is materialized (issue 14: every epoch
+decoded the same world PNGs again). `sample_batch` draws the text slots, which depend on
+the epoch, and tokenizes them: the training stream is the union of one `sample_batch` map
+per epoch (`_epoch_stream`, the per-epoch hook) over the cached or streamed rows.
 Images that fail to decode are counted by a check pass before training and dropped from
 the stream with their ids logged: never a crash, never a silent loss.
 """
@@ -41,6 +45,10 @@ class DataConfig(StrictModel):
     split: str = "train"
     batch_size: int = Field(32, ge=1)  # per worker
     shuffle_buffer: int = Field(512, ge=0)  # local shuffle buffer rows; 0 = no shuffle
+    # Decode + transform every image once and keep the tensors in Ray's object store when
+    # they take at most this many MB (the world: 4000 images of 64 px = 197 MB); larger
+    # data (COCO) is decoded again in every epoch. 0: never cache.
+    image_cache_mb: int = Field(1024, ge=0)
 
 
 @dataclass(frozen=True)
@@ -173,41 +181,103 @@ def image_status(batch: pa.Table) -> dict[str, np.ndarray]:
             "ok": np.array(ok, dtype=bool)}
 
 
-def prepare_batch(batch: pa.Table, *, sampling: dict, preprocess: tuple, model_name: str,
-                  seed: int, epoch: int, columns: Sequence[str] | None = None
-                  ) -> dict[str, np.ndarray]:
-    """Map function of the training stream: decode + transform images, sample slots
-    (SPEC §3) for `epoch`, tokenize. Rows whose image does not decode are dropped (the
-    check pass counted them).
+# The columns sampling reads (csclip.sampling.records_from_batch); the decoded rows keep
+# only these, the image and the caption's tokens (not the PNG bytes, not the scene JSON).
+TEXT_COLUMNS = ("sample_id", "image_id", "caption", "split", "entities", "relations")
+CAPTION_TOKENS = "caption_tokens"
+
+
+def decode_batch(batch: pa.Table, *, preprocess: tuple, model_name: str) -> pa.Table:
+    """The epoch-independent half of preparation: decode + transform each image and
+    tokenize each caption. Rows whose image does not decode are dropped (the check pass
+    counted them).
+
+    Returns TEXT_COLUMNS plus `image` (fixed-size list of 3*H*W float32: the transformed
+    tensor, flattened) and `caption_tokens` (fixed-size list of context_length int64).
+    """
+    transform, tokenize = _transform(preprocess), _tokenizer(model_name)
+    keep, images = [], []
+    for index, row in enumerate(batch.select(
+            [c for c in ("sample_id", "image_bytes", "image_path") if c in batch.column_names]
+    ).to_pylist()):
+        image = decode_image(row)
+        if image is not None:
+            keep.append(index)
+            images.append(transform(image).numpy())
+    kept = batch.select(list(TEXT_COLUMNS)).take(pa.array(keep, type=pa.int64()))
+    if not keep:
+        empty_image = pa.array([], type=pa.list_(pa.float32(), 1))
+        empty_tokens = pa.array([], type=pa.list_(pa.int64(), 1))
+        return kept.append_column("image", empty_image).append_column(CAPTION_TOKENS, empty_tokens)
+    image = np.stack(images).astype(np.float32)                              # (n, 3, H, W)
+    tokens = tokenize(kept.column("caption").to_pylist()).numpy().astype(np.int64)  # (n, L)
+    return (kept.append_column("image", _fixed_size_list(image))
+                .append_column(CAPTION_TOKENS, _fixed_size_list(tokens)))
+
+
+def _fixed_size_list(array: np.ndarray) -> pa.FixedSizeListArray:
+    # (n, ...) -> one fixed-size list per row; reshaped back in sample_batch. Plain Arrow,
+    # so the cached blocks need no Ray tensor extension.
+    flat = np.ascontiguousarray(array).reshape(len(array), -1)
+    return pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), flat.shape[1])
+
+
+def _unflatten(column: pa.ChunkedArray | pa.Array, shape: Sequence[int]) -> np.ndarray:
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    return column.flatten().to_numpy().reshape(len(column), *shape)
+
+
+def sample_batch(batch: pa.Table, *, sampling: dict, model_name: str, seed: int, epoch: int,
+                 image_shape: Sequence[int], columns: Sequence[str] | None = None
+                 ) -> dict[str, np.ndarray]:
+    """The per-epoch half of preparation, on decode_batch's rows: sample the text slots
+    (SPEC §3) for `epoch` and tokenize them.
 
     columns: the token columns to produce (an Objective's `columns`; default: those of
-    CS-CLIP); plain CLIP needs only the caption, so it skips slot sampling.
+    CS-CLIP); plain CLIP needs only the caption, whose tokens decode_batch made, so it
+    samples nothing. image_shape: (3, H, W) of the transformed image.
     Returns image (n, 3, H, W) float32; each token column (n, context_length) int64;
     unit_mask (n,) bool when unit columns are produced.
     """
-    transform, tokenize = _transform(preprocess), _tokenizer(model_name)
-    records, images = [], []
-    for row in batch.to_pylist():
-        image = decode_image(row)
-        if image is not None:
-            records.append(record_from_row(row))
-            images.append(transform(image).numpy())
-    out: dict[str, np.ndarray] = {}
-    if not records:
-        return out
+    if batch.num_rows == 0:
+        return {}
     config = SamplingConfig.model_validate(sampling)
     wanted = list(columns) if columns is not None else [
         "caption", "caption_negative", *unit_columns(config.num_unit_slots)]
+    caption_tokens = _unflatten(batch.column(CAPTION_TOKENS), (-1,))
+    out: dict[str, np.ndarray] = {
+        "image": _unflatten(batch.column("image"), image_shape).astype(np.float32)}  # (n, 3, H, W)
     if wanted == ["caption"]:
-        texts: dict[str, list] = {"caption": [r.caption for r in records]}
-    else:
-        texts = sample_text_columns(records, config, seed, epoch)
-    out["image"] = np.stack(images).astype(np.float32)                   # (n, 3, H, W)
+        out["caption"] = caption_tokens.astype(np.int64)                   # (n, L)
+        return out
+    records = [record_from_row(row) for row in batch.select(list(TEXT_COLUMNS)).to_pylist()]
+    texts = sample_text_columns(records, config, seed, epoch)
+    tokenize = _tokenizer(model_name)
     for name in wanted:
-        out[name] = tokenize(list(texts[name])).numpy().astype(np.int64)   # (n, L)
-    if "unit_mask" in texts and any(name.startswith("unit_") for name in wanted):
+        # The caption is the record's own, tokenized once in decode_batch.
+        tokens = caption_tokens if name == "caption" else tokenize(list(texts[name])).numpy()
+        out[name] = tokens.astype(np.int64)                                 # (n, L)
+    if any(name.startswith("unit_") for name in wanted):
         out["unit_mask"] = np.asarray(texts["unit_mask"], dtype=bool)      # (n,)
     return out
+
+
+def image_shape(preprocess_cfg: dict) -> tuple[int, int, int]:
+    """(3, H, W) of the transformed image for a ModelSpec.preprocess_cfg."""
+    size = preprocess_cfg["size"]
+    height, width = (size, size) if isinstance(size, int) else tuple(size)
+    return 3, int(height), int(width)
+
+
+def prepare_batch(batch: pa.Table, *, sampling: dict, preprocess: tuple, model_name: str,
+                  seed: int, epoch: int, columns: Sequence[str] | None = None
+                  ) -> dict[str, np.ndarray]:
+    """Map function of the streamed training data (no image cache): decode_batch then
+    sample_batch, in one task. Same outputs as the cached path, row for row."""
+    decoded = decode_batch(batch, preprocess=preprocess, model_name=model_name)
+    return sample_batch(decoded, sampling=sampling, model_name=model_name, seed=seed, epoch=epoch,
+                        image_shape=image_shape(dict(preprocess)), columns=columns)
 
 
 # ---------------------------------------------------------------------------------------
@@ -245,19 +315,42 @@ def plan_data(source, data: DataConfig, num_workers: int, epochs: int,
                     steps_per_epoch, total_steps)
 
 
+def image_cache_fits(data: DataConfig, num_rows: int, preprocess_cfg: dict) -> bool:
+    """Whether the decoded training images fit in `data.image_cache_mb` (float32 tensors)."""
+    channels, height, width = image_shape(preprocess_cfg)
+    megabytes = num_rows * channels * height * width * 4 / 2**20
+    return 0 < megabytes <= data.image_cache_mb
+
+
 def training_stream(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
                     model_name: str, seed: int, num_epochs: int, objective: Objective,
-                    rows_per_block: int = 128):
-    """The union over epochs of `source` prepared for training (see prepare_batch),
-    with the token columns `objective` needs."""
-    columns = list(objective.columns)
-    epochs: Sequence = [
-        source.map_batches(
-            prepare_batch, batch_format="pyarrow", batch_size=rows_per_block,
-            fn_kwargs={"sampling": sampling.model_dump(mode="json"),
-                       "preprocess": preprocess_key(preprocess_cfg),
-                       "model_name": model_name, "seed": seed, "epoch": epoch,
-                       "columns": columns})
-        for epoch in range(num_epochs)
-    ]
+                    cache_images: bool = False, rows_per_block: int = 128):
+    """The union over epochs of `source` prepared for training, with the token columns
+    `objective` needs.
+
+    cache_images: decode + transform the images (and tokenize the captions) once, here,
+    and keep the result in the object store for every epoch (image_cache_fits says when
+    it fits). Without it each epoch decodes its rows again (prepare_batch), streaming.
+    Either way each epoch draws its own text slots, and the batches are the same.
+    """
+    preprocess = preprocess_key(preprocess_cfg)
+    if cache_images:
+        rows = source.map_batches(decode_batch, batch_format="pyarrow", batch_size=rows_per_block,
+                                  fn_kwargs={"preprocess": preprocess, "model_name": model_name})
+        rows = rows.materialize()
+        prepare, fn_kwargs = sample_batch, {"image_shape": image_shape(preprocess_cfg)}
+    else:
+        rows, prepare, fn_kwargs = source, prepare_batch, {"preprocess": preprocess}
+    fn_kwargs.update(sampling=sampling.model_dump(mode="json"), model_name=model_name, seed=seed,
+                     columns=list(objective.columns))
+    epochs = [_epoch_stream(rows, prepare, epoch, fn_kwargs, rows_per_block)
+              for epoch in range(num_epochs)]
     return epochs[0].union(*epochs[1:]) if len(epochs) > 1 else epochs[0]
+
+
+def _epoch_stream(rows, prepare, epoch: int, fn_kwargs: dict, rows_per_block: int):
+    """One epoch of the training stream: `rows` with this epoch's text slots drawn. The
+    per-epoch hook: anything that differs between epochs (slot sampling; a shuffle of
+    the row order) goes here."""
+    return rows.map_batches(prepare, batch_format="pyarrow", batch_size=rows_per_block,
+                            fn_kwargs={**fn_kwargs, "epoch": epoch})
