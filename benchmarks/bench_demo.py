@@ -1,18 +1,20 @@
-"""The demo's stages at reduced step counts: the data path before issue 14 (every epoch
-decodes and transforms the world's PNGs again) against the image cache, in one process.
+"""The demo's data path before issue 14 (every epoch decodes and transforms the world's
+PNGs again: `streamed`) against the image cache (`cached`), in one process.
 
-    python benchmarks/bench_demo.py [--steps 60] [--rows 640] [--threads 2] [--write-docs]
+    python benchmarks/bench_demo.py [--steps 60] [--rows 640] [--stages pretrain,CS-CLIP]
+                                    [--threads 2] [--no-eval] [--write-docs]
 
-Each training stage of the demo (pretraining with the CLIP loss, CLIP-FT, CS-CLIP) runs
-twice on the same config through csclip.train.run on one local Ray: `streamed`
-(data.image_cache_mb=0, Ray's default torch threads) and `cached` (the demo's defaults:
-the image cache, run.torch_threads). `--rows` world rows make `--steps` steps span
-several epochs, as the demo's 20-odd epochs do, so the per-epoch data cost is in the
-measurement. Per stage and path it reports wall clock, the CPU seconds of this process
-and all its descendants (the whole local Ray: GCS, raylet, workers; read from /proc, so
-Linux only; robust to other jobs on a shared machine, unlike wall clock), and the
-training worker's median samples/s and data wait (from MLflow). The evaluation of the
-three models is timed once (it does not depend on the data path).
+First the data preparation alone: CPU time per sample and epoch of prepare_batch against
+sample_batch on rows decode_batch made once. Then each training stage of the demo
+(pretraining with the CLIP loss, CLIP-FT, CS-CLIP) runs twice on the same config through
+csclip.train.run on one local Ray: streamed (data.image_cache_mb=0, Ray's default torch
+threads) and cached (the image cache, `--threads` torch threads). `--rows` world rows
+make `--steps` steps span several epochs, as the demo's 16-19 epochs do. Per stage and
+path: wall clock, the CPU seconds of this process and all its descendants (the whole
+local Ray: GCS, raylet, workers; read from /proc, so Linux only; robust to other jobs on
+a shared machine, unlike wall clock), and the training worker's median samples/s and
+data wait (from MLflow). The evaluation of the three models is timed once (it does not
+depend on the data path).
 """
 
 from __future__ import annotations
@@ -82,6 +84,43 @@ class TreeCPU:
                 self._seen[pid] = max(self._seen.get(pid, 0.0), times[pid])
 
 
+def data_path_costs(rows: int = 512, epochs: int = 3) -> list[tuple[str, float, float]]:
+    """CPU microseconds per sample per epoch of the data preparation, in this process:
+    (objective, streamed = prepare_batch on the PNG rows, cached = sample_batch on rows
+    decode_batch made once), for the CLIP (pretraining, CLIP-FT) and CS-CLIP columns."""
+    from csclip.data import decode_batch, image_shape, prepare_batch, preprocess_key, sample_batch
+    from csclip.model import create_bundle, spec_of
+    from csclip.sampling import SamplingConfig
+    from csclip.units import records_to_table
+    from csclip.world import WorldConfig, world_record
+
+    spec = spec_of(create_bundle("csclip-tiny").model, "csclip-tiny")
+    preprocess = preprocess_key(spec.preprocess_cfg)
+    records = [world_record(WorldConfig(), "train", i) for i in range(rows)]
+    tables = [records_to_table(records[i:i + 128]) for i in range(0, rows, 128)]
+    decoded = [decode_batch(t, preprocess=preprocess, model_name="csclip-tiny") for t in tables]
+    sampling = SamplingConfig(relation_prob=0.5).model_dump(mode="json")
+    costs = []
+    for objective, columns in (("clip", ["caption"]),
+                               ("csclip", ["caption", "caption_negative", "unit_0", "foil_0",
+                                           "unit_1", "foil_1"])):
+        common = {"sampling": sampling, "model_name": "csclip-tiny", "seed": 0,
+                  "columns": columns}
+        started = time.process_time()
+        for epoch in range(epochs):
+            for table in tables:
+                prepare_batch(table, preprocess=preprocess, epoch=epoch, **common)
+        streamed = time.process_time() - started
+        started = time.process_time()
+        for epoch in range(epochs):
+            for block in decoded:
+                sample_batch(block, image_shape=image_shape(spec.preprocess_cfg), epoch=epoch,
+                             **common)
+        cached = time.process_time() - started
+        costs.append((objective, 1e6 * streamed / (rows * epochs), 1e6 * cached / (rows * epochs)))
+    return costs
+
+
 @dataclass(frozen=True)
 class StageRun:
     stage: str
@@ -146,32 +185,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=640, help="world rows per training stage")
     parser.add_argument("--threads", type=int, default=None,
                         help="run.torch_threads of the cached path (default: the demo's)")
+    parser.add_argument("--stages", default="pretrain,CLIP-FT,CS-CLIP",
+                        help="comma-separated subset of pretrain, CLIP-FT, CS-CLIP")
+    parser.add_argument("--no-eval", action="store_true", help="skip timing the evaluation")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args(argv)
     from csclip.entry.common import setup_logging
     from csclip.entry.ray_init import init_ray
 
     setup_logging()
+    costs = data_path_costs()
     init_ray()
     runs: list[StageRun] = []
     with tempfile.TemporaryDirectory() as tmp:
         storage, uri = Path(tmp), f"sqlite:///{tmp}/mlflow.db"
         demo, pre, finetunes = stage_configs(args.steps, args.rows, storage, uri)
         threads = args.threads if args.threads is not None else demo.train.run.torch_threads
-        checkpoints = {}
-        for path in ("streamed", "cached"):  # interleaved stage by stage would reuse caches
+        stages = args.stages.split(",")
+        # The fine-tunes start from a pretraining; without the pretrain stage only the
+        # cached path pretrains (for the checkpoint) and the report leaves it out.
+        pretrain_paths = ("streamed", "cached") if "pretrain" in stages else ("cached",)
+        pretrained = None
+        for path in pretrain_paths:
             stage_run, result = timed_run(
                 "pretrain", path, with_path(pre, "pretrain", path, storage, threads), uri)
-            runs.append(stage_run)
-            checkpoints[path] = result.checkpoint_uri
+            if "pretrain" in stages:
+                runs.append(stage_run)
+            pretrained = result.checkpoint_uri
         for label, config in finetunes.items():
+            if label not in stages:
+                continue
+            config = config.model_copy(update={"model": config.model.model_copy(
+                update={"pretrained": pretrained})})
             for path in ("streamed", "cached"):
-                config = config.model_copy(update={"model": config.model.model_copy(
-                    update={"pretrained": checkpoints[path]})})
                 runs.append(timed_run(
                     label, path, with_path(config, label, path, storage, threads), uri)[0])
-        evaluation = time_evaluation(demo, checkpoints["cached"], storage)
-    section = report(runs, evaluation, args, threads, demo.train.data.world.num_val)
+        evaluation = None if args.no_eval else time_evaluation(demo, pretrained, storage)
+    section = report(runs, evaluation, costs, args, threads, demo.train.data.world.num_val)
     from perfdoc import publish
 
     publish(HEADING, section, args.write_docs)
@@ -193,18 +243,25 @@ def time_evaluation(demo, pretrained_uri: str, storage: Path) -> tuple[float, fl
     return time.perf_counter() - started, time.process_time() - cpu
 
 
-def report(runs: list[StageRun], evaluation: tuple[float, float], args, threads,
-           num_val: int) -> str:
+def report(runs: list[StageRun], evaluation: tuple[float, float] | None,
+           costs: list[tuple[str, float, float]], args, threads, num_val: int) -> str:
     from csclip.demo import load_note
 
     lines = [HEADING, "",
-             f"Command: `python benchmarks/bench_demo.py --steps {args.steps} --rows {args.rows}"
-             f"{f' --threads {args.threads}' if args.threads is not None else ''}` "
+             f"Command: `python benchmarks/bench_demo.py {' '.join(sys.argv[1:])}`".replace(
+                 " --write-docs", "") + " "
              f"({load_note()} at the end). streamed: every epoch decodes and transforms the "
              "images again (data.image_cache_mb=0, the path before issue 14); cached: decoded "
              f"once, torch_threads {threads}. CPU s: this process and every descendant (the "
              "local Ray), from /proc. samples/s and data wait: medians over the worker's "
              "steps.", "",
+             "**Data preparation per sample and epoch** (CPU time in this process; 512 world "
+             "rows, 3 epochs):", "",
+             "| objective | streamed µs | cached µs | streamed / cached |",
+             "|---|---:|---:|---:|",
+             *[f"| {name} | {streamed:.0f} | {cached:.0f} | {streamed / cached:.1f}x |"
+               for name, streamed, cached in costs], "",
+             "**The training stages on Ray** (one local instance):", "",
              "| stage | path | steps x batch | wall s | CPU s | samples/s | data wait | "
              "CPU s vs streamed |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
@@ -215,8 +272,9 @@ def report(runs: list[StageRun], evaluation: tuple[float, float], args, threads,
             f"| {r.stage} | {r.path} | {r.steps} x {r.batch} | {r.wall:.0f} | {r.cpu:.0f} | "
             f"{'' if r.samples_per_s is None else f'{r.samples_per_s:.0f}'} | "
             f"{'' if r.data_wait is None else f'{100 * r.data_wait:.0f}%'} | {ratio:.2f} |")
-    lines += ["", f"Evaluation of three models on the {num_val} validation scenes: "
-              f"{evaluation[0]:.0f} s wall, {evaluation[1]:.0f} s CPU (in process)."]
+    if evaluation is not None:
+        lines += ["", f"Evaluation of three models on the {num_val} validation scenes: "
+                  f"{evaluation[0]:.0f} s wall, {evaluation[1]:.0f} s CPU (in process)."]
     return "\n".join(lines)
 
 

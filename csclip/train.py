@@ -215,8 +215,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
         metrics["data_wait_frac"] = data_wait / max(now - tick, 1e-9)
         step_logger.log(state.step, metrics)
         if state.step % config.run.log_every == 0 and rank == 0:
-            logger.info("step %d/%d loss %.4f (full %.4f unit %.4f) lr %.2e %.0f samples/s "
-                        "(data wait %.0f%%)", state.step, total, metrics["loss"],
+            logger.info("%s step %d/%d loss %.4f (full %.4f unit %.4f) lr %.2e %.0f samples/s "
+                        "(data wait %.0f%%)", config.loss.method, state.step, total, metrics["loss"],
                         metrics["loss_full"], metrics["loss_unit"], lr,
                         metrics["samples_per_s"], 100 * metrics["data_wait_frac"])
         if state.step % config.run.checkpoint_every == 0 or state.step == total:

@@ -60,5 +60,10 @@ def run_guarded(call: Callable[[], int]) -> int:
 
 
 def default_config_path(name: str) -> str:
-    """configs/<name> of the csclip checkout this package runs from."""
-    return str(REPO_ROOT / "configs" / name)
+    """configs/<name> of the csclip checkout this package runs from (relative to the
+    working directory when it is below it, as it reads in help and error lines)."""
+    path = REPO_ROOT / "configs" / name
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)

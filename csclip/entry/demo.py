@@ -55,7 +55,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 def _demo(args: argparse.Namespace, command: str) -> int:
     from csclip.config import apply_overrides, read_yaml, validate_config
     from csclip.demo import DemoConfig, demo_summary, run_demo
-    from csclip.entry.ray_init import init_ray
 
     no_doc = ["results_doc=null"] if args.no_results_doc else []
     overrides = shortcut_overrides({
@@ -64,7 +63,6 @@ def _demo(args: argparse.Namespace, command: str) -> int:
     }, no_doc + args.overrides)
     data = apply_overrides({"train": read_yaml(args.config)}, overrides)
     config = validate_config(DemoConfig, data, origin=f"demo with {args.config}")
-    init_ray(args.address)
-    result = run_demo(config, command=command)
+    result = run_demo(config, command=command, address=args.address)
     print(demo_summary(result))
     return 0

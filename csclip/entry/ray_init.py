@@ -97,6 +97,10 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> bool
     sweep needs more (tune/ablate.py passes max(4, cores)).
     """
     address = address or os.environ.get("RAY_ADDRESS")
+    if not sys.stdout.isatty():
+        # The driver prefixes each worker line with "(RayTrainWorker pid=...)" in color
+        # codes, read when printed; in a log file they are noise.
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     if not address and "ray" not in sys.modules:
         # Before the first `import ray`: Ray reads RAY_AUTH_MODE into its C++ config once,
         # at import. Imported already (a library caller), Ray's own default applies.
