@@ -338,6 +338,8 @@ def training_stream(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
         rows = source.map_batches(decode_batch, batch_format="pyarrow", batch_size=rows_per_block,
                                   fn_kwargs={"preprocess": preprocess, "model_name": model_name})
         rows = rows.materialize()
+        logger.info("images decoded once for all %d epochs: %d rows cached", num_epochs,
+                    rows.count())
         prepare, fn_kwargs = sample_batch, {"image_shape": image_shape(preprocess_cfg)}
     else:
         rows, prepare, fn_kwargs = source, prepare_batch, {"preprocess": preprocess}

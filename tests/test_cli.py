@@ -56,6 +56,24 @@ def test_command_help_equals_the_scripts(command):
     assert _body(_help("-m", "csclip.cli", command)) == _body(from_script)
 
 
+def test_demo_help_equals_the_train_scripts_demo_help():
+    from_script = _help("pipelines/train.py", "--demo").replace(
+        "python pipelines/train.py --demo", "csclip demo")
+    assert _body(_help("-m", "csclip.cli", "demo")) == _body(from_script)
+
+
+def test_ray_data_console_shows_warnings_only(tmp_path):
+    """The local instance's Ray Data logging config: loadable, console at WARNING, the
+    file handler (ray-data.log) at everything."""
+    from csclip.entry.ray_init import _ray_data_logging_file
+
+    code = ("import logging, ray.data\n"
+            "handlers = {type(h).__name__: h.level for h in logging.getLogger('ray.data').handlers}\n"
+            "assert handlers == {'SessionFileHandler': 0, 'PlainRayHandler': logging.WARNING}, handlers\n")
+    env = {**os.environ, "RAY_DATA_LOGGING_CONFIG": _ray_data_logging_file()}
+    subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, check=True)
+
+
 def test_extract_shortcuts_are_the_fields_they_name():
     from csclip.config import load_config
     from csclip.entry import extract

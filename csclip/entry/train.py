@@ -74,8 +74,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if not argv or "--demo" in argv:
         from csclip.entry import demo
 
-        return demo.main([a for a in argv if a != "--demo"],
-                         prog=f"{prog} --demo" if prog else None)
+        # The demo's parser takes the rest; its usage names the command as typed.
+        typed = f"{prog} --demo" if prog and argv else prog
+        return demo.main([a for a in argv if a != "--demo"], prog=typed)
     args = build_parser(prog).parse_args(argv)
     setup_logging()
     return run_guarded(lambda: _train(args))
