@@ -4,8 +4,10 @@ Data; workers only consume `iter_torch_batches`.
 
 Slot sampling depends on the epoch, so the training stream is the union of one
 `map_batches` per epoch (each with its own `epoch` argument) over the same source.
-Images that fail to decode are counted by a check pass before training and dropped from
-the stream with their ids logged: never a crash, never a silent loss.
+Every epoch reads the rows in a new, seeded global order. Images that fail to decode are
+counted by a check pass before training and dropped from the stream with their ids logged;
+an image that cannot be read at all (missing, or the store keeps failing after retries) is
+a DataError naming its URI: never a silent loss.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import functools
 import io
 import logging
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -40,7 +43,9 @@ class DataConfig(StrictModel):
     units_uri: str | None = None
     split: str = "train"
     batch_size: int = Field(32, ge=1)  # per worker
-    shuffle_buffer: int = Field(512, ge=0)  # local shuffle buffer rows; 0 = no shuffle
+    # Rows of the local shuffle buffer in each worker, on top of the global shuffle of every
+    # epoch (csclip.data.epoch_order); 0 = none.
+    shuffle_buffer: int = Field(512, ge=0)
 
 
 @dataclass(frozen=True)
@@ -141,26 +146,65 @@ def preprocess_key(preprocess_cfg: dict) -> tuple:
                         for k, v in preprocess_cfg.items()))
 
 
-def _image_bytes(row: dict) -> bytes:
+# A read that fails with a transient error (S3 throttling, a timeout, a reset connection)
+# is tried again after 0.5, 1, 2, 4 s: 7.5 s in all, on top of the S3 client's own retries.
+READ_ATTEMPTS = 5
+READ_BACKOFF_S = 0.5
+
+
+def read_image_bytes(uri: str, attempts: int = READ_ATTEMPTS,
+                     backoff_s: float = READ_BACKOFF_S) -> bytes:
+    """The bytes of the image at `uri` (local or s3://, one filesystem client per process).
+
+    Transient errors are retried with exponential backoff. Raises DataError naming the URI
+    when the file does not exist or the read keeps failing: that is a broken image root or
+    an unreachable store, not an image that does not decode, and must not shrink the data.
+    """
+    from csclip.storage import filesystem_for, read_bytes
+
+    fs, path = filesystem_for(uri)
+    for attempt in range(attempts):
+        try:
+            return read_bytes(fs, path)
+        except DataError as err:  # not found: another try finds nothing either
+            raise DataError(f"image {uri} not found ({err}); check the units table's image_path "
+                            "or input.image_root") from err
+        except OSError as err:
+            if attempt + 1 == attempts:
+                raise DataError(f"cannot read image {uri}: {attempts} attempts failed, the last "
+                                f"with: {err}") from err
+            logger.info("reading %s failed (%s); retrying in %.1f s", uri, err,
+                        backoff_s * 2 ** attempt)
+            time.sleep(backoff_s * 2 ** attempt)
+    raise AssertionError("unreachable")
+
+
+def _image_bytes(row: dict) -> bytes | None:
     if row.get("image_bytes") is not None:
         return bytes(row["image_bytes"])
     if row.get("image_path"):
-        from csclip.storage import filesystem_for, read_bytes
-
-        fs, path = filesystem_for(row["image_path"])
-        return read_bytes(fs, path)
-    raise DataError(f"row {row.get('sample_id')} has neither image_bytes nor image_path")
+        return read_image_bytes(row["image_path"])
+    return None
 
 
 def decode_image(row: dict):
-    """The row's image as an RGB PIL image, or None when it cannot be read or decoded."""
+    """The row's image as an RGB PIL image, or None when the row has no image or its bytes
+    do not decode (counted by the check pass and dropped).
+
+    Raises DataError when the image cannot be read (see read_image_bytes).
+    """
     from PIL import Image, UnidentifiedImageError
 
+    data = _image_bytes(row)
+    if data is None:
+        logger.debug("row %s has neither image_bytes nor image_path", row.get("sample_id"))
+        return None
     try:
-        image = Image.open(io.BytesIO(_image_bytes(row)))
+        image = Image.open(io.BytesIO(data))
         image.load()
         return image.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError, DataError) as err:
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as err:
+        # PIL reports a truncated or corrupt file as OSError; the bytes are already read.
         logger.debug("image of %s does not decode: %s", row.get("sample_id"), err)
         return None
 
@@ -245,14 +289,30 @@ def plan_data(source, data: DataConfig, num_workers: int, epochs: int,
                     steps_per_epoch, total_steps)
 
 
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The shuffle seed of one epoch: different per epoch, the same on every rerun."""
+    return (seed * 1_000_003 + epoch) % 2**32
+
+
+def epoch_order(source, seed: int, epoch: int):
+    """`source` in epoch `epoch`'s order: a global shuffle seeded by (seed, epoch).
+
+    A units table is sorted by sample_id, so COCO's five captions of an image sit next to
+    each other; a local buffer would keep them in one batch, where they are false negatives
+    of each other. Like the authors' DataLoader(shuffle=True), every epoch draws a new order
+    of all rows.
+    """
+    return source.random_shuffle(seed=epoch_seed(seed, epoch))
+
+
 def training_stream(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
                     model_name: str, seed: int, num_epochs: int, objective: Objective,
                     rows_per_block: int = 128):
-    """The union over epochs of `source` prepared for training (see prepare_batch),
-    with the token columns `objective` needs."""
+    """The union over epochs of `source`, each epoch globally shuffled (epoch_order) and
+    prepared for training (see prepare_batch), with the token columns `objective` needs."""
     columns = list(objective.columns)
     epochs: Sequence = [
-        source.map_batches(
+        epoch_order(source, seed, epoch).map_batches(
             prepare_batch, batch_format="pyarrow", batch_size=rows_per_block,
             fn_kwargs={"sampling": sampling.model_dump(mode="json"),
                        "preprocess": preprocess_key(preprocess_cfg),

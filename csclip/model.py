@@ -240,9 +240,21 @@ def load_bundle(checkpoint_or_name: str | Path, pretrained: str | None = None,
     """Load a csclip checkpoint directory (the model is rebuilt from its stored spec) or
     create a model by open_clip name.
 
+    checkpoint_or_name: a local directory, an s3:// directory (copied once into the local
+    cache, csclip.storage.local_dir, and loaded from there) or an open_clip model name.
     expected: when given, the checkpoint's spec must match what this config builds.
-    Raises CheckpointMismatch when it does not.
+    Raises CheckpointMismatch when it does not, DataError for an empty s3:// location.
     """
+    if str(checkpoint_or_name).startswith("s3://"):
+        from csclip.storage import local_dir
+
+        uri = str(checkpoint_or_name)
+        local = local_dir(uri, kind="checkpoints")
+        if not is_checkpoint_dir(local):
+            raise CheckpointMismatch(f"{uri} has no {SPEC_FILE}; it is not a csclip checkpoint "
+                                     "(a run's checkpoint is <run.storage_path>/<run>/final)")
+        bundle = load_bundle(local, pretrained, device, expected)
+        return ClipBundle(bundle.model, bundle.preprocess, bundle.tokenizer, bundle.name, uri)
     if not is_checkpoint_dir(checkpoint_or_name):
         if Path(str(checkpoint_or_name)).exists():
             read_spec(checkpoint_or_name)  # raises with an explanation

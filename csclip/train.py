@@ -66,6 +66,9 @@ class RunSection(StrictModel):
     seed: int = 42
     log_every: int = Field(10, ge=1)  # steps between log lines and MLflow flushes
     max_failures: int = Field(0, ge=0)  # worker-group restarts (each resumes from a checkpoint)
+    # Custom resources each worker also takes, e.g. {"csclip_train": 1} so that workers land
+    # only on the nodes that advertise it (cluster.yaml's training nodes), one per unit.
+    worker_resources: dict[str, float] = Field(default_factory=dict)
     # For tests of resumption: raise after this step's checkpoint on a fresh (not restored)
     # attempt, as a killed job would. Not part of the run name.
     fail_after_step: int | None = Field(None, ge=1)
@@ -94,7 +97,8 @@ class TrainResult:
 
 
 # Fields that say where/how to run, not what is trained: they do not change the run name.
-_NOT_IN_NAME = {"run": {"name", "storage_path", "fail_after_step", "max_failures", "log_every"},
+_NOT_IN_NAME = {"run": {"name", "storage_path", "fail_after_step", "max_failures", "log_every",
+                        "worker_resources"},
                 "tracking": None}
 
 
@@ -114,8 +118,10 @@ def run_name(config: TrainConfig) -> str:
 
 
 def storage_root(config: TrainConfig) -> str:
-    path = config.run.storage_path
-    return path if "://" in path else str(Path(path).expanduser().resolve())
+    """run.storage_path, absolute (refused when relative inside a Ray job: issue 15)."""
+    from csclip.storage import resolve_output
+
+    return resolve_output(config.run.storage_path, "run.storage_path")
 
 
 # ---------------------------------------------------------------------------------------
@@ -310,9 +316,11 @@ def run(config: TrainConfig, callbacks: Sequence = ()) -> TrainResult:
         return cached
     from csclip.data import plan_data, source_dataset, training_stream
     from csclip.model import spec_from_config
-    from csclip.tracking import finish_run, open_run, resolve_uri
+    from csclip.tracking import check_shared_store, finish_run, open_run, resolve_uri
 
     spec = spec_from_config(config.model)  # a bad model name fails here, before Ray
+    if config.tracking.enabled:  # rank 0 logs every step from wherever it runs
+        check_shared_store(resolve_uri(config.tracking.uri), "training")
     if not sys.stderr.isatty():
         # Ray Data's bars redraw with cursor escapes; in a log (CI, `make demo > log`) they
         # bury the per-step lines, which already show progress.
@@ -338,7 +346,8 @@ def run(config: TrainConfig, callbacks: Sequence = ()) -> TrainResult:
     loop_config = {"config": config.model_dump(mode="json"),
                    "plan": {"total_steps": plan.total_steps, "steps_per_epoch": plan.steps_per_epoch,
                             "mlflow_run_id": run_id,
-                            "tracking_uri": resolve_uri(config.tracking.uri)}}
+                            "tracking_uri": resolve_uri(config.tracking.uri)
+                            if config.tracking.enabled else None}}
     try:
         result = _trainer(config, name, root, loop_config, stream, callbacks).fit()
     except Exception:
@@ -363,7 +372,8 @@ def _trainer(config: TrainConfig, name: str, root: str, loop_config: dict, strea
         train_loop_config=loop_config,
         scaling_config=ray.train.ScalingConfig(
             num_workers=config.run.num_workers, use_gpu=config.run.use_gpu,
-            resources_per_worker={"CPU": config.run.cpus_per_worker}),
+            resources_per_worker={"CPU": config.run.cpus_per_worker,
+                                  **config.run.worker_resources}),
         torch_config=TorchConfig(backend="nccl" if config.run.use_gpu else "gloo"),
         run_config=ray.train.RunConfig(
             name=name, storage_path=root,
