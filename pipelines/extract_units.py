@@ -8,7 +8,8 @@
         --set backend.name=vllm --set backend.vllm.num_engines=8 --set output.uri=s3://bucket/units
 
 A rerun with the same config skips finished shards. Prints the accounting (read = with
-units + rejected, by reason) and logs it to MLflow (`--set tracking.uri=null` to skip).
+units + rejected, by reason) and logs it to MLflow (tracking.uri, else $MLFLOW_TRACKING_URI;
+`--set tracking.enabled=false` to skip).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(summary.format())
     if summary.mlflow_run_id:
-        print(f"MLflow run {summary.mlflow_run_id} at {config.tracking.uri}")
+        print(f"MLflow run {summary.mlflow_run_id} in experiment {config.tracking.experiment}")
     return 0
 
 

@@ -3,10 +3,14 @@
     python tune/ablate.py --grid lr,units                       # paper values, default config
     python tune/ablate.py --config configs/coco.yaml --grid lr=1e-6,5e-6 units=1,2
     python tune/ablate.py --grid lr,units --full-grid           # cross product
+    python tune/ablate.py --grid lr,units --address 127.0.0.1:6379   # on a running Ray head
+    ray job submit --working-dir . -- python tune/ablate.py --config configs/coco.yaml --grid lr
 
 Axes: lr units relfrac swapfrac wd bs (see docs/ablation.md). Rerunning the same command
 resumes the sweep: finished trials are kept. The table, CSV and plot are written next to
-the sweep and logged to the sweep's MLflow parent run.
+the sweep and logged to the sweep's MLflow parent run. Without --address (or RAY_ADDRESS,
+or inside `ray job submit`) the sweep starts a local Ray; with it the trials run on that
+cluster, and the project directory is shipped to its workers (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -15,21 +19,29 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
 from csclip.config import add_config_arguments, config_from_args
 from csclip.errors import CsclipError
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_config_arguments(parser, "configs/default.yaml")
+    add_config_arguments(parser, str(PROJECT_ROOT / "configs" / "default.yaml"))
     parser.add_argument("--grid", nargs="+", required=True, metavar="AXIS[=V1,V2]",
                         help="axes to vary: names (paper values) or name=v1,v2 (explicit)")
     parser.add_argument("--full-grid", action="store_true",
                         help="cross product of the axes (default: one axis at a time)")
+    parser.add_argument("--address", default=None, metavar="HOST:PORT",
+                        help="a running Ray cluster's address (its head's GCS port, e.g. "
+                             "127.0.0.1:6379, or 'auto'); default: $RAY_ADDRESS, else a local Ray")
     parser.add_argument("--max-concurrent", type=int, default=None,
-                        help="trials at once (default: derived from the cluster)")
+                        help="trials at once (default: what the cluster holds at its largest: "
+                             "the autoscaler's maximum on a `ray up` head, else the resources "
+                             "present now)")
     parser.add_argument("--reevaluate", action="store_true",
                         help="evaluate finished trials' checkpoints again (no retraining)")
     parser.add_argument("--results-doc", default=None, metavar="PATH",
@@ -44,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         base = config_from_args(train.TrainConfig, args)
         grid = grids.expand_grid(base, grids.parse_grid(args.grid), full=args.full_grid)
         max_concurrent = args.max_concurrent
-        if init_ray() and max_concurrent is None:
+        if init_ray(args.address) and max_concurrent is None:
             # A local Ray counts more logical CPUs than cores (see init_ray); how many
             # fine-tunes run at once follows the real cores.
             max_concurrent = sweep.max_concurrent_trials(
@@ -70,14 +82,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def init_ray() -> bool:
-    """Join the cluster (RAY_ADDRESS) or start a local Ray; True when started locally."""
+def init_ray(address: str | None = None) -> bool:
+    """Join a cluster (`address`, else RAY_ADDRESS; inside `ray job submit` the job's own
+    cluster) or start a local Ray; True when started locally. A driver that joins from
+    outside a job ships the project directory to the cluster's workers (its .gitignore
+    applies), so trials import this csclip, not whatever a node has installed."""
     import ray
+
+    from csclip.cluster import ray_process
 
     if ray.is_initialized():
         return False
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(configure_logging=False)
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        runtime_env = None
+        if ray_process() is None:
+            # .gitignore and .rayignore apply (no venv, runs or databases travel).
+            runtime_env = {"working_dir": str(PROJECT_ROOT), "excludes": [".git"]}
+        ray.init(address=address, runtime_env=runtime_env, configure_logging=False)
         return False
     # A Tune trial + a Train worker + a Data task deadlock with 2 logical CPUs on a 2-core
     # machine (RAY_NOTES.md); logical CPUs are only accounting, so count at least 4.
