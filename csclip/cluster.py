@@ -19,8 +19,8 @@ AUTOSCALING_CONFIG_ENV = "CSCLIP_AUTOSCALING_CONFIG"
 
 
 def ray_process() -> str | None:
-    """"job" in the driver of a submitted job, "worker" in a Ray worker process, None in
-    a plain process (a shell, pytest, a driver started with python)."""
+    """Which Ray process this is: "job" (the driver of a submitted job), "worker" (a Ray
+    worker process), or None (a plain process: a shell, pytest, `python script.py`)."""
     if os.environ.get(JOB_DRIVER_ENV):
         return "job"
     if os.environ.get(WORKER_ENV):

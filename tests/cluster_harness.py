@@ -99,35 +99,66 @@ def _boto_credentials() -> dict[str, str]:
             "region_name": AWS_TEST_ENV["AWS_DEFAULT_REGION"]}
 
 
+class Service:
+    """A server process we start and stop ourselves; ready when `ready_url` answers 200.
+
+    start() returns at once, so several services boot in parallel (`running`)."""
+
+    def __init__(self, command: list[str], env: dict[str, str], log_path: Path, ready_url: str,
+                 cwd: Path | None = None, ready_timeout_s: float = 120, stop_timeout_s: float = 60):
+        self.command, self.env, self.log_path, self.cwd = command, env, log_path, cwd
+        self.ready_url, self.ready_timeout_s = ready_url, ready_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self._log = self.log_path.open("w")
+        # Its own session: its descendants can be found (and ended) by the session id.
+        self.process = subprocess.Popen(self.command, cwd=self.cwd, env=self.env, stdout=self._log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self) -> None:
+        wait_for_http(self.ready_url, self.ready_timeout_s, self.process)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            _stop(self.process, self.stop_timeout_s)
+            self._log.close()
+
+
 @contextlib.contextmanager
+def running(*services: Service) -> Iterator[None]:
+    """Start every service, then wait until all are ready; stop them all at the end."""
+    try:
+        for service in services:
+            service.start()
+        for service in services:
+            service.wait_ready()
+        yield
+    finally:
+        for service in reversed(services):
+            service.stop()
+
+
 def mlflow_server(workdir: Path, env: dict[str, str],
-                  artifacts_destination: str | None = None) -> Iterator[str]:
-    """A real `mlflow server` process: sqlite backend in `workdir`, artifacts in
+                  artifacts_destination: str | None = None) -> tuple[Service, str]:
+    """A real `mlflow server`: sqlite backend in `workdir`, artifacts in
     `artifacts_destination` (e.g. s3://bucket/mlflow on moto: set MLFLOW_S3_ENDPOINT_URL in
-    `env`) or in `workdir`; yields its URL and stops it at the end."""
+    `env`) or in `workdir`. Returns the service and its URL."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
+    url = f"http://127.0.0.1:{port}"
     command = [str(VENV_BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
                "--workers", "1", "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.db'}",
                "--artifacts-destination", artifacts_destination or str(workdir / "artifacts")]
-    log = (workdir / "server.log").open("w")
-    process = subprocess.Popen(command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_http(f"{url}/health", timeout_s=90, process=process)
-        yield url
-    finally:
-        _stop(process)
-        log.close()
+    return Service(command, env, workdir / "server.log", f"{url}/health", cwd=workdir), url
 
 
-@contextlib.contextmanager
-def ray_head(ray_tmp: Path, env: dict[str, str], num_cpus: int = 4) -> Iterator[dict[str, str]]:
+def ray_head(ray_tmp: Path, env: dict[str, str], num_cpus: int = 4) -> tuple[Service, dict]:
     """`ray start --head --block` with the dashboard (and so the job server) on 127.0.0.1
-    and free ports; yields {"address": GCS host:port, "dashboard": http URL}. Stopped by
-    terminating the --block process we started (its handler stops the head's processes),
-    never with `ray stop`, which would stop every Ray on the machine."""
+    and free ports. Returns the service and {"address": GCS host:port, "dashboard": URL}.
+    Stopped by terminating the --block process we started (its handler stops the head's
+    processes), never with `ray stop`, which would stop every Ray on the machine."""
     ports = {name: free_port() for name in (
         "port", "dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port",
         "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port")}
@@ -136,16 +167,9 @@ def ray_head(ray_tmp: Path, env: dict[str, str], num_cpus: int = 4) -> Iterator[
                "--include-dashboard", "true", "--num-cpus", str(num_cpus),
                "--temp-dir", str(ray_tmp / "ray"),
                *[f"--{name}={port}" for name, port in ports.items()]]
-    log = (ray_tmp / "head.log").open("w")
-    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True)
     dashboard = f"http://127.0.0.1:{ports['dashboard-port']}"
-    try:
-        wait_for_http(f"{dashboard}/api/version", timeout_s=120, process=process)
-        yield {"address": f"127.0.0.1:{ports['port']}", "dashboard": dashboard}
-    finally:
-        _stop(process, timeout_s=60)
-        log.close()
+    service = Service(command, env, ray_tmp / "head.log", f"{dashboard}/api/version")
+    return service, {"address": f"127.0.0.1:{ports['port']}", "dashboard": dashboard}
 
 
 def _stop(process: subprocess.Popen, timeout_s: float = 30) -> None:

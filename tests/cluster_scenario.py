@@ -53,14 +53,18 @@ def main(result_path: str, workdir: str) -> int:
     with harness.moto_s3(BUCKET) as endpoint:
         os.environ["AWS_ENDPOINT_URL"] = endpoint
         server_env = {**os.environ, "MLFLOW_S3_ENDPOINT_URL": endpoint}
-        with harness.mlflow_server(workdir_path / "mlflow", server_env,
-                                   artifacts_destination=f"s3://{BUCKET}/mlflow") as mlflow_uri:
+        mlflow, mlflow_uri = harness.mlflow_server(workdir_path / "mlflow", server_env,
+                                                   artifacts_destination=f"s3://{BUCKET}/mlflow")
+        mlflow.start()  # boots while the captions go up and the cluster starts
+        try:
+            # Every node process inherits it, as cluster.yaml exports it before `ray start`.
             os.environ["MLFLOW_TRACKING_URI"] = mlflow_uri
-            result["seconds"]["servers"] = time.monotonic() - started
             upload_captions()
-            run_on_cluster(result, workdir_path)
+            run_on_cluster(result, workdir_path, mlflow.wait_ready)
             result["mlflow"] = mlflow_view(mlflow_uri)
             result["s3"] = s3_keys()
+        finally:
+            mlflow.stop()
     result["seconds"]["total"] = time.monotonic() - started
     result["cwd_files"] = harness.files_under(Path.cwd())
     Path(result_path).write_text(json.dumps(result, indent=1, default=str))
@@ -85,18 +89,21 @@ def upload_captions() -> None:
     s3.upload_fileobj(io.BytesIO("\n".join(lines).encode()), BUCKET, "captions.jsonl")
 
 
-def run_on_cluster(result: dict, workdir: Path) -> None:
+def run_on_cluster(result: dict, workdir: Path, servers_ready) -> None:
     import ray
     from ray.cluster_utils import Cluster
 
     # Logical CPUs are accounting only: few of them keep the number of worker processes
     # (each importing torch) small on a 2-core machine.
+    started = time.monotonic()
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "include_dashboard": False, "object_store_memory": 200 * 1024**2})
     nodes = {name: cluster.add_node(num_cpus=2, resources={name: 1, "csclip_train": 1},
                                     object_store_memory=200 * 1024**2)
              for name in ("node_a", "node_b")}
     try:
+        servers_ready()
+        result["seconds"]["cluster_and_servers"] = time.monotonic() - started
         ray.init(address=cluster.address, configure_logging=False, log_to_driver=True)
         from ray.data import DataContext
 

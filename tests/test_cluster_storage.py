@@ -310,6 +310,5 @@ def test_training_stream_shuffles_each_epoch(ray_session):
     stream = training_stream(source, sampling=SamplingConfig(), model_name="csclip-tiny",
                              preprocess_cfg=spec(model, "csclip-tiny").preprocess_cfg, seed=0,
                              num_epochs=2, objective=objective_for(LossConfig(method="clip"), 2))
-    plan = str(stream)
-    assert plan.count("RandomShuffle") == 2, plan
-    assert sum(b["image"].shape[0] for b in stream.iter_batches(batch_size=None)) == 8
+    plan = str(stream)  # the logical plan; nothing executes
+    assert plan.count("RandomShuffle") == 2 and plan.count("MapBatches(prepare_batch)") == 2, plan
