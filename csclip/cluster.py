@@ -67,13 +67,12 @@ def max_resources() -> dict[str, float]:
 
 
 def spans_nodes() -> bool:
-    """True when work may run on more than one node: several nodes are alive now, or the
-    autoscaler can add worker nodes. False when Ray is not initialised."""
+    """True when work may run on more than one node: on the head of a `ray up` cluster whose
+    autoscaler can add workers (whether or not Ray is initialised yet: Ray Train and Ray Data
+    join that cluster on their own), or when this process's Ray has several nodes alive."""
+    config = autoscaling_config()
+    if config is not None and sum(_node_counts(config).values()) > 1:
+        return True
     import ray
 
-    if not ray.is_initialized():
-        return False
-    if sum(1 for node in ray.nodes() if node.get("Alive")) > 1:
-        return True
-    config = autoscaling_config()
-    return config is not None and sum(_node_counts(config).values()) > 1
+    return ray.is_initialized() and sum(1 for node in ray.nodes() if node.get("Alive")) > 1

@@ -71,6 +71,7 @@ def isolated_env(ray_tmp: Path, **extra: str) -> dict[str, str]:
         "MLFLOW_ENABLE_ASYNC_LOGGING": "false",
         "TOKENIZERS_PARALLELISM": "false",
         "PYTHONUNBUFFERED": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
         **extra,
     })
     return env

@@ -5,6 +5,7 @@ cluster (a head and two worker nodes from ray.cluster_utils.Cluster, moto S3, a 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -29,7 +30,9 @@ def scenario(tmp_path_factory) -> dict:
             [sys.executable, str(harness.REPO_ROOT / "tests" / "cluster_scenario.py"),
              str(result_path), str(workdir)],
             cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=900)
-    if process.returncode != 0:
+    if process.returncode == 0:
+        shutil.rmtree(ray_tmp, ignore_errors=True)  # the cluster's session files
+    else:
         pytest.fail(f"cluster scenario failed ({process.returncode}); last lines of {log}:\n"
                     + "\n".join(log.read_text().splitlines()[-40:]))
     return json.loads(result_path.read_text())

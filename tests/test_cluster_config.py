@@ -175,3 +175,37 @@ def test_vllm_engines_ask_for_the_vllm_nodes_resource():
 def test_vllm_wait_covers_a_cold_gpu_node():
     # Boot + image pull + setup + model load on a cold autoscaling cluster: ~25 min.
     assert VllmConfig().wait_for_min_actors_s >= 1800
+
+
+def test_cluster_extra_has_the_job_server_and_boto3_and_make_test_installs_it():
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    [ray_pin] = [d for d in project["dependencies"] if d.startswith("ray[")]
+    cluster_extra = project["optional-dependencies"]["cluster"]
+    # ray[default] at exactly the version range of ray[data,train,tune].
+    assert f"ray[default]{ray_pin.split(']', 1)[1]}" in cluster_extra
+    assert any(d.startswith("boto3") for d in cluster_extra)
+    assert "pip install -q -e '.[dev,cluster]'" in (REPO_ROOT / "Makefile").read_text()
+
+
+def _code_blocks(markdown: str) -> list[str]:
+    return markdown.split("```")[1::2]
+
+
+def test_readme_runs_every_job_on_the_cluster_and_links_the_guide():
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme[readme.index("## On a cluster"):readme.index("## Docs")]
+    commands = " ".join(_code_blocks(section)).replace("\\\n", " ").splitlines()
+    jobs = [c for c in commands if "pipelines/" in c or "tune/ablate.py" in c]
+    assert jobs and all("ray job submit" in c or "--address" in c for c in jobs), jobs
+    assert "(docs/cluster.md)" in readme
+
+
+def test_cluster_guide_rehearses_the_same_commands_on_one_machine():
+    guide = (REPO_ROOT / "docs" / "cluster.md").read_text()
+    rehearsal = " ".join(_code_blocks(guide[guide.index("## Rehearse on one machine"):]))
+    for command in ("ray start --head", "ray job submit", "python pipelines/train.py",
+                    "python tune/ablate.py", "--address", "ray stop"):
+        assert command in rehearsal, command
+    for heading in ("## What to install where", "## Time and cost", "## Watching it",
+                    "## When a node dies"):
+        assert heading in guide

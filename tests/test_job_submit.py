@@ -7,6 +7,7 @@ configured (a real `mlflow server` here), not in the job's temporary working dir
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -48,7 +49,9 @@ def test_used_by_commands_against_a_real_ray_head(tmp_path):
     project_stores = _local_stores()
     mlflow, mlflow_uri = harness.mlflow_server(tmp_path / "mlflow", env)
     ray_head, head = harness.ray_head(ray_tmp, env)
+    started = time.monotonic()
     with (tmp_path / "commands.log").open("w") as log, harness.running(ray_head, mlflow):
+        log.write(f"[head and MLflow server ready after {time.monotonic() - started:.0f} s]\n")
         runtime_env = json.dumps({"env_vars": {"MLFLOW_TRACKING_URI": mlflow_uri}})
         train_overrides = [*TINY, f"run.storage_path={storage}", "tracking.experiment=job"]
         train = _run(["ray", "job", "submit", "--address", head["dashboard"], "--working-dir", ".",
@@ -92,7 +95,11 @@ def test_used_by_commands_against_a_real_ray_head(tmp_path):
         leftovers = [str(p) for p in ray_tmp.rglob("mlflow.db")] + \
             [str(p) for p in ray_tmp.rglob("mlruns")] + [str(p) for p in ray_tmp.rglob("runs")]
         assert leftovers == []
+        stopping = time.monotonic()
+    with (tmp_path / "commands.log").open("a") as log:
+        log.write(f"[head and MLflow server stopped after {time.monotonic() - stopping:.0f} s]\n")
     assert _local_stores() == project_stores  # no store created or written in the project
+    shutil.rmtree(ray_tmp, ignore_errors=True)  # the head's session files (on success only)
 
 
 def _local_stores() -> dict[str, int]:
