@@ -163,20 +163,21 @@ def read_image_bytes(uri: str, attempts: int = READ_ATTEMPTS,
     from csclip.storage import filesystem_for, read_bytes
 
     fs, path = filesystem_for(uri)
-    for attempt in range(attempts):
+    attempt = 1
+    while True:
         try:
             return read_bytes(fs, path)
         except DataError as err:  # not found: another try finds nothing either
             raise DataError(f"image {uri} not found ({err}); check the units table's image_path "
                             "or input.image_root") from err
         except OSError as err:
-            if attempt + 1 == attempts:
+            if attempt >= attempts:
                 raise DataError(f"cannot read image {uri}: {attempts} attempts failed, the last "
                                 f"with: {err}") from err
-            logger.info("reading %s failed (%s); retrying in %.1f s", uri, err,
-                        backoff_s * 2 ** attempt)
-            time.sleep(backoff_s * 2 ** attempt)
-    raise AssertionError("unreachable")
+            delay = backoff_s * 2 ** (attempt - 1)
+            logger.info("reading %s failed (%s); retrying in %.1f s", uri, err, delay)
+            time.sleep(delay)
+            attempt += 1
 
 
 def _image_bytes(row: dict) -> bytes | None:

@@ -2,11 +2,13 @@
 
     python pipelines/evaluate.py --model ViT-B-32 --pretrained openai --units s3://bucket/units
     python pipelines/evaluate.py --checkpoint runs/demo/checkpoint --out runs/eval
+    python pipelines/evaluate.py --checkpoint s3://bucket/runs/train/<run>/final --units s3://bucket/units
     python pipelines/evaluate.py --model csclip-tiny --set data.world.num_val=50
     python pipelines/evaluate.py --model ViT-B-32 --pretrained openai \
         --sugarcrepe data/sugarcrepe --coco-images s3://bucket/coco/val2017
 
-Without --units the synthetic world's validation split is generated on the fly. Writes
+Without --units the synthetic world's validation split is generated on the fly. An s3://
+checkpoint is copied once into the local cache (~/.cache/csclip, or $CSCLIP_CACHE_DIR). Writes
 table1/6/7, image_side and suites (retrieval, compositional) as .md/.csv, figure3.png and
 benchmark.parquet to --out, prints the tables, and logs them to MLflow (tracking.uri;
 `--set tracking.enabled=false` to skip).
@@ -28,7 +30,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_config_arguments(parser, default_config=None)
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--model", help="open_clip model name (e.g. ViT-B-32, csclip-tiny)")
-    source.add_argument("--checkpoint", help="a csclip checkpoint directory")
+    source.add_argument("--checkpoint", help="a csclip checkpoint directory (local or s3://)")
     parser.add_argument(
         "--pretrained", help="open_clip pretrained tag or weights file (with --model)"
     )
