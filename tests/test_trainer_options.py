@@ -262,6 +262,26 @@ def test_resume_from_is_checked_before_training(tmp_path):
     assert run_name(config) != run_name(_config(f"run.resume_from={tmp_path}"))
 
 
+def test_worker_restores_its_own_checkpoint_before_resume_from(tmp_path, monkeypatch):
+    import ray.train
+
+    from csclip.train import _checkpoint_dir
+
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "marker").write_text("own")
+    config = _config(f"run.resume_from={tmp_path / 'other'}")
+    monkeypatch.setattr(ray.train, "get_checkpoint", lambda: None)
+    with _checkpoint_dir(config.run) as directory:
+        assert directory == str(tmp_path / "other")  # a fresh run starts from resume_from
+    monkeypatch.setattr(ray.train, "get_checkpoint",
+                        lambda: ray.train.Checkpoint.from_directory(str(own)))
+    with _checkpoint_dir(config.run) as directory:  # a restarted run resumes its own
+        assert (Path(directory) / "marker").read_text() == "own"
+    with _checkpoint_dir(_config().run) as directory:
+        assert (Path(directory) / "marker").read_text() == "own"
+
+
 def test_optimizer_state_is_restored_onto_the_parameters_device(tmp_path):
     # The meta device stands in for a GPU: if AdamW were built, or its state loaded, before
     # the model moved, the state would stay on the CPU while the parameters left (issue 11).
@@ -416,3 +436,19 @@ def test_how_to_run_fields_keep_the_run_name():
     for override in ("data.augment=true", "model.lock_text=true", "run.precision=bf16_pure"):
         assert run_name(_config(override)) != run_name(base), override
 
+
+
+@pytest.mark.slow
+def test_run_resumes_from_another_runs_checkpoint(ray_session, tmp_path, mlflow_uri):
+    from csclip.train import run
+
+    common = [f"run.storage_path={tmp_path / 'runs'}", f"tracking.uri={mlflow_uri}",
+              "model.image_size=32", "data.world.image_size=32", "data.world.num_train=32",
+              "data.shuffle_buffer=0", "optim.warmup_steps=1", "run.log_every=1",
+              "run.checkpoint_every=2"]
+    first = run(_config(*common, "optim.max_steps=2", "run.name=first"))
+    checkpoints = sorted(p for p in (tmp_path / "runs" / "first").glob("checkpoint_*") if p.is_dir())
+    assert checkpoints and first.metrics["step"] == 2
+    second = run(_config(*common, "optim.max_steps=4", "run.name=second",
+                         f"run.resume_from={checkpoints[-1]}"))
+    assert second.metrics["resumed_from"] == 2 and second.metrics["step"] == 4
