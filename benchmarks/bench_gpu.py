@@ -24,6 +24,16 @@ transform. Batches sit on the device before timing, as Ray Data's prefetch leave
 Rows run in order until --budget-s is spent; later rows are listed as skipped.
 Writes bench_gpu.md, bench_gpu.csv and profile.txt to --out. Imports no Ray: csclip's pure
 modules (model, loss, sampling, step, optim, data.prepare_batch, extract rules, world).
+
+    python benchmarks/bench_gpu.py --estimate-memory --out mem_out    # no GPU needed
+
+estimates instead the peak memory of one csclip training step per GPU for ViT-B-32 at
+224 px (or --model) in several configurations (batch, method, optim.accum_freq,
+model.grad_checkpointing, run.precision), by running the step on fake tensors
+(FakeTensorMode: shapes, no data, no compute) and counting the bytes of live storages.
+It uses CPU bf16 autocast, whose casts match CUDA's for this model, and a stand-in loss
+of the same feature shapes (the real L_unit indexes by the unit mask, which fake tensors
+cannot); the loss's own memory is a few MB. Writes memory.md.
 """
 
 from __future__ import annotations
@@ -38,8 +48,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: csclip and benchmarks import from the repo
@@ -346,6 +358,160 @@ def _kernel_ms(prof) -> float:
 
 
 # ---------------------------------------------------------------------------------------
+# Memory estimate on fake tensors
+# ---------------------------------------------------------------------------------------
+
+class _LiveBytes(TorchDispatchMode):
+    """Bytes of the storages alive now and at most, counting each storage once: those
+    registered with `add` and every op's outputs (freed when their storage dies)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        self.current = self.peak = 0
+        self._seen = WeakIdKeyDictionary()
+
+    def add(self, tensor) -> None:
+        import weakref
+
+        if not isinstance(tensor, torch.Tensor):
+            return
+        storage = tensor.untyped_storage()
+        if storage in self._seen:
+            return
+        size = storage.nbytes()
+        self._seen[storage] = size
+        self.current += size
+        self.peak = max(self.peak, self.current)
+        weakref.finalize(storage, self._free, size)
+
+    def _free(self, size: int) -> None:
+        self.current -= size
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.utils._pytree import tree_leaves
+
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            self.add(leaf)
+        return out
+
+
+def _fake_model(args, mode, grad_checkpointing: bool) -> torch.nn.Module:
+    # Built on the meta device (no memory, no init compute), then every parameter and
+    # buffer becomes a fake CPU tensor of the same shape and dtype.
+    from csclip.model import ModelConfig, apply_training_options, create_bundle
+
+    with torch.device("meta"):
+        model = create_bundle(args.model, device="meta", quick_gelu=args.quick_gelu,
+                              image_size=args.image_size).model
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is not None:
+                fake = mode.from_tensor(param.data)
+                with mode:
+                    module._parameters[name] = torch.nn.Parameter(
+                        fake.to("cpu"), requires_grad=param.requires_grad)
+        for name, buffer in list(module._buffers.items()):
+            if buffer is not None:
+                fake = mode.from_tensor(buffer)
+                with mode:
+                    module._buffers[name] = fake.to("cpu")
+    apply_training_options(model, ModelConfig(name=args.model, quick_gelu=args.quick_gelu,
+                                              grad_checkpointing=grad_checkpointing))
+    model.train()
+    return model
+
+
+def _placed_to(original):
+    # build_training's model.to(device): the fake parameters are on the CPU already, and
+    # torch swaps fake parameters even for a no-op move, which fails for a tensor with
+    # itself. Every other .to (the bf16 copy's dtype) runs as usual.
+    def to(self, *args, **kwargs):
+        if len(args) == 1 and not kwargs and isinstance(args[0], torch.device):
+            return self
+        return original(self, *args, **kwargs)
+
+    return to
+
+
+def estimate_memory(args, method: str, batch: int, *, accum_freq: int = 1,
+                    grad_checkpointing: bool = False, precision: str = "bf16") -> tuple[float, float]:
+    """(GiB held between steps: weights, gradients, AdamW state; peak GiB during a step)
+    of csclip's training step, on fake tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from csclip.loss import LossConfig, LossParts, Objective, clip_loss, objective_for
+    from csclip.optim import OptimConfig
+    from csclip.step import StepOptions, build_training, train_step
+
+    class SameShapesLoss(Objective):
+        def loss(self, image, texts, masks, scale):
+            total = sum(clip_loss(image, feature, scale) for feature in texts.values())
+            return LossParts(total, total, total)
+
+    columns = objective_for(LossConfig(method=method), args.num_unit_slots).columns
+    mode = FakeTensorMode()
+    model = _fake_model(args, mode, grad_checkpointing)
+    with mode:
+        options = StepOptions(objective=SameShapesLoss(method, columns), precision=precision,
+                              accum_freq=accum_freq)
+        with mock.patch.object(torch.nn.Module, "to", _placed_to(torch.nn.Module.to)):
+            training = build_training(model, OptimConfig(), options, torch.device("cpu"))
+        context = int(model.context_length)
+        batch_tensors = {"image": torch.randn(batch, 3, args.image_size, args.image_size),
+                         "unit_mask": torch.ones(batch, dtype=torch.bool),
+                         **{c: torch.randint(0, 49407, (batch, context)) for c in columns}}
+        train_step(training, batch_tensors)  # creates AdamW's state and the gradients
+        tracker = _LiveBytes()
+        held = [*training.model.parameters(), *training.model.buffers(), *batch_tensors.values(),
+                *(p.grad for p in training.model.parameters() if p.grad is not None),
+                *(v for state in training.optimizer.state.values() for v in state.values())]
+        if training.shadow is not None:
+            held += [*training.runner.parameters(), *training.runner.buffers()]
+        for tensor in held:
+            tracker.add(tensor)
+        between = tracker.current
+        with tracker:
+            train_step(training, batch_tensors)
+    return between / 2**30, tracker.peak / 2**30
+
+
+# (method, batch as a multiple of the first --batches size, accum_freq, grad_checkpointing,
+# precision); bf16 is what run.precision=auto gives on a GPU. (bf16_pure is left out: its
+# bf16 copy of the model is a deepcopy, which fake tensors do not support.)
+MEMORY_CASES = [
+    ("clip", 1, 1, False, "bf16"), ("csclip", 1, 1, False, "bf16"),
+    ("csclip", 1, 2, False, "bf16"), ("csclip", 1, 4, False, "bf16"),
+    ("csclip", 1, 1, True, "bf16"), ("csclip", 1, 2, True, "bf16"),
+    ("clip", 2, 1, False, "bf16"), ("csclip", 2, 1, False, "bf16"),
+    ("csclip", 2, 2, True, "bf16"),
+]
+
+
+def memory_report(args) -> str:
+    lines = [f"Estimated memory per GPU, {args.model} (QuickGELU {args.quick_gelu}) at "
+             f"{args.image_size} px, N = {args.num_unit_slots} "
+             "(`python benchmarks/bench_gpu.py --estimate-memory`).", "",
+             "| method | batch per GPU | optim.accum_freq | model.grad_checkpointing | "
+             "run.precision | held between steps GiB | peak GiB |",
+             "|---|---:|---:|---|---|---:|---:|"]
+    for method, multiple, accum, checkpointing, precision in MEMORY_CASES:
+        if method not in args.methods:
+            continue
+        batch = multiple * args.batches[0]
+        started = time.perf_counter()
+        between, peak = estimate_memory(args, method, batch, accum_freq=accum,
+                                        grad_checkpointing=checkpointing, precision=precision)
+        shown = "auto (bf16 autocast)" if precision == "bf16" else precision
+        lines.append(f"| {method} | {batch} | {accum} | {str(checkpointing).lower()} | {shown} | "
+                     f"{between:.2f} | {peak:.2f} |")
+        print(lines[-1], f"({time.perf_counter() - started:.0f} s)", flush=True)
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------------------
 
@@ -445,10 +611,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="start a compiled row only with this much budget left")
     parser.add_argument("--captions", help="SugarCrepe directory (default: shared/data/sugarcrepe)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--estimate-memory", action="store_true",
+                        help="estimate peak memory per GPU on fake tensors instead (no GPU needed)")
     parser.add_argument("--out", default="bench_gpu_out", help="directory for the .md/.csv/profile")
     args = parser.parse_args(argv)
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    args.device = "cuda" if cuda else "cpu"
+    if args.estimate_memory:  # sizes of the GPU run, computed on the CPU
+        cuda, args.device = True, "cpu"
+    args.device = args.device if args.estimate_memory else ("cuda" if cuda else "cpu")
     args.model = args.model or ("ViT-B-32" if cuda else "csclip-tiny")
     args.image_size = args.image_size or (224 if cuda else 32)
     args.batches = [int(b) for b in (args.batches or ("128,256" if cuda else "8,16")).split(",")]
@@ -477,6 +647,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.estimate_memory:
+        report = memory_report(args)
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "memory.md").write_text(report + "\n")
+        print(report)
+        return 0
     started = time.perf_counter()
     device = torch.device(args.device)
     from csclip.model import spec_of

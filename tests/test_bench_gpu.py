@@ -48,3 +48,26 @@ def test_world_captions_stand_in_when_sugarcrepe_is_absent():
     records, source = caption_records(3, None)
     assert len(records) == 3 and source.startswith("world")
     assert all(r.image_bytes and r.units for r in records)
+
+
+def test_memory_estimate_counts_state_exactly_and_activations_shrink_with_accumulation():
+    sys.path.insert(0, str(REPO_ROOT))
+    from benchmarks.bench_gpu import estimate_memory, parse_args
+
+    # Fake tensors cost the same at any batch size; at 512 activations outweigh AdamW's
+    # temporaries, as they do for ViT-B-32 at 128.
+    args = parse_args(["--estimate-memory", "--model", "csclip-tiny", "--image-size", "32",
+                       "--batches", "512"])
+    held, peak = estimate_memory(args, "csclip", 512)
+    # Known answer for what a step leaves behind: fp32 weights, gradients and AdamW's two
+    # moments (16 bytes a weight) and a 4-byte step count per tensor, the attention-mask
+    # buffer (32 x 32 fp32), and the batch (image, 6 token columns, unit mask).
+    from csclip.model import create_bundle
+
+    params = list(create_bundle("csclip-tiny", image_size=32).model.parameters())
+    batch_bytes = 512 * (3 * 32 * 32 * 4 + 6 * 32 * 8 + 1)
+    expected = 16 * sum(p.numel() for p in params) + 4 * len(params) + 32 * 32 * 4 + batch_bytes
+    assert held * 2**30 == expected
+    _, accumulated = estimate_memory(args, "csclip", 512, accum_freq=4)
+    _, checkpointed = estimate_memory(args, "csclip", 512, grad_checkpointing=True)
+    assert held < accumulated < 0.75 * peak and held < checkpointed < 0.75 * peak
