@@ -605,7 +605,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile-steps", type=int, default=3)
     parser.add_argument("--profile-method", default="csclip")
     parser.add_argument("--peak-tflops", type=float, help="peak for MFU (default: by device name)")
-    parser.add_argument("--budget-s", type=float, default=270.0,
+    parser.add_argument("--budget-s", type=float, default=240.0,
                         help="start no row after this many seconds (default keeps a GPU run < 5 min)")
     parser.add_argument("--compile-reserve-s", type=float, default=45.0,
                         help="start a compiled row only with this much budget left")
@@ -679,8 +679,11 @@ def main(argv: list[str] | None = None) -> int:
         runner(row, args, batches[row.batch], device, flops)
         print(f"[{time.perf_counter() - started:6.1f} s] {row.name}, batch {row.batch}: "
               f"{row.samples_per_s:.1f} samples/s, {row.step_ms:.1f} ms/step", flush=True)
+        if row.variant == "compiled":
+            torch._dynamo.reset()  # drop this row's compiled graphs (and what they hold)
         last_eager = index + 1 == len(rows) or rows[index + 1].variant != "eager"
-        if row.variant == "eager" and last_eager and not profile_table:
+        if (row.variant == "eager" and last_eager and not profile_table
+                and time.perf_counter() - started < args.budget_s):
             profile_md, profile_table = profile_step(args, batches[args.batches[0]], device,
                                                      args.profile_method)
     peak, peak_source = detect_peak(device, args.peak_tflops)
