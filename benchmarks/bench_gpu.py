@@ -543,7 +543,7 @@ def table_rows(rows: list[Row], peak: float | None) -> list[dict[str, str]]:
                   for variant in ("eager", "compiled")]
         out.append({
             "loop": row.name, "batch": str(row.batch),
-            "samples/s": _fmt(row.samples_per_s, ".0f"), "step ms": _fmt(row.step_ms, ".1f"),
+            "samples/s": _fmt(row.samples_per_s, ".4g"), "step ms": _fmt(row.step_ms, ".1f"),
             "host ms": _fmt(row.host_ms, ".1f"),
             "GFLOP/step": _fmt(row.flops_per_step and row.flops_per_step / 1e9, ".1f"),
             "model TFLOP/s": _fmt(tflops, ".3g"),
