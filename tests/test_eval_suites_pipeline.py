@@ -74,3 +74,12 @@ def test_ablation_columns_prefer_real_data_suites():
     real = {**world, "suite_i2t": 55.0, "zs_avg": 60.0, "coco_ret_i2t": 70.0}
     assert [column_value(world, columns[c]) for c in ("I2T", "ZS", "Ret I2T")] == [10, 30, 40]
     assert [column_value(real, columns[c]) for c in ("I2T", "ZS", "Ret I2T")] == [55, 60, 70]
+
+
+def test_ablate_checks_suites_before_starting_ray(capsys):
+    spec = importlib.util.spec_from_file_location("ablate_entry", REPO_ROOT / "tune" / "ablate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--grid", "lr=1e-3", "--suite", "aro,imagenet", "--data-root", "x"]) == 2
+    error = capsys.readouterr().err
+    assert "unknown suites ['imagenet']" in error and error.count("\n") == 1
