@@ -155,7 +155,8 @@ def section(datasets: dict[str, Sequence[UnitsRecord]], epochs: int, seed: int,
         eligible = sum(_has_both(r, defaults) for r in records)
         lines += [f"### {name}: {len(records)} records ({eligible} with both an entity and a "
                   "relation that have foils)", "",
-                  "Relation-slot share, % (all records / eligible records):", ""]
+                  "Relation-slot share, % (all records / records with both kinds; a sample that "
+                  "lacks one kind fills every slot with the other):", ""]
         shares = relation_slot_shares(records, epochs, seed)
         lines += _table(["relation_prob", *(f"N={n}" for n in range(1, 5))],
                         [[f"{p:g}", *(f"{_pct(shares[p, n][0])} / {_pct(shares[p, n][1])}"
