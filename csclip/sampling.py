@@ -163,13 +163,7 @@ def relation_foil_candidates(relation: Unit, record: UnitsRecord,
     and leaves the draw over the others as the authors make it.
     """
     forbidden = [r.text for r in record.relations if r is not relation]
-    wanted = [c for c in _STORED_RELATION_FOILS if use_negation or c != ChangeType.NEGATION]
-    stored = _dedupe(relation.text, (f.text for f in relation.foils if f.change_type in wanted),
-                     forbidden)
-    by_text: dict[str, ChangeType] = {}
-    for f in relation.foils:
-        by_text.setdefault(normalize_text(f.text), f.change_type)
-    candidates = [FoilCandidate(by_text[normalize_text(t)], (t,)) for t in stored]
+    candidates = _stored_candidates(relation, forbidden, use_negation)
     entities = {normalize_text(e.text): e for e in record.entities}
     subject, predicate, obj = relation.subject or "", relation.predicate or "", relation.object or ""
     for change_type, argument in ((ChangeType.SUBJECT_REPLACE, subject),
@@ -183,6 +177,19 @@ def relation_foil_candidates(relation: Unit, record: UnitsRecord,
         if texts:
             candidates.append(FoilCandidate(change_type, tuple(texts)))
     return candidates
+
+
+def _stored_candidates(relation: Unit, forbidden: Sequence[str],
+                       use_negation: bool) -> list[FoilCandidate]:
+    # One candidate per stored antonym / negation / swap text (deduplicated; not the unit,
+    # not another relation of the sample).
+    wanted = [c for c in _STORED_RELATION_FOILS if use_negation or c != ChangeType.NEGATION]
+    stored = _dedupe(relation.text, (f.text for f in relation.foils if f.change_type in wanted),
+                     forbidden)
+    by_text: dict[str, ChangeType] = {}
+    for f in relation.foils:
+        by_text.setdefault(normalize_text(f.text), f.change_type)
+    return [FoilCandidate(by_text[normalize_text(t)], (t,)) for t in stored]
 
 
 # ---------------------------------------------------------------------------------------
@@ -346,8 +353,8 @@ def _stored_relation_foils(record: UnitsRecord, use_negation: bool) -> list[str]
     # (the authors' composite uses stored relation foils only, never built replacements).
     texts: list[str] = []
     for relation in record.relations:
-        texts += [c.texts[0] for c in relation_foil_candidates(relation, record, use_negation)
-                  if c.change_type in _STORED_RELATION_FOILS]
+        forbidden = [r.text for r in record.relations if r is not relation]
+        texts += [c.texts[0] for c in _stored_candidates(relation, forbidden, use_negation)]
     return texts
 
 
