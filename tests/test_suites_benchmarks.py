@@ -156,6 +156,17 @@ def test_bla_needs_both_true_sentences_above_both_false():
     assert metrics["bla_active_passive_i2t"] == 50.0
 
 
+def test_vl_checklist_reads_its_corpus_configs():
+    _, metrics = score(BENCHMARKS["vl_checklist"])
+    # color: red kite on red: right; blue kite on green: wrong (both 0 vs red 0: a tie).
+    assert metrics["vl_checklist_attribute_color_i2t"] == 50.0
+    # spatial: no colour words, a tie: wrong (strict); one image missing.
+    assert metrics["vl_checklist_relation_spatial_i2t"] == 0.0
+    assert metrics["vl_checklist_relation_spatial_skipped"] == 1
+    # Object/Size/large names an annotation file this copy does not have: not a subset.
+    assert not any(k.startswith("vl_checklist_object") for k in metrics)
+
+
 def test_missing_benchmark_is_one_line_and_others_still_run(tmp_path, caplog):
     (tmp_path / "sugarcrepe").mkdir()
     with pytest.raises(BenchmarkNotFound, match="winoground: not found under"):

@@ -18,6 +18,7 @@ from csclip.eval.suites.probes import load_bla, load_spec, load_svo_probes
 from csclip.eval.suites.sugarcrepe import load_sugarcrepe_suite
 from csclip.eval.suites.sugarcrepe_pp import load_sugarcrepe_pp
 from csclip.eval.suites.valse import load_valse
+from csclip.eval.suites.vl_checklist import load_vl_checklist
 from csclip.eval.suites.whatsup import load_whatsup
 from csclip.eval.suites.winoground import load_coco_counterfactuals, load_winoground
 
@@ -34,6 +35,7 @@ BENCHMARKS: dict[str, Loader] = {
     "sugarcrepe_pp": load_sugarcrepe_pp,
     "svo_probes": load_svo_probes,
     "valse": load_valse,
+    "vl_checklist": load_vl_checklist,
     "whatsup": load_whatsup,
     "winoground": load_winoground,
 }
@@ -71,6 +73,11 @@ CAPABILITY_OF: dict[tuple[str, str], str] = {
     ("valse", "relations"): RELATIONAL, ("valse", "action_replacement"): RELATIONAL,
     ("valse", "actant_swap"): RELATIONAL, ("valse", "coreference_standard"): LINGUISTIC,
     ("valse", "coreference_hard"): LINGUISTIC,
+    ("vl_checklist", "object_location"): ENTITY, ("vl_checklist", "object_size"): ENTITY,
+    ("vl_checklist", "attribute_action"): BINDING, ("vl_checklist", "attribute_color"): BINDING,
+    ("vl_checklist", "attribute_material"): BINDING, ("vl_checklist", "attribute_size"): BINDING,
+    ("vl_checklist", "attribute_state"): BINDING,
+    ("vl_checklist", "relation_action"): RELATIONAL, ("vl_checklist", "relation_spatial"): RELATIONAL,
     ("whatsup", "controlled_a"): RELATIONAL, ("whatsup", "controlled_b"): RELATIONAL,
     ("whatsup", "coco_one"): RELATIONAL, ("whatsup", "coco_two"): RELATIONAL,
     ("whatsup", "vg_one"): RELATIONAL, ("whatsup", "vg_two"): RELATIONAL,
