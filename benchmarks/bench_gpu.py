@@ -451,7 +451,8 @@ def estimate_memory(args, method: str, batch: int, *, accum_freq: int = 1,
             total = sum(clip_loss(image, feature, scale) for feature in texts.values())
             return LossParts(total, total, total)
 
-    columns = objective_for(LossConfig(method=method), args.num_unit_slots).columns
+    objective = objective_for(LossConfig(method=method), args.num_unit_slots)
+    columns = objective.columns
     mode = FakeTensorMode()
     model = _fake_model(args, mode, grad_checkpointing)
     with mode:
@@ -461,7 +462,7 @@ def estimate_memory(args, method: str, batch: int, *, accum_freq: int = 1,
             training = build_training(model, OptimConfig(), options, torch.device("cpu"))
         context = int(model.context_length)
         batch_tensors = {"image": torch.randn(batch, 3, args.image_size, args.image_size),
-                         "unit_mask": torch.ones(batch, dtype=torch.bool),
+                         **{m: torch.ones(batch, dtype=torch.bool) for m in objective.mask_columns},
                          **{c: torch.randint(0, 49407, (batch, context)) for c in columns}}
         train_step(training, batch_tensors)  # creates AdamW's state and the gradients
         tracker = _LiveBytes()

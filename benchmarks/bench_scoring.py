@@ -30,15 +30,15 @@ SECTION = "## Half-truth scoring (benchmarks/bench_scoring.py)"
 
 
 def measure(model: str, num_images: int, baseline_items: int, batch_size: int) -> dict[str, float]:
-    from csclip.evaluate import BenchmarkConfig, prepare_benchmark
+    from csclip.eval.encoder import BundleScorer, encode_features, load_image
+    from csclip.eval.halftruth import BenchmarkConfig, prepare_benchmark, score_items
     from csclip.model import create_bundle
-    from csclip.scoring import BundleScorer, encode_features, load_image, score_items
     from csclip.world import WorldConfig, iter_world
 
     records = list(
         iter_world(WorldConfig(num_train=0, num_val=num_images, num_test=0), splits=("val",))
     )
-    prepared = prepare_benchmark(records, 0, BenchmarkConfig(image_side=False))
+    prepared = prepare_benchmark(records, BenchmarkConfig(image_side=False))
     items = prepared.benchmark.items
     scorer = BundleScorer(create_bundle(model), batch_size=batch_size)
     scorer.encode_texts(["warm up"])  # first-call allocations are not what we measure

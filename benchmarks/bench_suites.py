@@ -28,10 +28,11 @@ SHOWN = ("comp_i2t", "comp_t2i", "comp_group", "comp_i2t_replace", "ret_i2t", "r
 
 
 def measure(model: str, num_images: int, checkpoint: str | None) -> dict:
-    from csclip.compositional import SuitesConfig, evaluate_suites
-    from csclip.evaluate import BenchmarkConfig, prepare_benchmark, report_from_features
+    from csclip.eval.encoder import BundleScorer, Encoder
+    from csclip.eval.halftruth import BenchmarkConfig, prepare_benchmark
+    from csclip.eval.pipeline import evaluate_encoder
+    from csclip.eval.suites import SuitesConfig, evaluate_suites
     from csclip.model import create_bundle, load_bundle
-    from csclip.scoring import BundleScorer, encode_features
     from csclip.world import WorldConfig, iter_world
 
     records = list(
@@ -44,17 +45,17 @@ def measure(model: str, num_images: int, checkpoint: str | None) -> dict:
     suites = SuitesConfig()
 
     start = time.process_time()
-    prepared = prepare_benchmark(records, 0, config)
-    features = encode_features(scorer, prepared.texts, prepared.images)
-    report_from_features(model, features, prepared, 0, 0)
+    prepared = prepare_benchmark(records, config)
+    encoder = Encoder(scorer)
+    evaluate_encoder(model, encoder, prepared, records, config)
     halftruth_s = time.process_time() - start
 
     start = time.process_time()
-    reused = evaluate_suites(scorer, records, suites, features)
+    reused = evaluate_suites(encoder, records, suites)  # the benchmark's cache is reused
     reused_s = time.process_time() - start
 
     start = time.process_time()
-    fresh = evaluate_suites(scorer, records, suites)
+    fresh = evaluate_suites(Encoder(scorer), records, suites)
     fresh_s = time.process_time() - start
     # Same model, same items: reuse must not change a number.
     assert all(abs(reused[k] - fresh[k]) < 1e-9 for k in reused), "reuse changed a metric"

@@ -1,23 +1,22 @@
-"""Shared by the benchmarks: replace one section of docs/performance.md in place."""
+"""Shared by the benchmarks: replace their own section of docs/performance.md in place
+(csclip.markdoc, the writer docs/results.md's sections use too)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+from csclip.markdoc import update_marked_section
+
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
 
 
 def write_section(heading: str, section: str, path: Path = DOCS) -> None:
-    """Replace the section that starts with `heading` (up to the next `## `), or append
-    it, leaving every other benchmark's section untouched."""
-    text = path.read_text() if path.exists() else "# Performance\n"
-    pattern = re.compile(re.escape(heading) + r".*?(?=^## |\Z)", re.DOTALL | re.MULTILINE)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
+    """Replace the benchmark's section (marked by a slug of `heading`; an older unmarked
+    section that starts with `heading` is taken over), or append it, leaving every other
+    benchmark's section untouched."""
+    marker = re.sub(r"[^a-z0-9]+", "-", heading.lstrip("#").strip().lower()).strip("-")
+    update_marked_section(path, marker, section, heading=heading, title="# Performance")
 
 
 def publish(heading: str, section: str, write: bool) -> None:

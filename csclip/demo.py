@@ -123,7 +123,7 @@ def write_results_doc(demo: DemoConfig, pretrained: TrainResult, finetuned: dict
         f"- checkpoints: pretrained `{pretrained.checkpoint_uri}`; "
         + "; ".join(f"{label} `{r.checkpoint_uri}`" for label, r in finetuned.items()), "",
         markdown.strip(), ""]
-    from csclip.tune import update_marked_section
+    from csclip.markdoc import update_marked_section
 
     # docs/results.md is shared (the ablation sweep writes its own section): replace only
     # the text between our markers.
@@ -134,7 +134,8 @@ def write_results_doc(demo: DemoConfig, pretrained: TrainResult, finetuned: dict
 def evaluate(demo: DemoConfig, pretrained: TrainResult, finetuned: dict[str, TrainResult]) -> str:
     """Compare the three models on the world's validation split; return the markdown."""
     from csclip.data import load_split
-    from csclip.evaluate import compare_models
+    from csclip.eval.halftruth import BenchmarkConfig
+    from csclip.eval.pipeline import compare_models
     from csclip.model import load_bundle
     from csclip.tracking import resolve_uri
 
@@ -142,7 +143,8 @@ def evaluate(demo: DemoConfig, pretrained: TrainResult, finetuned: dict[str, Tra
     bundles = {"CLIP (pretrained)": load_bundle(pretrained.checkpoint_uri)}
     bundles.update({label: load_bundle(result.checkpoint_uri) for label, result in finetuned.items()})
     uri = resolve_uri(demo.train.tracking.uri) if demo.train.tracking.enabled else None
-    report = compare_models(bundles, records, demo.out_dir, uri, seed=demo.eval_seed,
+    report = compare_models(bundles, records, demo.out_dir, uri,
+                            benchmark=BenchmarkConfig(seed=demo.eval_seed),
                             experiment=demo.train.tracking.experiment + "-eval")
     Path(demo.out_dir).mkdir(parents=True, exist_ok=True)
     Path(demo.out_dir, "results.md").write_text(report.markdown)

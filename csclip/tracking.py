@@ -1,13 +1,17 @@
-"""MLflow helpers: resolve the tracking URI, open (or reopen, on resume) a run named after
-the training run, log the resolved config as params, and buffer per-step metrics from the
-rank-0 worker into batched writes."""
+"""MLflow, in one place: resolve the tracking URI, find or create experiments (race-safe)
+and runs (by tags, so a resumed job reopens its run; nested runs through the parent tag),
+batched params and metrics, and per-step metrics buffered from the rank-0 worker. Every
+module that logs goes through here (MlflowClient only: the fluent API's process-wide
+active run is never touched)."""
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 from csclip.config import StrictModel
 
@@ -42,16 +46,78 @@ def resolve_uri(uri: str | None) -> str:
     return uri
 
 
-def _client(uri: str):
+PARENT_TAG = "mlflow.parentRunId"  # MLflow's own tag for nested runs
+
+
+def client(uri: str):
+    """An MlflowClient for a resolved tracking URI."""
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=uri)
 
 
-def experiment_id(uri: str, name: str) -> str:
-    client = _client(uri)
-    experiment = client.get_experiment_by_name(name)
-    return experiment.experiment_id if experiment else client.create_experiment(name)
+def experiment_id(mlflow_client, name: str) -> str:
+    """The id of experiment `name`, created when missing. A sqlite store keeps artifacts
+    next to its database (not in the caller's working directory); a parallel process that
+    creates it first (another Tune trial) is not an error."""
+    from mlflow.exceptions import MlflowException
+
+    found = mlflow_client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    uri = str(mlflow_client.tracking_uri)
+    location = None
+    if uri.startswith("sqlite:///"):
+        database = Path(uri[len("sqlite:///"):]).absolute()
+        location = database.parent.joinpath("mlartifacts").as_uri()
+    try:
+        return mlflow_client.create_experiment(name, artifact_location=location)
+    except MlflowException:
+        found = mlflow_client.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
+
+
+def find_run(mlflow_client, experiment: str, tags: Mapping[str, str]) -> str | None:
+    """The id of a run of `experiment` carrying every one of `tags` (MLflow's own
+    `mlflow.*` tags excepted), or None."""
+    query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items()
+                         if not k.startswith("mlflow."))
+    found = mlflow_client.search_runs([experiment], filter_string=query, max_results=1)
+    return found[0].info.run_id if found else None
+
+
+def find_or_create_run(mlflow_client, experiment: str, tags: Mapping[str, str],
+                       run_name: str) -> str:
+    """The run carrying all `tags` (reused, so a resumed job adds no duplicate run), else
+    a new one with them; its status is set to RUNNING. A `PARENT_TAG` tag nests it."""
+    run_id = find_run(mlflow_client, experiment, tags)
+    if run_id is not None:
+        mlflow_client.update_run(run_id, status="RUNNING")
+        return run_id
+    return mlflow_client.create_run(experiment, run_name=run_name, tags=dict(tags)).info.run_id
+
+
+def log_params(mlflow_client, run_id: str, params: Mapping[str, object]) -> None:
+    """Log params in batches (values cut to MLflow's 6000 characters)."""
+    from mlflow.entities import Param
+
+    items = [Param(k, str(v)[:_MAX_PARAM_CHARS]) for k, v in sorted(params.items())]
+    for start in range(0, len(items), _PARAMS_PER_BATCH):
+        mlflow_client.log_batch(run_id, params=items[start:start + _PARAMS_PER_BATCH])
+
+
+def log_metrics(mlflow_client, run_id: str, metrics: Mapping[str, object], step: int = 0) -> None:
+    """Log the finite numeric values of `metrics` at `step`, in batches (NaN, None, bools
+    and strings are not metrics and are skipped)."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    items = [Metric(k, float(v), now, step) for k, v in metrics.items()
+             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)]
+    for start in range(0, len(items), _METRICS_PER_BATCH):
+        mlflow_client.log_batch(run_id, metrics=items[start:start + _METRICS_PER_BATCH])
 
 
 def open_run(config: TrackingConfig, run_name: str, params: Mapping[str, object],
@@ -61,25 +127,16 @@ def open_run(config: TrackingConfig, run_name: str, params: Mapping[str, object]
     the same MLflow run. None when tracking is disabled."""
     if not config.enabled:
         return None
-    from mlflow.entities import Param, RunTag
-
-    uri = resolve_uri(config.uri)
-    client = _client(uri)
-    exp_id = experiment_id(uri, config.experiment)
-    found = client.search_runs([exp_id], filter_string=f"tags.`{RUN_NAME_TAG}` = '{run_name}'",
-                               max_results=1)
-    if found:
-        run_id = found[0].info.run_id
-        if found[0].info.status != "RUNNING":
-            client.update_run(run_id, status="RUNNING")
+    mlflow_client = client(resolve_uri(config.uri))
+    experiment = experiment_id(mlflow_client, config.experiment)
+    run_id = find_run(mlflow_client, experiment, {RUN_NAME_TAG: run_name})
+    if run_id is not None:
+        mlflow_client.update_run(run_id, status="RUNNING")
         return run_id
-    run = client.create_run(exp_id, run_name=run_name,
-                            tags={RUN_NAME_TAG: run_name, **(tags or {})})
-    items = [Param(k, str(v)[:_MAX_PARAM_CHARS]) for k, v in sorted(params.items())]
-    for start in range(0, len(items), _PARAMS_PER_BATCH):
-        client.log_batch(run.info.run_id, params=items[start:start + _PARAMS_PER_BATCH])
-    client.log_batch(run.info.run_id, tags=[RunTag("mlflow.source.type", "JOB")])
-    return run.info.run_id
+    run_id = mlflow_client.create_run(experiment, run_name=run_name, tags={
+        RUN_NAME_TAG: run_name, "mlflow.source.type": "JOB", **(tags or {})}).info.run_id
+    log_params(mlflow_client, run_id, params)
+    return run_id
 
 
 def finish_run(config: TrackingConfig, run_id: str | None, *, tags: Mapping[str, str] = (),
@@ -87,19 +144,17 @@ def finish_run(config: TrackingConfig, run_id: str | None, *, tags: Mapping[str,
     """Log final tags and metrics and close the run."""
     if run_id is None:
         return
-    from mlflow.entities import Metric, RunTag
+    from mlflow.entities import RunTag
 
-    client = _client(resolve_uri(config.uri))
-    now = int(time.time() * 1000)
-    client.log_batch(run_id,
-                     metrics=[Metric(k, float(v), now, 0) for k, v in dict(metrics).items()],
-                     tags=[RunTag(k, str(v)) for k, v in dict(tags).items()])
-    client.set_terminated(run_id, status=status)
+    mlflow_client = client(resolve_uri(config.uri))
+    log_metrics(mlflow_client, run_id, dict(metrics))
+    mlflow_client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in dict(tags).items()])
+    mlflow_client.set_terminated(run_id, status=status)
 
 
 def log_artifact(config: TrackingConfig, run_id: str | None, path: str) -> None:
     if run_id is not None:
-        _client(resolve_uri(config.uri)).log_artifact(run_id, path)
+        client(resolve_uri(config.uri)).log_artifact(run_id, path)
 
 
 class StepLogger:
@@ -125,13 +180,13 @@ class StepLogger:
     def flush(self) -> None:
         if self.run_id is None or not self._pending:
             return
-        client = _client(resolve_uri(self.uri))
+        mlflow_client = client(resolve_uri(self.uri))
         for start in range(0, len(self._pending), _METRICS_PER_BATCH):
-            client.log_batch(self.run_id, metrics=self._pending[start:start + _METRICS_PER_BATCH])
+            mlflow_client.log_batch(self.run_id, metrics=self._pending[start:start + _METRICS_PER_BATCH])
         self._pending = []
 
 
 def run_metrics(uri: str | None, run_id: str, key: str) -> list[tuple[int, float]]:
     """The (step, value) history of one metric (for tests and reports)."""
-    history = _client(resolve_uri(uri)).get_metric_history(run_id, key)
+    history = client(resolve_uri(uri)).get_metric_history(run_id, key)
     return sorted((m.step, m.value) for m in history)

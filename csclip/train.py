@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 from pydantic import Field, field_validator, model_validator
@@ -33,6 +34,7 @@ from csclip.model import (
     SPEC_FILE,
     TRAIN_STATE_FILE,
     WEIGHTS_FILE,
+    ClipBundle,
     ModelConfig,
     ModelSpec,
     apply_training_options,
@@ -95,6 +97,14 @@ class RunSection(StrictModel):
     # For tests of resumption: raise after this step's checkpoint on a fresh (not restored)
     # attempt, as a killed job would. Not part of the run name.
     fail_after_step: int | None = Field(None, ge=1)
+    # Evaluation during training (csclip.eval.periodic), rank 0: every eval_every steps the
+    # half-truth and retrieval metrics of the first eval_max_images validation images are
+    # logged as val_<key>, and the weights with the best `best_metric` (a report key such
+    # as ht_all, ret_i2t; best_mode max or min) are kept in <storage>/<run>/best/.
+    eval_every: int | None = Field(None, ge=1)
+    eval_max_images: int = Field(200, ge=1)
+    best_metric: str = "ht_all"
+    best_mode: Literal["max", "min"] = "max"
 
     @field_validator("resume_from")
     @classmethod
@@ -141,6 +151,7 @@ class TrainResult:
 # Fields that say where/how to run, not what is trained: they do not change the run name
 # (a run restarted with compilation or accumulation on resumes the same run).
 _NOT_IN_NAME = {"run": {"name", "storage_path", "fail_after_step", "max_failures", "log_every",
+                        "eval_every", "eval_max_images", "best_metric", "best_mode",
                         "compile", "compile_mode", "channels_last"},
                 "data": {"prefetch_batches", "pin_memory"},
                 "model": {"grad_checkpointing"},
@@ -197,8 +208,19 @@ class _State:
     restored_from: int | None = None
 
 
+@dataclass(frozen=True)
+class WorkerSetup:
+    """What a worker trains with: the step's Training, the model's spec and bundle
+    (preprocessing and tokenizer, for evaluation during training), and the step state."""
+
+    training: Training
+    spec: ModelSpec
+    bundle: ClipBundle
+    state: _State
+
+
 def prepare_training(config: TrainConfig, device: torch.device, checkpoint_dir: str | None = None,
-                     wrap=None) -> tuple[Training, ModelSpec, _State]:
+                     wrap=None) -> WorkerSetup:
     """Build the model with its training options (checkpointing, locking), load the
     weights of `checkpoint_dir` on the CPU, then `build_training` (device, runner, AdamW,
     optimizer and scaler state) and read the step to resume from.
@@ -218,7 +240,7 @@ def prepare_training(config: TrainConfig, device: torch.device, checkpoint_dir: 
     step = int(saved.get("step", 0))
     state = _State(step=step, samples=int(saved.get("samples", 0)),
                    restored_from=step if checkpoint_dir is not None else None)
-    return training, spec, state
+    return WorkerSetup(training, spec, bundle, state)
 
 
 def batch_options(data: DataConfig, device: torch.device, seed: int) -> dict:
@@ -276,15 +298,16 @@ def train_loop_per_worker(loop_config: dict) -> None:
     torch.manual_seed(config.run.seed + rank)
     device = ray.train.torch.get_device()
     with _checkpoint_dir(config.run) as directory:
-        training, spec, state = prepare_training(config, device, directory,
-                                                 wrap=ray.train.torch.prepare_model)
+        setup = prepare_training(config, device, directory, wrap=ray.train.torch.prepare_model)
         if directory is not None:
-            logger.info("resumed from %s at step %d", directory, state.step)
+            logger.info("resumed from %s at step %d", directory, setup.state.step)
+    training, state = setup.training, setup.state
 
     from csclip.tracking import StepLogger
 
     step_logger = StepLogger(plan["tracking_uri"], plan["mlflow_run_id"] if rank == 0 else None,
                              flush_every=config.run.log_every)
+    evaluator = _periodic_evaluator(config, plan) if rank == 0 else None
     batches = ray.train.get_dataset_shard("train").iter_torch_batches(
         **batch_options(config.data, device, config.run.seed + rank))
     total, skip = plan["total_steps"], state.step
@@ -311,8 +334,13 @@ def train_loop_per_worker(loop_config: dict) -> None:
                 logger.info("step %d/%d loss %.4f (full %.4f unit %.4f) lr %.2e %.1f samples/s",
                             state.step, total, last["loss"], last["loss_full"],
                             last["loss_unit"], lr, last["samples_per_s"])
+        if evaluator is not None and (state.step % config.run.eval_every == 0 or state.step == total):
+            started = time.perf_counter()
+            _evaluate_during_training(evaluator, setup, config, state.step, step_logger,
+                                      str(device))
+            window.start += time.perf_counter() - started  # samples/s counts training only
         if checkpoint_now:
-            _checkpoint(training, spec, state, config, last, rank)
+            _checkpoint(training, setup.spec, state, config, last, rank)
             if (config.run.fail_after_step is not None and state.restored_from is None
                     and state.step >= config.run.fail_after_step):
                 raise RuntimeError(f"injected failure after step {state.step} (run.fail_after_step)")
@@ -334,6 +362,39 @@ def _publish(metrics: StepMetrics, window: _Window, step_logger, steps_per_epoch
         row["epoch"] = row["step"] / max(1, steps_per_epoch)
         step_logger.log(row["step"], row)
     return rows[-1]
+
+
+# -- evaluation during training (run.eval_every; the logic lives in csclip.eval.periodic) --
+
+def _periodic_evaluator(config: TrainConfig, plan: dict):
+    """Rank 0's PeriodicEvaluator over the capped validation split, or None when
+    run.eval_every is off."""
+    if config.run.eval_every is None:
+        return None
+    from csclip.data import load_split
+    from csclip.eval.periodic import PeriodicEvaluator, capped_records
+
+    records = capped_records(load_split(config.data.units_uri, "val", config.data.world),
+                             config.run.eval_max_images)
+    return PeriodicEvaluator(records, config.run.best_metric, config.run.best_mode,
+                             plan["best_uri"], seed=config.run.seed)
+
+
+def _evaluate_during_training(evaluator, setup: WorkerSetup, config: TrainConfig, step: int,
+                              step_logger, device: str) -> None:
+    """Score the live model, log val_<key> against the step, keep best/ when it improved."""
+    from csclip.eval.periodic import LOGGED_KEYS
+    from csclip.model import ClipBundle
+
+    bundle, model = setup.bundle, setup.training.model  # the fp32 weights AdamW steps
+    live = ClipBundle(model, bundle.preprocess, bundle.tokenizer, bundle.name, bundle.pretrained)
+    metrics = evaluator.evaluate(live, device)
+    step_logger.log(step, {f"val_{k}": metrics[k] for k in LOGGED_KEYS if k in metrics})
+    step_logger.flush()
+    logger.info("step %d eval: %s", step, ", ".join(f"{k} {metrics[k]:.1f}" for k in LOGGED_KEYS
+                                                    if k in metrics))
+    if evaluator.is_better(metrics):
+        evaluator.save_best(model, setup.spec, config.model_dump(mode="json"), step, metrics)
 
 
 def _worker_logging() -> None:
@@ -424,7 +485,7 @@ def run(config: TrainConfig, callbacks: Sequence = ()) -> TrainResult:
     run_id = open_run(config.tracking, name, {**flatten(config), **data_params})
     loop_config = {"config": config.model_dump(mode="json"),
                    "plan": {"total_steps": plan.total_steps, "steps_per_epoch": plan.steps_per_epoch,
-                            "mlflow_run_id": run_id,
+                            "mlflow_run_id": run_id, "best_uri": f"{root.rstrip('/')}/{name}/best",
                             "tracking_uri": resolve_uri(config.tracking.uri)}}
     try:
         result = _trainer(config, name, root, loop_config, stream, callbacks).fit()

@@ -61,11 +61,11 @@ def test_memory_estimate_counts_state_exactly_and_activations_shrink_with_accumu
     held, peak = estimate_memory(args, "csclip", 512)
     # Known answer for what a step leaves behind: fp32 weights, gradients and AdamW's two
     # moments (16 bytes a weight) and a 4-byte step count per tensor, the attention-mask
-    # buffer (32 x 32 fp32), and the batch (image, 6 token columns, unit mask).
+    # buffer (32 x 32 fp32), and the batch (image, 6 token columns, unit and negative masks).
     from csclip.model import create_bundle
 
     params = list(create_bundle("csclip-tiny", image_size=32).model.parameters())
-    batch_bytes = 512 * (3 * 32 * 32 * 4 + 6 * 32 * 8 + 1)
+    batch_bytes = 512 * (3 * 32 * 32 * 4 + 6 * 32 * 8 + 2)
     expected = 16 * sum(p.numel() for p in params) + 4 * len(params) + 32 * 32 * 4 + batch_bytes
     assert held * 2**30 == expected
     _, accumulated = estimate_memory(args, "csclip", 512, accum_freq=4)

@@ -15,19 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from csclip.compositional import (
-    SUGARCREPE_SUBSETS,
-    SuitesConfig,
-    evaluate_sugarcrepe,
-    evaluate_suites,
-    evaluate_world_suites,
-    load_sugarcrepe,
-    strict_accuracy,
-    winoground_metrics,
-)
 from csclip.errors import DataError
-from csclip.evaluate import BenchmarkConfig, compare_models, evaluate_bundle
-from csclip.scoring import CaptionLengthScorer
+from csclip.eval.encoder import CaptionLengthScorer, Encoder
+from csclip.eval.halftruth import BenchmarkConfig
+from csclip.eval.pipeline import compare_models, evaluate_bundle
+from csclip.eval.suites import SuitesConfig, evaluate_suites
+from csclip.eval.suites.rules import strict_accuracy, winoground_metrics
+from csclip.eval.suites.sugarcrepe import SUGARCREPE_SUBSETS, evaluate_sugarcrepe, load_sugarcrepe
+from csclip.eval.suites.world import evaluate_world_suites
 from csclip.units import UnitsRecord
 from csclip.world import WorldConfig, iter_world, scene_from_record
 from csclip.world.generate import world_record
@@ -150,7 +145,7 @@ def test_strict_accuracy_counts_ties_as_wrong():
 def test_world_suites_with_caption_length_scorer(world_val):
     # The length scorer gives every image the same scores: swapped captions have the same
     # length (ties), so every text and image comparison fails.
-    metrics = evaluate_world_suites(CaptionLengthScorer(), world_val, SuitesConfig())
+    metrics = evaluate_world_suites(Encoder(CaptionLengthScorer()), world_val)
     assert metrics["comp_i2t"] == metrics["comp_t2i"] == metrics["comp_group"] == 0.0
     items = build_replace_items(world_val, seed=0, max_items=200)
     expected = 100 * np.mean([len(i.caption) > len(i.foil_caption) for i in items])
@@ -161,7 +156,7 @@ def test_world_suites_with_caption_length_scorer(world_val):
 def test_suites_skip_what_cannot_be_measured():
     records = [UnitsRecord(sample_id="s", image_id="i", caption="a dog", split="val")]
     # No image and no scene: no retrieval, no world suite, no key at all.
-    assert evaluate_suites(CaptionLengthScorer(), records) == {}
+    assert evaluate_suites(Encoder(CaptionLengthScorer()), records) == {}
 
 
 def test_sugarcrepe_config_needs_images():
@@ -201,7 +196,7 @@ def test_sugarcrepe_caption_length_known_answer(sugarcrepe_dir, tmp_path):
     directory, subsets = small_sugarcrepe(sugarcrepe_dir, tmp_path)
     write_coco_images(tmp_path / "val2017", [i for items in subsets.values() for i in items])
     metrics = evaluate_sugarcrepe(
-        CaptionLengthScorer(prefer_short=True), directory, str(tmp_path / "val2017")
+        Encoder(CaptionLengthScorer(prefer_short=True)), directory, str(tmp_path / "val2017")
     )
     for subset, items in subsets.items():
         expected = 100 * np.mean([len(i.caption) < len(i.negative_caption) for i in items])
@@ -220,7 +215,7 @@ def test_sugarcrepe_missing_image_is_a_counted_skip(sugarcrepe_dir, tmp_path, ca
     missing = subsets["add_att"][0].filename
     if any(i.filename == missing for i in present):
         pytest.skip("the first add_att image is shared with another item")
-    metrics = evaluate_sugarcrepe(CaptionLengthScorer(), directory, str(tmp_path / "val2017"))
+    metrics = evaluate_sugarcrepe(Encoder(CaptionLengthScorer()), directory, str(tmp_path / "val2017"))
     assert metrics["sugarcrepe_skipped_add_att"] == 1
     assert metrics["sugarcrepe_num_add_att"] == 1
     assert "add_att 1 scored / 1 skipped" in caplog.text
@@ -228,7 +223,7 @@ def test_sugarcrepe_missing_image_is_a_counted_skip(sugarcrepe_dir, tmp_path, ca
 
 def test_sugarcrepe_missing_root_names_it(sugarcrepe_dir, tmp_path):
     with pytest.raises(DataError, match="nowhere"):
-        evaluate_sugarcrepe(CaptionLengthScorer(), sugarcrepe_dir, str(tmp_path / "nowhere"))
+        evaluate_sugarcrepe(Encoder(CaptionLengthScorer()), sugarcrepe_dir, str(tmp_path / "nowhere"))
 
 
 def test_sugarcrepe_no_files_is_a_data_error(tmp_path):
@@ -244,7 +239,7 @@ def test_suite_modules_do_not_import_ray():
     import sys
 
     code = (
-        "import sys, csclip.world.pairs, csclip.retrieval, csclip.compositional; "
+        "import sys, csclip.world.pairs, csclip.eval.retrieval, csclip.eval.suites; "
         "assert 'ray' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -252,14 +247,14 @@ def test_suite_modules_do_not_import_ray():
 
 def test_evaluate_bundle_adds_suite_metrics(world_val, tiny_bundle):
     world_val = world_val[:12]
-    report = evaluate_bundle(tiny_bundle, world_val, config=FAST)
+    report = evaluate_bundle(tiny_bundle, world_val, benchmark=FAST)
     for key in ("comp_i2t", "comp_t2i", "comp_group", "comp_i2t_replace", "ret_i2t", "ret_t2i"):
         assert 0.0 <= report.metrics[key] <= 100.0, key
     assert report.metrics["ret_num_images"] == len(world_val)
     assert report.metrics["comp_num_pairs"] == len(world_val)
     assert "ht_all" in report.metrics
     off = SuitesConfig(retrieval=False, world_pairs=False)
-    plain = evaluate_bundle(tiny_bundle, world_val, config=FAST, suites=off)
+    plain = evaluate_bundle(tiny_bundle, world_val, benchmark=FAST, suites=off)
     assert not any(k.startswith(("comp_", "ret_")) for k in plain.metrics)
     assert plain.metrics["ht_all"] == report.metrics["ht_all"]
 
@@ -269,7 +264,7 @@ def test_compare_models_writes_the_suites_table(world_val, tiny_bundle, tmp_path
         {"tiny": tiny_bundle},
         world_val[:12],
         tmp_path,
-        config=FAST,
+        benchmark=FAST,
         suites=SuitesConfig(num_world_pairs=8, num_replace_items=8),
     )
     assert "Retrieval and compositional suites" in result.markdown
@@ -346,8 +341,8 @@ def test_sugarcrepe_reads_images_from_s3(sugarcrepe_dir, tmp_path, s3_bucket):
     for path in local.iterdir():
         s3_bucket.put_object(Bucket="coco", Key=f"val2017/{path.name}", Body=path.read_bytes())
     scorer = CaptionLengthScorer(prefer_short=True)
-    from_s3 = evaluate_sugarcrepe(scorer, directory, "s3://coco/val2017")
-    assert from_s3 == evaluate_sugarcrepe(scorer, directory, str(local))
+    from_s3 = evaluate_sugarcrepe(Encoder(scorer), directory, "s3://coco/val2017")
+    assert from_s3 == evaluate_sugarcrepe(Encoder(scorer), directory, str(local))
     assert from_s3["sugarcrepe_add_obj"] == 100.0
     with pytest.raises(DataError, match="s3://coco/missing"):
-        evaluate_sugarcrepe(scorer, directory, "s3://coco/missing")
+        evaluate_sugarcrepe(Encoder(scorer), directory, "s3://coco/missing")

@@ -12,20 +12,20 @@ import pytest
 
 from csclip.config import load_config
 from csclip.errors import ConfigError, DataError
-from csclip.evaluate import (
+from csclip.eval.halftruth import (
+    CONDITIONS,
     BenchmarkConfig,
+    build_half_truth_benchmark,
+    build_image_side_benchmark,
+    prepare_benchmark,
+    save_benchmark,
+)
+from csclip.eval.pipeline import (
     EvalConfig,
     EvalDataConfig,
     compare_models,
     evaluate_bundle,
     load_records,
-    prepare_benchmark,
-)
-from csclip.halftruth import (
-    CONDITIONS,
-    build_half_truth_benchmark,
-    build_image_side_benchmark,
-    save_benchmark,
 )
 from csclip.model import create_bundle, save_checkpoint, spec_of
 from csclip.units import UnitsRecord, write_units
@@ -68,7 +68,7 @@ def test_image_side_target_holds_and_distractors_do_not(world_val):
 
 
 def test_evaluate_bundle_reports_every_metric(world_val, tiny):
-    report = evaluate_bundle(tiny, world_val[:20], seed=0, config=FAST)
+    report = evaluate_bundle(tiny, world_val[:20], benchmark=FAST)
     metrics = report.metrics
     for key in [
         "ht_all",
@@ -97,7 +97,7 @@ def test_compare_models_writes_tables_figure_and_logs_to_mlflow(
 
     bundles = {"tiny-a": tiny, "tiny-b": tiny}
     report = compare_models(
-        bundles, world_val[:8], tmp_path / "out", tracking_uri=mlflow_uri, config=FAST
+        bundles, world_val[:8], tmp_path / "out", tracking_uri=mlflow_uri, benchmark=FAST
     )
     for name in ["table1", "table6", "table7", "image_side"]:
         assert (tmp_path / "out" / f"{name}.md").read_text() in report.markdown
@@ -122,15 +122,15 @@ def test_compare_models_writes_tables_figure_and_logs_to_mlflow(
 
 def test_a_saved_benchmark_table_rescores_to_the_same_metrics(world_val, tiny, tmp_path):
     records = world_val[:10]
-    built = evaluate_bundle(tiny, records, seed=3, config=FAST)
+    built = evaluate_bundle(tiny, records, benchmark=FAST.model_copy(update={"seed": 3}))
     path = save_benchmark(built.items, tmp_path / "bench.csv")
-    config = BenchmarkConfig(num_bootstrap=50, table_uri=str(path))
-    rescored = evaluate_bundle(tiny, records, seed=3, config=config)
+    config = BenchmarkConfig(seed=3, num_bootstrap=50, table_uri=str(path))
+    rescored = evaluate_bundle(tiny, records, benchmark=config)
     assert rescored.items == built.items
     for key in ("ht_all", "ht_gap", "winrate_all", "consistency_all", "ht_all_ci_low"):
         assert rescored.metrics[key] == pytest.approx(built.metrics[key], abs=1e-12)
     with pytest.raises(DataError, match="not in the units table"):
-        evaluate_bundle(tiny, world_val[10:12], seed=3, config=config)
+        evaluate_bundle(tiny, world_val[10:12], benchmark=config)
 
 
 def test_records_without_images_or_foils_give_clear_errors(world_val):
@@ -139,9 +139,9 @@ def test_records_without_images_or_foils_give_clear_errors(world_val):
         for r in world_val[:3]
     ]
     with pytest.raises(DataError, match="missing_image"):
-        prepare_benchmark(no_pixels, 0, FAST)
+        prepare_benchmark(no_pixels, FAST)
     with pytest.raises(DataError, match="no records"):
-        prepare_benchmark([], 0, FAST)
+        prepare_benchmark([], FAST)
 
 
 def test_load_records_names_the_missing_split(tmp_path, world_val):
@@ -203,7 +203,7 @@ def test_pipeline_end_to_end_on_a_checkpoint(tmp_path, mlflow_uri, capsys, world
     }
     with open(tmp_path / "eval" / "table1.csv") as handle:
         row = list(csv.DictReader(handle))[0]
-    expected = evaluate_bundle(tiny, world_val[:6], seed=0, config=FAST).metrics
+    expected = evaluate_bundle(tiny, world_val[:6], benchmark=FAST).metrics
     assert float(row["Overall"]) == pytest.approx(expected["ht_all"], abs=1e-9)
 
 

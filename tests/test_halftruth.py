@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from csclip.errors import DataError
-from csclip.halftruth import (
+from csclip.eval.halftruth import (
     CONDITIONS,
     HalfTruthItem,
     ItemScores,
@@ -288,7 +288,7 @@ def test_benchmark_is_deterministic_and_accounted(count, seed):
 
 
 def test_halftruth_does_not_import_ray():
-    code = "import sys, csclip.halftruth; assert 'ray' not in sys.modules"
+    code = "import sys, csclip.eval.halftruth; assert 'ray' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -9,17 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from csclip.errors import DataError
-from csclip.retrieval import (
+from csclip.eval.encoder import BundleScorer, Encoder, FeatureTables, encode_features, image_sources
+from csclip.eval.retrieval import (
     RetrievalSet,
     evaluate_retrieval,
-    extend_features,
     image_to_text_ranks,
     recall_metrics,
     retrieval_metrics,
     retrieval_set,
     text_to_image_ranks,
 )
-from csclip.scoring import BundleScorer, FeatureTables, encode_features, image_sources
 from csclip.units import UnitsRecord
 from csclip.world import WorldConfig, iter_world
 
@@ -154,9 +153,10 @@ def test_evaluate_retrieval_known_answer_and_reuses_features():
         {b"A": unit_rows(5)[0], b"B": unit_rows(80)[0]},
     )
     records = [record("a", "cat", b"A"), record("b", "dog", b"B"), record("b", "pet", b"B")]
-    known = encode_features(scorer, ["pet"], image_sources(records, ["a", "b"]))
+    encoder = Encoder(scorer)
+    encoder.features(["pet"], image_sources(records, ["a", "b"]))
     scorer.encoded_texts, scorer.encoded_images = [], 0
-    metrics = evaluate_retrieval(scorer, records, known=known, ks=(1, 2))
+    metrics = evaluate_retrieval(encoder, records, ks=(1, 2))
     assert sorted(scorer.encoded_texts) == ["cat", "dog"] and scorer.encoded_images == 0
     # I2T: a -> cat (rank 1); b -> dog first. T2I: cat -> a; dog -> b; pet (40°) is
     # closer to a (5°) than to its own image b (80°): rank 2.
@@ -166,14 +166,17 @@ def test_evaluate_retrieval_known_answer_and_reuses_features():
     assert metrics["ret_num_images"] == 2 and metrics["ret_num_queries_t2i"] == 3
 
 
-def test_extend_features_encodes_nothing_when_all_known():
+def test_encoder_encodes_nothing_when_all_is_cached():
     scorer = TableScorer({"cat": unit_rows(0)[0]}, {b"A": unit_rows(0)[0]})
-    known = encode_features(scorer, ["cat"], {"a": b"A"})
-    assert extend_features(scorer, ["cat"], {"a": b"A"}, known) is known
+    encoder = Encoder(scorer)
+    known = encoder.features(["cat"], {"a": b"A"})
+    scorer.encoded_texts, scorer.encoded_images = [], 0
+    assert encoder.features(["cat"], {"a": b"A"}) is known
+    assert scorer.encoded_texts == [] and scorer.encoded_images == 0
 
 
 def test_real_model_on_world_records(world_val_small, tiny_bundle):
-    metrics = evaluate_retrieval(BundleScorer(tiny_bundle), world_val_small)
+    metrics = evaluate_retrieval(Encoder(BundleScorer(tiny_bundle)), world_val_small)
     assert metrics["ret_num_images"] == len(world_val_small)
     for key in ("ret_i2t", "ret_t2i", "ret_i2t_r5", "ret_t2i_r5", "ret_i2t_r10", "ret_t2i_r10"):
         assert 0.0 <= metrics[key] <= 100.0

@@ -7,18 +7,17 @@ import numpy as np
 import pytest
 
 from csclip.errors import DataError
-from csclip.evaluate import BenchmarkConfig, evaluate_scorer, prepare_benchmark
-from csclip.halftruth import build_benchmark
-from csclip.model import create_bundle
-from csclip.scoring import (
+from csclip.eval.encoder import (
     BundleScorer,
     CaptionLengthScorer,
     encode_features,
+    encode_features_with_ray,
     image_bytes_by_id,
     image_sources,
-    score_items,
-    score_with_ray,
 )
+from csclip.eval.halftruth import BenchmarkConfig, build_benchmark, prepare_benchmark, score_items
+from csclip.eval.pipeline import evaluate_scorer
+from csclip.model import create_bundle
 from csclip.units import UnitsRecord
 from csclip.world import WorldConfig, iter_world
 
@@ -55,7 +54,7 @@ class CountingScorer(CaptionLengthScorer):
 
 
 def test_each_unique_text_and_image_is_encoded_once(world_records):
-    prepared = prepare_benchmark(world_records, 0, NO_CI)
+    prepared = prepare_benchmark(world_records, NO_CI)
     scorer = CountingScorer()
     encode_features(scorer, prepared.texts, prepared.images)
     assert len(scorer.texts) == len(set(scorer.texts)) == len(set(prepared.texts))
@@ -84,7 +83,7 @@ def test_batched_scores_equal_one_pair_at_a_time(world_records, tiny):
 
 @pytest.mark.parametrize("prefer_short", [False, True])
 def test_caption_length_scorer_gets_the_known_answer(world_records, prefer_short):
-    report = evaluate_scorer(CaptionLengthScorer(prefer_short), world_records, config=NO_CI)
+    report = evaluate_scorer(CaptionLengthScorer(prefer_short), world_records, benchmark=NO_CI)
     items = report.items
     # Every A- is "A and ..." or a relation clause: strictly longer than the anchor A.
     assert all(len(i.half_truth) > len(i.anchor) for i in items)
@@ -110,7 +109,7 @@ def test_missing_image_raises_with_the_image_named(world_records):
 
 
 def test_images_are_read_in_chunks_from_their_paths(tmp_path, world_records, monkeypatch):
-    monkeypatch.setattr("csclip.scoring.IMAGES_PER_READ", 5)
+    monkeypatch.setattr("csclip.eval.encoder.IMAGES_PER_READ", 5)
     records = []
     for record in world_records:
         (tmp_path / f"{record.image_id}.png").write_bytes(record.image_bytes)
@@ -167,6 +166,7 @@ def test_ray_scores_equal_in_process_scores(ray_session, world_records, tiny, tm
     assert sum(isinstance(v, str) for v in images.values()) == 2
     texts = [t for i in items for t in (i.anchor, i.completion, i.half_truth)]
     local = score_items(encode_features(BundleScorer(tiny, batch_size=16), texts, images), items)
-    remote = score_with_ray(tiny, items, images, batch_size=16, concurrency=1)
+    remote = score_items(encode_features_with_ray(tiny, texts, images, batch_size=16,
+                                                  concurrency=1), items)
     for name in ("anchor", "completion", "half_truth"):
         np.testing.assert_allclose(getattr(remote, name), getattr(local, name), atol=1e-6)

@@ -218,7 +218,8 @@ def test_augmentation_is_off_by_default_and_changes_images_when_on():
 # ---------------------------------------------------------------------------------------
 
 def _trained_checkpoint(tmp_path: Path, config: TrainConfig) -> tuple[Path, torch.nn.Module, dict]:
-    training, spec, _ = prepare_training(config, CPU)
+    setup = prepare_training(config, CPU)
+    training, spec = setup.training, setup.spec
     train_step(training, _batch())
     directory = tmp_path / "checkpoint_000001"
     train_state = {"optimizer": training.optimizer.state_dict(),
@@ -232,7 +233,8 @@ def test_resume_from_restores_model_optimizer_scaler_and_step(tmp_path):
     directory, trained, optimizer_state = _trained_checkpoint(tmp_path, config)
     resumed = _config(f"run.resume_from={directory}")
     check_resume_from(resumed, spec_of(trained, MODEL))  # a valid checkpoint passes
-    training, _, state = prepare_training(resumed, CPU, resumed.run.resume_from)
+    setup = prepare_training(resumed, CPU, resumed.run.resume_from)
+    training, state = setup.training, setup.state
     assert (state.step, state.samples, state.restored_from) == (7, 56, 7)
     for (name, param), expected in zip(training.model.named_parameters(), trained.parameters(),
                                        strict=True):
@@ -287,8 +289,9 @@ def test_optimizer_state_is_restored_onto_the_parameters_device(tmp_path):
     # the model moved, the state would stay on the CPU while the parameters left (issue 11).
     directory, _, _ = _trained_checkpoint(tmp_path, _config())
     meta = torch.device("meta")
-    training, _, state = prepare_training(_config(), meta, str(directory))
-    assert state.step == 7
+    setup = prepare_training(_config(), meta, str(directory))
+    training = setup.training
+    assert setup.state.step == 7
     for param in training.model.parameters():
         assert param.device.type == "meta"
         for value in training.optimizer.state[param].values():

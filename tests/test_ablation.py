@@ -1,0 +1,276 @@
+"""Ray Tune ablations: grid specs, table layout, results-doc markers, and a real 2-trial
+sweep (tiny world) with MLflow parent/child runs and resume."""
+
+from __future__ import annotations
+
+import csv
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from csclip.ablation import grid as grids
+from csclip.ablation import report as reports
+from csclip.ablation import sweep as sweeps
+from csclip.ablation.grid import slugify
+from csclip.ablation.trial import evaluate_trial
+from csclip.errors import ConfigError
+from csclip.markdoc import update_marked_section
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PAPER_COLUMNS = ["I2T", "T2I", "Grp", "HT All", "HT Ent", "HT Rel", "ZS", "Ret I2T", "Ret T2I"]
+
+
+def test_tune_grid_code_does_not_import_ray():
+    code = ("import sys, csclip.ablation.grid as g, csclip.ablation.report; "
+            "g.parse_grid(['lr,units']); "
+            "assert 'ray' not in sys.modules and 'mlflow' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_parse_grid_names_and_explicit_values():
+    specs = grids.parse_grid(["lr,units", "relfrac=0,0.5", "wd=1e-2"])
+    assert [s.axis for s in specs] == ["lr", "units", "relfrac", "wd"]
+    assert specs[0].values is None and specs[1].values is None
+    assert specs[2].values == (0, 0.5)
+    assert specs[3].values == (0.01,)  # "1e-2" read as a number, not a string
+
+
+@pytest.mark.parametrize("tokens, message", [
+    (["foo"], "unknown axis 'foo'; choose from lr, units"),
+    (["lr,foo"], "unknown axis 'foo'"),
+    (["lr", "lr=1e-6"], "axis 'lr' is given twice"),
+    (["units="], "empty value"),
+    (["units=1,,2"], "empty value"),
+])
+def test_bad_grid_spec_is_refused_by_name(tokens, message):
+    with pytest.raises(ConfigError, match=message):
+        grids.parse_grid(tokens)
+
+
+def test_format_value_is_paper_style():
+    assert [grids.format_value(v) for v in (1e-5, 5e-4, 2.5e-4, 0.25, 1.0, 2)] == [
+        "1e-5", "5e-4", "2.5e-4", "0.25", "1", "2"]
+
+
+def _grid_and_metrics():
+    specs = (grids.AxisSpec("units", (1, 2)), grids.AxisSpec("lr", (1e-6,)))
+    base = grids.Setting()
+    n1 = grids.Setting((("units", 1),))
+    lr = grids.Setting((("lr", 1e-6),))
+    rows = (grids.Row("N 1", "units", 1, n1, False), grids.Row("N 2", "units", 2, base, True),
+            grids.Row("lr 1e-6", "lr", 1e-6, lr, False))
+    grid = grids.Grid(specs, False, (base, n1, lr), rows)
+    metrics = {"base": {"ht_all": 70.0, "ht_entity": 75.5, "ht_relation": 65.25,
+                        "ret_i2t": 50.0},
+               "units=1": {"ht_all": 60.0, "ht_entity": 62.0, "ht_relation": 58.0}}
+    return grid, metrics
+
+
+def test_table_has_paper_columns_and_missing_is_not_zero():
+    grid, metrics = _grid_and_metrics()
+    table = reports.build_table(grid, metrics, {"lr=1e-6": "failed"})
+    lines = table.markdown().splitlines()
+    assert lines[0] == "| setting | " + " | ".join(PAPER_COLUMNS) + " |"
+    assert lines[2] == "| N 1 | — | — | — | 60.0 | 62.0 | 58.0 | — | — | — |"
+    assert lines[3] == "| **N 2** (base) | — | — | — | 70.0 | 75.5 | 65.2 | — | 50.0 | — |"
+    assert lines[4].startswith("| lr 1e-6 (failed) | — |")
+    rows = list(csv.DictReader(io.StringIO(table.csv())))
+    assert [r["setting"] for r in rows] == ["N 1", "N 2", "lr 1e-6"]
+    assert rows[1]["is_base"] == "True" and rows[1]["trial"] == "base"
+    assert rows[0]["I2T"] == "" and rows[0]["HT All"] == "60.00"  # missing is empty, not 0
+    assert rows[2]["status"] == "failed" and rows[2]["HT All"] == ""
+
+
+def test_report_files_and_plot(tmp_path):
+    grid, metrics = _grid_and_metrics()
+    files = reports.write_report(reports.build_table(grid, metrics), tmp_path / "rep", "t")
+    assert files.png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| setting | I2T |" in files.markdown.read_text()
+    assert files.csv.read_text().startswith("setting,axis,value,trial,is_base,status,I2T")
+
+
+def test_marked_section_replaces_only_its_own_text(tmp_path):
+    doc = tmp_path / "results.md"
+    doc.write_text("# Results\n\n<!-- BEGIN demo -->\ndemo text\n<!-- END demo -->\n")
+    update_marked_section(doc, "ablation", "first table")
+    update_marked_section(doc, "ablation", "second table")
+    text = doc.read_text()
+    assert "demo text" in text and "second table" in text and "first table" not in text
+    assert text.count("<!-- BEGIN ablation -->") == 1
+    doc.write_text("<!-- END ablation --> x <!-- BEGIN ablation -->")
+    with pytest.raises(ConfigError, match="unbalanced"):
+        update_marked_section(doc, "ablation", "t")
+
+
+def test_max_concurrent_trials_from_cluster():
+    assert sweeps.max_concurrent_trials({"CPU": 2}, num_workers=1, use_gpu=False) == 1
+    assert sweeps.max_concurrent_trials({"CPU": 16}, num_workers=1, use_gpu=False) == 12
+    assert sweeps.max_concurrent_trials({"CPU": 64, "GPU": 8}, num_workers=2, use_gpu=True) == 4
+    assert sweeps.max_concurrent_trials({"CPU": 64}, num_workers=2, use_gpu=True) == 1
+
+
+def test_absolute_uri():
+    assert sweeps.absolute_uri("s3://b/k") == "s3://b/k"
+    assert sweeps.absolute_uri("sqlite:////abs/m.db") == "sqlite:////abs/m.db"
+    assert sweeps.absolute_uri("sqlite:///m.db").startswith("sqlite:////")
+    assert sweeps.absolute_uri("runs").startswith("/")
+
+
+# ---------------------------------------------------------------------------------------
+# Real sweeps: TrainConfig validation, and a 2-trial grid on the tiny world
+# ---------------------------------------------------------------------------------------
+
+def tiny_config(tmp_path, mlflow_uri: str):
+    from csclip.config import load_config
+    from csclip.train import TrainConfig
+
+    return load_config(TrainConfig, None, [
+        "model.name=csclip-tiny", "model.image_size=32",
+        "data.world.image_size=32", "data.world.num_train=16", "data.world.num_val=12",
+        "data.world.num_test=0", "data.batch_size=8", "data.shuffle_buffer=0",
+        "optim.max_steps=2", "optim.warmup_steps=0", "optim.lr=1e-4",
+        "run.checkpoint_every=2", "run.log_every=1", f"run.storage_path={tmp_path / 'runs'}",
+        f"tracking.uri={mlflow_uri}", "tracking.experiment=tune-test",
+    ])
+
+
+@pytest.mark.parametrize("grid, message", [
+    (["lr=abc"], "--grid lr=abc: invalid optim.lr: Input should be a valid number"),
+    (["units=0"], "--grid units=0: invalid sampling.num_unit_slots: Input should be greater"),
+    (["relfrac=1.5"], "sampling.relation_prob: Input should be less than or equal to 1"),
+])
+def test_bad_grid_values_are_refused_through_train_config(tmp_path, mlflow_uri, grid, message):
+    with pytest.raises(ConfigError, match=message):
+        grids.expand_grid(tiny_config(tmp_path, mlflow_uri), grids.parse_grid(grid))
+
+
+def test_one_at_a_time_shares_the_base_and_lr_defaults_scale_the_base(tmp_path, mlflow_uri):
+    base = tiny_config(tmp_path, mlflow_uri)
+    grid = grids.expand_grid(base, grids.parse_grid(["lr,units"]))
+    # lr 0.2x/0.4x/1x/2x of 1e-4, N 1..4; the base (lr 1e-4, N 2) is one shared trial.
+    assert [s.key for s in grid.settings] == [
+        "base", "lr=2e-5", "lr=4e-5", "lr=2e-4", "units=1", "units=3", "units=4"]
+    assert [r.label for r in grid.rows if r.is_base] == ["lr 1e-4", "N 2"]
+    full = grids.expand_grid(base, grids.parse_grid(["lr=1e-4,1e-3", "units=1,2"]), full=True)
+    assert sorted(s.key for s in full.settings) == ["base", "lr=1e-3", "lr=1e-3,units=1",
+                                                    "units=1"]
+    assert grids.sweep_name(base, grid) == grids.sweep_name(base, grid)
+    assert grids.sweep_name(base, grid) != grids.sweep_name(base, full)
+
+
+@pytest.mark.parametrize("argv", [["--grid", "foo"], ["--grid", "lr=abc"],
+                                  ["--grid", "units=0"]])
+def test_entry_point_refuses_bad_grid_with_one_line_and_exit_2(argv, capsys):
+    sys.path.insert(0, str(REPO_ROOT / "tune"))
+    import ablate
+
+    assert ablate.main(["--config", str(REPO_ROOT / "configs" / "default.yaml"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: --grid")
+
+
+class EvaluationInterruptedOnce:
+    """A trial evaluation that fails once for `setting` (after its training, before its
+    evaluation; a marker file makes it fail only the first time), then evaluates as usual:
+    stands in for an interrupted sweep."""
+
+    def __init__(self, marker_dir: str, setting: str) -> None:
+        self.marker, self.setting = Path(marker_dir) / "failed", setting
+
+    def __call__(self, config, checkpoint_uri: str, seed: int):
+        if config.run.name.endswith(slugify(self.setting)) and not self.marker.exists():
+            self.marker.parent.mkdir(parents=True, exist_ok=True)
+            self.marker.write_text("interrupted on purpose\n")
+            raise RuntimeError(f"trial {self.setting}: interrupted on purpose")
+        return evaluate_trial(config, checkpoint_uri, seed)
+
+
+def _child_runs(mlflow_uri: str, parent_id: str):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    experiment = client.get_experiment_by_name("tune-test")
+    runs = client.search_runs([experiment.experiment_id],
+                              filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")
+    return client, {r.data.tags["csclip_setting"]: r for r in runs}
+
+
+@pytest.mark.slow
+def test_two_trial_sweep_logs_parent_and_children_and_resumes(tmp_path, mlflow_uri,
+                                                              ray_session):
+    base = tiny_config(tmp_path, mlflow_uri)
+    grid = grids.expand_grid(base, grids.parse_grid(["units=1,2"]))  # base is N=2: 2 trials
+    assert [s.key for s in grid.settings] == ["base", "units=1"]
+
+    # First run: trial units=1 fails after training, before evaluation (stands in for an
+    # interrupted sweep).
+    # Ray workers cannot import this test module: ship its functions by value.
+    ray_session.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    interrupted = EvaluationInterruptedOnce(str(tmp_path / "markers"), "units=1")
+    first = sweeps.run_sweep(base, grid, max_concurrent=2, evaluate=interrupted)
+    assert not first.resumed and set(first.errors) == {"units=1"}
+    client, children = _child_runs(mlflow_uri, first.parent_run_id)
+    assert set(children) == {"base", "units=1"}
+    assert children["units=1"].info.status == "FAILED"
+    base_started = children["base"].data.tags["csclip_trial_started"]
+
+    # Same command again: restores the experiment, reruns only the failed trial.
+    second = sweeps.run_sweep(base, grid, max_concurrent=2, evaluate=interrupted)
+    assert second.resumed and not second.errors and second.name == first.name
+    assert second.parent_run_id == first.parent_run_id
+    client, children = _child_runs(mlflow_uri, second.parent_run_id)
+    assert set(children) == {"base", "units=1"}  # no new child runs
+    assert children["base"].data.tags["csclip_trial_started"] == base_started  # not rerun
+    # The rerun trial found its finished Train run (named after the trial): one training
+    # run per setting, none trained twice.
+    train_runs = client.search_runs([children["base"].info.experiment_id],
+                                    filter_string="tags.`csclip.run_name` LIKE 'ablate-%'")
+    assert sorted(r.data.tags["csclip.run_name"] for r in train_runs) == [
+        f"{first.name}-base", f"{first.name}-units-1"]
+    for key, run in children.items():
+        assert run.info.status == "FINISHED"
+        assert run.data.params["setting"] == key
+        assert run.data.params["sampling.num_unit_slots"] == ("1" if key == "units=1" else "2")
+        assert 0 <= run.data.metrics["ht_all"] <= 100
+        assert {"ht_entity", "ht_relation"} <= set(run.data.metrics)
+        assert any(k.startswith("train/") for k in run.data.metrics)  # the training curves
+        artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {"trial.md", "trial.csv", "table1.md", "figure3.png"} <= artifacts
+
+    parent = client.get_run(second.parent_run_id)
+    assert parent.info.status == "FINISHED" and parent.data.params["grid"] == "units=1,2"
+    assert {"ablation.md", "ablation.csv", "ablation.png"} <= {
+        a.path for a in client.list_artifacts(parent.info.run_id)}
+    header = second.report.csv.read_text().splitlines()[0].split(",")
+    assert header[6:] == PAPER_COLUMNS
+    rows = list(csv.DictReader(io.StringIO(second.report.csv.read_text())))
+    assert [(r["setting"], r["is_base"], r["status"]) for r in rows] == [
+        ("N 1", "False", "done"), ("N 2", "True", "done")]
+    check_table_matches_runs(second, children)
+
+    # --reevaluate: evaluates both checkpoints again, trains nothing, adds no runs.
+    third = sweeps.run_sweep(base, grid, max_concurrent=2, reevaluate=True)
+    assert third.resumed and not third.errors
+    client, children = _child_runs(mlflow_uri, third.parent_run_id)
+    assert set(children) == {"base", "units=1"}
+    assert children["base"].data.tags["csclip_trial_started"] == base_started
+    assert all("csclip_reevaluated" in run.data.tags for run in children.values())
+    assert (third.report.markdown.parent / sweeps.EVALUATIONS_FILE).is_file()
+    check_table_matches_runs(third, children)
+
+
+def check_table_matches_runs(result, children) -> None:
+    rows = list(csv.DictReader(io.StringIO(result.report.csv.read_text())))
+    for row in rows:
+        measured = children["units=1" if row["setting"] == "N 1" else "base"].data.metrics
+        assert float(row["HT All"]) == pytest.approx(measured["ht_all"], abs=0.006)
+        # A column is filled exactly when its suite was measured; never a 0 for missing.
+        assert bool(row["I2T"]) == ("comp_i2t" in measured)
+        assert bool(row["Ret T2I"]) == ("ret_t2i" in measured)
+        # On the world every one of the nine Tables 16-17 columns has a value; ZS is the
+        # world's zero-shot suite (shape, color, shape + color).
+        assert all(row[column] != "" for column in PAPER_COLUMNS), row
+        assert float(row["ZS"]) == pytest.approx(measured["zs_world_avg"], abs=0.006)
