@@ -262,7 +262,9 @@ def open_clip_row(row: Row, args, batches: list[dict], device: torch.device,
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=OPTIM_LR, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.1)
     runner = torch.compile(model) if row.variant == "compiled" else model  # its --torchcompile
-    precision = "amp_bf16" if args.precision in ("auto", "bf16") and device.type == "cuda" else "fp32"
+    # Its own bf16 autocast on a GPU whatever csclip's rows use (bf16_pure included): the
+    # baseline is open_clip_train as its users run it.
+    precision = "amp_bf16" if device.type == "cuda" and args.precision != "fp32" else "fp32"
     settings = SimpleNamespace(
         device=str(device), precision=precision, distill=False, accum_freq=1,
         skip_scheduler=False, grad_clip_norm=1.0, horovod=False, log_every_n_steps=10**9,
