@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -136,9 +137,12 @@ def running(*services: Service) -> Iterator[None]:
         for service in services:
             service.wait_ready()
         yield
-    finally:
-        for service in reversed(services):
-            service.stop()
+    finally:  # stopped in parallel: each may take its grace period
+        stopping = [threading.Thread(target=service.stop) for service in services]
+        for thread in stopping:
+            thread.start()
+        for thread in stopping:
+            thread.join()
 
 
 def mlflow_server(workdir: Path, env: dict[str, str],
@@ -169,7 +173,10 @@ def ray_head(ray_tmp: Path, env: dict[str, str], num_cpus: int = 4) -> tuple[Ser
                "--temp-dir", str(ray_tmp / "ray"),
                *[f"--{name}={port}" for name, port in ports.items()]]
     dashboard = f"http://127.0.0.1:{ports['dashboard-port']}"
-    service = Service(command, env, ray_tmp / "head.log", f"{dashboard}/api/version")
+    # A graceful stop can take half a minute after jobs ran; this head and its session
+    # directory are ours alone, so after 15 s the rest is ended process by process.
+    service = Service(command, env, ray_tmp / "head.log", f"{dashboard}/api/version",
+                      stop_timeout_s=15)
     return service, {"address": f"127.0.0.1:{ports['port']}", "dashboard": dashboard}
 
 
@@ -183,12 +190,12 @@ def _stop(process: subprocess.Popen, timeout_s: float = 30) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=30)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 10
     while (left := session_members(process.pid)) and time.monotonic() < deadline:
-        for pid in left:
+        for pid in left:  # SIGTERM for 3 s, then SIGKILL
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGTERM if time.monotonic() < deadline - 10 else signal.SIGKILL)
-        time.sleep(1)
+                os.kill(pid, signal.SIGTERM if time.monotonic() < deadline - 7 else signal.SIGKILL)
+        time.sleep(0.5)
 
 
 def session_members(session_id: int) -> list[int]:
