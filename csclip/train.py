@@ -2,46 +2,64 @@
 
 The driver (`run`) validates the config, checks the data, opens the MLflow run and starts
 the trainer; each worker (`train_loop_per_worker`) builds the model, restores the last
-checkpoint if there is one, and steps through its Ray Data shard. Rerunning the same config
-resumes: the run name is a hash of the resolved config (or `run.name`).
+checkpoint if there is one (or `run.resume_from`), and steps through its Ray Data shard
+with `csclip.step.train_step`. Rerunning the same config resumes: the run name is a hash of
+the resolved config (or `run.name`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
-import math
 import shutil
+import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from csclip.config import StrictModel, flatten
 from csclip.data import DataConfig
-from csclip.errors import CsclipError
-from csclip.loss import LossConfig, LossParts, Objective, objective_for
+from csclip.errors import CheckpointMismatch, ConfigError, CsclipError
+from csclip.loss import LossConfig, objective_for
 from csclip.model import (
     CONFIG_FILE,
     SPEC_FILE,
+    TRAIN_STATE_FILE,
     WEIGHTS_FILE,
+    ClipBundle,
     ModelConfig,
     ModelSpec,
+    apply_training_options,
     bundle_from_config,
+    check_spec,
+    is_checkpoint_dir,
     load_train_state,
     load_weights_into,
+    read_spec,
     save_checkpoint,
     spec_of,
-    unwrap,
 )
-from csclip.optim import OptimConfig, build_optimizer, lr_at
+from csclip.optim import OptimConfig, lr_at
 from csclip.sampling import SamplingConfig
+from csclip.step import (
+    CompileMode,
+    Precision,
+    StepMetrics,
+    StepOptions,
+    Training,
+    autocast_dtype,  # noqa: F401  (re-exported: defined here before csclip.step)
+    build_training,
+    compute_loss,  # noqa: F401  (re-exported)
+    train_step,
+)
 from csclip.tracking import TrackingConfig
 
 logger = logging.getLogger(__name__)
@@ -65,14 +83,47 @@ class RunSection(StrictModel):
     # Level of Ray Train's own console lines; the step lines are ours and always shown.
     ray_train_log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
     use_gpu: bool = False
-    # auto: bf16 autocast on GPU, fp32 on CPU. fp16 adds a gradient scaler.
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    # auto: bf16 autocast on GPU, fp32 on CPU. fp16 adds a gradient scaler. bf16_pure:
+    # the model runs in bf16 (no autocast casts), AdamW steps fp32 master weights, the
+    # loss stays fp32 (csclip.step.Bf16Shadow).
+    precision: Precision = "auto"
+    compile: bool = False  # torch.compile the model (the DDP-wrapped one, as open_clip_train)
+    compile_mode: CompileMode = "default"
+    channels_last: bool = False  # images and the patch convolution in NHWC
+    # Start from this checkpoint directory (a checkpoint_* directory of any run, with its
+    # train_state.pt; a local path every worker reads): model, optimizer, scaler and step.
+    # The run's own checkpoints, once it has any, take precedence (restarts resume there).
+    resume_from: str | None = None
     seed: int = 42
-    log_every: int = Field(10, ge=1)  # steps between log lines and MLflow flushes
+    # Steps between log lines, MLflow flushes and the host reading the step metrics (the
+    # only host-device sync of the loop outside checkpoints).
+    log_every: int = Field(10, ge=1)
     max_failures: int = Field(0, ge=0)  # worker-group restarts (each resumes from a checkpoint)
+    # Custom resources each worker also takes, e.g. {"csclip_train": 1} so that workers land
+    # only on the nodes that advertise it (cluster.yaml's training nodes), one per unit.
+    worker_resources: dict[str, float] = Field(default_factory=dict)
     # For tests of resumption: raise after this step's checkpoint on a fresh (not restored)
     # attempt, as a killed job would. Not part of the run name.
     fail_after_step: int | None = Field(None, ge=1)
+    # Evaluation during training (csclip.eval.periodic), rank 0: every eval_every steps the
+    # half-truth and retrieval metrics of the first eval_max_images validation images are
+    # logged as val_<key>, and the weights with the best `best_metric` (a report key such
+    # as ht_all, ret_i2t; best_mode max or min) are kept in <storage>/<run>/best/.
+    eval_every: int | None = Field(None, ge=1)
+    eval_max_images: int = Field(200, ge=1)
+    best_metric: str = "ht_all"
+    best_mode: Literal["max", "min"] = "max"
+
+    @field_validator("resume_from")
+    @classmethod
+    def _local_absolute_path(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if "://" in value:
+            raise ValueError(f"{value}: resume_from takes a local checkpoint directory; copy "
+                             "it from storage first (or rerun the same config to resume by name)")
+        # Ray workers run in their own working directory.
+        return str(Path(value).expanduser().resolve())
 
 
 class TrainConfig(StrictModel):
@@ -86,6 +137,14 @@ class TrainConfig(StrictModel):
     run: RunSection = RunSection()
     tracking: TrackingConfig = TrackingConfig()
 
+    @model_validator(mode="after")
+    def _batch_splits_into_micro_batches(self) -> TrainConfig:
+        if self.data.batch_size % self.optim.accum_freq:
+            raise ValueError(f"data.batch_size {self.data.batch_size} is not a multiple of "
+                             f"optim.accum_freq {self.optim.accum_freq}; each step's batch is "
+                             "split into accum_freq equal micro-batches")
+        return self
+
 
 @dataclass(frozen=True)
 class TrainResult:
@@ -97,10 +156,21 @@ class TrainResult:
     mlflow_run_id: str | None = None
 
 
-# Fields that say where/how to run, not what is trained: they do not change the run name.
+# Fields that say where/how to run, not what is trained: they do not change the run name
+# (a run restarted with compilation or accumulation on resumes the same run).
 _NOT_IN_NAME = {"run": {"name", "storage_path", "fail_after_step", "max_failures", "log_every",
+                        "eval_every", "eval_max_images", "best_metric", "best_mode",
+                        "compile", "compile_mode", "channels_last", "worker_resources",
                         "torch_threads", "ray_train_log_level"},
-                "data": {"image_cache_mb"}, "tracking": None}
+                "data": {"prefetch_batches", "pin_memory", "image_cache_mb"},
+                "model": {"grad_checkpointing"},
+                "optim": {"accum_freq", "fused"},
+                "tracking": None}
+# Fields added after runs were named: part of the name only when not at their default, so
+# the runs named before them keep their names (and resume).
+_IN_NAME_WHEN_SET = {"run": {"resume_from"}, "data": {"augment"},
+                     "model": {"lock_image", "lock_image_unlocked_groups", "lock_text",
+                               "lock_text_unlocked_layers"}}
 
 
 def run_name(config: TrainConfig) -> str:
@@ -114,38 +184,104 @@ def run_name(config: TrainConfig) -> str:
         else:
             for key in keys:
                 data[section].pop(key, None)
+    for section, keys in _IN_NAME_WHEN_SET.items():
+        defaults = type(getattr(config, section))().model_dump(mode="json")
+        for key in keys:
+            if data[section].get(key) == defaults[key]:
+                data[section].pop(key)
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
     return f"{config.loss.method}-{digest}"
 
 
 def storage_root(config: TrainConfig) -> str:
-    path = config.run.storage_path
-    return path if "://" in path else str(Path(path).expanduser().resolve())
+    """run.storage_path, absolute (refused when relative inside a Ray job: issue 15)."""
+    from csclip.storage import resolve_output
+
+    return resolve_output(config.run.storage_path, "run.storage_path")
 
 
 # ---------------------------------------------------------------------------------------
-# Pure pieces of the loop: schedule, optimizer, loss, precision
+# From the config to a step (no Ray)
 # ---------------------------------------------------------------------------------------
 
-def compute_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor],
-                 objective: Objective) -> LossParts:
-    """Encode the batch with one forward call (so DDP sees it) and apply the objective.
+def step_options(config: TrainConfig) -> StepOptions:
+    """The csclip.step options of `config`."""
+    return StepOptions(objective=objective_for(config.loss, config.sampling.num_unit_slots),
+                       precision=config.run.precision, accum_freq=config.optim.accum_freq,
+                       grad_clip=config.optim.grad_clip, channels_last=config.run.channels_last,
+                       compile=config.run.compile, compile_mode=config.run.compile_mode)
 
-    batch: image (B, 3, H, W); the objective's token columns (B, L) and mask columns (B,).
+
+@dataclass
+class _State:
+    step: int = 0
+    samples: int = 0
+    restored_from: int | None = None
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """What a worker trains with: the step's Training, the model's spec and bundle
+    (preprocessing and tokenizer, for evaluation during training), and the step state."""
+
+    training: Training
+    spec: ModelSpec
+    bundle: ClipBundle
+    state: _State
+
+
+def prepare_training(config: TrainConfig, device: torch.device, checkpoint_dir: str | None = None,
+                     wrap=None) -> WorkerSetup:
+    """Build the model with its training options (checkpointing, locking), load the
+    weights of `checkpoint_dir` on the CPU, then `build_training` (device, runner, AdamW,
+    optimizer and scaler state) and read the step to resume from.
+
+    wrap: ray.train.torch.prepare_model in a worker (DDP); None in a single process.
     """
-    columns = objective.columns
-    texts = torch.cat([batch[c] for c in columns])                    # (T*B, L)
-    image, text, scale = model(batch["image"], texts)[:3]              # normalised features
-    features = dict(zip(columns, text.chunk(len(columns)), strict=True))  # T x (B, D)
-    masks = {name: batch[name] for name in objective.mask_columns}
-    return objective.loss(image, features, masks, scale)
+    bundle = bundle_from_config(config.model)
+    model, spec = bundle.model, spec_of(bundle.model, config.model.name)
+    apply_training_options(model, config.model)
+    saved: dict = {}
+    if checkpoint_dir is not None:
+        load_weights_into(model, checkpoint_dir, spec)
+        saved = load_train_state(checkpoint_dir) or {}
+    model.train()
+    training = build_training(model, config.optim, step_options(config), device,
+                              train_state=saved, wrap=wrap)
+    step = int(saved.get("step", 0))
+    state = _State(step=step, samples=int(saved.get("samples", 0)),
+                   restored_from=step if checkpoint_dir is not None else None)
+    return WorkerSetup(training, spec, bundle, state)
 
 
-def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype, or None for fp32."""
-    if precision == "auto":
-        return torch.bfloat16 if device.type == "cuda" else None
-    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+def batch_options(data: DataConfig, device: torch.device, seed: int) -> dict:
+    """Keyword arguments of Ray Data's `iter_torch_batches` for one worker."""
+    return {"batch_size": data.batch_size, "drop_last": True, "device": device,
+            "prefetch_batches": data.prefetch_batches,
+            # Page-locked buffers only help host-to-GPU copies (and need CUDA).
+            "pin_memory": data.pin_memory and device.type == "cuda",
+            "local_shuffle_buffer_size": data.shuffle_buffer or None,
+            "local_shuffle_seed": seed if data.shuffle_buffer else None}
+
+
+def check_resume_from(config: TrainConfig, spec: ModelSpec) -> None:
+    """Raise ConfigError / CheckpointMismatch unless `run.resume_from` (when set) is a
+    checkpoint directory with training state whose model matches `spec`."""
+    path = config.run.resume_from
+    if path is None:
+        return
+    if not Path(path).is_dir():
+        raise ConfigError(f"run.resume_from: {path} is not a directory; give one of a run's "
+                          "checkpoint_* directories")
+    if not is_checkpoint_dir(path):
+        raise CheckpointMismatch(f"run.resume_from: {path} has no {SPEC_FILE}; it is not a "
+                                 "csclip checkpoint")
+    if not Path(path, TRAIN_STATE_FILE).is_file():
+        raise CheckpointMismatch(
+            f"run.resume_from: {path} has no {TRAIN_STATE_FILE} (a run's final/ export keeps "
+            "only the weights); resume from one of its checkpoint_* directories, or start "
+            f"from the weights alone with model.pretrained={path}")
+    check_spec(read_spec(path), spec, path)
 
 
 # ---------------------------------------------------------------------------------------
@@ -153,10 +289,12 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
 # ---------------------------------------------------------------------------------------
 
 @dataclass
-class _State:
-    step: int = 0
+class _Window:
+    """Samples since the last time the host read the step metrics (throughput)."""
+
+    start: float
     samples: int = 0
-    restored_from: int | None = None
+    data_wait: float = 0.0  # seconds blocked on the Ray Data stream
 
 
 def train_loop_per_worker(loop_config: dict) -> None:
@@ -173,27 +311,21 @@ def train_loop_per_worker(loop_config: dict) -> None:
     if config.run.torch_threads is not None:
         torch.set_num_threads(config.run.torch_threads)
     device = ray.train.torch.get_device()
-
-    bundle = bundle_from_config(config.model)
-    model, spec = bundle.model, spec_of(bundle.model, config.model.name)
-    optimizer = build_optimizer(model, config.optim)
-    dtype = autocast_dtype(config.run.precision, device)
-    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    state = _restore(model, optimizer, scaler, spec)
-    model = ray.train.torch.prepare_model(model)
-    model.train()
+    with _checkpoint_dir(config.run) as directory:
+        setup = prepare_training(config, device, directory, wrap=ray.train.torch.prepare_model)
+        if directory is not None:
+            logger.info("resumed from %s at step %d", directory, setup.state.step)
+    training, state = setup.training, setup.state
 
     from csclip.tracking import StepLogger
 
     step_logger = StepLogger(plan["tracking_uri"], plan["mlflow_run_id"] if rank == 0 else None,
                              flush_every=config.run.log_every)
-    shard = ray.train.get_dataset_shard("train")
-    batches = shard.iter_torch_batches(
-        batch_size=config.data.batch_size, drop_last=True, device=device,
-        local_shuffle_buffer_size=config.data.shuffle_buffer or None,
-        local_shuffle_seed=config.run.seed + rank if config.data.shuffle_buffer else None)
+    evaluator = _periodic_evaluator(config, plan) if rank == 0 else None
+    batches = ray.train.get_dataset_shard("train").iter_torch_batches(
+        **batch_options(config.data, device, config.run.seed + rank))
     total, skip = plan["total_steps"], state.step
-    metrics: dict = {}
+    metrics, window, last = StepMetrics(), _Window(time.perf_counter()), {}
     tick = time.perf_counter()
     for batch in batches:
         data_wait = time.perf_counter() - tick  # blocked on the Ray Data stream for this batch
@@ -203,24 +335,30 @@ def train_loop_per_worker(loop_config: dict) -> None:
         if state.step >= total:
             break
         lr = lr_at(state.step, config.optim, total, plan["steps_per_epoch"])
-        for group in optimizer.param_groups:
+        for group in training.optimizer.param_groups:
             group["lr"] = lr
-        parts = _step(model, optimizer, scaler, batch, config, dtype, device)
+        parts = train_step(training, batch)
         global_batch = batch["image"].shape[0] * context.get_world_size()
         state.step += 1
         state.samples += global_batch
-        now = time.perf_counter()
-        metrics = _step_metrics(parts, lr, model, state.step, plan["steps_per_epoch"],
-                                global_batch / max(now - tick, 1e-9))
-        metrics["data_wait_frac"] = data_wait / max(now - tick, 1e-9)
-        step_logger.log(state.step, metrics)
-        if state.step % config.run.log_every == 0 and rank == 0:
-            logger.info("%s step %d/%d loss %.4f (full %.4f unit %.4f) lr %.2e %.0f samples/s "
-                        "(data wait %.0f%%)", config.loss.method, state.step, total, metrics["loss"],
-                        metrics["loss_full"], metrics["loss_unit"], lr,
-                        metrics["samples_per_s"], 100 * metrics["data_wait_frac"])
-        if state.step % config.run.checkpoint_every == 0 or state.step == total:
-            _checkpoint(model, optimizer, scaler, spec, state, config, metrics, rank)
+        window.samples += global_batch
+        window.data_wait += data_wait
+        metrics.add(state.step, parts, training.model.logit_scale, lr)
+        checkpoint_now = state.step % config.run.checkpoint_every == 0 or state.step == total
+        if state.step % config.run.log_every == 0 or checkpoint_now:
+            last = _publish(metrics, window, step_logger, plan["steps_per_epoch"])
+            if state.step % config.run.log_every == 0 and rank == 0:
+                logger.info("%s step %d/%d loss %.4f (full %.4f unit %.4f) lr %.2e "
+                            "%.0f samples/s (data wait %.0f%%)", config.loss.method, state.step,
+                            total, last["loss"], last["loss_full"], last["loss_unit"], lr,
+                            last["samples_per_s"], 100 * last["data_wait_frac"])
+        if evaluator is not None and (state.step % config.run.eval_every == 0 or state.step == total):
+            started = time.perf_counter()
+            _evaluate_during_training(evaluator, setup, config, state.step, step_logger,
+                                      str(device))
+            window.start += time.perf_counter() - started  # samples/s counts training only
+        if checkpoint_now:
+            _checkpoint(training, setup.spec, state, config, last, rank)
             if (config.run.fail_after_step is not None and state.restored_from is None
                     and state.step >= config.run.fail_after_step):
                 raise RuntimeError(f"injected failure after step {state.step} (run.fail_after_step)")
@@ -228,17 +366,56 @@ def train_loop_per_worker(loop_config: dict) -> None:
     step_logger.flush()
     if state.step < total:
         raise RuntimeError(f"data ran out at step {state.step} of {total}")
-    if not metrics:  # restored at the end: nothing left to do, report the state
+    if not last:  # restored at the end: nothing left to do, report the state
         ray.train.report({"step": state.step, "resumed_from": state.restored_from}, checkpoint=None)
 
 
-def _step_metrics(parts: LossParts, lr: float, model, step: int, steps_per_epoch: int,
-                  samples_per_s: float) -> dict:
-    return {"loss": parts.total.item(), "loss_full": parts.full.item(),
-            "loss_unit": parts.unit.item(), "lr": lr,
-            "logit_scale": unwrap(model).logit_scale.exp().item(),
-            "samples_per_s": samples_per_s, "step": step,
-            "epoch": step / max(1, steps_per_epoch)}
+def _publish(metrics: StepMetrics, window: _Window, step_logger, steps_per_epoch: int) -> dict:
+    """Read the buffered steps' metrics (one host sync), log each to MLflow, and return
+    the last step's, with the window's samples/s."""
+    rows = metrics.take()
+    now = time.perf_counter()
+    elapsed = max(now - window.start, 1e-9)
+    rows[-1]["samples_per_s"] = window.samples / elapsed
+    rows[-1]["data_wait_frac"] = window.data_wait / elapsed
+    window.start, window.samples, window.data_wait = now, 0, 0.0
+    for row in rows:
+        row["epoch"] = row["step"] / max(1, steps_per_epoch)
+        step_logger.log(row["step"], row)
+    return rows[-1]
+
+
+# -- evaluation during training (run.eval_every; the logic lives in csclip.eval.periodic) --
+
+def _periodic_evaluator(config: TrainConfig, plan: dict):
+    """Rank 0's PeriodicEvaluator over the capped validation split, or None when
+    run.eval_every is off."""
+    if config.run.eval_every is None:
+        return None
+    from csclip.data import load_split
+    from csclip.eval.periodic import PeriodicEvaluator, capped_records
+
+    records = capped_records(load_split(config.data.units_uri, "val", config.data.world),
+                             config.run.eval_max_images)
+    return PeriodicEvaluator(records, config.run.best_metric, config.run.best_mode,
+                             plan["best_uri"], seed=config.run.seed)
+
+
+def _evaluate_during_training(evaluator, setup: WorkerSetup, config: TrainConfig, step: int,
+                              step_logger, device: str) -> None:
+    """Score the live model, log val_<key> against the step, keep best/ when it improved."""
+    from csclip.eval.periodic import LOGGED_KEYS
+    from csclip.model import ClipBundle
+
+    bundle, model = setup.bundle, setup.training.model  # the fp32 weights AdamW steps
+    live = ClipBundle(model, bundle.preprocess, bundle.tokenizer, bundle.name, bundle.pretrained)
+    metrics = evaluator.evaluate(live, device)
+    step_logger.log(step, {f"val_{k}": metrics[k] for k in LOGGED_KEYS if k in metrics})
+    step_logger.flush()
+    logger.info("step %d eval: %s", step, ", ".join(f"{k} {metrics[k]:.1f}" for k in LOGGED_KEYS
+                                                    if k in metrics))
+    if evaluator.is_better(metrics):
+        evaluator.save_best(model, setup.spec, config.model_dump(mode="json"), step, metrics)
 
 
 def _worker_logging() -> None:
@@ -253,41 +430,21 @@ def _worker_logging() -> None:
         csclip_logger.addHandler(handler)
 
 
-def _step(model, optimizer, scaler, batch, config: TrainConfig, dtype, device) -> LossParts:
-    optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-        parts = compute_loss(model, batch, objective_for(config.loss, config.sampling.num_unit_slots))
-    scaler.scale(parts.total).backward()
-    if config.optim.grad_clip is not None:
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
-    scaler.step(optimizer)
-    scaler.update()
-    # As open_clip_train: keep the temperature in [1, 100] (logit_scale = ln 100 at most).
-    with torch.no_grad():
-        unwrap(model).logit_scale.clamp_(0, math.log(100))
-    return parts
-
-
-def _restore(model, optimizer, scaler, spec: ModelSpec) -> _State:
+@contextlib.contextmanager
+def _checkpoint_dir(run_section: RunSection) -> Iterator[str | None]:
+    """The directory to restore from: this run's last checkpoint (a restart), else
+    `run.resume_from`, else None."""
     import ray.train
 
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None:
-        return _State()
+        yield run_section.resume_from
+        return
     with checkpoint.as_directory() as directory:
-        load_weights_into(model, directory, spec)
-        saved = load_train_state(directory) or {}
-    if "optimizer" in saved:
-        optimizer.load_state_dict(saved["optimizer"])
-    if "scaler" in saved:
-        scaler.load_state_dict(saved["scaler"])
-    step = int(saved.get("step", 0))
-    logger.info("resumed from checkpoint at step %d", step)
-    return _State(step=step, samples=int(saved.get("samples", 0)), restored_from=step)
+        yield directory
 
 
-def _checkpoint(model, optimizer, scaler, spec, state: _State, config: TrainConfig,
+def _checkpoint(training: Training, spec: ModelSpec, state: _State, config: TrainConfig,
                 metrics: dict, rank: int) -> None:
     import ray.train
 
@@ -296,9 +453,10 @@ def _checkpoint(model, optimizer, scaler, spec, state: _State, config: TrainConf
         ray.train.report(report, checkpoint=None)
         return
     with tempfile.TemporaryDirectory() as directory:
-        train_state = {"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+        train_state = {"optimizer": training.optimizer.state_dict(),
+                       "scaler": training.scaler.state_dict(),
                        "step": state.step, "samples": state.samples}
-        save_checkpoint(model, spec, directory, train_state, config.model_dump(mode="json"))
+        save_checkpoint(training.model, spec, directory, train_state, config.model_dump(mode="json"))
         Path(directory, METRICS_FILE).write_text(json.dumps(report, default=str))
         ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(directory))
 
@@ -322,15 +480,22 @@ def run(config: TrainConfig, callbacks: Sequence = ()) -> TrainResult:
         return cached
     from csclip.data import image_cache_fits, plan_data, source_dataset, training_stream
     from csclip.model import spec_from_config
-    from csclip.tracking import finish_run, open_run, resolve_uri
+    from csclip.tracking import check_shared_store, finish_run, open_run, resolve_uri
 
     spec = spec_from_config(config.model)  # a bad model name fails here, before Ray
+    if config.tracking.enabled:  # rank 0 logs every step from wherever it runs
+        check_shared_store(resolve_uri(config.tracking.uri), "training")
+    check_resume_from(config, spec)
     from ray.data import DataContext
 
     # The step lines are the training's progress. The stream's coordinator is a worker:
     # without this its tqdm bars are drawn into the driver's output between the step lines
     # (in a log file too); without them its progress goes to Ray Data's log.
     DataContext.get_current().use_ray_tqdm = False
+    if not sys.stderr.isatty():
+        # Ray Data's bars redraw with cursor escapes; in a log (CI, `make demo > log`) they
+        # bury the per-step lines, which already show progress.
+        DataContext.get_current().enable_progress_bars = False
     source = source_dataset(config.data)
     if config.data.units_uri is None:
         # The world is generated: keep its rows (PNG bytes, a few KB each) instead of
@@ -342,7 +507,7 @@ def run(config: TrainConfig, callbacks: Sequence = ()) -> TrainResult:
                 plan.num_decode_failures, plan.num_epochs, plan.total_steps)
     stream = training_stream(source, sampling=config.sampling, preprocess_cfg=spec.preprocess_cfg,
                              model_name=config.model.name, seed=config.run.seed,
-                             num_epochs=plan.num_epochs,
+                             num_epochs=plan.num_epochs, augment=config.data.augment,
                              objective=objective_for(config.loss, config.sampling.num_unit_slots),
                              cache_images=image_cache_fits(config.data, plan.num_rows,
                                                            spec.preprocess_cfg))
@@ -351,8 +516,9 @@ def run(config: TrainConfig, callbacks: Sequence = ()) -> TrainResult:
     run_id = open_run(config.tracking, name, {**flatten(config), **data_params})
     loop_config = {"config": config.model_dump(mode="json"),
                    "plan": {"total_steps": plan.total_steps, "steps_per_epoch": plan.steps_per_epoch,
-                            "mlflow_run_id": run_id,
-                            "tracking_uri": resolve_uri(config.tracking.uri)}}
+                            "mlflow_run_id": run_id, "best_uri": f"{root.rstrip('/')}/{name}/best",
+                            "tracking_uri": resolve_uri(config.tracking.uri)
+                            if config.tracking.enabled else None}}
     try:
         result = _trainer(config, name, root, loop_config, stream, callbacks).fit()
     except Exception:
@@ -384,7 +550,8 @@ def _trainer(config: TrainConfig, name: str, root: str, loop_config: dict, strea
         train_loop_config=loop_config,
         scaling_config=ray.train.ScalingConfig(
             num_workers=config.run.num_workers, use_gpu=config.run.use_gpu,
-            resources_per_worker={"CPU": config.run.cpus_per_worker}),
+            resources_per_worker={"CPU": config.run.cpus_per_worker,
+                                  **config.run.worker_resources}),
         torch_config=TorchConfig(backend="nccl" if config.run.use_gpu else "gloo"),
         run_config=ray.train.RunConfig(
             name=name, storage_path=root,

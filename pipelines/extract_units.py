@@ -4,6 +4,7 @@
     python pipelines/extract_units.py                      # synthetic world, gold units
     python pipelines/extract_units.py --backend rules --format sugarcrepe \
         --input ../shared/data/sugarcrepe --out runs/sugarcrepe
+    python pipelines/extract_units.py --backend authors --input 'units/*.json' --out runs/authors
     ray job submit --working-dir . -- python pipelines/extract_units.py \
         --config configs/extract_coco.yaml --backend vllm --set backend.vllm.num_engines=8 \
         --input s3://bucket/dataset_coco.json --out s3://bucket/units

@@ -3,6 +3,7 @@ rerun resumes), then the Tables 16-17 report, its plot and the MLflow parent run
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -43,26 +44,33 @@ def absolute_uri(uri: str) -> str:
 
 
 def resolve_paths(config: BaseModel) -> BaseModel:
-    """The config with its local paths (tracking URI, storage, units table) absolute."""
+    """The config with its tracking URI resolved and its local paths (storage, units table)
+    absolute; inside a Ray job a relative tracking store or storage path is refused
+    (csclip.tracking.resolve_uri, csclip.storage.resolve_output)."""
+    from csclip.storage import resolve_output
     from csclip.tracking import resolve_uri
 
     # tracking.uri None means $MLFLOW_TRACKING_URI or the local default: pin it, so every
     # trial (on any node, in any working directory) logs to the same store.
-    updates = {"tracking.uri": absolute_uri(resolve_uri(get_field(config, "tracking.uri")))}
-    for path in ("run.storage_path", "data.units_uri"):
+    updates = {"tracking.uri": resolve_uri(get_field(config, "tracking.uri"))}
+    for path, resolve in (("run.storage_path", lambda v: resolve_output(v, "run.storage_path")),
+                          ("data.units_uri", absolute_uri)):
         try:
             value = get_field(config, path)
         except ConfigError:
             continue
         if isinstance(value, str) and value:
-            updates[path] = absolute_uri(value)
+            updates[path] = resolve(value)
     return with_values(config, updates, origin="config")
 
 
 def max_concurrent_trials(cluster: Mapping[str, float], num_workers: int, use_gpu: bool,
                           cpus_per_worker: float = 1.0, trial_cpus: float = TRIAL_CPUS) -> int:
     """How many trials fit the cluster at once: by GPUs when training on GPUs (each trial's
-    Train run takes num_workers GPUs), else by CPUs (driver + workers per trial)."""
+    Train run takes num_workers GPUs), else by CPUs (driver + workers per trial).
+
+    cluster: the cluster's resources at their largest (csclip.cluster.max_resources: on an
+    autoscaling cluster, what the autoscaler may add, not the 0 GPUs present at start)."""
     workers = max(1, num_workers)
     if use_gpu:
         return max(1, int(cluster.get("GPU", 0) // workers))
@@ -92,7 +100,7 @@ def tune_storage(config: BaseModel) -> str:
 
 def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
               trial_cpus: float = TRIAL_CPUS, eval_seed: int = 0, reevaluate: bool = False,
-              evaluate: Callable | None = None) -> SweepResult:
+              evaluate: Callable | None = None, suites: dict | None = None) -> SweepResult:
     """Run (or resume) a sweep: one Tune trial per setting of `grid`, each a Ray Train
     fine-tune plus evaluation; then the table, plot and MLflow parent run.
 
@@ -101,18 +109,22 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
     ones run again. reevaluate: evaluate every finished trial's checkpoint again with the
     current evaluation code (no retraining). evaluate: each trial's evaluation
     `(config, checkpoint_uri, seed) -> report` (default evaluate_trial; see run_trial).
+    suites: the evaluation's suites (a SuitesConfig as a dict; default the world's), e.g.
+    real-data suites with --reevaluate, which rewrites the report with their columns.
     Ray must be initialised by the caller.
     """
     import time
 
-    import ray
     from ray import tune
 
     from csclip.config import flatten
 
     started = time.time()
+    if suites and evaluate is None:
+        evaluate = functools.partial(evaluate_trial, suites=suites)
     name = sweep_name(base, grid)
     base = resolve_paths(base)
+    tracking.check_shared_store(base.tracking.uri, "the sweep's trials")
     storage = tune_storage(base)
     client = tracking.client(base.tracking.uri)
     experiment_id = tracking.experiment_id(client, base.tracking.experiment)
@@ -131,7 +143,9 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
                            tracking_uri=base.tracking.uri,
                            mlflow_experiment=base.tracking.experiment, eval_seed=eval_seed)
     if max_concurrent is None:
-        max_concurrent = max_concurrent_trials(ray.cluster_resources(), base.run.num_workers,
+        from csclip.cluster import max_resources
+
+        max_concurrent = max_concurrent_trials(max_resources(), base.run.num_workers,
                                                base.run.use_gpu, base.run.cpus_per_worker,
                                                trial_cpus)
     trainable = tune.with_resources(
@@ -155,7 +169,7 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
     metrics, status, errors = collect_results(tuner.fit())
     report_uri = f"{storage}/{name}-report"
     if reevaluate:
-        reevaluate_trials(base, grid, name, metrics, client, eval_seed, report_uri)
+        reevaluate_trials(base, grid, name, metrics, client, eval_seed, report_uri, suites)
     metrics = {k: {**m, **_stored_evaluations(report_uri).get(k, {})} for k, m in metrics.items()}
     table = build_table(grid, metrics, status)
     report = publish_report(table, report_uri, title=f"Ablation {name}")
@@ -172,7 +186,8 @@ EVALUATIONS_FILE = "evaluations.json"  # re-evaluated metrics, by setting key
 
 
 def reevaluate_trials(base: BaseModel, grid: Grid, sweep: str, metrics: Mapping[str, dict],
-                      client, eval_seed: int, report_uri: str) -> None:
+                      client, eval_seed: int, report_uri: str,
+                      suites: dict | None = None) -> None:
     """Evaluate each finished trial's checkpoint again (the evaluation grew a suite, or was
     fixed, after the trials trained). The new metrics go to the trial's child run (tag
     csclip_reevaluated) and to <report>/evaluations.json, which later reruns read too."""
@@ -185,7 +200,7 @@ def reevaluate_trials(base: BaseModel, grid: Grid, sweep: str, metrics: Mapping[
     for key, old in metrics.items():
         started = time.time()
         config = trial_config(base, settings[key], sweep)
-        report = evaluate_trial(config, old["checkpoint_uri"], eval_seed)
+        report = evaluate_trial(config, old["checkpoint_uri"], eval_seed, suites)
         new = {k: float(v) for k, v in report.metrics.items()
                if isinstance(v, int | float) and not isinstance(v, bool)}
         stored[key] = new

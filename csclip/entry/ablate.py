@@ -21,7 +21,9 @@ Ray Tune ablations in the layout of the paper's Tables 16-17 (docs/ablation.md).
 Each axis is varied around the base config (--config, --set and the shortcuts), one axis
 at a time unless --full-grid. Rerunning the same command resumes the sweep: finished
 trials are kept. The table, CSV and plot are written next to the sweep and logged to the
-sweep's MLflow parent run."""
+sweep's MLflow parent run. Without --address (or RAY_ADDRESS, or inside `ray job submit`)
+the sweep starts a local Ray; with it the trials run on that cluster, and the project
+directory is shipped to its workers (docs/cluster.md)."""
 
 EXAMPLES = (
     "%(prog)s --grid lr,units                        # the paper's values, default config",
@@ -42,10 +44,20 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                              f"(explicit). Axes: {_axes_help()}")
     parser.add_argument("--full-grid", action="store_true",
                         help="cross product of the axes (default: one axis at a time)")
+    parser.add_argument("--address", default=None, metavar="HOST:PORT",
+                        help="a running Ray cluster's address (its head's GCS port, e.g. "
+                             "127.0.0.1:6379, or 'auto'); default: $RAY_ADDRESS, else a local Ray")
     parser.add_argument("--max-concurrent", type=int, default=None, metavar="N",
-                        help="trials at once (default: derived from the cluster)")
+                        help="trials at once (default: what the cluster holds at its largest: "
+                             "the autoscaler's maximum on a `ray up` head, else the resources "
+                             "present now)")
     parser.add_argument("--reevaluate", action="store_true",
                         help="evaluate finished trials' checkpoints again (no retraining)")
+    parser.add_argument("--suite", default=None, metavar="NAMES",
+                        help="real-data suites to evaluate every trial on (comma separated, "
+                             "as `csclip evaluate --suite`); with --reevaluate, no retraining")
+    parser.add_argument("--data-root", default=None, metavar="PATH",
+                        help="folder or s3:// prefix holding the --suite data")
     parser.add_argument("--results-doc", default=None, metavar="PATH",
                         help="also write the table into the ablation section of this file")
     shortcuts = parser.add_argument_group("shortcuts for the base config (each sets one field)")
@@ -80,16 +92,24 @@ def _ablate(args: argparse.Namespace, command: str) -> int:
     }, args.overrides)
     base = load_config(train.TrainConfig, args.config, overrides)
     grid = grids.expand_grid(base, grids.parse_grid(args.grid), full=args.full_grid)
+    suites = None
+    if args.suite:  # checked before Ray starts; the root made absolute for the trials
+        from csclip.config import validate_config
+        from csclip.eval.suites import SuitesConfig
+
+        root = sweep.absolute_uri(args.data_root) if args.data_root else None
+        suites = validate_config(SuitesConfig, {"names": args.suite, "data_root": root},
+                                 origin="--suite/--data-root").model_dump(mode="json")
     max_concurrent = args.max_concurrent
     # A Tune trial + a Train worker + a Data task deadlock with 2 logical CPUs on a 2-core
     # machine (RAY_NOTES.md); logical CPUs are only accounting, so count at least 4.
-    if init_ray(num_cpus=max(4, os.cpu_count() or 1)) and max_concurrent is None:
+    if init_ray(args.address, num_cpus=max(4, os.cpu_count() or 1)) and max_concurrent is None:
         # How many fine-tunes run at once follows the real cores.
         max_concurrent = sweep.max_concurrent_trials(
             {"CPU": os.cpu_count() or 1}, base.run.num_workers, base.run.use_gpu,
             base.run.cpus_per_worker)
     result = sweep.run_sweep(base, grid, max_concurrent=max_concurrent,
-                             reevaluate=args.reevaluate)
+                             reevaluate=args.reevaluate, suites=suites)
     if args.results_doc:
         report.update_results_doc(args.results_doc, result, command=command)
     print(result.table.markdown())

@@ -11,16 +11,17 @@ DESCRIPTION = """\
 Evaluate a CLIP model on the half-truth benchmark (SPEC §4), with the retrieval and
 compositional suites.
 
-Without --units the synthetic world's validation split is generated on the fly. Writes
-table1/6/7, image_side and suites (retrieval, compositional) as .md/.csv, figure3.png and
-benchmark.parquet to --out, prints the tables, and logs them to MLflow (tracking.uri;
+Without --units the synthetic world's validation split is generated on the fly. An s3://
+checkpoint is copied once into the local cache (~/.cache/csclip, or $CSCLIP_CACHE_DIR).
+Writes table1/6/7, image_side, suites (retrieval, compositional, zero-shot) and, with
+--suite, benchmarks and capabilities as .md/.csv, figure3.png and benchmark.parquet to --out, prints the tables, and logs them to MLflow (tracking.uri;
 `--set tracking.enabled=false` to skip). Fields: csclip.eval.pipeline.EvalConfig
 (docs/evaluation.md)."""
 
 EXAMPLES = (
     "%(prog)s --checkpoint runs/train/<run>/final --out runs/eval",
-    "%(prog)s --model ViT-B-32 --pretrained openai --units s3://bucket/units "
-    "--sugarcrepe data/sugarcrepe --coco-images s3://bucket/coco/val2017",
+    "%(prog)s --model ViT-B-32 --pretrained openai "
+    "--suite aro,sugarcrepe,winoground,coco_retrieval,zeroshot --data-root s3://bucket/bench",
 )
 
 
@@ -31,7 +32,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     source.add_argument("--model", metavar="NAME",
                         help="open_clip model name (ViT-B-32, csclip-tiny, ...): model.name")
     source.add_argument("--checkpoint", metavar="DIR",
-                        help="a csclip checkpoint directory (<run>/final): checkpoint")
+                        help="a csclip checkpoint directory (<run>/final, local or s3://): "
+                             "checkpoint")
     shortcuts.add_argument("--pretrained", metavar="TAG|FILE",
                            help="open_clip pretrained tag or weights file, with --model: "
                                 "model.pretrained")
@@ -44,6 +46,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                                 "suites.sugarcrepe_dir")
     shortcuts.add_argument("--coco-images", metavar="DIR|URI",
                            help="COCO val2017 images for --sugarcrepe: suites.coco_images")
+    shortcuts.add_argument("--suite", metavar="NAMES",
+                           help="real-data suites, comma separated (aro, winoground, sugarcrepe, "
+                                "..., coco_retrieval, zeroshot; docs/evaluation.md): suites.names")
+    shortcuts.add_argument("--data-root", metavar="DIR|URI",
+                           help="folder (or s3:// prefix) with one sub-folder per suite in its "
+                                "published layout: suites.data_root")
     return parser
 
 
@@ -57,6 +65,7 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
         "model.name": args.model, "model.pretrained": args.pretrained,
         "checkpoint": args.checkpoint, "data.units_uri": args.units, "out_dir": args.out,
         "suites.sugarcrepe_dir": args.sugarcrepe, "suites.coco_images": args.coco_images,
+        "suites.names": args.suite, "suites.data_root": args.data_root,
     }, args.overrides)
 
 

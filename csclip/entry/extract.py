@@ -20,12 +20,13 @@ csclip.extract.pipeline.ExtractConfig."""
 EXAMPLES = (
     "%(prog)s --backend rules --format sugarcrepe --input ../shared/data/sugarcrepe "
     "--out runs/sugarcrepe",
-    "%(prog)s --config configs/extract_coco.yaml --input s3://bucket/dataset_coco.json "
-    "--out s3://bucket/units",
+    "%(prog)s --backend authors --input 'units/*.json' --out runs/authors",
 )
 
-# backend.name values; "authors" arrives with the authors' unit files reader (fidelity).
-BACKENDS = ("vllm", "rules", "gold", "authors")
+def _backends() -> tuple[str, ...]:
+    from csclip.extract.backends import BackendName
+
+    return typing.get_args(BackendName)
 
 
 def _input_formats() -> tuple[str, ...]:
@@ -37,9 +38,9 @@ def _input_formats() -> tuple[str, ...]:
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = make_parser(prog, DESCRIPTION, EXAMPLES, default_config=None)
     shortcuts = parser.add_argument_group("shortcuts (each sets one config field)")
-    shortcuts.add_argument("--backend", choices=BACKENDS, help="backend.name")
+    shortcuts.add_argument("--backend", choices=_backends(), help="backend.name")
     shortcuts.add_argument("--input", metavar="URI",
-                           help="captions file or folder (local or s3://): input.uri")
+                           help="captions file, folder or glob (local or s3://): input.uri")
     shortcuts.add_argument("--out", metavar="URI",
                            help="output folder for units/ and rejects/ (local or s3://): "
                                 "output.uri")

@@ -21,6 +21,8 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
 # Set (when the user has not set them) before a local instance starts, so that the GCS,
 # the raylet and every worker inherit them.
 LOCAL_ENV = {
@@ -112,7 +114,15 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> bool
     if ray.is_initialized():
         return False
     if address:
-        ray.init(address=address, configure_logging=False)
+        runtime_env = None
+        from csclip.cluster import ray_process
+
+        if ray_process() is None:
+            # A driver joining from outside a job ships the project directory to the
+            # cluster's workers (.gitignore and .rayignore apply: no venv, runs or
+            # databases), so they import this csclip, not whatever a node has installed.
+            runtime_env = {"working_dir": str(REPO_ROOT), "excludes": [".git"]}
+        ray.init(address=address, runtime_env=runtime_env, configure_logging=False)
         return False
     context = ray.init(num_cpus=num_cpus, include_dashboard=True,
                        configure_logging=False,

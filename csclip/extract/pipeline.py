@@ -29,9 +29,11 @@ from csclip import storage
 from csclip.config import StrictModel, flatten
 from csclip.errors import DataError
 from csclip.extract import backends
+from csclip.extract.authors import authors_caption_table
 from csclip.extract.backends import RESULT_SCHEMA, BackendConfig, Status
 from csclip.extract.captions import InputConfig, caption_table
 from csclip.extract.vllm import ERROR_COLUMN, Engine, add_prompt_columns
+from csclip.tracking import TrackingConfig
 from csclip.units import records_to_table
 
 log = logging.getLogger(__name__)
@@ -55,10 +57,10 @@ class OutputConfig(StrictModel):
     endpoint_url: str | None = None  # S3 endpoint override (else AWS_ENDPOINT_URL)
 
 
-class TrackingConfig(StrictModel):
-    """MLflow; `uri: null` skips logging."""
+class ExtractTrackingConfig(TrackingConfig):
+    """MLflow, as for training (uri None: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db;
+    `enabled: false` skips logging), with the extraction's own experiment and run name."""
 
-    uri: str | None = "sqlite:///mlflow.db"
     experiment: str = "extract_units"
     run_name: str | None = None
 
@@ -69,13 +71,16 @@ class ExtractConfig(StrictModel):
     input: InputConfig = InputConfig()
     backend: BackendConfig = BackendConfig()
     output: OutputConfig = OutputConfig()
-    tracking: TrackingConfig = TrackingConfig()
+    tracking: ExtractTrackingConfig = ExtractTrackingConfig()
 
     @model_validator(mode="after")
     def _gold_needs_world(self) -> ExtractConfig:
         if self.backend.name == "gold" and self.input.format != "world":
             raise ValueError("backend.name=gold needs input.format=world (only the synthetic "
                              "world has gold units); use backend.name=rules or vllm")
+        if self.backend.name == "authors" and not self.input.uri:
+            raise ValueError("backend.name=authors needs input.uri: the authors' unit files "
+                             "(a JSON/JSONL file, a directory of them or a glob, local or s3://)")
         return self
 
 
@@ -111,9 +116,13 @@ class ExtractSummary:
 # Ray Data stages (module-level functions so they pickle to workers)
 # ---------------------------------------------------------------------------------------
 
+_ROW_BACKENDS = {"gold": backends.gold_outcome, "rules": backends.rules_outcome,
+                 "authors": backends.authors_outcome}
+
+
 def backend_stage(batch: pa.Table, *, backend: str) -> pa.Table:
-    """gold / rules: caption rows -> result rows."""
-    outcome_of = backends.gold_outcome if backend == "gold" else backends.rules_outcome
+    """gold / rules / authors: caption rows -> result rows."""
+    outcome_of = _ROW_BACKENDS[backend]
     rows = [backends.outcome_row(row, outcome_of(row)) for row in batch.to_pylist()]
     return pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
 
@@ -153,7 +162,7 @@ def _run_backend(rows: pa.Table, config: ExtractConfig, engine: Engine | None,
               for start in range(0, shard.num_rows, rows_per_block)]
     ds = ray.data.from_arrow(blocks)
     name = config.backend.name
-    if name in ("gold", "rules"):
+    if name in _ROW_BACKENDS:
         ds = ds.map_batches(partial(backend_stage, backend=name), batch_format="pyarrow",
                             batch_size=None)
     else:
@@ -273,9 +282,20 @@ def run_extraction(config: ExtractConfig, engine: Engine | None = None,
 
     engine: the LLM stage for backend `vllm` (default: the ray.data.llm vLLM processor);
     tests pass a CPU stand-in. on_shard_written: called after each shard's marker.
-    Raises DataError for unreadable/empty input or an output written by another config.
+    Raises DataError for unreadable/empty input or an output written by another config,
+    ConfigError for a relative output or tracking store inside a Ray job.
     """
-    captions = caption_table(config.input)
+    # Inside a Ray job a relative output or sqlite store would land in the job's temporary
+    # working directory: refuse it now, not after the work.
+    storage.resolve_output(config.output.uri, "output.uri")
+    if config.tracking.enabled:
+        from csclip.tracking import resolve_uri
+
+        resolve_uri(config.tracking.uri)
+    # The authors' files already hold units: their records are the rows, and a record that
+    # cannot be read is a row too (rejected by the backend), so read = loaded + rejected.
+    captions = (authors_caption_table(config.input) if config.backend.name == "authors"
+                else caption_table(config.input))
     shard_size = config.output.shard_size
     num_rows = captions.num_rows
     captions = captions.append_column("shard", pa.array(
@@ -367,35 +387,38 @@ def _summarize(out: _Output, config: ExtractConfig, num_shards: int, written: in
         rejected_by_reason=dict(by_reason), items_rejected_by_reason=dict(items),
         num_shards=num_shards, shards_written=written, shards_skipped=num_shards - written,
         units_uri=out.uri_of("units"), rejects_uri=out.uri_of("rejects"))
-    if config.tracking.uri:
+    if config.tracking.enabled:
         run_id = log_to_mlflow(summary, config, out)
         summary = replace(summary, mlflow_run_id=run_id)
     return summary
 
 
 def log_to_mlflow(summary: ExtractSummary, config: ExtractConfig, out: _Output) -> str:
-    """Params (the resolved config), accounting metrics and the rejects table artifact."""
+    """Params (the resolved config), accounting metrics and the rejects table artifact, in
+    one run of the tracking store csclip.tracking.resolve_uri picks."""
     import tempfile
     from pathlib import Path
 
-    import mlflow
+    from csclip import tracking
 
-    mlflow.set_tracking_uri(config.tracking.uri)
-    mlflow.set_experiment(config.tracking.experiment)
-    run_name = config.tracking.run_name or f"extract-{config.backend.name}-{config.input.format}"
-    with mlflow.start_run(run_name=run_name) as run:
-        mlflow.log_params({k: str(v)[:500] for k, v in flatten(config).items()})
-        metrics = {"read": summary.read, "with_units": summary.with_units,
-                   "rejected": summary.rejected, "num_shards": summary.num_shards,
-                   "shards_written": summary.shards_written}
-        metrics.update({f"rejected.{r}": n for r, n in summary.rejected_by_reason.items()})
-        metrics.update({f"items_rejected.{r}": n for r, n in summary.items_rejected_by_reason.items()})
-        mlflow.log_metrics(metrics)
-        parts = storage.list_files(out.fs, out.path("rejects"), ".parquet")
-        rejects = pa.concat_tables([out.read_parquet("rejects", p.rsplit("/", 1)[1]) for p in parts]) \
-            if parts else REJECTS_SCHEMA.empty_table()
-        with tempfile.TemporaryDirectory() as tmp:
-            pq.write_table(rejects, Path(tmp) / "rejects.parquet")
-            (Path(tmp) / "summary.txt").write_text(summary.format() + "\n")
-            mlflow.log_artifacts(tmp, artifact_path="extract")
-        return run.info.run_id
+    client = tracking.client(tracking.resolve_uri(config.tracking.uri))
+    experiment = tracking.experiment_id(client, config.tracking.experiment)
+    source = "files" if config.backend.name == "authors" else config.input.format
+    run_name = config.tracking.run_name or f"extract-{config.backend.name}-{source}"
+    run_id = client.create_run(experiment, run_name=run_name).info.run_id
+    tracking.log_params(client, run_id, {k: str(v)[:500] for k, v in flatten(config).items()})
+    metrics = {"read": summary.read, "with_units": summary.with_units,
+               "rejected": summary.rejected, "num_shards": summary.num_shards,
+               "shards_written": summary.shards_written}
+    metrics.update({f"rejected.{r}": n for r, n in summary.rejected_by_reason.items()})
+    metrics.update({f"items_rejected.{r}": n for r, n in summary.items_rejected_by_reason.items()})
+    tracking.log_metrics(client, run_id, metrics)
+    parts = storage.list_files(out.fs, out.path("rejects"), ".parquet")
+    rejects = pa.concat_tables([out.read_parquet("rejects", p.rsplit("/", 1)[1]) for p in parts]) \
+        if parts else REJECTS_SCHEMA.empty_table()
+    with tempfile.TemporaryDirectory() as tmp:
+        pq.write_table(rejects, Path(tmp) / "rejects.parquet")
+        (Path(tmp) / "summary.txt").write_text(summary.format() + "\n")
+        client.log_artifacts(run_id, tmp, artifact_path="extract")
+    client.set_terminated(run_id)
+    return run_id
