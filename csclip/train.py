@@ -14,7 +14,6 @@ import hashlib
 import json
 import logging
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -491,11 +490,10 @@ def run(config: TrainConfig, callbacks: Sequence = ()) -> TrainResult:
     # The step lines are the training's progress. The stream's coordinator is a worker:
     # without this its tqdm bars are drawn into the driver's output between the step lines
     # (in a log file too); without them its progress goes to Ray Data's log.
+    # Off a terminal Ray Data then logs its progress at INFO instead of drawing bars with
+    # cursor escapes; the console shows Ray Data's warnings only (csclip.entry.ray_init),
+    # ray-data.log keeps the rest. (enable_progress_bars=False would itself warn.)
     DataContext.get_current().use_ray_tqdm = False
-    if not sys.stderr.isatty():
-        # Ray Data's bars redraw with cursor escapes; in a log (CI, `make demo > log`) they
-        # bury the per-step lines, which already show progress.
-        DataContext.get_current().enable_progress_bars = False
     source = source_dataset(config.data)
     if config.data.units_uri is None:
         # The world is generated: keep its rows (PNG bytes, a few KB each) instead of
