@@ -212,11 +212,22 @@ def _build(name: str, pretrained: str | None, device: str, quick_gelu: bool,
     # Without weights the tag's preprocessing still applies (mean/std differ per tag); the
     # tag itself is not passed, since open_clip would download it.
     preprocess_overrides = _tag_preprocess(tag_cfg) if not load_weights else {}
-    model, _, preprocess = open_clip.create_model_and_transforms(
-        name, pretrained=pretrained if load_weights else None, device=device,
-        force_quick_gelu=quick_gelu, force_image_size=image_size, **preprocess_overrides)
+    root = logging.getLogger()
+    if not load_weights:  # built to read its spec: open_clip's "no weights" warning is moot
+        root.addFilter(_skip_no_weights_warning)
+    try:
+        model, _, preprocess = open_clip.create_model_and_transforms(
+            name, pretrained=pretrained if load_weights else None, device=device,
+            force_quick_gelu=quick_gelu, force_image_size=image_size, **preprocess_overrides)
+    finally:
+        root.removeFilter(_skip_no_weights_warning)
     model.eval()
     return ClipBundle(model, preprocess, open_clip.get_tokenizer(name), name, pretrained)
+
+
+def _skip_no_weights_warning(record: logging.LogRecord) -> bool:
+    # open_clip logs "No pretrained weights loaded for model ..." through the root logger.
+    return not record.getMessage().startswith("No pretrained weights loaded")
 
 
 def _tag_preprocess(tag_cfg: dict) -> dict:
