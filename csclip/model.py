@@ -213,7 +213,9 @@ def _build(name: str, pretrained: str | None, device: str, quick_gelu: bool,
     # tag itself is not passed, since open_clip would download it.
     preprocess_overrides = _tag_preprocess(tag_cfg) if not load_weights else {}
     root = logging.getLogger()
-    if not load_weights:  # built to read its spec: open_clip's "no weights" warning is moot
+    if not load_weights or not pretrained:
+        # Built to read its spec, or random weights by request (pretrained None):
+        # open_clip's "no weights loaded" warning says nothing the caller did not choose.
         root.addFilter(_skip_no_weights_warning)
     try:
         model, _, preprocess = open_clip.create_model_and_transforms(
