@@ -76,7 +76,7 @@ def sampler_rows(num_records: int, slots: int, repeats: int) -> list[tuple[str, 
     config = SamplingConfig(num_unit_slots=slots)
     tokenizer = open_clip.get_tokenizer("ViT-B-32")
     columns = sample_text_columns(records, config, seed=0, epoch=0)
-    texts = [t for name, values in columns.items() if name != "unit_mask" for t in values]
+    texts = [t for name, values in columns.items() if not name.endswith("_mask") for t in values]
     return [
         ("open_clip tokenizer on the sampled texts (baseline)",
          cpu_seconds(lambda: tokenizer(texts), repeats)),

@@ -183,7 +183,8 @@ def prepare_batch(batch: pa.Table, *, sampling: dict, preprocess: tuple, model_n
     columns: the token columns to produce (an Objective's `columns`; default: those of
     CS-CLIP); plain CLIP needs only the caption, so it skips slot sampling.
     Returns image (n, 3, H, W) float32; each token column (n, context_length) int64;
-    unit_mask (n,) bool when unit columns are produced.
+    unit_mask (n,) bool when unit columns are produced; negative_mask (n,) bool (False:
+    no caption negative could be built, SPEC §3) when caption_negative is produced.
     """
     transform, tokenize = _transform(preprocess), _tokenizer(model_name)
     records, images = [], []
@@ -207,6 +208,8 @@ def prepare_batch(batch: pa.Table, *, sampling: dict, preprocess: tuple, model_n
         out[name] = tokenize(list(texts[name])).numpy().astype(np.int64)   # (n, L)
     if "unit_mask" in texts and any(name.startswith("unit_") for name in wanted):
         out["unit_mask"] = np.asarray(texts["unit_mask"], dtype=bool)      # (n,)
+    if "caption_negative" in wanted:
+        out["negative_mask"] = np.asarray(texts["negative_mask"], dtype=bool)  # (n,)
     return out
 
 

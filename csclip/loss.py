@@ -3,8 +3,10 @@ features all-gathered with gradient across workers so negatives come from the gl
 
 Every loss takes this worker's *local*, L2-normalised features and `scale =
 logit_scale.exp()` (= 1/τ). Gathering happens inside, so every worker computes the same
-global loss; outside torch.distributed the gather is the identity. Every loss runs in fp32
-with autocast disabled, whatever the caller's context (SPEC §6, "Precision").
+global loss; outside torch.distributed the gather is the identity. With `gather=False`
+(`loss.gather: false`) each worker's loss uses only its own batch as negatives, as the
+authors' one-GPU run (SPEC §6, "Batch"). Every loss runs in fp32 with autocast disabled,
+whatever the caller's context (SPEC §6, "Precision").
 
 An `Objective` ties a method to the text columns it needs and its loss, so the trainer
 never slices columns by position: `objective_for(LossConfig, num_unit_slots)`.
@@ -31,6 +33,12 @@ class LossConfig(StrictModel):
 
     method: Literal["clip", "negclip", "csclip"] = "csclip"
     unit_loss_weight: float = Field(0.5, ge=0)
+    # True: features are all-gathered with gradient, so negatives come from the global
+    # batch (batch_size x workers; open_clip's --gather-with-grad). False: each worker's
+    # loss sees only its local batch, and DDP averages the gradients, i.e. the gradient of
+    # the mean of per-worker losses (what the authors' one-GPU launcher trains: 128
+    # in-batch negatives per image whatever the number of GPUs).
+    gather: bool = True
 
 
 @dataclass(frozen=True)
@@ -98,11 +106,16 @@ def gather_features(x: Tensor, dim: int = 0) -> Tensor:
     return gathered.movedim(0, dim)
 
 
-def _gather_mask(mask: Tensor) -> Tensor:
+def _gather_mask(mask: Tensor, gather: bool = True) -> Tensor:
     # The mask carries no gradient; gather it as uint8 (gloo has no bool all_gather).
-    if not _is_distributed():
+    if not gather or not _is_distributed():
         return mask.bool()
     return _AllGatherWithGrad.apply(mask.to(torch.uint8)).bool()
+
+
+def _gather(x: Tensor, gather: bool, dim: int = 0) -> Tensor:
+    # gather=False: this worker's rows only (the local batch is the whole batch).
+    return gather_features(x, dim) if gather else x
 
 
 # ---------------------------------------------------------------------------------------
@@ -122,13 +135,19 @@ def _clip(image: Tensor, text: Tensor, scale: Tensor) -> Tensor:
             + F.cross_entropy(logits_per_text, labels)) / 2
 
 
-def _negclip(image: Tensor, caption: Tensor, caption_negative: Tensor, scale: Tensor) -> Tensor:
+def _negclip(image: Tensor, caption: Tensor, caption_negative: Tensor, negative_mask: Tensor,
+             scale: Tensor) -> Tensor:
     # L_full: image→text logits img @ [cap ; capneg]ᵀ / τ (B × 2B, label i), so every image
     # also has every caption-level negative of the batch as a distractor (NegCLIP);
     # text→image logits cap @ imgᵀ / τ (negatives are never positives of an image).
+    # A sample without a caption negative (negative_mask False; its text is a placeholder)
+    # gives no negative column; its image and caption stay in the loss. The authors drop
+    # such a sample from L_full altogether (rows and caption columns); both keep the
+    # placeholder out, which is what matters: paired with itself it would be a column
+    # equal to the positive.
     batch = image.shape[0]
-    texts = torch.cat([caption, caption_negative], dim=0)        # (2B, D)
-    logits_per_image = scale * image @ texts.T                   # (B, 2B), label i
+    texts = torch.cat([caption, caption_negative[negative_mask]], dim=0)  # (B + B_neg, D)
+    logits_per_image = scale * image @ texts.T                   # (B, B + B_neg), label i
     logits_per_text = logits_per_image[:, :batch].T              # (B, B) = cap @ imgᵀ / τ
     labels = _labels(batch, image.device)
     return (F.cross_entropy(logits_per_image, labels)
@@ -182,56 +201,71 @@ def fp32_loss(fn: Callable) -> Callable:
 
 
 @fp32_loss
-def clip_loss(image: Tensor, text: Tensor, scale: Tensor) -> Tensor:
+def clip_loss(image: Tensor, text: Tensor, scale: Tensor, gather: bool = True) -> Tensor:
     """Plain CLIP loss: mean of image→text and text→image cross-entropies.
 
-    image, text: (B, D) local L2-normalised features; scale: scalar logit_scale.exp().
+    image, text: (B, D) local L2-normalised features; scale: scalar logit_scale.exp();
+    gather: negatives from every worker's batch (True) or this worker's only.
     Equals open_clip's `ClipLoss(gather_with_grad=True)` on the same features.
     """
-    return _clip(gather_features(image), gather_features(text), scale)
+    return _clip(_gather(image, gather), _gather(text, gather), scale)
 
 
 @fp32_loss
-def negclip_loss(image: Tensor, caption: Tensor, caption_negative: Tensor,
-                 scale: Tensor) -> Tensor:
+def negclip_loss(image: Tensor, caption: Tensor, caption_negative: Tensor, scale: Tensor,
+                 negative_mask: Tensor | None = None, gather: bool = True) -> Tensor:
     """L_full (NegCLIP, SPEC §3): captions with caption-level negatives as extra columns.
 
-    image, caption, caption_negative: (B, D) local features; scale: scalar.
+    image, caption, caption_negative: (B, D) local features; scale: scalar;
+    negative_mask: (B,) bool, False where the sample has no caption negative (its column
+    is left out); None: every sample has one. gather: as in clip_loss.
     """
-    return _negclip(gather_features(image), gather_features(caption),
-                    gather_features(caption_negative), scale)
+    negative_mask = _full_mask(negative_mask, image)
+    return _negclip(_gather(image, gather), _gather(caption, gather),
+                    _gather(caption_negative, gather), _gather_mask(negative_mask, gather), scale)
 
 
 @fp32_loss
 def unit_loss(image: Tensor, units: Tensor, foils: Tensor, mask: Tensor,
-              scale: Tensor) -> Tensor:
+              scale: Tensor, gather: bool = True) -> Tensor:
     """L_unit (SPEC §3), the mean over the K unit slots.
 
     image: (B, D); units, foils: (K, B, D) unit and foil features of slots 1..K;
     mask: (B,) bool, False for samples without units (left out entirely); scale: scalar.
-    Returns 0 (with a graph) when no sample of the global batch is valid.
+    Returns 0 (with a graph) when no sample of the (gathered) batch is valid.
     """
     _check_unit_shapes(image, units, foils, mask)
-    return _unit(gather_features(image), gather_features(units, dim=1),
-                 gather_features(foils, dim=1), _gather_mask(mask), scale)
+    return _unit(_gather(image, gather), _gather(units, gather, dim=1),
+                 _gather(foils, gather, dim=1), _gather_mask(mask, gather), scale)
 
 
 @fp32_loss
 def csclip_loss(image: Tensor, caption: Tensor, caption_negative: Tensor, units: Tensor,
-                foils: Tensor, mask: Tensor, scale: Tensor,
-                unit_loss_weight: float = 0.5) -> LossParts:
+                foils: Tensor, mask: Tensor, scale: Tensor, unit_loss_weight: float = 0.5,
+                negative_mask: Tensor | None = None, gather: bool = True) -> LossParts:
     """L = L_full + λ·L_unit (SPEC §3), gathering each feature tensor once.
 
-    image, caption, caption_negative: (B, D); units, foils: (K, B, D); mask: (B,) bool;
-    scale: scalar logit_scale.exp(); unit_loss_weight: λ (paper: 0.5).
+    image, caption, caption_negative: (B, D); units, foils: (K, B, D); mask: (B,) bool
+    (samples with units); scale: scalar logit_scale.exp(); unit_loss_weight: λ (paper:
+    0.5); negative_mask: (B,) bool (samples with a caption negative; None: all);
+    gather: as in clip_loss.
     """
     _check_unit_shapes(image, units, foils, mask)
-    all_image = gather_features(image)                           # (B_global, D)
-    loss_full = _negclip(all_image, gather_features(caption),
-                         gather_features(caption_negative), scale)
-    loss_unit = _unit(all_image, gather_features(units, dim=1), gather_features(foils, dim=1),
-                      _gather_mask(mask), scale)
+    negative_mask = _full_mask(negative_mask, image)
+    all_image = _gather(image, gather)                           # (B_global, D)
+    loss_full = _negclip(all_image, _gather(caption, gather), _gather(caption_negative, gather),
+                         _gather_mask(negative_mask, gather), scale)
+    loss_unit = _unit(all_image, _gather(units, gather, dim=1), _gather(foils, gather, dim=1),
+                      _gather_mask(mask, gather), scale)
     return LossParts(full=loss_full, unit=loss_unit, total=loss_full + unit_loss_weight * loss_unit)
+
+
+def _full_mask(mask: Tensor | None, image: Tensor) -> Tensor:
+    if mask is None:
+        return torch.ones(image.shape[0], dtype=torch.bool, device=image.device)
+    if mask.shape != (image.shape[0],):
+        raise ValueError(f"negative_mask must be ({image.shape[0]},); got {tuple(mask.shape)}")
+    return mask
 
 
 def _check_unit_shapes(image: Tensor, units: Tensor, foils: Tensor, mask: Tensor) -> None:
@@ -267,32 +301,38 @@ class Objective:
     columns: tuple[str, ...]
     num_unit_slots: int = 0
     unit_loss_weight: float = 0.0
+    gather: bool = True  # LossConfig.gather
 
     @property
     def mask_columns(self) -> tuple[str, ...]:
-        """The boolean columns the loss reads from the batch."""
-        return ("unit_mask",) if self.method == "csclip" else ()
+        """The boolean columns the loss reads from the batch: `negative_mask` (samples
+        with a caption negative) for negclip and csclip, `unit_mask` (samples with units)
+        for csclip."""
+        return {"clip": (), "negclip": ("negative_mask",),
+                "csclip": ("unit_mask", "negative_mask")}[self.method]
 
     def loss(self, image: Tensor, texts: Mapping[str, Tensor], masks: Mapping[str, Tensor],
              scale: Tensor) -> LossParts:
         if self.method == "clip":
-            full = clip_loss(image, texts["caption"], scale)
+            full = clip_loss(image, texts["caption"], scale, gather=self.gather)
             return LossParts(full, torch.zeros_like(full), full)
         if self.method == "negclip":
-            full = negclip_loss(image, texts["caption"], texts["caption_negative"], scale)
+            full = negclip_loss(image, texts["caption"], texts["caption_negative"], scale,
+                                masks["negative_mask"], gather=self.gather)
             return LossParts(full, torch.zeros_like(full), full)
         n = self.num_unit_slots
         units = torch.stack([texts[f"unit_{k}"] for k in range(n)])          # (N, B, D)
         foils = torch.stack([texts[f"foil_{k}"] for k in range(n)])          # (N, B, D)
         return csclip_loss(image, texts["caption"], texts["caption_negative"], units, foils,
-                           masks["unit_mask"], scale, self.unit_loss_weight)
+                           masks["unit_mask"], scale, self.unit_loss_weight,
+                           masks["negative_mask"], gather=self.gather)
 
 
 def objective_for(config: LossConfig, num_unit_slots: int) -> Objective:
     """The Objective of `config.method` with N = num_unit_slots unit slots."""
     if config.method == "clip":
-        return Objective("clip", ("caption",))
+        return Objective("clip", ("caption",), gather=config.gather)
     if config.method == "negclip":
-        return Objective("negclip", ("caption", "caption_negative"))
+        return Objective("negclip", ("caption", "caption_negative"), gather=config.gather)
     return Objective("csclip", ("caption", "caption_negative", *unit_columns(num_unit_slots)),
-                     num_unit_slots, config.unit_loss_weight)
+                     num_unit_slots, config.unit_loss_weight, config.gather)

@@ -1,6 +1,7 @@
 """SPEC §3 text-slot sampler: for each training sample, the caption with a caption-level
 negative (slot 0) and N unit/foil pairs (slots 1..N), seeded per (seed, sample, epoch) so
-any worker in any process draws the same texts."""
+any worker in any process draws the same texts. It draws what the authors' released
+sampler (utils/sampler.py) draws; docs/training.md shows the measured shares."""
 
 from __future__ import annotations
 
@@ -26,60 +27,71 @@ from csclip.units import (
 
 
 class SamplingConfig(StrictModel):
-    """How the text slots of a training sample are drawn (SPEC §3)."""
+    """How the text slots of a training sample are drawn (SPEC §3). Defaults follow the
+    authors' COCO config (their configs/dataset/coco_neg.yaml and utils/sampler.py)."""
 
     num_unit_slots: int = Field(2, ge=1, le=16)      # N (paper: 2; ablated 1..4)
-    relation_prob: float = Field(1.0, ge=0, le=1)    # P(slot takes a relation unit) (paper: 1.0)
-    # Caption-level negative, first that applies: shuffle with swap_prob, else in-place foil
-    # with inplace_prob, else the composite "other entities and a foil". The paper ablates
-    # the swap-foil fraction over 0..1 without naming its default, and the authors' code is
-    # not available to us: 0.5 sits mid-grid and gives word-order and content negatives
-    # equal weight; inplace_prob 0.5 then splits the rest evenly between the in-place
-    # caption edit (NegCLIP-like) and the composite, so each content form is seen often.
-    swap_prob: float = Field(0.5, ge=0, le=1)
-    inplace_prob: float = Field(0.5, ge=0, le=1)
+    # P(a slot tries a relation first); it falls back to the other kind only when the sample
+    # has none with a foil, so this is the share of relation slots (paper: 1.0).
+    relation_prob: float = Field(1.0, ge=0, le=1)
+    # Caption-level negative, first that applies: a word-order shuffle with swap_prob, else
+    # an in-place entity foil with inplace_prob, else a composite (SPEC §3). The authors'
+    # COCO config sets both to 1.0; Tables 16-17 ablate swap_prob ("swap-foil fraction").
+    swap_prob: float = Field(1.0, ge=0, le=1)
+    inplace_prob: float = Field(1.0, ge=0, le=1)
+    # Composite: P("entities where s r' o") when the sample has a stored relation foil, else
+    # "other entities and one entity foil" (the authors' negative_relation_sample_prob).
+    relation_negative_prob: float = Field(0.5, ge=0, le=1)
     entity_context_prob: float = Field(0.5, ge=0, le=1)  # "A and C" vs "A' and C" (SPEC: 0.5)
-    # Negation foils ("is not above") are kept in the data but the paper's tables do not
-    # train on them (SPEC §2); set True to add them to a relation's foil candidates.
-    use_negation: bool = False
+    # Negation foils ("is not on") are relation-foil candidates in the authors' sampler, so
+    # in the paper's runs; False leaves them out (SPEC §2 keeps them out of the tables).
+    use_negation: bool = True
 
 
 @dataclass(frozen=True)
 class SampleTexts:
     """The texts of one training sample. len(units) == len(foils) == N. When has_units is
     False the unit/foil entries are placeholders (the caption and its negative) that the
-    loss masks out; they must never be trained on."""
+    loss masks out of L_unit; when has_negative is False the caption negative is a
+    placeholder (the caption itself) that the loss leaves out of L_full's negative
+    columns. Placeholders must never be trained on."""
 
     caption: str
     caption_negative: str
     units: tuple[str, ...]
     foils: tuple[str, ...]
     has_units: bool
+    has_negative: bool = True
 
 
 class NegativeKind(StrEnum):
     """Which rule of SPEC §3 produced the caption-level negative."""
 
-    SHUFFLE = "shuffle"          # rule 1: NegCLIP word-order shuffle
-    INPLACE = "inplace"          # rule 2: one entity replaced by its foil, in place
-    COMPOSITE = "composite"      # rule 3: other entities and one foil, joined with " and "
-    FORCED_SHUFFLE = "forced_shuffle"  # no foil anywhere: a shuffle even past swap_prob
-    IDENTITY = "identity"        # nothing can differ (e.g. a one-word caption, no foils)
+    SHUFFLE = "shuffle"                        # rule 1: NegCLIP word-order shuffle
+    INPLACE = "inplace"                        # rule 2: one entity replaced by its foil, in place
+    RELATION_COMPOSITE = "relation_composite"  # rule 3a: "A and B where s r' o"
+    ENTITY_COMPOSITE = "entity_composite"      # rule 3b: other entities and one foil, " and "
+    NONE = "none"                              # nothing can be built: left out of L_full's negatives
 
 
 @dataclass(frozen=True)
 class CaptionNegative:
+    """A caption-level negative; for NegativeKind.NONE `text` is the caption itself, a
+    placeholder the loss must mask (SampleTexts.has_negative)."""
+
     text: str
     kind: NegativeKind
 
 
 @dataclass(frozen=True)
 class UnitChoice:
-    """One filled unit slot: the unit text, its foil, and the kind of unit drawn."""
+    """One filled unit slot: the unit text, its foil, the kind of unit drawn and the kind
+    of edit of the foil (a ChangeType value)."""
 
     unit: str
     foil: str
     kind: str  # "entity" | "relation"
+    change_type: str = ""
 
 
 # ---------------------------------------------------------------------------------------
@@ -117,31 +129,67 @@ def entity_foil_candidates(entity: Unit) -> list[str]:
                                                       ChangeType.OBJECT_CHANGE)))
 
 
-def relation_foil_candidates(relation: Unit, record: UnitsRecord,
-                             use_negation: bool = False) -> list[str]:
-    """A relation's foil candidates (SPEC §3), deduplicated, drawn from uniformly:
+@dataclass(frozen=True)
+class FoilCandidate:
+    """One candidate of a relation's foil draw: its change type and the texts it stands
+    for (one for a stored foil; a subject/object replacement stands for every foil of
+    that entity, one of which is drawn when the candidate is)."""
 
-    - its own antonym foils (and negation foils when use_negation);
-    - its stored subject_object_swap foil. A swap is never built here: for a symmetric
-      predicate ("is next to") it would be true, and only extraction knows (SPEC §2:
-      "swap when visually different");
-    - subject/object replacements: stored subject_replace/object_replace foils, plus ones
-      built from the entity foils of the entity whose text equals the subject/object
-      (exact match after normalisation; a bare head noun is not matched, because a foil of
-      "brown horse" does not make "horse ..." false).
+    change_type: ChangeType
+    texts: tuple[str, ...]
+
+
+_STORED_RELATION_FOILS = (ChangeType.ANTONYM, ChangeType.NEGATION, ChangeType.SUBJECT_OBJECT_SWAP)
+
+
+def relation_foil_candidates(relation: Unit, record: UnitsRecord,
+                             use_negation: bool = True) -> list[FoilCandidate]:
+    """A relation's foil candidates as the authors' sampler builds them (SPEC §3); the
+    caller draws one candidate uniformly, then one of its texts:
+
+    - one candidate per stored antonym, negation (when use_negation) and
+      subject_object_swap foil. A swap is never built here: for a symmetric predicate
+      ("is next to") it would be true, and only extraction knows (SPEC §2: "swap when
+      visually different");
+    - ONE subject replacement: the subject with one of its entity's foils (the entity
+      whose text equals the subject after normalisation; a bare head noun is not matched,
+      because a foil of "brown horse" does not make "horse ..." false), plus any stored
+      subject_replace foil; ONE object replacement likewise.
+
+    So with an antonym, a negation, a swap and both replacements each type is drawn 20%
+    of the time, however many entity foils the arguments have. Candidates equal to the
+    unit are skipped. Our guard beyond the authors': a text equal to another relation of
+    the sample is true of the image, so it is dropped too; it only removes true "foils"
+    and leaves the draw over the others as the authors make it.
     """
-    wanted = {ChangeType.ANTONYM, ChangeType.SUBJECT_OBJECT_SWAP, ChangeType.SUBJECT_REPLACE,
-              ChangeType.OBJECT_REPLACE} | ({ChangeType.NEGATION} if use_negation else set())
-    texts = [f.text for f in relation.foils if f.change_type in wanted]
+    forbidden = [r.text for r in record.relations if r is not relation]
+    candidates = _stored_candidates(relation, forbidden, use_negation)
     entities = {normalize_text(e.text): e for e in record.entities}
     subject, predicate, obj = relation.subject or "", relation.predicate or "", relation.object or ""
-    subject_entity, object_entity = entities.get(normalize_text(subject)), entities.get(normalize_text(obj))
-    if subject_entity is not None:
-        texts += [render_relation(f, predicate, obj) for f in entity_foil_candidates(subject_entity)]
-    if object_entity is not None:
-        texts += [render_relation(subject, predicate, f) for f in entity_foil_candidates(object_entity)]
-    other_relations = [r.text for r in record.relations if r is not relation]
-    return _dedupe(relation.text, texts, forbidden=other_relations)
+    for change_type, argument in ((ChangeType.SUBJECT_REPLACE, subject),
+                                  (ChangeType.OBJECT_REPLACE, obj)):
+        entity = entities.get(normalize_text(argument))
+        built = [render_relation(f, predicate, obj) if change_type == ChangeType.SUBJECT_REPLACE
+                 else render_relation(subject, predicate, f)
+                 for f in (entity_foil_candidates(entity) if entity is not None else ())]
+        texts = _dedupe(relation.text, [f.text for f in relation.foils_of(change_type)] + built,
+                        forbidden)
+        if texts:
+            candidates.append(FoilCandidate(change_type, tuple(texts)))
+    return candidates
+
+
+def _stored_candidates(relation: Unit, forbidden: Sequence[str],
+                       use_negation: bool) -> list[FoilCandidate]:
+    # One candidate per stored antonym / negation / swap text (deduplicated; not the unit,
+    # not another relation of the sample).
+    wanted = [c for c in _STORED_RELATION_FOILS if use_negation or c != ChangeType.NEGATION]
+    stored = _dedupe(relation.text, (f.text for f in relation.foils if f.change_type in wanted),
+                     forbidden)
+    by_text: dict[str, ChangeType] = {}
+    for f in relation.foils:
+        by_text.setdefault(normalize_text(f.text), f.change_type)
+    return [FoilCandidate(by_text[normalize_text(t)], (t,)) for t in stored]
 
 
 # ---------------------------------------------------------------------------------------
@@ -152,7 +200,7 @@ def relation_foil_candidates(relation: Unit, record: UnitsRecord,
 class _Pools:
     """Units that can fill a slot, each with its foil candidates."""
 
-    relations: tuple[tuple[Unit, tuple[str, ...]], ...]
+    relations: tuple[tuple[Unit, tuple[FoilCandidate, ...]], ...]
     entities: tuple[tuple[Unit, tuple[str, ...]], ...]
 
 
@@ -163,49 +211,56 @@ def _pools(record: UnitsRecord, config: SamplingConfig) -> _Pools:
     return _Pools(relations, entities)
 
 
+def _relation_choice(relation: Unit, candidates: Sequence[FoilCandidate],
+                     rng: random.Random) -> UnitChoice:
+    candidate = rng.choice(candidates)
+    return UnitChoice(relation.text, rng.choice(candidate.texts), "relation",
+                      candidate.change_type.value)
+
+
 def _entity_choice(entity: Unit, foils: Sequence[str], record: UnitsRecord,
                    config: SamplingConfig, rng: random.Random) -> UnitChoice:
     foil = rng.choice(foils)
+    change_type = next((f.change_type.value for f in entity.foils if f.text == foil), "")
     # With entity_context_prob, one other entity of the sample rides along as context:
     # "A and C" vs "A' and C" (SPEC §3). C must not be the foil itself (that would be true).
     contexts = [e.text for e in record.entities
                 if normalize_text(e.text) not in (normalize_text(entity.text), normalize_text(foil))]
     if contexts and rng.random() < config.entity_context_prob:
         context = rng.choice(contexts)
-        return UnitChoice(f"{entity.text} and {context}", f"{foil} and {context}", "entity")
-    return UnitChoice(entity.text, foil, "entity")
+        # The authors shuffle the order of the parts, independently for the unit and the
+        # foil, so the position of the edited entity carries no signal.
+        return UnitChoice(_joined_shuffled([entity.text, context], rng),
+                          _joined_shuffled([foil, context], rng), "entity", change_type)
+    return UnitChoice(entity.text, foil, "entity", change_type)
+
+
+def _joined_shuffled(parts: list[str], rng: random.Random) -> str:
+    rng.shuffle(parts)
+    return " and ".join(parts)
 
 
 def draw_unit_slots(record: UnitsRecord, config: SamplingConfig,
                     rng: random.Random) -> list[UnitChoice]:
-    """Fill the N unit slots of one sample (SPEC §3). Units are drawn without replacement
-    within a sample, so the slots carry different units while the sample has enough; a
-    slot that cannot be filled copies another filled slot. A relation slot falls back to an
-    entity, never the other way (SPEC §3), so relation_prob = 0 never trains on relations.
-    Returns [] when no slot can be filled (the sample is then masked out of L_unit)."""
+    """Fill the N unit slots of one sample (SPEC §3), each slot independently and with
+    replacement (two slots may carry the same unit), as the authors' sampler does: with
+    probability relation_prob a slot takes a relation, falling back to an entity only
+    when the sample has no relation with a foil; otherwise an entity, falling back to a
+    relation. So relation_prob is the share of relation slots wherever both kinds exist.
+    Returns [] when no unit has a foil (the sample is then masked out of L_unit)."""
     pools = _pools(record, config)
-    used: set[int] = set()
-    slots: list[UnitChoice | None] = []
-    for _ in range(config.num_unit_slots):
-        # Draw the relation coin for every slot, so a slot's draws do not depend on
-        # which pools happen to be empty.
-        wants_relation = rng.random() < config.relation_prob
-        relations = [p for p in pools.relations if id(p[0]) not in used]
-        entities = [p for p in pools.entities if id(p[0]) not in used]
-        if wants_relation and relations:
-            unit, foils = rng.choice(relations)
-            slots.append(UnitChoice(unit.text, rng.choice(foils), "relation"))
-        elif entities:  # relation not wanted, or none left: fall back to an entity unit
-            unit, foils = rng.choice(entities)
-            slots.append(_entity_choice(unit, foils, record, config, rng))
-        else:
-            slots.append(None)
-            continue
-        used.add(id(unit))
-    filled = [s for s in slots if s is not None]
-    if not filled:
+    if not pools.relations and not pools.entities:
         return []
-    return [s if s is not None else rng.choice(filled) for s in slots]
+    slots = []
+    for _ in range(config.num_unit_slots):
+        wants_relation = rng.random() < config.relation_prob
+        if pools.relations and (wants_relation or not pools.entities):
+            relation, candidates = rng.choice(pools.relations)
+            slots.append(_relation_choice(relation, candidates, rng))
+        else:
+            entity, foils = rng.choice(pools.entities)
+            slots.append(_entity_choice(entity, foils, record, config, rng))
+    return slots
 
 
 # ---------------------------------------------------------------------------------------
@@ -293,18 +348,37 @@ def _entity_pattern(entity: str) -> re.Pattern[str]:
     return re.compile(rf"(?<!\w){re.escape(entity)}(?!\w)")
 
 
+def _stored_relation_foils(record: UnitsRecord, use_negation: bool) -> list[str]:
+    # Every stored antonym / negation / swap foil of the sample, for the "where" composite
+    # (the authors' composite uses stored relation foils only, never built replacements).
+    texts: list[str] = []
+    for relation in record.relations:
+        forbidden = [r.text for r in record.relations if r is not relation]
+        texts += [c.texts[0] for c in _stored_candidates(relation, forbidden, use_negation)]
+    return texts
+
+
+def _random_subset(items: Sequence[str], minimum: int, rng: random.Random) -> list[str]:
+    # A subset of random size in [minimum, len(items)], in random order (the authors'
+    # random.sample(items, random.randint(minimum, len(items)))).
+    return rng.sample(list(items), rng.randint(minimum, len(items))) if items else []
+
+
 def draw_caption_negative(record: UnitsRecord, config: SamplingConfig,
                           rng: random.Random) -> CaptionNegative:
     """The caption-level negative of slot 0 (SPEC §3), first rule that applies:
     1. with swap_prob, a NegCLIP word-order shuffle;
     2. with inplace_prob, one entity of the caption replaced by its foil, in place;
-    3. otherwise the other entities plus one foil, shuffled, joined with " and ".
-    A sample without any foil falls back to a shuffle, and a caption nothing can change
-    to itself (NegativeKind tells which rule applied, so callers can count them)."""
+    3. a composite: with relation_negative_prob, when the sample has a stored relation
+       foil, a non-empty random subset of its entities joined by " and ", then " where ",
+       then one relation foil; else the other entities (a random subset) and one entity
+       foil, shuffled, joined with " and ".
+    When none applies the kind is NONE and the text the caption itself: the loss leaves
+    that sample out of L_full's negative columns (the authors drop it), never pairs it
+    with itself. NegativeKind tells which rule applied, so callers can count them."""
     caption = record.caption
-    noun_adj = _noun_or_adjective_words(record)
     if rng.random() < config.swap_prob:
-        if (text := shuffle_caption(caption, noun_adj, rng)) is not None:
+        if (text := shuffle_caption(caption, _noun_or_adjective_words(record), rng)) is not None:
             return CaptionNegative(text, NegativeKind.SHUFFLE)
     entities = [(e, foils) for e in record.entities if (foils := entity_foil_candidates(e))]
     if rng.random() < config.inplace_prob:
@@ -314,21 +388,22 @@ def draw_caption_negative(record: UnitsRecord, config: SamplingConfig,
             foil = rng.choice(foils)
             text = _entity_pattern(entity.text).sub(lambda _: foil, caption, count=1)
             return CaptionNegative(text, NegativeKind.INPLACE)
+    relation_foils = _stored_relation_foils(record, config.use_negation)
+    if relation_foils and rng.random() < config.relation_negative_prob:
+        foil = rng.choice(relation_foils)
+        subset = _random_subset([e.text for e in record.entities], 1, rng)
+        text = f"{' and '.join(subset)} where {foil}" if subset else foil
+        return CaptionNegative(text, NegativeKind.RELATION_COMPOSITE)
     if entities:
         entity, foils = rng.choice(entities)
-        parts = [e.text for e in record.entities if e is not entity] + [rng.choice(foils)]
-        rng.shuffle(parts)
-        return CaptionNegative(" and ".join(parts), NegativeKind.COMPOSITE)
-    relations = [(r, c) for r in record.relations
-                 if (c := relation_foil_candidates(r, record, config.use_negation))]
-    if relations:  # no entity foil: the composite carries a relation foil instead
-        _, foils = rng.choice(relations)
-        parts = [e.text for e in record.entities] + [rng.choice(foils)]
-        rng.shuffle(parts)
-        return CaptionNegative(" and ".join(parts), NegativeKind.COMPOSITE)
-    if (text := shuffle_caption(caption, noun_adj, rng)) is not None:
-        return CaptionNegative(text, NegativeKind.FORCED_SHUFFLE)
-    return CaptionNegative(caption, NegativeKind.IDENTITY)
+        foil = rng.choice(foils)
+        # Other entities that equal the foil would make the composite true; validated
+        # records never have one (FOIL_IN_CAPTION), so this guard changes no draw.
+        others = [e.text for e in record.entities
+                  if e is not entity and normalize_text(e.text) != normalize_text(foil)]
+        parts = _random_subset(others, 0, rng) + [foil]
+        return CaptionNegative(_joined_shuffled(parts, rng), NegativeKind.ENTITY_COMPOSITE)
+    return CaptionNegative(caption, NegativeKind.NONE)
 
 
 # ---------------------------------------------------------------------------------------
@@ -341,25 +416,28 @@ def sample_texts(record: UnitsRecord, config: SamplingConfig, seed: int, epoch: 
     rng = sample_rng(seed, record.sample_id, epoch)
     slots = draw_unit_slots(record, config, rng)
     negative = draw_caption_negative(record, config, rng)
+    has_negative = negative.kind != NegativeKind.NONE
     if not slots:
         # Placeholders keep the batch rectangular; the loss masks this sample out of L_unit.
         placeholder_units = (record.caption,) * config.num_unit_slots
         placeholder_foils = (negative.text,) * config.num_unit_slots
-        return SampleTexts(record.caption, negative.text, placeholder_units, placeholder_foils, False)
+        return SampleTexts(record.caption, negative.text, placeholder_units, placeholder_foils,
+                           False, has_negative)
     return SampleTexts(record.caption, negative.text, tuple(s.unit for s in slots),
-                       tuple(s.foil for s in slots), True)
+                       tuple(s.foil for s in slots), True, has_negative)
 
 
 def sample_text_columns(records: Iterable[UnitsRecord | Mapping[str, Any]], config: SamplingConfig,
                         seed: int, epoch: int) -> dict[str, list]:
     """Text columns for a batch (e.g. inside Ray Data map_batches): `caption`,
-    `caption_negative`, `unit_{k}` and `foil_{k}` for k in 0..N-1, and `unit_mask` (bool,
-    False where the unit columns are placeholders). Accepts records or row dicts."""
+    `caption_negative`, `unit_{k}` and `foil_{k}` for k in 0..N-1, `unit_mask` (bool,
+    False where the unit columns are placeholders) and `negative_mask` (bool, False where
+    no caption negative could be built). Accepts records or row dicts."""
     num = config.num_unit_slots
     columns: dict[str, list] = {"caption": [], "caption_negative": []}
     for k in range(num):
         columns[f"unit_{k}"], columns[f"foil_{k}"] = [], []
-    columns["unit_mask"] = []
+    columns["unit_mask"], columns["negative_mask"] = [], []
     for record in records:
         if not isinstance(record, UnitsRecord):
             record = record_from_row(_row_defaults(record))
@@ -370,6 +448,7 @@ def sample_text_columns(records: Iterable[UnitsRecord | Mapping[str, Any]], conf
             columns[f"unit_{k}"].append(texts.units[k])
             columns[f"foil_{k}"].append(texts.foils[k])
         columns["unit_mask"].append(texts.has_units)
+        columns["negative_mask"].append(texts.has_negative)
     return columns
 
 

@@ -55,6 +55,7 @@ class RejectReason(StrEnum):
     INFERENCE_ERROR = "inference_error"
     UNPARSED = "unparsed"
     ENTITY_NOT_IN_CAPTION = "entity_not_in_caption"  # an LLM entity the caption never says
+    UNMATCHED_NEGATIVE = "unmatched_negative"  # a stored negative of no unit of its record
 
 
 MAX_ENTITIES = 12

@@ -41,6 +41,35 @@ def test_negclip_loss_counts_every_caption_negative_as_a_column():
     assert loss.item() == pytest.approx(CE_ONE_VS_ZERO + math.log(2) / 2, abs=1e-6)
 
 
+def test_sample_without_caption_negative_gives_no_negative_column():
+    # Sample 1 has no caption negative: its placeholder is its own caption (e2). Masked, the
+    # columns are [c0, c1, n0] = [e1, e2, e2]: image 0 sees [1, 0, 0], image 1 [0, 1, 1].
+    # Unmasked, image 1 would also score its placeholder, i.e. its own caption, as a
+    # "negative" ([0, 1, 1, 1]). Both images and captions stay in the loss.
+    image = caption = _eye(2)
+    caption_negative = torch.tensor([[0.0, 1.0], [0.0, 1.0]])
+    mask = torch.tensor([True, False])
+    loss = negclip_loss(image, caption, caption_negative, torch.tensor(1.0), mask)
+    image_to_text = (math.log(math.e + 2) + math.log(2 * math.e + 1)) / 2 - 1
+    assert loss.item() == pytest.approx((image_to_text + CE_ONE_VS_ZERO) / 2, abs=1e-6)
+    everyone = negclip_loss(image, caption, caption_negative, torch.tensor(1.0))
+    assert everyone.item() > loss.item() + 0.05
+    # The placeholder's features do not matter.
+    other = caption_negative.clone()
+    other[1] = torch.tensor([0.6, 0.8])
+    assert negclip_loss(image, caption, other, torch.tensor(1.0), mask).item() == loss.item()
+
+
+def test_csclip_full_part_masks_caption_negatives_like_negclip():
+    image, caption, negative = (_normalised(4, 8, seed=s) for s in (0, 1, 2))
+    units, foils = _normalised(2, 4, 8, seed=3), _normalised(2, 4, 8, seed=4)
+    mask, negative_mask = torch.ones(4, dtype=torch.bool), torch.tensor([True, False, False, True])
+    parts = csclip_loss(image, caption, negative, units, foils, mask, torch.tensor(20.0),
+                        negative_mask=negative_mask)
+    torch.testing.assert_close(parts.full, negclip_loss(image, caption, negative, torch.tensor(20.0),
+                                                        negative_mask))
+
+
 def test_unit_loss_uses_only_the_samples_own_foil():
     # D = 3; units e1, e2 match their images; both foils are e3 (orthogonal to images).
     # Image→text row: [1, 0] over units plus [0] for its own foil only -> log(e + 2) - 1.
@@ -189,10 +218,15 @@ def test_objectives_name_their_columns_and_compute_their_loss():
     assert objective_for(LossConfig(method="negclip"), 3).columns == ("caption", "caption_negative")
     objective = objective_for(LossConfig(method="csclip", unit_loss_weight=0.25), 2)
     assert objective.columns == ("caption", "caption_negative", "unit_0", "unit_1", "foil_0", "foil_1")
-    assert objective.mask_columns == ("unit_mask",)
+    assert objective.mask_columns == ("unit_mask", "negative_mask")
+    assert objective_for(LossConfig(method="negclip"), 3).mask_columns == ("negative_mask",)
+    assert objective_for(LossConfig(method="clip"), 3).mask_columns == ()
     image, caption, negative, units, foils, mask, scale = _loss_inputs(slots=2)
+    negative_mask = ~mask.roll(1)
     texts = {"caption": caption, "caption_negative": negative, "unit_0": units[0],
              "unit_1": units[1], "foil_0": foils[0], "foil_1": foils[1]}
-    parts = objective.loss(image, texts, {"unit_mask": mask}, scale)
+    parts = objective.loss(image, texts, {"unit_mask": mask, "negative_mask": negative_mask}, scale)
     torch.testing.assert_close(parts.total, csclip_loss(image, caption, negative, units, foils,
-                                                        mask, scale, unit_loss_weight=0.25).total)
+                                                        mask, scale, unit_loss_weight=0.25,
+                                                        negative_mask=negative_mask).total)
+    assert objective.gather and not objective_for(LossConfig(gather=False), 2).gather

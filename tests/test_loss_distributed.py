@@ -1,6 +1,7 @@
 """Parity of the gathered losses: 2 gloo workers (torch.multiprocessing, 127.0.0.1) compute
 the same loss, and the same gradients up to DDP's averaging, as one process on the
-concatenated batch."""
+concatenated batch; with gather=False (loss.gather) each worker's loss is its local
+batch's, and DDP's average is the gradient of the mean of the per-worker losses."""
 
 from __future__ import annotations
 
@@ -38,17 +39,22 @@ def _global_inputs() -> dict[str, torch.Tensor]:
         "units": features(SLOTS, batch, DIM), "foils": features(SLOTS, batch, DIM),
         # A masked sample on each rank in both splits, so masking and gathering meet.
         "mask": torch.tensor([True, False, True, True, True, False]),
+        # Samples without a caption negative, on both ranks in both splits.
+        "negative_mask": torch.tensor([True, True, False, True, False, True]),
     }
 
 
 FEATURES = ("image", "caption", "caption_negative", "units", "foils")
+MASKS = ("mask", "negative_mask")
 
 
-def _losses(inputs: dict[str, torch.Tensor], scale: torch.Tensor) -> dict[str, torch.Tensor]:
+def _losses(inputs: dict[str, torch.Tensor], scale: torch.Tensor,
+            gather: bool = True) -> dict[str, torch.Tensor]:
     parts = csclip_loss(inputs["image"], inputs["caption"], inputs["caption_negative"],
-                        inputs["units"], inputs["foils"], inputs["mask"], scale, 0.5)
+                        inputs["units"], inputs["foils"], inputs["mask"], scale, 0.5,
+                        negative_mask=inputs["negative_mask"], gather=gather)
     return {"full": parts.full, "unit": parts.unit, "total": parts.total,
-            "clip": clip_loss(inputs["image"], inputs["caption"], scale)}
+            "clip": clip_loss(inputs["image"], inputs["caption"], scale, gather=gather)}
 
 
 def _gradients(inputs, scale, loss) -> dict[str, torch.Tensor]:
@@ -75,14 +81,15 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     try:
         result = {}
         for split in SPLITS:
-            local = {name: value.clone().requires_grad_(name != "mask")
-                     for name, value in _local(_global_inputs(), _rows(split, rank)).items()}
-            scale = torch.tensor(12.5, requires_grad=True)
-            losses = _losses(local, scale)
-            result.update({f"{split}_loss_{k}": v.detach() for k, v in losses.items()})
-            for kind in ("total", "clip"):
-                grads = _gradients(local, scale, losses[kind])
-                result.update({f"{split}_grad_{kind}_{k}": v for k, v in grads.items()})
+            for gather, tag in ((True, ""), (False, "local_")):
+                local = {name: value.clone().requires_grad_(name not in MASKS)
+                         for name, value in _local(_global_inputs(), _rows(split, rank)).items()}
+                scale = torch.tensor(12.5, requires_grad=True)
+                losses = _losses(local, scale, gather)
+                result.update({f"{tag}{split}_loss_{k}": v.detach() for k, v in losses.items()})
+                for kind in ("total", "clip"):
+                    grads = _gradients(local, scale, losses[kind])
+                    result.update({f"{tag}{split}_grad_{kind}_{k}": v for k, v in grads.items()})
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -107,7 +114,7 @@ def test_two_gloo_workers_match_one_process_on_the_concatenated_batch(tmp_path):
             pytest.fail(f"gloo workers did not finish within {JOIN_TIMEOUT_S} s")
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE)]
 
-    inputs = {k: v.clone().requires_grad_(k != "mask") for k, v in _global_inputs().items()}
+    inputs = {k: v.clone().requires_grad_(k not in MASKS) for k, v in _global_inputs().items()}
     scale = torch.tensor(12.5, requires_grad=True)
     losses = _losses(inputs, scale)
     single = {kind: _gradients(inputs, scale, losses[kind]) for kind in ("total", "clip")}
@@ -132,3 +139,27 @@ def test_two_gloo_workers_match_one_process_on_the_concatenated_batch(tmp_path):
     # The masked samples (global rows 1 and 5) get no unit gradient.
     assert torch.all(ranks[0]["even_grad_total_units"][:, 1] == 0)
     assert torch.all(ranks[1]["uneven_grad_total_units"][:, 1] == 0)
+
+    # loss.gather = False: each worker's loss is the one process's loss on that worker's
+    # rows alone; its feature gradients are those of the mean of the per-worker losses
+    # times W (the same convention as above), and DDP's average of the logit_scale
+    # gradients is the mean loss's: together, training on mean_r L_r.
+    for split in SPLITS:
+        inputs = {k: v.clone().requires_grad_(k not in MASKS) for k, v in _global_inputs().items()}
+        scale = torch.tensor(12.5, requires_grad=True)
+        shards = [_local(inputs, _rows(split, rank)) for rank in range(WORLD_SIZE)]
+        per_worker = [_losses(shard, scale, gather=False) for shard in shards]
+        for kind in ("total", "clip"):
+            mean = torch.stack([losses[kind] for losses in per_worker]).mean()
+            expected = _gradients(inputs, scale, mean)
+            for rank, result in enumerate(ranks):
+                torch.testing.assert_close(result[f"local_{split}_loss_{kind}"],
+                                           per_worker[rank][kind].detach(), atol=1e-6, rtol=0)
+                local_expected = _local({n: expected[n] for n in FEATURES}, _rows(split, rank))
+                for name in FEATURES:
+                    torch.testing.assert_close(result[f"local_{split}_grad_{kind}_{name}"],
+                                               WORLD_SIZE * local_expected[name], atol=1e-6, rtol=0)
+            averaged = torch.stack([r[f"local_{split}_grad_{kind}_scale"] for r in ranks]).mean()
+            torch.testing.assert_close(averaged, expected["scale"], atol=1e-6, rtol=0)
+        # Different local batches give different losses: nothing was gathered.
+        assert ranks[0][f"local_{split}_loss_total"] != ranks[1][f"local_{split}_loss_total"]

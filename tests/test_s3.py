@@ -85,3 +85,22 @@ def test_pipeline_writes_units_and_rejects_to_s3_and_resumes(ray_session, s3, s3
     assert pq.read_table(f"{path}/rejects", filesystem=fs).num_rows == 0
     again = run_extraction(config)
     assert (again.shards_written, again.shards_skipped, again.read) == (0, 3, 7)
+
+
+def test_authors_unit_files_read_from_an_s3_glob(s3):
+    from pathlib import Path
+
+    from csclip.extract.authors import authors_caption_table, expand_uri
+
+    fixtures = Path(__file__).parent / "fixtures"
+    for name in ("authors_train.json", "authors_older.json"):
+        s3.put_object(Bucket=BUCKET, Key=f"authors/{name}", Body=(fixtures / name).read_bytes())
+    s3.put_object(Bucket=BUCKET, Key="authors/readme.txt", Body=b"not units")
+    assert expand_uri(f"s3://{BUCKET}/authors/*.json") == [
+        f"{BUCKET}/authors/authors_older.json", f"{BUCKET}/authors/authors_train.json"]
+    table = authors_caption_table(InputConfig(format="world", uri=f"s3://{BUCKET}/authors/authors_*.json",
+                                              image_root=f"s3://{BUCKET}/images"))
+    assert table.num_rows == 7 + 3  # loaded and rejected records alike
+    paths = dict(zip(table.column("sample_id").to_pylist(), table.column("image_path").to_pylist(),
+                     strict=True))
+    assert paths["coco_391895_0"] == f"s3://{BUCKET}/images/val2014/COCO_val2014_000000391895.jpg"

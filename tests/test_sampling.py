@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from csclip.config import validate_config
 from csclip.errors import ConfigError
 from csclip.sampling import (
+    FoilCandidate,
     NegativeKind,
     SamplingConfig,
     draw_caption_negative,
@@ -94,10 +95,8 @@ def test_every_sample_fills_all_slots_and_no_foil_equals_its_unit(record, config
     entity_ok = any(entity_foil_candidates(e) for e in record.entities)
     relation_ok = any(relation_foil_candidates(r, record, config.use_negation)
                       for r in record.relations)
-    if entity_ok:  # every slot can fall back to an entity
-        assert texts.has_units
-    if not (entity_ok or relation_ok):
-        assert not texts.has_units
+    # Each kind falls back to the other: a sample has units iff some unit has a foil.
+    assert texts.has_units == (entity_ok or relation_ok)
     if texts.has_units:
         for unit, foil in zip(texts.units, texts.foils, strict=True):
             assert normalize_text(unit) != normalize_text(foil)
@@ -150,40 +149,96 @@ def test_caption_negative_rules_follow_swap_and_inplace_prob(swap_prob, inplace_
     num = 2000
     kinds = Counter(draw_caption_negative(horse_record(), config, sample_rng(1, f"s{i}", 0)).kind
                     for i in range(num))
-    # "First that applies": the in-place rule only sees what the shuffle left over.
+    # "First that applies": the in-place rule only sees what the shuffle left over, and the
+    # composite splits the rest by relation_negative_prob (0.5; the record has relation foils).
+    rest = (1 - swap_prob) * (1 - inplace_prob)
     expected = {NegativeKind.SHUFFLE: swap_prob,
                 NegativeKind.INPLACE: (1 - swap_prob) * inplace_prob,
-                NegativeKind.COMPOSITE: (1 - swap_prob) * (1 - inplace_prob)}
+                NegativeKind.RELATION_COMPOSITE: rest / 2,
+                NegativeKind.ENTITY_COMPOSITE: rest / 2}
     for kind, p in expected.items():
         assert abs(kinds[kind] / num - p) <= _fraction_ci(p, num), (kind, kinds)
 
 
-@pytest.mark.parametrize("num_unit_slots", [1, 2, 3, 4])
-def test_slots_hold_distinct_units_while_the_sample_has_enough(num_unit_slots):
-    # relation_prob 1: both relations first, then entities (SPEC's fallback), 5 units in all.
-    # (With relation_prob < 1 an entity slot does not fall back to relations, so slots may
-    # repeat once the entities run out: the SPEC only falls back from relation to entity.)
-    config = SamplingConfig(num_unit_slots=num_unit_slots, relation_prob=1.0,
-                            entity_context_prob=0.0)
-    for i in range(200):
-        texts = sample_texts(horse_record(f"s{i}"), config, 0, 0)
-        assert len(texts.units) == num_unit_slots
-        assert len(set(texts.units)) == num_unit_slots  # 5 units available, N <= 4
+@pytest.mark.parametrize("num_unit_slots", [2, 3, 4])
+@pytest.mark.parametrize("relation_prob", [0.5, 1.0])
+def test_relation_prob_is_the_share_of_relation_slots_at_every_n(num_unit_slots, relation_prob):
+    # Slots are drawn independently, with replacement (the authors' sampler): the horse has
+    # 2 relations, yet at relation_prob 1.0 every slot of N = 3, 4 is a relation. Drawing
+    # without replacement gave 64.5% relation slots at N = 2 on the world (issue 9).
+    config = SamplingConfig(num_unit_slots=num_unit_slots, relation_prob=relation_prob)
+    kinds = Counter(slot.kind for i in range(1000)
+                    for slot in draw_unit_slots(horse_record(), config, sample_rng(0, f"s{i}", 0)))
+    share = kinds["relation"] / sum(kinds.values())
+    assert abs(share - relation_prob) <= 0.02, (share, kinds)
+
+
+def test_slots_are_drawn_with_replacement():
+    config = SamplingConfig(num_unit_slots=4, relation_prob=1.0)
+    draws = [sample_texts(horse_record(f"s{i}"), config, 0, 0).units for i in range(50)]
+    assert all(set(units) <= {r.text for r in horse_record().relations} for units in draws)
+    # Both orders and repeats occur: each slot is its own uniform draw over the relations.
+    assert any(len(set(units)) == 1 for units in draws) and any(len(set(units)) == 2 for units in draws)
 
 
 def test_entity_context_prob_adds_one_other_entity_half_the_time():
     config = SamplingConfig(num_unit_slots=1, relation_prob=0.0)
     num = 2000
-    with_context = 0
+    with_context = context_first = 0
     for i in range(num):
         texts = sample_texts(horse_record(f"s{i}"), config, 0, 0)
         unit, foil = texts.units[0], texts.foils[0]
         if " and " in unit:
             with_context += 1
-            # "A and C" vs "A' and C": same context, edited first entity.
-            assert unit.split(" and ")[1] == foil.split(" and ")[1]
-            assert unit.split(" and ")[0] != foil.split(" and ")[0]
+            # "A and C" vs "A' and C": the same context C, the edited entity A -> A'.
+            unit_parts, foil_parts = set(unit.split(" and ")), set(foil.split(" and "))
+            (context,) = unit_parts & foil_parts
+            assert len(unit_parts) == len(foil_parts) == 2
+            context_first += unit.startswith(context + " and ")
     assert abs(with_context / num - 0.5) <= _fraction_ci(0.5, num)
+    # The order of the two parts is shuffled, as the authors do.
+    assert abs(context_first / with_context - 0.5) <= _fraction_ci(0.5, with_context)
+
+
+def _rules_records(sugarcrepe_dir, limit: int) -> list[UnitsRecord]:
+    from csclip.extract.backends import rules_outcome
+
+    data = json.loads((sugarcrepe_dir / "replace_rel.json").read_text())
+    records = []
+    for key in sorted(data, key=int)[:limit]:
+        row = {"sample_id": f"sc-{key}", "image_id": key, "caption": data[key]["caption"],
+               "split": "train"}
+        if (record := rules_outcome(row).record) is not None:
+            records.append(record)
+    return records
+
+
+def _has_both_kinds(record: UnitsRecord, config: SamplingConfig) -> bool:
+    return (any(entity_foil_candidates(e) for e in record.entities)
+            and any(relation_foil_candidates(r, record, config.use_negation) for r in record.relations))
+
+
+@pytest.mark.parametrize("source", ["world", "sugarcrepe"])
+def test_relation_slot_share_is_within_two_points_of_relation_prob_on_real_units(source, request):
+    # Issue 9's acceptance: on the world and on SugarCrepe units (rules extractor), among
+    # samples that have both kinds, the share of relation slots is relation_prob +- 2 points
+    # at N = 1..4.
+    if source == "world":
+        world = pytest.importorskip("csclip.world")
+        config = world.WorldConfig(seed=0, num_train=60, num_val=1, num_test=1)
+        records = list(world.iter_world(config, splits=("train",)))
+    else:
+        records = _rules_records(request.getfixturevalue("sugarcrepe_dir"), 300)
+    for relation_prob in (0.5, 1.0):
+        for n in range(1, 5):
+            config = SamplingConfig(num_unit_slots=n, relation_prob=relation_prob)
+            eligible = [r for r in records if _has_both_kinds(r, config)]
+            assert len(eligible) >= 40
+            kinds = Counter(slot.kind for epoch in range(6000 // (n * len(eligible)) + 1)
+                            for r in eligible
+                            for slot in draw_unit_slots(r, config, sample_rng(0, r.sample_id, epoch)))
+            share = kinds["relation"] / sum(kinds.values())
+            assert abs(share - relation_prob) <= 0.02, (source, relation_prob, n, share)
 
 
 # --- slot filling, masking and foil candidates -------------------------------------------
@@ -209,34 +264,66 @@ def test_slot_that_cannot_be_filled_copies_a_filled_slot():
     assert texts.units == ("red circle",) * 3 and texts.foils == ("blue circle",) * 3
 
 
-def test_relation_prob_one_falls_back_to_entities_when_relations_run_out():
-    config = SamplingConfig(num_unit_slots=3, relation_prob=1.0, entity_context_prob=0.0)
-    texts = sample_texts(horse_record(), config, 0, 0)
-    relation_texts = {r.text for r in horse_record().relations}
-    assert set(texts.units[:2]) == relation_texts
-    assert texts.units[2] in {e.text for e in horse_record().entities}
+def test_each_kind_falls_back_to_the_other_only_when_the_sample_has_none():
+    horse = horse_record()
+    # A relation with no stored foil whose arguments are no entity with foils: no candidate.
+    no_relation_foils = UnitsRecord("e", "e", horse.caption, "train", horse.entities,
+                                    (Unit.relation("rider", "is on", "animal"),))
+    no_entity_foils = UnitsRecord("r", "r", horse.caption, "train",
+                                  tuple(Unit.entity(e.text) for e in horse.entities),
+                                  horse.relations[:1])
+    for i in range(20):
+        rng = sample_rng(0, f"s{i}", 0)
+        relations_wanted = SamplingConfig(num_unit_slots=3, relation_prob=1.0)
+        entities_wanted = SamplingConfig(num_unit_slots=3, relation_prob=0.0)
+        assert {s.kind for s in draw_unit_slots(horse, relations_wanted, rng)} == {"relation"}
+        assert {s.kind for s in draw_unit_slots(horse, entities_wanted, rng)} == {"entity"}
+        assert {s.kind for s in draw_unit_slots(no_relation_foils, relations_wanted, rng)} == {"entity"}
+        assert {s.kind for s in draw_unit_slots(no_entity_foils, entities_wanted, rng)} == {"relation"}
 
 
-def test_relation_foil_candidates_cover_antonym_swap_and_argument_replacements():
+def _texts(candidates: list[FoilCandidate]) -> list[str]:
+    return [t for c in candidates for t in c.texts]
+
+
+def test_relation_foil_candidates_are_one_per_stored_foil_and_one_per_replaced_argument():
     record = horse_record()
     riding = record.relations[0]
     assert relation_foil_candidates(riding, record) == [
-        "man is walking brown horse",        # antonym (negation left out by default)
-        "woman is riding brown horse",       # subject replaced by its entity foil
-        "man is riding white horse",         # object replaced by its entity foils
-        "man is riding brown cow",
+        FoilCandidate(ChangeType.NEGATION, ("man is not riding brown horse",)),
+        FoilCandidate(ChangeType.ANTONYM, ("man is walking brown horse",)),
+        # ONE subject and ONE object replacement, however many foils the entity has.
+        FoilCandidate(ChangeType.SUBJECT_REPLACE, ("woman is riding brown horse",)),
+        FoilCandidate(ChangeType.OBJECT_REPLACE, ("man is riding white horse", "man is riding brown cow")),
     ]
-    with_negation = relation_foil_candidates(riding, record, use_negation=True)
-    assert with_negation[0] == "man is not riding brown horse" and len(with_negation) == 5
+    without_negation = relation_foil_candidates(riding, record, use_negation=False)
+    assert [c.change_type for c in without_negation] == [
+        ChangeType.ANTONYM, ChangeType.SUBJECT_REPLACE, ChangeType.OBJECT_REPLACE]
+
+
+def test_relation_foil_types_are_drawn_uniformly_over_candidates():
+    # 4 candidates for "man is riding brown horse": 25% each, not 2/5 for object_replace
+    # (two entity foils of the object) as when every replacement was its own candidate.
+    record = horse_record()
+    riding = record.relations[0]
+    only_riding = UnitsRecord("x", "x", record.caption, "train", record.entities, (riding,))
+    config = SamplingConfig(num_unit_slots=1, relation_prob=1.0)
+    num = 4000
+    types = Counter(draw_unit_slots(only_riding, config, sample_rng(0, f"s{i}", 0))[0].change_type
+                    for i in range(num))
+    assert set(types) == {"negation", "antonym", "subject_replace", "object_replace"}
+    for n in types.values():
+        assert abs(n / num - 0.25) <= _fraction_ci(0.25, num)
 
 
 def test_stored_swap_is_a_candidate_but_none_is_built():
     record = horse_record()
     next_to = record.relations[1]   # symmetric: a built swap would be true
-    assert "red car is next to brown horse" not in relation_foil_candidates(next_to, record)
+    assert "red car is next to brown horse" not in _texts(relation_foil_candidates(next_to, record))
     swapped = Unit.relation("man", "is riding", "brown horse", [Foil.relation(
         "brown horse", "is riding", "man", ChangeType.SUBJECT_OBJECT_SWAP)])
-    assert "brown horse is riding man" in relation_foil_candidates(swapped, record)
+    assert FoilCandidate(ChangeType.SUBJECT_OBJECT_SWAP, ("brown horse is riding man",)) in \
+        relation_foil_candidates(swapped, record)
 
 
 def test_relation_foil_that_is_another_true_relation_is_dropped():
@@ -250,7 +337,7 @@ def test_relation_foil_that_is_another_true_relation_is_dropped():
     # circle" never appears as a foil of anything.
     for relation in record.relations:
         others = {r.text for r in record.relations if r is not relation}
-        assert not others & set(relation_foil_candidates(relation, record))
+        assert not others & set(_texts(relation_foil_candidates(relation, record)))
 
 
 # --- caption-level negative ---------------------------------------------------------------
@@ -273,22 +360,51 @@ def test_inplace_negative_replaces_one_whole_word_entity():
     assert negative.text == "a dog tries to catch a cat toy"
 
 
-def test_composite_negative_is_other_entities_and_one_foil():
-    config = SamplingConfig(swap_prob=0.0, inplace_prob=0.0)
+def test_entity_composite_is_a_random_subset_of_other_entities_and_one_foil():
+    config = SamplingConfig(swap_prob=0.0, inplace_prob=0.0, relation_negative_prob=0.0)
     record = horse_record()
     foils = {f.text: e.text for e in record.entities for f in e.foils}
-    for i in range(30):
+    sizes = Counter()
+    for i in range(300):
         negative = draw_caption_negative(record, config, sample_rng(0, f"s{i}", 0))
         parts = negative.text.split(" and ")
-        assert negative.kind == NegativeKind.COMPOSITE and len(parts) == 3
+        assert negative.kind == NegativeKind.ENTITY_COMPOSITE
         (foil,) = [p for p in parts if p in foils]
-        assert set(parts) - {foil} == {e.text for e in record.entities} - {foils[foil]}
+        assert set(parts) - {foil} <= {e.text for e in record.entities} - {foils[foil]}
+        sizes[len(parts)] += 1
+    assert set(sizes) == {1, 2, 3}  # 0, 1 or 2 of the other entities ride along
 
 
-def test_caption_without_foils_or_word_order_is_its_own_negative():
+def test_relation_composite_is_entities_where_a_stored_relation_foil():
+    config = SamplingConfig(swap_prob=0.0, inplace_prob=0.0, relation_negative_prob=1.0)
+    record = horse_record()
+    stored = {f.text for r in record.relations for f in r.foils}
+    entity_texts = {e.text for e in record.entities}
+    for i in range(100):
+        negative = draw_caption_negative(record, config, sample_rng(0, f"s{i}", 0))
+        assert negative.kind == NegativeKind.RELATION_COMPOSITE
+        entities, foil = negative.text.split(" where ")
+        # A stored antonym / negation / swap foil, never a built replacement.
+        assert foil in stored
+        parts = entities.split(" and ")
+        assert parts and set(parts) <= entity_texts and len(set(parts)) == len(parts)
+    without = UnitsRecord("n", "n", record.caption, "train", record.entities)
+    assert draw_caption_negative(without, config, sample_rng(0, "n", 0)).kind == \
+        NegativeKind.ENTITY_COMPOSITE
+
+
+def test_caption_with_no_possible_negative_is_marked_not_paired_with_itself():
     record = UnitsRecord("one", "one", "dog", "train", (Unit.entity("dog"),))
     negative = draw_caption_negative(record, SamplingConfig(), sample_rng(0, "one", 0))
-    assert negative.kind == NegativeKind.IDENTITY and negative.text == "dog"
+    assert negative.kind == NegativeKind.NONE
+    texts = sample_texts(record, SamplingConfig(), 0, 0)
+    assert texts.has_negative is False and texts.has_units is False
+    # A shuffle is only drawn with swap_prob (no forced shuffle when the coin says no).
+    bare = UnitsRecord("b", "b", "a dog on a sofa", "train", (Unit.entity("dog"),))
+    no_swap = SamplingConfig(swap_prob=0.0)
+    assert draw_caption_negative(bare, no_swap, sample_rng(0, "b", 0)).kind == NegativeKind.NONE
+    columns = sample_text_columns([record, horse_record()], SamplingConfig(), 0, 0)
+    assert columns["negative_mask"] == [False, True]
 
 
 # --- batches and configs ------------------------------------------------------------------
@@ -301,7 +417,7 @@ def test_text_columns_from_a_ray_style_numpy_batch():
     batch = {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
     columns = sample_text_columns(records_from_batch(batch), config, seed=3, epoch=2)
     assert set(columns) == {"caption", "caption_negative", "unit_0", "foil_0", "unit_1", "foil_1",
-                            "unit_mask"}
+                            "unit_mask", "negative_mask"}
     assert columns["unit_mask"] == [True, False]
     expected = sample_texts(recs[0], config, 3, 2)
     assert (columns["unit_0"][0], columns["foil_1"][0]) == (expected.units[0], expected.foils[1])
@@ -315,7 +431,9 @@ def test_bad_sampling_config_is_a_config_error_naming_the_field():
         validate_config(SamplingConfig, {"relation_prob": 1.5})
     with pytest.raises(ConfigError, match="num_unit_slots"):
         validate_config(SamplingConfig, {"num_unit_slots": 0})
-    assert SamplingConfig().use_negation is False
+    # The authors' defaults: negation foils are candidates, swap and in-place always tried.
+    defaults = SamplingConfig()
+    assert defaults.use_negation is True and defaults.swap_prob == defaults.inplace_prob == 1.0
 
 
 # --- world records: the truth oracle judges every sampled text -----------------------------
@@ -336,5 +454,10 @@ def test_world_units_are_true_and_foils_false_under_the_oracle():
             checked += 1
         negative = draw_caption_negative(record, SamplingConfig(swap_prob=0, inplace_prob=0),
                                          sample_rng(0, record.sample_id, 0))
-        assert negative.kind == NegativeKind.COMPOSITE and not scene.holds(negative.text)
+        if negative.kind == NegativeKind.RELATION_COMPOSITE:
+            # "A and B where s r' o": true entities, a false relation.
+            entities, relation = negative.text.split(" where ")
+            assert scene.holds(entities) and not scene.holds(relation), negative.text
+        else:
+            assert negative.kind == NegativeKind.ENTITY_COMPOSITE and not scene.holds(negative.text)
     assert checked == 120

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import io
-import math
 
 import open_clip
 import pytest
@@ -15,7 +14,6 @@ from csclip.data import DataConfig, plan_data, prepare_batch, preprocess_key
 from csclip.errors import CsclipError, DataError
 from csclip.loss import LossConfig, objective_for
 from csclip.model import WEIGHTS_FILE, create_bundle, register_small_models, spec_of
-from csclip.optim import OptimConfig, build_optimizer, lr_at
 from csclip.sampling import SamplingConfig
 from csclip.train import (
     TrainConfig,
@@ -43,28 +41,6 @@ def tiny_config(tmp_path, mlflow_uri: str, *overrides: str) -> TrainConfig:
 # Pure pieces
 # ---------------------------------------------------------------------------------------
 
-def test_lr_warms_up_then_decays_to_zero_every_step():
-    optim = OptimConfig(lr=1.0, warmup_steps=4)
-    assert [lr_at(s, optim, 12, 3) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
-    assert lr_at(8, optim, 12, 3) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.5)))
-    assert lr_at(12, optim, 12, 3) == pytest.approx(0.0)
-
-
-def test_authors_schedule_steps_per_epoch_so_warmup_never_ends():
-    # SPEC §6: stepped once per epoch, a 4-step warmup over 2 epochs stays at lr * (e+1)/4.
-    optim = OptimConfig(lr=1.0, warmup_steps=4, schedule="authors_per_epoch")
-    assert [lr_at(s, optim, 20, 10) for s in (0, 9, 10, 19)] == [0.25, 0.25, 0.5, 0.5]
-
-
-def test_weight_decay_skips_gains_biases_and_logit_scale():
-    model = create_bundle("csclip-tiny").model
-    groups = build_optimizer(model, OptimConfig(weight_decay=0.3)).param_groups
-    no_decay = {id(p) for p in groups[0]["params"]}
-    assert groups[0]["weight_decay"] == 0.0 and groups[1]["weight_decay"] == 0.3
-    assert id(model.logit_scale) in no_decay
-    assert id(model.visual.conv1.weight) not in no_decay
-
-
 def _batch(model_name: str = "csclip-tiny", size: int = 6, slots: int = 2) -> dict:
     world = WorldConfig(image_size=32)
     records = [world_record(world, "train", i) for i in range(size)]
@@ -81,6 +57,7 @@ def test_prepare_batch_gives_images_tokens_and_mask():
     for name in ["caption", "caption_negative", "unit_0", "unit_2", "foil_2"]:
         assert batch[name].shape == (5, 32) and batch[name].dtype == torch.int64
     assert batch["unit_mask"].dtype == torch.bool
+    assert batch["negative_mask"].dtype == torch.bool and batch["negative_mask"].shape == (5,)
     assert not torch.equal(batch["unit_0"], batch["foil_0"])
 
 

@@ -1,48 +1,101 @@
-"""Readers for the CS-CLIP authors' unit files, into UnitsRecords.
+"""The CS-CLIP authors' unit files read into UnitsRecords without loss (issue 9).
 
-Two formats (SPEC §6, "Key names"):
+Two key schemas, both written by the authors' code and detected per record:
 
-* training JSON (the released extraction): one object per caption with
-  `sample_id, original_caption, entities, negative_entities{entity: [{negative,
-  change_type}]}, relations[{subject, relation_type, object, negatives[...]}], image_path`;
-* the older evaluation format: `positive_components` (entity strings, or relation
-  objects) and `negative_components{component: [{negative, change_type}] | [str]}`.
+* training JSON (their unit_pipeline/main.py, the README's "Training JSON Format"):
+  `sample_id, original_caption, entities: [str], negative_entities: {entity:
+  [{negative, change_type}]}, relations: [{subject, relation_type, object, negatives:
+  [...]}], image_path`;
+* the older schema (their neg_pipeline/unified_generation.py, read by their sampler and
+  half-truth scripts): `positive_components: [str]`, `negative_components: {component:
+  [{negative, change_type}] | [str]}`, top-level `relations: [{subject, relation_type,
+  object}]` and top-level `negative_relations: [{subject, relation_type, object,
+  change_type}]`, matched to a relation as their sampler does: the same (subject, object)
+  for a predicate edit, the reversed pair for a swap.
 
-A file may be a JSON list, a JSON object keyed by id, or JSON Lines. A malformed record is
-rejected with its position and reason and counted; it never stops the file.
+Every change-type name their code writes or accepts maps to a ChangeType
+(CHANGE_TYPE_NAMES); a foil that cannot be used (an unknown change type, a bare string,
+a negative of no unit of the record) is dropped with a counted reason, never the record.
+A record is rejected only when it cannot become one (no caption, entities not a list, ...),
+with all its problems listed. A file may be a JSON list, a JSON object keyed by id, or
+JSON Lines; `read_authors_units` reads local files, `authors_caption_table` feeds the
+extraction pipeline (`backend.name: authors`, `input.uri` a file, directory or glob,
+local or s3://).
 """
 
 from __future__ import annotations
 
 import json
+import posixpath
+import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from csclip.errors import DataError
 from csclip.units import (
     ENTITY_CHANGES,
     ChangeType,
     Foil,
+    Rejection,
     RejectReason,
     Unit,
     UnitsRecord,
-    render_relation,
+    normalize_text,
+    record_to_row,
 )
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from csclip.extract.captions import InputConfig
+
+ATTR, OBJ = ChangeType.ATTRIBUTE_CHANGE, ChangeType.OBJECT_CHANGE
+# Every change-type name found in the authors' code (lower-cased, stripped), as written by
+# their generators or accepted by their sampler and half-truth scripts.
+CHANGE_TYPE_NAMES: dict[str, ChangeType] = {
+    # Entity foils. unit_pipeline/generation.py normalises the model's words: entity /
+    # person / role -> entity_change, color / size / material / shape / attribute ->
+    # attribute_change, anything else -> object_change; neg_pipeline/component_negatives.py
+    # wrote the raw words (entity, attribute, color, material, object, action, spatial, size,
+    # weather, location). We follow their normalisation; entity_change ("woman -> man",
+    # "cat -> dog": another entity) is our object_change.
+    "attribute_change": ATTR, "object_change": OBJ, "entity_change": OBJ,
+    "entity": OBJ, "person": OBJ, "role": OBJ,
+    "attribute": ATTR, "color": ATTR, "size": ATTR, "material": ATTR, "shape": ATTR,
+    "object": OBJ, "action": OBJ, "spatial": OBJ, "weather": OBJ, "location": OBJ,
+    # Relation foils. "swap" is what their LLM schema asks for; relation_change,
+    # relation_type_change and predicate_change replace the predicate by another one,
+    # which their sampler treats like an antonym (one predicate-edit candidate).
+    "antonym": ChangeType.ANTONYM, "negation": ChangeType.NEGATION,
+    "subject_object_swap": ChangeType.SUBJECT_OBJECT_SWAP, "swap": ChangeType.SUBJECT_OBJECT_SWAP,
+    "relation_change": ChangeType.ANTONYM, "relation_type_change": ChangeType.ANTONYM,
+    "predicate_change": ChangeType.ANTONYM,
+    "subject_replace": ChangeType.SUBJECT_REPLACE, "object_replace": ChangeType.OBJECT_REPLACE,
+}
+# relation_opposite (the older schema): a negation when the new predicate negates, else an
+# antonym, as their half-truth script decides.
+RELATION_OPPOSITE = "relation_opposite"
+_NEGATING_WORDS = frozenset({"not", "no", "never", "without"})
 
 
 class RecordError(ValueError):
-    """One record is malformed; carries the reason code and a located message."""
+    """A record that cannot become a UnitsRecord; carries every problem found."""
 
-    def __init__(self, reason: RejectReason, detail: str):
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
+    def __init__(self, problems: list[Rejection], where: str | None = None):
+        details = "; ".join(p.detail for p in problems)
+        super().__init__(f"{where}: {details}" if where else details)
+        self.problems = problems
+        self.reason = problems[0].reason
+        self.detail = str(self)
 
 
 @dataclass(frozen=True)
 class ReadRejection:
+    """A rejected record or a dropped unit/foil, located in its file."""
+
     position: str  # "file.json[17]" or "file.jsonl:18"
     sample_id: str | None
     reason: RejectReason
@@ -51,10 +104,12 @@ class ReadRejection:
 
 @dataclass
 class ReadResult:
-    """Records read from one or more files, with every rejection kept and counted."""
+    """Records read from one or more files, with every rejection kept and counted:
+    `rejections` are whole records, `item_rejections` units and foils of loaded records."""
 
     records: list[UnitsRecord] = field(default_factory=list)
     rejections: list[ReadRejection] = field(default_factory=list)
+    item_rejections: list[ReadRejection] = field(default_factory=list)
 
     @property
     def num_read(self) -> int:
@@ -63,216 +118,328 @@ class ReadResult:
     def counts_by_reason(self) -> dict[str, int]:
         return dict(Counter(r.reason.value for r in self.rejections))
 
+    def item_counts_by_reason(self) -> dict[str, int]:
+        return dict(Counter(r.reason.value for r in self.item_rejections))
+
+
+@dataclass(frozen=True)
+class ParsedRecord:
+    """One record of an authors' file: the record and the items dropped from it."""
+
+    record: UnitsRecord
+    dropped: list[Rejection]
+
 
 # ---------------------------------------------------------------------------------------
-# Field helpers: each raises RecordError naming the field
+# One record
 # ---------------------------------------------------------------------------------------
 
-def _require(obj: dict, key: str, kind: type | tuple[type, ...], where: str):
-    if key not in obj:
-        raise RecordError(RejectReason.MISSING_FIELD, f"{where}: missing key {key!r}")
-    value = obj[key]
-    if not isinstance(value, kind):
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise RecordError(RejectReason.WRONG_TYPE,
-                          f"{where}: {key!r} must be {names}, got {type(value).__name__}")
-    return value
+class _Reader:
+    """Parses one raw record, collecting record-level problems (all of them) and dropped
+    items as it goes."""
 
+    def __init__(self, obj: dict, where: str):
+        self.obj, self.where = obj, where
+        self.problems: list[Rejection] = []
+        self.dropped: list[Rejection] = []
 
-def _text(obj: dict, key: str, where: str) -> str:
-    value = _require(obj, key, str, where)
-    if not value.strip():
-        raise RecordError(RejectReason.EMPTY_FOIL if key == "negative" else RejectReason.MISSING_FIELD,
-                          f"{where}: {key!r} is empty")
-    return value.strip()
+    def problem(self, reason: RejectReason, detail: str) -> None:
+        self.problems.append(Rejection(reason, detail))
 
+    def drop(self, reason: RejectReason, where: str, detail: str) -> None:
+        self.dropped.append(Rejection(reason, f"{where}: {detail}"))
 
-def _change_type(obj: dict, where: str) -> ChangeType:
-    raw = _require(obj, "change_type", str, where)
-    try:
-        return ChangeType(raw.strip())
-    except ValueError as err:
-        known = ", ".join(c.value for c in ChangeType)
-        raise RecordError(RejectReason.UNKNOWN_CHANGE_TYPE,
-                          f"{where}: unknown change_type {raw!r} (known: {known})") from err
+    def field_of(self, key: str, kind: type, default=None, required: bool = False):
+        """obj[key] if it has the type, else `default` with a problem noted."""
+        if key not in self.obj:
+            if required:
+                self.problem(RejectReason.MISSING_FIELD, f"missing key {key!r}")
+            return default
+        value = self.obj[key]
+        if not isinstance(value, kind):
+            self.problem(RejectReason.WRONG_TYPE,
+                         f"{key!r} must be {kind.__name__}, got {type(value).__name__}")
+            return default
+        return value
 
+    # -- foils -------------------------------------------------------------------------
 
-def _entity_foils(items: object, where: str) -> list[Foil]:
-    if not isinstance(items, list):
-        raise RecordError(RejectReason.WRONG_TYPE, f"{where}: foils must be a list")
-    foils = []
-    for j, item in enumerate(items):
-        at = f"{where}[{j}]"
+    def change_type(self, item: dict, where: str, predicate: str | None = None) -> ChangeType | None:
+        raw = item.get("change_type")
+        if not isinstance(raw, str) or not raw.strip():
+            self.drop(RejectReason.UNKNOWN_CHANGE_TYPE, where, "no change_type")
+            return None
+        name = raw.strip().lower()
+        if name == RELATION_OPPOSITE:
+            words = set(normalize_text(predicate or "").split())
+            negates = bool(words & _NEGATING_WORDS) or "n't" in (predicate or "")
+            return ChangeType.NEGATION if negates else ChangeType.ANTONYM
+        if name not in CHANGE_TYPE_NAMES:
+            self.drop(RejectReason.UNKNOWN_CHANGE_TYPE, where,
+                      f"unknown change_type {raw!r} (the known names: "
+                      "csclip.extract.authors.CHANGE_TYPE_NAMES, docs/data_formats.md)")
+            return None
+        return CHANGE_TYPE_NAMES[name]
+
+    def entity_foils(self, items: object, where: str) -> list[Foil]:
+        if not isinstance(items, list):
+            self.drop(RejectReason.WRONG_TYPE, where, "negatives must be a list")
+            return []
+        foils = []
+        for j, item in enumerate(items):
+            at = f"{where}[{j}]"
+            if isinstance(item, str):
+                # Their sampler accepts bare strings; they carry no change type, and guessing
+                # one would mislabel the foil for the half-truth conditions.
+                self.drop(RejectReason.UNKNOWN_CHANGE_TYPE, at, f"bare string {item!r} carries no change_type")
+                continue
+            if not isinstance(item, dict):
+                self.drop(RejectReason.WRONG_TYPE, at, "must be an object with negative, change_type")
+                continue
+            change = self.change_type(item, at)
+            text = item.get("negative")
+            if change is None:
+                continue
+            if change not in ENTITY_CHANGES:
+                self.drop(RejectReason.CHANGE_TYPE_MISMATCH, at, f"{change} is not an entity change")
+            elif not isinstance(text, str) or not text.strip():
+                self.drop(RejectReason.EMPTY_FOIL, at, "'negative' is missing or empty")
+            else:
+                foils.append(Foil(text.strip(), change))
+        return foils
+
+    def relation_foil(self, unit: Unit, item: object, where: str) -> Foil | None:
+        """A relation negative: any of subject / relation_type (or predicate) / object
+        (or swap_subject / swap_object), the rest taken from the unit; or a full
+        `negative` text. A swap with no arguments swaps the unit's."""
         if not isinstance(item, dict):
-            raise RecordError(RejectReason.WRONG_TYPE, f"{at}: must be an object with negative, change_type")
-        change = _change_type(item, at)
-        if change not in ENTITY_CHANGES:
-            raise RecordError(RejectReason.CHANGE_TYPE_MISMATCH, f"{at}: {change} is not an entity change")
-        foils.append(Foil(_text(item, "negative", at), change))
-    return foils
+            self.drop(RejectReason.WRONG_TYPE, where, "must be an object with change_type")
+            return None
+        predicate_key = "relation_type" if "relation_type" in item else "predicate"
+        change = self.change_type(item, where, item.get(predicate_key))
+        if change is None:
+            return None
+        if change in ENTITY_CHANGES:
+            self.drop(RejectReason.CHANGE_TYPE_MISMATCH, where, f"{change} is not a relation change")
+            return None
+        edited = {"subject": item.get("subject", item.get("swap_subject")),
+                  "predicate": item.get(predicate_key),
+                  "object": item.get("object", item.get("swap_object"))}
+        given = {k: v for k, v in edited.items() if v is not None}
+        if any(not isinstance(v, str) or not v.strip() for v in given.values()):
+            self.drop(RejectReason.WRONG_TYPE, where, "subject, relation_type and object must be non-empty strings")
+            return None
+        if not given:
+            if change == ChangeType.SUBJECT_OBJECT_SWAP:
+                return Foil.relation(unit.object or "", unit.predicate or "", unit.subject or "", change)
+            text = item.get("negative")
+            if isinstance(text, str) and text.strip():
+                return Foil(text.strip(), change)
+            self.drop(RejectReason.MISSING_FIELD, where, "needs subject, relation_type, object or negative")
+            return None
+        return Foil.relation(given.get("subject", unit.subject or "").strip(),
+                             given.get("predicate", unit.predicate or "").strip(),
+                             given.get("object", unit.object or "").strip(), change)
+
+    # -- units -------------------------------------------------------------------------
+
+    def relation(self, obj: object, where: str) -> Unit | None:
+        if not isinstance(obj, dict):
+            self.drop(RejectReason.WRONG_TYPE, where, "a relation must be an object")
+            return None
+        predicate_key = "relation_type" if "relation_type" in obj else "predicate"
+        parts = [obj.get(k) for k in ("subject", predicate_key, "object")]
+        if not all(isinstance(p, str) and p.strip() for p in parts):
+            self.drop(RejectReason.MISSING_FIELD, where,
+                      f"needs non-empty subject, {predicate_key}, object (got {parts})")
+            return None
+        unit = Unit.relation(*(p.strip() for p in parts))
+        foils = []
+        for key in ("negatives", "negative_relations"):
+            items = obj.get(key, [])
+            if not isinstance(items, list):
+                self.drop(RejectReason.WRONG_TYPE, f"{where}.{key}", "must be a list")
+                continue
+            foils += [f for j, item in enumerate(items)
+                      if (f := self.relation_foil(unit, item, f"{where}.{key}[{j}]")) is not None]
+        return _with_foils(unit, foils)
 
 
-def _relation_foil(unit: Unit, item: object, where: str) -> Foil:
-    """A relation negative: any of subject / relation_type (or predicate) / object,
-    the rest taken from the unit; or a full `negative` text."""
-    if not isinstance(item, dict):
-        raise RecordError(RejectReason.WRONG_TYPE, f"{where}: must be an object with change_type")
-    change = _change_type(item, where)
-    if change in ENTITY_CHANGES:
-        raise RecordError(RejectReason.CHANGE_TYPE_MISMATCH, f"{where}: {change} is not a relation change")
-    predicate_key = "relation_type" if "relation_type" in item else "predicate"
-    edited = {k: item[k] for k in ("subject", predicate_key, "object") if k in item}
-    for key, value in edited.items():
-        if not isinstance(value, str) or not value.strip():
-            raise RecordError(RejectReason.WRONG_TYPE, f"{where}: {key!r} must be a non-empty string")
-    if change == ChangeType.SUBJECT_OBJECT_SWAP and not edited:
-        return Foil.relation(unit.object or "", unit.predicate or "", unit.subject or "", change)
-    if not edited:
-        if "negative" in item:
-            return Foil(_text(item, "negative", where), change)
-        raise RecordError(RejectReason.MISSING_FIELD,
-                          f"{where}: needs subject, relation_type/predicate, object or negative")
-    return Foil.relation(edited.get("subject", unit.subject).strip(),
-                         edited.get(predicate_key, unit.predicate).strip(),
-                         edited.get("object", unit.object).strip(), change)
+def _with_foils(unit: Unit, foils: list[Foil]) -> Unit:
+    return Unit(unit.kind, unit.text, (*unit.foils, *foils), unit.subject, unit.predicate, unit.object)
 
 
-def _relation(obj: object, where: str) -> Unit:
+def _infer_split(obj: dict, image_path: str | None, default: str | None,
+                 restval_as_train: bool) -> str:
+    # The record's own split; else the configured one; else the authors' rule (their
+    # COCODataset keeps a sample when "train" / "val" / "test" occurs in its image_path).
+    split = obj.get("split") if isinstance(obj.get("split"), str) else None
+    if split is None and default is None:
+        lowered = (image_path or "").lower()
+        split = next((s for s in ("train", "val", "test") if s in lowered), "train")
+    split = split or default or "train"
+    return "train" if split == "restval" and restval_as_train else split
+
+
+def parse_record(obj: object, where: str, *, sample_id: str, split: str | None = None,
+                 image_root: str | None = None, restval_as_train: bool = True) -> ParsedRecord:
+    """One record of either schema. sample_id: the record's own or one made from its
+    position. Raises RecordError listing every record-level problem."""
     if not isinstance(obj, dict):
-        raise RecordError(RejectReason.WRONG_TYPE, f"{where}: must be an object")
-    predicate_key = "relation_type" if "relation_type" in obj else "predicate"
-    unit = Unit.relation(_text(obj, "subject", where), _text(obj, predicate_key, where),
-                         _text(obj, "object", where))
-    negatives = obj.get("negatives", [])
-    if not isinstance(negatives, list):
-        raise RecordError(RejectReason.WRONG_TYPE, f"{where}: 'negatives' must be a list")
-    foils = tuple(_relation_foil(unit, item, f"{where}.negatives[{j}]") for j, item in enumerate(negatives))
-    return Unit("relation", unit.text, foils, unit.subject, unit.predicate, unit.object)
-
-
-def _ids(obj: dict, key_hint: str | None, where: str) -> tuple[str, str, str | None]:
-    sample_id = obj.get("sample_id", key_hint)
-    if sample_id is None:
-        raise RecordError(RejectReason.MISSING_FIELD, f"{where}: missing key 'sample_id'")
+        raise RecordError([Rejection(RejectReason.WRONG_TYPE, f"{where}: a record must be an object, "
+                                     f"got {type(obj).__name__}")])
+    reader = _Reader(obj, where)
+    caption_key = next((k for k in ("original_caption", "caption") if k in obj), "original_caption")
+    caption = reader.field_of(caption_key, str, required=True)
+    if caption is not None and not caption.strip():
+        reader.problem(RejectReason.EMPTY_CAPTION, f"{caption_key!r} is empty")
+    older = "positive_components" in obj or "negative_components" in obj
+    names_key, negatives_key = (("positive_components", "negative_components") if older
+                                else ("entities", "negative_entities"))
+    names = reader.field_of(names_key, list, [], required=True)
+    negatives = reader.field_of(negatives_key, dict, {})
+    relations_raw = reader.field_of("relations", list, [])
+    top_negative_relations = reader.field_of("negative_relations", list, [])
     image_path = obj.get("image_path", obj.get("image"))
     if image_path is not None and not isinstance(image_path, str):
-        raise RecordError(RejectReason.WRONG_TYPE, f"{where}: 'image_path' must be a string")
-    image_id = obj.get("image_id", Path(image_path).stem if image_path else str(sample_id))
-    return str(sample_id), str(image_id), image_path
+        reader.problem(RejectReason.WRONG_TYPE, "'image_path' must be a string")
+        image_path = None
+    if reader.problems:
+        raise RecordError(reader.problems, where)
 
-
-# ---------------------------------------------------------------------------------------
-# The two record formats
-# ---------------------------------------------------------------------------------------
-
-def parse_training_record(obj: object, split: str, where: str, key_hint: str | None = None) -> UnitsRecord:
-    """One record of the authors' training JSON. Raises RecordError."""
-    if not isinstance(obj, dict):
-        raise RecordError(RejectReason.WRONG_TYPE, f"{where}: a record must be an object")
-    sample_id, image_id, image_path = _ids(obj, key_hint, where)
-    caption = _require(obj, "original_caption", str, where).strip()
-    if not caption:
-        raise RecordError(RejectReason.EMPTY_CAPTION, f"{where}: 'original_caption' is empty")
-    names = _require(obj, "entities", list, where)
-    negatives = obj.get("negative_entities", {})
-    if not isinstance(negatives, dict):
-        raise RecordError(RejectReason.WRONG_TYPE, f"{where}: 'negative_entities' must be an object")
-    entities = []
+    entities: list[Unit] = []
+    relations: list[Unit] = []
+    used_keys: set[str] = set()
     for i, name in enumerate(names):
+        at = f"{where}.{names_key}[{i}]"
+        if isinstance(name, dict):  # a relation listed among the components
+            if (relation := reader.relation(name, at)) is not None:
+                relations.append(relation)
+            continue
         if not isinstance(name, str) or not name.strip():
-            raise RecordError(RejectReason.WRONG_TYPE, f"{where}.entities[{i}]: must be a non-empty string")
-        foils = _entity_foils(negatives.get(name, []), f"{where}.negative_entities[{name!r}]")
+            reader.drop(RejectReason.WRONG_TYPE, at, f"an entity must be a non-empty string, got {name!r}")
+            continue
+        used_keys.add(name)
+        foils = reader.entity_foils(negatives.get(name, []), f"{where}.{negatives_key}[{name!r}]")
         entities.append(Unit.entity(name.strip(), foils))
-    unknown = sorted(set(negatives) - set(names))
-    if unknown:
-        raise RecordError(RejectReason.RELATION_ARGUMENT_NOT_ENTITY,
-                          f"{where}: negative_entities names {unknown} not in 'entities'")
-    relations = [_relation(r, f"{where}.relations[{i}]")
-                 for i, r in enumerate(_require(obj, "relations", list, where))] if "relations" in obj else []
-    split = str(obj.get("split", split))
-    return UnitsRecord(sample_id, image_id, caption, split, tuple(entities), tuple(relations),
-                       image_path=image_path, source="authors_json")
+    for i, raw in enumerate(relations_raw):
+        if (relation := reader.relation(raw, f"{where}.relations[{i}]")) is not None:
+            relations.append(relation)
+    relations = _attach_keyed_negatives(reader, relations, negatives, negatives_key, used_keys)
+    relations = _attach_top_level_negatives(reader, relations, top_negative_relations)
+
+    sample_split = _infer_split(obj, image_path, split, restval_as_train)
+    image_id = obj.get("image_id")
+    image_id = str(image_id) if image_id is not None else (
+        posixpath.splitext(posixpath.basename(image_path))[0] if image_path else sample_id)
+    if image_path and image_root and not _is_absolute(image_path):
+        image_path = posixpath.join(image_root, image_path)
+    record = UnitsRecord(sample_id, image_id, caption.strip(), sample_split, tuple(entities),
+                         tuple(relations), image_path=image_path,
+                         source="authors_older_json" if older else "authors_json")
+    return ParsedRecord(record, reader.dropped)
 
 
-def parse_eval_record(obj: object, split: str, where: str, key_hint: str | None = None) -> UnitsRecord:
-    """One record of the authors' older evaluation format (`positive_components` /
-    `negative_components`). A positive component is an entity string or a relation
-    object; negatives are keyed by the component's text. Raises RecordError."""
-    if not isinstance(obj, dict):
-        raise RecordError(RejectReason.WRONG_TYPE, f"{where}: a record must be an object")
-    sample_id, image_id, image_path = _ids(obj, key_hint, where)
-    caption_key = "caption" if "caption" in obj else "original_caption"
-    caption = _require(obj, caption_key, str, where).strip()
-    if not caption:
-        raise RecordError(RejectReason.EMPTY_CAPTION, f"{where}: {caption_key!r} is empty")
-    positives = _require(obj, "positive_components", list, where)
-    negatives = obj.get("negative_components", {})
-    if not isinstance(negatives, dict):
-        raise RecordError(RejectReason.WRONG_TYPE, f"{where}: 'negative_components' must be an object")
-    entities, relations = [], []
-    for i, component in enumerate(positives):
-        at = f"{where}.positive_components[{i}]"
-        if isinstance(component, str) and component.strip():
-            items = negatives.get(component, [])
-            # This format sometimes stores bare strings; their change type is unknown,
-            # and guessing one would mislabel the foil, so they are rejected.
-            if any(isinstance(x, str) for x in items if isinstance(items, list)):
-                raise RecordError(RejectReason.UNKNOWN_CHANGE_TYPE,
-                                  f"{where}.negative_components[{component!r}]: bare strings carry no change_type")
-            entities.append(Unit.entity(component.strip(), _entity_foils(items, f"{where}.negative_components[{component!r}]")))
-        elif isinstance(component, dict):
-            relation = _relation(component, at)
-            key = render_relation(relation.subject or "", relation.predicate or "", relation.object or "")
-            extra = negatives.get(key, [])
-            if not isinstance(extra, list):
-                raise RecordError(RejectReason.WRONG_TYPE, f"{where}.negative_components[{key!r}]: must be a list")
-            foils = relation.foils + tuple(
-                _relation_foil(relation, item, f"{where}.negative_components[{key!r}][{j}]")
-                for j, item in enumerate(extra))
-            relations.append(Unit("relation", relation.text, foils, relation.subject,
-                                  relation.predicate, relation.object))
-        else:
-            raise RecordError(RejectReason.WRONG_TYPE, f"{at}: must be a string or a relation object")
-    return UnitsRecord(sample_id, image_id, caption, str(obj.get("split", split)), tuple(entities),
-                       tuple(relations), image_path=image_path, source="authors_eval_json")
+def _is_absolute(path: str) -> bool:
+    return path.startswith("/") or "://" in path
 
 
-def _detect_parser(obj: dict):
-    if "positive_components" in obj or "negative_components" in obj:
-        return parse_eval_record
-    return parse_training_record
+def _attach_keyed_negatives(reader: _Reader, relations: list[Unit], negatives: dict,
+                            negatives_key: str, used_keys: set[str]) -> list[Unit]:
+    # Negatives keyed by a relation's text attach to it (an older variant of the schema);
+    # a key that names no unit of the record drops its foils, counted.
+    by_text = {r.text: i for i, r in enumerate(relations)}
+    relations = list(relations)
+    for key, items in negatives.items():
+        if key in used_keys:
+            continue
+        at = f"{reader.where}.{negatives_key}[{key!r}]"
+        if key in by_text and isinstance(items, list):
+            i = by_text[key]
+            foils = [f for j, item in enumerate(items)
+                     if (f := reader.relation_foil(relations[i], item, f"{at}[{j}]")) is not None]
+            relations[i] = _with_foils(relations[i], foils)
+            continue
+        for j, _ in enumerate(items if isinstance(items, list) else [items]):
+            reader.drop(RejectReason.UNMATCHED_NEGATIVE, f"{at}[{j}]", f"no unit {key!r} in the record")
+    return relations
+
+
+def _attach_top_level_negatives(reader: _Reader, relations: list[Unit],
+                                items: list) -> list[Unit]:
+    # The older schema's top-level negative_relations, matched as the authors' sampler does:
+    # a swap to the relation whose (subject, object) it reverses, any other edit to every
+    # relation with the same (subject, object).
+    relations = list(relations)
+    for j, item in enumerate(items):
+        at = f"{reader.where}.negative_relations[{j}]"
+        if not isinstance(item, dict):
+            reader.drop(RejectReason.WRONG_TYPE, at, "must be an object")
+            continue
+        subject, obj = item.get("subject"), item.get("object")
+        if not (isinstance(subject, str) and subject.strip() and isinstance(obj, str) and obj.strip()):
+            reader.drop(RejectReason.MISSING_FIELD, at, "needs non-empty subject and object")
+            continue
+        pair = (normalize_text(subject), normalize_text(obj))
+        is_swap = str(item.get("change_type", "")).strip().lower() in ("swap", "subject_object_swap")
+        matches = [i for i, r in enumerate(relations)
+                   if _arguments(r, reversed_=is_swap) == pair]
+        if not matches:
+            reader.drop(RejectReason.UNMATCHED_NEGATIVE, at,
+                        f"no relation with subject/object {subject!r}/{obj!r}"
+                        + (" reversed" if is_swap else ""))
+            continue
+        for i in matches:
+            if (foil := reader.relation_foil(relations[i], item, at)) is not None:
+                relations[i] = _with_foils(relations[i], [foil])
+    return relations
+
+
+def _arguments(relation: Unit, reversed_: bool) -> tuple[str, str]:
+    pair = (normalize_text(relation.subject or ""), normalize_text(relation.object or ""))
+    return pair[::-1] if reversed_ else pair
 
 
 # ---------------------------------------------------------------------------------------
 # Files
 # ---------------------------------------------------------------------------------------
 
-def _iter_raw(path: Path) -> Iterator[tuple[str, str | None, object]]:
-    """Yield (position, key_hint, raw object) from a JSON list, a JSON object keyed by
-    id, or JSON Lines. Unparseable JSON Lines are yielded as RecordError objects."""
-    text = path.read_text(encoding="utf-8")
+_GLOB = re.compile(r"[*?\[]")
+
+
+def _iter_raw(name: str, text: str) -> Iterator[tuple[str, str | None, object]]:
+    """Yield (position, key_hint, raw object) from a JSON list, a JSON object keyed by id,
+    or JSON Lines. Unparseable JSON Lines are yielded as RecordError objects."""
     stripped = text.lstrip()
-    if path.suffix == ".jsonl" or (stripped.startswith("{") and "\n{" in stripped and not _is_json(text)):
+    if name.endswith(".jsonl") or (stripped.startswith("{") and "\n{" in stripped and not _is_json(text)):
         for n, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
             try:
-                yield f"{path.name}:{n}", None, json.loads(line)
+                yield f"{name}:{n}", None, json.loads(line)
             except json.JSONDecodeError as err:
-                yield f"{path.name}:{n}", None, RecordError(RejectReason.MALFORMED_JSON, f"{path.name}:{n}: {err.msg}")
+                yield f"{name}:{n}", None, RecordError(
+                    [Rejection(RejectReason.MALFORMED_JSON, f"{name}:{n}: {err.msg}")])
         return
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
-        raise DataError(f"{path}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from err
+        raise DataError(f"{name}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from err
     if isinstance(data, list):
         for i, obj in enumerate(data):
-            yield f"{path.name}[{i}]", None, obj
+            yield f"{name}[{i}]", None, obj
+    elif isinstance(data, dict) and _is_one_record(data):
+        yield f"{name}[0]", None, data
     elif isinstance(data, dict):
         for key, obj in data.items():
-            yield f"{path.name}[{key!r}]", str(key), obj
+            yield f"{name}[{key!r}]", str(key), obj
     else:
-        raise DataError(f"{path}: expected a JSON list or object of records, got {type(data).__name__}")
+        raise DataError(f"{name}: expected a JSON list or object of records, got {type(data).__name__}")
+
+
+def _is_one_record(data: dict) -> bool:
+    # Their coco_neg loader also accepts a file holding a single record object.
+    return any(k in data for k in ("original_caption", "positive_components", "entities"))
 
 
 def _is_json(text: str) -> bool:
@@ -283,25 +450,165 @@ def _is_json(text: str) -> bool:
     return True
 
 
-def read_authors_units(paths: str | Path | list[str | Path], split: str = "train") -> ReadResult:
-    """Read one or more authors' unit files (either format, detected per record).
+@dataclass(frozen=True)
+class _Item:
+    """One raw record in a file, with the id it will carry."""
 
-    Raises DataError when a file is missing or is not JSON at all; malformed records
-    become counted rejections.
+    position: str
+    sample_id: str
+    raw: object
+
+
+def _items(name: str, text: str) -> Iterator[_Item]:
+    stem = posixpath.splitext(posixpath.basename(name))[0]
+    for number, (position, key_hint, obj) in enumerate(_iter_raw(name, text)):
+        given = obj.get("sample_id", key_hint) if isinstance(obj, dict) else key_hint
+        # A record without an id gets one from its position (as the CSV reader does).
+        yield _Item(position, str(given) if given is not None else f"{stem}-{number:08d}", obj)
+
+
+def _parse_items(items: Iterator[_Item], result: ReadResult, **options) -> None:
+    seen: dict[str, str] = {}
+    for item in items:
+        if item.sample_id in seen:
+            raise DataError(f"sample_id {item.sample_id!r} occurs twice ({seen[item.sample_id]} and "
+                            f"{item.position}); give records unique sample_id values")
+        seen[item.sample_id] = item.position
+        try:
+            if isinstance(item.raw, RecordError):
+                raise item.raw
+            parsed = parse_record(item.raw, item.position, sample_id=item.sample_id, **options)
+        except RecordError as err:
+            result.rejections.append(ReadRejection(item.position, item.sample_id, err.reason, err.detail))
+            continue
+        result.records.append(parsed.record)
+        result.item_rejections += [ReadRejection(item.position, item.sample_id, d.reason, d.detail)
+                                   for d in parsed.dropped]
+
+
+def read_authors_units(paths: str | Path | list[str | Path], split: str | None = None) -> ReadResult:
+    """Read one or more local authors' unit files (either schema, detected per record).
+
+    split: the split of records that state none (None: from image_path, as the authors'
+    loader does, else "train"). Raises DataError when a file is missing or is not JSON at
+    all, or a sample_id repeats; malformed records and unusable foils become counted
+    rejections.
     """
     result = ReadResult()
-    for path in [paths] if isinstance(paths, str | Path) else paths:
-        path = Path(path)
-        if not path.is_file():
-            raise DataError(f"unit file not found: {path}")
-        for position, key_hint, obj in _iter_raw(path):
-            sample_id = obj.get("sample_id", key_hint) if isinstance(obj, dict) else key_hint
-            try:
-                if isinstance(obj, RecordError):
-                    raise obj
-                parser = _detect_parser(obj) if isinstance(obj, dict) else parse_training_record
-                result.records.append(parser(obj, split, position, key_hint))
-            except RecordError as err:
-                result.rejections.append(ReadRejection(position, None if sample_id is None else str(sample_id),
-                                                       err.reason, err.detail))
+
+    def items() -> Iterator[_Item]:
+        for path in [paths] if isinstance(paths, str | Path) else paths:
+            path = Path(path)
+            if not path.is_file():
+                raise DataError(f"unit file not found: {path}")
+            yield from _items(path.name, path.read_text(encoding="utf-8"))
+
+    _parse_items(items(), result, split=split)
     return result
+
+
+def expand_uri(uri: str, endpoint_url: str | None = None) -> list[str]:
+    """The files `uri` names, sorted: a file, a directory (its *.json and *.jsonl, as the
+    authors' training reads a folder of *.json) or a glob (`*`, `?`, `[...]`; `**` spans
+    directories), local or s3://. Raises DataError when nothing matches."""
+    import pyarrow.fs as pafs
+
+    from csclip import storage
+
+    fs, path = storage.filesystem_for(uri, endpoint_url)
+    if _GLOB.search(path):
+        base = path[: _GLOB.search(path).start()].rsplit("/", 1)[0] or "/"
+        selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
+        files = sorted(info.path for info in fs.get_file_info(selector)
+                       if info.type == pafs.FileType.File and _glob_match(info.path, path))
+    elif storage.is_dir(fs, path):
+        files = sorted(storage.list_files(fs, path, ".json") + storage.list_files(fs, path, ".jsonl"))
+    else:
+        files = [path]
+    if not files:
+        raise DataError(f"{uri}: no unit files match; point input.uri at a file, a directory "
+                        "of *.json or a glob such as 'units/*.json'")
+    return files
+
+
+def _glob_match(candidate: str, pattern: str) -> bool:
+    """Whether `candidate` matches `pattern`: `*` and `?` stay within one directory,
+    `**` crosses directories, `[...]` is a character class."""
+    regex, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**", i):
+            regex.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            regex.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            regex.append("[^/]")
+            i += 1
+        elif pattern[i] == "[" and (end := pattern.find("]", i + 2)) != -1:
+            body = pattern[i + 1:end]
+            regex.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+            i = end + 1
+        else:
+            regex.append(re.escape(pattern[i]))
+            i += 1
+    return re.fullmatch("".join(regex), candidate) is not None
+
+
+def read_authors_input(cfg: InputConfig) -> ReadResult:
+    """Every record of the files `cfg.uri` names (local or s3://), filtered to cfg.splits
+    (records of other splits are not read, as for the caption readers)."""
+    from csclip import storage
+
+    fs, _ = storage.filesystem_for(cfg.uri, cfg.endpoint_url)
+
+    def items() -> Iterator[_Item]:
+        for path in expand_uri(cfg.uri, cfg.endpoint_url):
+            yield from _items(posixpath.basename(path), storage.read_bytes(fs, path).decode("utf-8"))
+
+    result = ReadResult()
+    _parse_items(items(), result, split=cfg.split, image_root=cfg.image_root,
+                 restval_as_train=cfg.restval_as_train)
+    if cfg.splits is not None:
+        keep = {r.sample_id for r in result.records if r.split in cfg.splits}
+        result.records = [r for r in result.records if r.sample_id in keep]
+        result.item_rejections = [r for r in result.item_rejections if r.sample_id in keep]
+    return result
+
+
+AUTHORS_COLUMN = "authors_json"
+
+
+def authors_caption_table(cfg: InputConfig) -> pa.Table:
+    """The authors' records as the extraction pipeline's caption rows, sorted by
+    sample_id: CAPTION_SCHEMA plus `authors_json`, holding the parsed units row with the
+    items dropped from it, or the record's rejection (so read = loaded + rejected).
+    Raises DataError when nothing is read."""
+    import pyarrow as pa
+
+    from csclip.extract.captions import CAPTION_SCHEMA
+
+    result = read_authors_input(cfg)
+    dropped: dict[str, list] = {}
+    for item in result.item_rejections:
+        dropped.setdefault(item.sample_id or "", []).append([item.reason.value, item.detail])
+    rows = []
+    for record in result.records:
+        units_row = record_to_row(record)
+        units_row.pop("image_bytes")
+        payload = {"record": units_row, "dropped": dropped.get(record.sample_id, [])}
+        rows.append({"sample_id": record.sample_id, "image_id": record.image_id,
+                     "image_path": record.image_path, "caption": record.caption,
+                     "split": record.split, AUTHORS_COLUMN: json.dumps(payload, sort_keys=True)})
+    for rejection in result.rejections:
+        payload = {"reason": rejection.reason.value, "detail": rejection.detail}
+        rows.append({"sample_id": rejection.sample_id, "image_id": rejection.sample_id,
+                     "image_path": None, "caption": "", "split": cfg.split or "",
+                     AUTHORS_COLUMN: json.dumps(payload, sort_keys=True)})
+    if not rows:
+        raise DataError(f"no records read from {cfg.uri} (splits {cfg.splits}); check input.uri")
+    rows.sort(key=lambda r: r["sample_id"])
+    if cfg.limit is not None:
+        rows = rows[: cfg.limit]
+    schema = CAPTION_SCHEMA.append(pa.field(AUTHORS_COLUMN, pa.string()))
+    return pa.Table.from_pylist(rows, schema=schema)

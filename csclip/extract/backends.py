@@ -3,7 +3,8 @@
 Every backend turns one caption row into an `Outcome`: a validated UnitsRecord, or a
 rejection with its stage, reason and raw answer. `gold` passes the synthetic world's
 units through; `rules` wraps `csclip.extract.rules.extract_units`; `vllm` parses an LLM
-answer (the engine itself lives in `csclip.extract.vllm`). Pure: no Ray imports.
+answer (the engine itself lives in `csclip.extract.vllm`); `authors` validates a record
+of the CS-CLIP authors' unit files (read by `csclip.extract.authors`). Pure: no Ray imports.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from csclip.units import (
     validate_record,
 )
 
-BackendName = Literal["vllm", "rules", "gold"]
+BackendName = Literal["vllm", "rules", "gold", "authors"]
 
 
 class BackendConfig(StrictModel):
@@ -132,6 +133,20 @@ def rules_outcome(row: dict) -> Outcome:
     result = extract_units(row["caption"])
     record = _base_record(row, "rules", result.entities, result.relations)
     return finish(record, extra_rejections=list(result.rejections))
+
+
+def authors_outcome(row: dict) -> Outcome:
+    """A record of the authors' unit files (a row of `authors_caption_table`), validated
+    like any backend's answer, with the foils dropped while reading counted; a record that
+    could not be read is rejected with every problem in its detail."""
+    from csclip.extract.authors import AUTHORS_COLUMN
+
+    payload = json.loads(row[AUTHORS_COLUMN])
+    if "record" not in payload:
+        return Outcome("read", reason=RejectReason(payload["reason"]), detail=payload["detail"])
+    record = record_from_row({**payload["record"], "image_bytes": None})
+    dropped = [Rejection(RejectReason(reason), detail) for reason, detail in payload["dropped"]]
+    return finish(record, extra_rejections=dropped)
 
 
 # ---------------------------------------------------------------------------------------

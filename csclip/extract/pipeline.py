@@ -29,6 +29,7 @@ from csclip import storage
 from csclip.config import StrictModel, flatten
 from csclip.errors import DataError
 from csclip.extract import backends
+from csclip.extract.authors import authors_caption_table
 from csclip.extract.backends import RESULT_SCHEMA, BackendConfig, Status
 from csclip.extract.captions import InputConfig, caption_table
 from csclip.extract.vllm import ERROR_COLUMN, Engine, add_prompt_columns
@@ -76,6 +77,9 @@ class ExtractConfig(StrictModel):
         if self.backend.name == "gold" and self.input.format != "world":
             raise ValueError("backend.name=gold needs input.format=world (only the synthetic "
                              "world has gold units); use backend.name=rules or vllm")
+        if self.backend.name == "authors" and not self.input.uri:
+            raise ValueError("backend.name=authors needs input.uri: the authors' unit files "
+                             "(a JSON/JSONL file, a directory of them or a glob, local or s3://)")
         return self
 
 
@@ -111,9 +115,13 @@ class ExtractSummary:
 # Ray Data stages (module-level functions so they pickle to workers)
 # ---------------------------------------------------------------------------------------
 
+_ROW_BACKENDS = {"gold": backends.gold_outcome, "rules": backends.rules_outcome,
+                 "authors": backends.authors_outcome}
+
+
 def backend_stage(batch: pa.Table, *, backend: str) -> pa.Table:
-    """gold / rules: caption rows -> result rows."""
-    outcome_of = backends.gold_outcome if backend == "gold" else backends.rules_outcome
+    """gold / rules / authors: caption rows -> result rows."""
+    outcome_of = _ROW_BACKENDS[backend]
     rows = [backends.outcome_row(row, outcome_of(row)) for row in batch.to_pylist()]
     return pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
 
@@ -153,7 +161,7 @@ def _run_backend(rows: pa.Table, config: ExtractConfig, engine: Engine | None,
               for start in range(0, shard.num_rows, rows_per_block)]
     ds = ray.data.from_arrow(blocks)
     name = config.backend.name
-    if name in ("gold", "rules"):
+    if name in _ROW_BACKENDS:
         ds = ds.map_batches(partial(backend_stage, backend=name), batch_format="pyarrow",
                             batch_size=None)
     else:
@@ -275,7 +283,10 @@ def run_extraction(config: ExtractConfig, engine: Engine | None = None,
     tests pass a CPU stand-in. on_shard_written: called after each shard's marker.
     Raises DataError for unreadable/empty input or an output written by another config.
     """
-    captions = caption_table(config.input)
+    # The authors' files already hold units: their records are the rows, and a record that
+    # cannot be read is a row too (rejected by the backend), so read = loaded + rejected.
+    captions = (authors_caption_table(config.input) if config.backend.name == "authors"
+                else caption_table(config.input))
     shard_size = config.output.shard_size
     num_rows = captions.num_rows
     captions = captions.append_column("shard", pa.array(
@@ -382,7 +393,8 @@ def log_to_mlflow(summary: ExtractSummary, config: ExtractConfig, out: _Output) 
 
     mlflow.set_tracking_uri(config.tracking.uri)
     mlflow.set_experiment(config.tracking.experiment)
-    run_name = config.tracking.run_name or f"extract-{config.backend.name}-{config.input.format}"
+    source = "files" if config.backend.name == "authors" else config.input.format
+    run_name = config.tracking.run_name or f"extract-{config.backend.name}-{source}"
     with mlflow.start_run(run_name=run_name) as run:
         mlflow.log_params({k: str(v)[:500] for k, v in flatten(config).items()})
         metrics = {"read": summary.read, "with_units": summary.with_units,
