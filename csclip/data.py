@@ -187,30 +187,58 @@ def prepare_batch(batch: pa.Table, *, sampling: dict, preprocess: tuple, model_n
     no caption negative could be built, SPEC §3) when caption_negative is produced.
     """
     transform, tokenize = _transform(preprocess), _tokenizer(model_name)
-    records, images = [], []
+    wants_foils = columns is not None and "image_foil_unit" in columns
+    records, images, decoded = [], [], []
     for row in batch.to_pylist():
         image = decode_image(row)
         if image is not None:
             records.append(record_from_row(row))
             images.append(transform(image).numpy())
+            decoded.append(image if wants_foils else None)
     out: dict[str, np.ndarray] = {}
     if not records:
         return out
     config = SamplingConfig.model_validate(sampling)
     wanted = list(columns) if columns is not None else [
         "caption", "caption_negative", *unit_columns(config.num_unit_slots)]
-    if wanted == ["caption"]:
+    sampled = [name for name in wanted if name != "image_foil_unit"]
+    if sampled == ["caption"]:
         texts: dict[str, list] = {"caption": [r.caption for r in records]}
     else:
         texts = sample_text_columns(records, config, seed, epoch)
     out["image"] = np.stack(images).astype(np.float32)                   # (n, 3, H, W)
-    for name in wanted:
+    for name in sampled:
         out[name] = tokenize(list(texts[name])).numpy().astype(np.int64)   # (n, L)
     if "unit_mask" in texts and any(name.startswith("unit_") for name in wanted):
         out["unit_mask"] = np.asarray(texts["unit_mask"], dtype=bool)      # (n,)
     if "caption_negative" in wanted:
         out["negative_mask"] = np.asarray(texts["negative_mask"], dtype=bool)  # (n,)
+    if wants_foils:
+        foils = image_foil_columns(records, decoded, out["image"], transform, seed, epoch)
+        out["image_foil"] = foils["image_foil"]                                  # (n, 3, H, W)
+        out["image_foil_mask"] = foils["image_foil_mask"]                        # (n,)
+        out["image_foil_unit"] = tokenize(foils["image_foil_unit"]).numpy().astype(np.int64)
     return out
+
+
+def image_foil_columns(records: Sequence[UnitsRecord], decoded: Sequence, images: np.ndarray,
+                       transform, seed: int, epoch: int) -> dict:
+    """Each sample's image foil (csclip.image_foils), drawn per (seed, sample, epoch):
+    `image_foil` (n, 3, H, W) transformed like the image, `image_foil_unit` (the relation
+    unit's text) and `image_foil_mask` (n,) bool. A sample without a foil gets its own
+    image and caption as placeholders, masked out of the loss."""
+    from csclip.image_foils import draw_image_foil
+    from csclip.sampling import sample_rng
+
+    foil_images, units, mask = [], [], []
+    for record, image, transformed in zip(records, decoded, images, strict=True):
+        foil = draw_image_foil(record, image, sample_rng(seed, f"{record.sample_id}/image-foil",
+                                                         epoch))
+        foil_images.append(transform(foil.image).numpy() if foil else transformed)
+        units.append(foil.unit if foil else record.caption)
+        mask.append(foil is not None)
+    return {"image_foil": np.stack(foil_images).astype(np.float32), "image_foil_unit": units,
+            "image_foil_mask": np.asarray(mask, dtype=bool)}
 
 
 # ---------------------------------------------------------------------------------------

@@ -39,15 +39,22 @@ class LossConfig(StrictModel):
     # the mean of per-worker losses (what the authors' one-GPU launcher trains: 128
     # in-batch negatives per image whatever the number of GPUs).
     gather: bool = True
+    # Ours, beyond the paper (off in every paper preset): image-side counterfactual foils.
+    # A relation unit also scores its own image above the same image with the relation
+    # made false (csclip.image_foils): L = L_full + λ·L_unit + μ·L_image_foil.
+    image_foils: bool = False
+    image_foil_weight: float = Field(1.0, ge=0)  # μ
 
 
 @dataclass(frozen=True)
 class LossParts:
-    """The terms of L = L_full + λ·L_unit (scalars with graphs attached)."""
+    """The terms of L = L_full + λ·L_unit (+ μ·L_image_foil) (scalars with graphs attached).
+    image_foil is None when the objective has no image-foil term."""
 
     full: Tensor
     unit: Tensor
     total: Tensor
+    image_foil: Tensor | None = None
 
 
 # ---------------------------------------------------------------------------------------
@@ -176,6 +183,21 @@ def _unit(image: Tensor, units: Tensor, foils: Tensor, mask: Tensor, scale: Tens
             + F.cross_entropy(logits_per_text.reshape(num_slots * batch, batch), labels)) / 2
 
 
+def _image_foil(image: Tensor, units: Tensor, foil_images: Tensor, mask: Tensor,
+                scale: Tensor) -> Tensor:
+    # L_image_foil (ours): unit u_i scores every image of the batch plus only its own image
+    # foil ĩ_i (the same picture with its relation made false), label i: text→image, so the
+    # image tower must tell the two layouts apart. Rows are the B_f samples with a foil;
+    # a sample without one still serves as a negative image column.
+    if not bool(mask.any()):
+        return (image.sum() + units.sum() + foil_images.sum()) * 0.0 + scale * 0.0
+    labels = torch.nonzero(mask).squeeze(1)                                # (B_f,)
+    rows = units[mask]                                                     # (B_f, D)
+    scores = scale * rows @ image.T                                        # (B_f, B)
+    own_foil = scale * (rows * foil_images[mask]).sum(-1, keepdim=True)    # (B_f, 1)
+    return F.cross_entropy(torch.cat([scores, own_foil], dim=1), labels)   # label i
+
+
 # ---------------------------------------------------------------------------------------
 # Public losses (local features in, global loss out)
 # ---------------------------------------------------------------------------------------
@@ -260,6 +282,23 @@ def csclip_loss(image: Tensor, caption: Tensor, caption_negative: Tensor, units:
     return LossParts(full=loss_full, unit=loss_unit, total=loss_full + unit_loss_weight * loss_unit)
 
 
+@fp32_loss
+def image_foil_loss(image: Tensor, units: Tensor, foil_images: Tensor, mask: Tensor,
+                    scale: Tensor, gather: bool = True) -> Tensor:
+    """L_image_foil (ours, beyond the paper): each relation unit scores its own image above
+    every other image of the batch and above its image foil.
+
+    image, foil_images: (B, D) image features of the batch and of each sample's image foil;
+    units: (B, D) features of the relation unit each foil belongs to; mask: (B,) bool
+    (samples with an image foil); scale: scalar; gather: as in clip_loss.
+    """
+    if units.shape != image.shape or foil_images.shape != image.shape:
+        raise ValueError(f"units and foil_images must be {tuple(image.shape)}; got "
+                         f"{tuple(units.shape)} and {tuple(foil_images.shape)}")
+    return _image_foil(_gather(image, gather), _gather(units, gather),
+                       _gather(foil_images, gather), _gather_mask(mask, gather), scale)
+
+
 def _full_mask(mask: Tensor | None, image: Tensor) -> Tensor:
     if mask is None:
         return torch.ones(image.shape[0], dtype=torch.bool, device=image.device)
@@ -302,17 +341,36 @@ class Objective:
     num_unit_slots: int = 0
     unit_loss_weight: float = 0.0
     gather: bool = True  # LossConfig.gather
+    image_foil_weight: float | None = None  # μ; None: no image-foil term
 
     @property
     def mask_columns(self) -> tuple[str, ...]:
         """The boolean columns the loss reads from the batch: `negative_mask` (samples
         with a caption negative) for negclip and csclip, `unit_mask` (samples with units)
-        for csclip."""
-        return {"clip": (), "negclip": ("negative_mask",),
-                "csclip": ("unit_mask", "negative_mask")}[self.method]
+        for csclip, `image_foil_mask` (samples with an image foil) with image foils."""
+        masks = {"clip": (), "negclip": ("negative_mask",),
+                 "csclip": ("unit_mask", "negative_mask")}[self.method]
+        return masks + (("image_foil_mask",) if self.image_foil_weight is not None else ())
+
+    @property
+    def image_columns(self) -> tuple[str, ...]:
+        """The image columns the model encodes, in order: `image`, and `image_foil` (each
+        sample's counterfactual image) with image foils."""
+        return ("image", "image_foil") if self.image_foil_weight is not None else ("image",)
 
     def loss(self, image: Tensor, texts: Mapping[str, Tensor], masks: Mapping[str, Tensor],
-             scale: Tensor) -> LossParts:
+             scale: Tensor, images: Mapping[str, Tensor] | None = None) -> LossParts:
+        """images: features of image_columns beyond `image` by name ((B, D) each)."""
+        parts = self._paper_loss(image, texts, masks, scale)
+        if self.image_foil_weight is None:
+            return parts
+        term = image_foil_loss(image, texts["image_foil_unit"], (images or {})["image_foil"],
+                               masks["image_foil_mask"], scale, gather=self.gather)
+        return LossParts(parts.full, parts.unit, parts.total + self.image_foil_weight * term,
+                         term)
+
+    def _paper_loss(self, image: Tensor, texts: Mapping[str, Tensor],
+                    masks: Mapping[str, Tensor], scale: Tensor) -> LossParts:
         if self.method == "clip":
             full = clip_loss(image, texts["caption"], scale, gather=self.gather)
             return LossParts(full, torch.zeros_like(full), full)
@@ -329,10 +387,15 @@ class Objective:
 
 
 def objective_for(config: LossConfig, num_unit_slots: int) -> Objective:
-    """The Objective of `config.method` with N = num_unit_slots unit slots."""
+    """The Objective of `config.method` with N = num_unit_slots unit slots (and, with
+    loss.image_foils, the image-foil term's `image_foil_unit` column)."""
+    foil = (("image_foil_unit",), config.image_foil_weight) if config.image_foils else ((), None)
     if config.method == "clip":
-        return Objective("clip", ("caption",), gather=config.gather)
+        return Objective("clip", ("caption", *foil[0]), gather=config.gather,
+                         image_foil_weight=foil[1])
     if config.method == "negclip":
-        return Objective("negclip", ("caption", "caption_negative"), gather=config.gather)
-    return Objective("csclip", ("caption", "caption_negative", *unit_columns(num_unit_slots)),
-                     num_unit_slots, config.unit_loss_weight, config.gather)
+        return Objective("negclip", ("caption", "caption_negative", *foil[0]),
+                         gather=config.gather, image_foil_weight=foil[1])
+    return Objective("csclip", ("caption", "caption_negative", *unit_columns(num_unit_slots),
+                                *foil[0]),
+                     num_unit_slots, config.unit_loss_weight, config.gather, foil[1])

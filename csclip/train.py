@@ -126,14 +126,18 @@ def compute_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor],
                  objective: Objective) -> LossParts:
     """Encode the batch with one forward call (so DDP sees it) and apply the objective.
 
-    batch: image (B, 3, H, W); the objective's token columns (B, L) and mask columns (B,).
+    batch: the objective's image columns (B, 3, H, W), token columns (B, L) and mask
+    columns (B,).
     """
     columns = objective.columns
+    images = torch.cat([batch[c] for c in objective.image_columns])   # (I*B, 3, H, W)
     texts = torch.cat([batch[c] for c in columns])                    # (T*B, L)
-    image, text, scale = model(batch["image"], texts)[:3]              # normalised features
+    image, text, scale = model(images, texts)[:3]                      # normalised features
+    image_parts = image.chunk(len(objective.image_columns))            # I x (B, D)
     features = dict(zip(columns, text.chunk(len(columns)), strict=True))  # T x (B, D)
     masks = {name: batch[name] for name in objective.mask_columns}
-    return objective.loss(image, features, masks, scale)
+    extra_images = dict(zip(objective.image_columns[1:], image_parts[1:], strict=True))
+    return objective.loss(image_parts[0], features, masks, scale, extra_images)
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
@@ -224,11 +228,14 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
 def _step_metrics(parts: LossParts, lr: float, model, step: int, steps_per_epoch: int,
                   samples_per_s: float) -> dict:
-    return {"loss": parts.total.item(), "loss_full": parts.full.item(),
-            "loss_unit": parts.unit.item(), "lr": lr,
-            "logit_scale": unwrap(model).logit_scale.exp().item(),
-            "samples_per_s": samples_per_s, "step": step,
-            "epoch": step / max(1, steps_per_epoch)}
+    metrics = {"loss": parts.total.item(), "loss_full": parts.full.item(),
+               "loss_unit": parts.unit.item(), "lr": lr,
+               "logit_scale": unwrap(model).logit_scale.exp().item(),
+               "samples_per_s": samples_per_s, "step": step,
+               "epoch": step / max(1, steps_per_epoch)}
+    if parts.image_foil is not None:
+        metrics["loss_image_foil"] = parts.image_foil.item()
+    return metrics
 
 
 def _worker_logging() -> None:
