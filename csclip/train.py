@@ -69,6 +69,14 @@ class RunSection(StrictModel):
     # For tests of resumption: raise after this step's checkpoint on a fresh (not restored)
     # attempt, as a killed job would. Not part of the run name.
     fail_after_step: int | None = Field(None, ge=1)
+    # Evaluation during training (csclip.eval.periodic), rank 0: every eval_every steps the
+    # half-truth and retrieval metrics of the first eval_max_images validation images are
+    # logged as val_<key>, and the weights with the best `best_metric` (a report key such
+    # as ht_all, ret_i2t; best_mode max or min) are kept in <storage>/<run>/best/.
+    eval_every: int | None = Field(None, ge=1)
+    eval_max_images: int = Field(200, ge=1)
+    best_metric: str = "ht_all"
+    best_mode: Literal["max", "min"] = "max"
 
 
 class TrainConfig(StrictModel):
@@ -94,7 +102,8 @@ class TrainResult:
 
 
 # Fields that say where/how to run, not what is trained: they do not change the run name.
-_NOT_IN_NAME = {"run": {"name", "storage_path", "fail_after_step", "max_failures", "log_every"},
+_NOT_IN_NAME = {"run": {"name", "storage_path", "fail_after_step", "max_failures", "log_every",
+                        "eval_every", "eval_max_images", "best_metric", "best_mode"},
                 "tracking": None}
 
 
@@ -184,6 +193,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     step_logger = StepLogger(plan["tracking_uri"], plan["mlflow_run_id"] if rank == 0 else None,
                              flush_every=config.run.log_every)
+    evaluator = _periodic_evaluator(config, plan) if rank == 0 else None
     shard = ray.train.get_dataset_shard("train")
     batches = shard.iter_torch_batches(
         batch_size=config.data.batch_size, drop_last=True, device=device,
@@ -210,6 +220,9 @@ def train_loop_per_worker(loop_config: dict) -> None:
                                 global_batch / max(now - tick, 1e-9))
         tick = now
         step_logger.log(state.step, metrics)
+        if evaluator is not None and (state.step % config.run.eval_every == 0 or state.step == total):
+            _evaluate_during_training(evaluator, bundle, model, spec, config, state.step,
+                                      step_logger, str(device))
         if state.step % config.run.log_every == 0 and rank == 0:
             logger.info("step %d/%d loss %.4f (full %.4f unit %.4f) lr %.2e %.1f samples/s",
                         state.step, total, metrics["loss"], metrics["loss_full"],
@@ -236,6 +249,39 @@ def _step_metrics(parts: LossParts, lr: float, model, step: int, steps_per_epoch
     if parts.image_foil is not None:
         metrics["loss_image_foil"] = parts.image_foil.item()
     return metrics
+
+
+# -- evaluation during training (run.eval_every; the logic lives in csclip.eval.periodic) --
+
+def _periodic_evaluator(config: TrainConfig, plan: dict):
+    """Rank 0's PeriodicEvaluator over the capped validation split, or None when
+    run.eval_every is off."""
+    if config.run.eval_every is None:
+        return None
+    from csclip.data import load_split
+    from csclip.eval.periodic import PeriodicEvaluator, capped_records
+
+    records = capped_records(load_split(config.data.units_uri, "val", config.data.world),
+                             config.run.eval_max_images)
+    return PeriodicEvaluator(records, config.run.best_metric, config.run.best_mode,
+                             plan["best_uri"], seed=config.run.seed)
+
+
+def _evaluate_during_training(evaluator, bundle, model, spec: ModelSpec, config: TrainConfig,
+                              step: int, step_logger, device: str) -> None:
+    """Score the live model, log val_<key> against the step, keep best/ when it improved."""
+    from csclip.eval.periodic import LOGGED_KEYS
+    from csclip.model import ClipBundle
+
+    live = ClipBundle(unwrap(model), bundle.preprocess, bundle.tokenizer, bundle.name,
+                      bundle.pretrained)
+    metrics = evaluator.evaluate(live, device)
+    step_logger.log(step, {f"val_{k}": metrics[k] for k in LOGGED_KEYS if k in metrics})
+    step_logger.flush()
+    logger.info("step %d eval: %s", step, ", ".join(f"{k} {metrics[k]:.1f}" for k in LOGGED_KEYS
+                                                    if k in metrics))
+    if evaluator.is_better(metrics):
+        evaluator.save_best(model, spec, config.model_dump(mode="json"), step, metrics)
 
 
 def _worker_logging() -> None:
@@ -344,7 +390,7 @@ def run(config: TrainConfig, callbacks: Sequence = ()) -> TrainResult:
     run_id = open_run(config.tracking, name, {**flatten(config), **data_params})
     loop_config = {"config": config.model_dump(mode="json"),
                    "plan": {"total_steps": plan.total_steps, "steps_per_epoch": plan.steps_per_epoch,
-                            "mlflow_run_id": run_id,
+                            "mlflow_run_id": run_id, "best_uri": f"{root.rstrip('/')}/{name}/best",
                             "tracking_uri": resolve_uri(config.tracking.uri)}}
     try:
         result = _trainer(config, name, root, loop_config, stream, callbacks).fit()

@@ -4,10 +4,11 @@
     python pipelines/evaluate.py --checkpoint runs/demo/checkpoint --out runs/eval
     python pipelines/evaluate.py --model csclip-tiny --set data.world.num_val=50
     python pipelines/evaluate.py --model ViT-B-32 --pretrained openai \
-        --sugarcrepe data/sugarcrepe --coco-images s3://bucket/coco/val2017
+        --suite aro,sugarcrepe,winoground,coco_retrieval,zeroshot --data-root s3://bucket/bench
 
 Without --units the synthetic world's validation split is generated on the fly. Writes
-table1/6/7, image_side and suites (retrieval, compositional) as .md/.csv, figure3.png and
+table1/6/7, image_side, suites (retrieval, compositional, zero-shot) and, with --suite,
+benchmarks and capabilities as .md/.csv, figure3.png and
 benchmark.parquet to --out, prints the tables, and logs them to MLflow (tracking.uri;
 `--set tracking.enabled=false` to skip).
 """
@@ -36,6 +37,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", help="output directory for tables and figure")
     parser.add_argument("--sugarcrepe", help="SugarCrepe JSON folder (also runs SugarCrepe)")
     parser.add_argument("--coco-images", help="COCO val2017 image folder for --sugarcrepe")
+    parser.add_argument("--suite", help="real-data suites, comma separated (aro, winoground, "
+                        "sugarcrepe, ..., coco_retrieval, zeroshot; docs/evaluation.md)")
+    parser.add_argument("--data-root", help="folder (or s3:// prefix) with one sub-folder per "
+                        "suite in its published layout")
     return parser.parse_args(argv)
 
 
@@ -49,6 +54,8 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
         "out_dir": args.out,
         "suites.sugarcrepe_dir": args.sugarcrepe,
         "suites.coco_images": args.coco_images,
+        "suites.names": args.suite,
+        "suites.data_root": args.data_root,
     }
     # Quote values so YAML keeps tags like "openai" or paths with colons as strings.
     shortcuts = [f"{key}='{value}'" for key, value in flags.items() if value is not None]

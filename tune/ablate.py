@@ -32,6 +32,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="trials at once (default: derived from the cluster)")
     parser.add_argument("--reevaluate", action="store_true",
                         help="evaluate finished trials' checkpoints again (no retraining)")
+    parser.add_argument("--suite", default=None, metavar="NAMES",
+                        help="real-data suites to evaluate every trial on (comma separated, "
+                        "as pipelines/evaluate.py); with --reevaluate, no retraining")
+    parser.add_argument("--data-root", default=None, metavar="PATH",
+                        help="folder or s3:// prefix holding the --suite data")
     parser.add_argument("--results-doc", default=None, metavar="PATH",
                         help="also write the table into the ablation section of this file")
     args = parser.parse_args(argv)
@@ -43,6 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         base = config_from_args(train.TrainConfig, args)
         grid = grids.expand_grid(base, grids.parse_grid(args.grid), full=args.full_grid)
+        suites = None
+        if args.suite:  # checked before Ray starts; the root made absolute for the trials
+            from csclip.config import validate_config
+            from csclip.eval.suites import SuitesConfig
+
+            root = sweep.absolute_uri(args.data_root) if args.data_root else None
+            suites = validate_config(SuitesConfig, {"names": args.suite, "data_root": root},
+                                     origin="--suite/--data-root").model_dump(mode="json")
         max_concurrent = args.max_concurrent
         if init_ray() and max_concurrent is None:
             # A local Ray counts more logical CPUs than cores (see init_ray); how many
@@ -51,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                 {"CPU": os.cpu_count() or 1}, base.run.num_workers, base.run.use_gpu,
                 base.run.cpus_per_worker)
         result = sweep.run_sweep(base, grid, max_concurrent=max_concurrent,
-                                reevaluate=args.reevaluate)
+                                reevaluate=args.reevaluate, suites=suites)
         if args.results_doc:
             report.update_results_doc(args.results_doc, result, command=" ".join(
                 ["python", "tune/ablate.py", *(argv if argv is not None else sys.argv[1:])]))

@@ -3,6 +3,7 @@ rerun resumes), then the Tables 16-17 report, its plot and the MLflow parent run
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -92,7 +93,7 @@ def tune_storage(config: BaseModel) -> str:
 
 def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
               trial_cpus: float = TRIAL_CPUS, eval_seed: int = 0, reevaluate: bool = False,
-              evaluate: Callable | None = None) -> SweepResult:
+              evaluate: Callable | None = None, suites: dict | None = None) -> SweepResult:
     """Run (or resume) a sweep: one Tune trial per setting of `grid`, each a Ray Train
     fine-tune plus evaluation; then the table, plot and MLflow parent run.
 
@@ -101,6 +102,8 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
     ones run again. reevaluate: evaluate every finished trial's checkpoint again with the
     current evaluation code (no retraining). evaluate: each trial's evaluation
     `(config, checkpoint_uri, seed) -> report` (default evaluate_trial; see run_trial).
+    suites: the evaluation's suites (a SuitesConfig as a dict; default the world's), e.g.
+    real-data suites with --reevaluate, which rewrites the report with their columns.
     Ray must be initialised by the caller.
     """
     import time
@@ -111,6 +114,8 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
     from csclip.config import flatten
 
     started = time.time()
+    if suites and evaluate is None:
+        evaluate = functools.partial(evaluate_trial, suites=suites)
     name = sweep_name(base, grid)
     base = resolve_paths(base)
     storage = tune_storage(base)
@@ -155,7 +160,7 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
     metrics, status, errors = collect_results(tuner.fit())
     report_uri = f"{storage}/{name}-report"
     if reevaluate:
-        reevaluate_trials(base, grid, name, metrics, client, eval_seed, report_uri)
+        reevaluate_trials(base, grid, name, metrics, client, eval_seed, report_uri, suites)
     metrics = {k: {**m, **_stored_evaluations(report_uri).get(k, {})} for k, m in metrics.items()}
     table = build_table(grid, metrics, status)
     report = publish_report(table, report_uri, title=f"Ablation {name}")
@@ -172,7 +177,8 @@ EVALUATIONS_FILE = "evaluations.json"  # re-evaluated metrics, by setting key
 
 
 def reevaluate_trials(base: BaseModel, grid: Grid, sweep: str, metrics: Mapping[str, dict],
-                      client, eval_seed: int, report_uri: str) -> None:
+                      client, eval_seed: int, report_uri: str,
+                      suites: dict | None = None) -> None:
     """Evaluate each finished trial's checkpoint again (the evaluation grew a suite, or was
     fixed, after the trials trained). The new metrics go to the trial's child run (tag
     csclip_reevaluated) and to <report>/evaluations.json, which later reruns read too."""
@@ -185,7 +191,7 @@ def reevaluate_trials(base: BaseModel, grid: Grid, sweep: str, metrics: Mapping[
     for key, old in metrics.items():
         started = time.time()
         config = trial_config(base, settings[key], sweep)
-        report = evaluate_trial(config, old["checkpoint_uri"], eval_seed)
+        report = evaluate_trial(config, old["checkpoint_uri"], eval_seed, suites)
         new = {k: float(v) for k, v in report.metrics.items()
                if isinstance(v, int | float) and not isinstance(v, bool)}
         stored[key] = new

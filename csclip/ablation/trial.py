@@ -129,15 +129,18 @@ def validation_records(config: BaseModel) -> list:
     return load_split(config.data.units_uri, "val", config.data.world)
 
 
-def evaluate_trial(config: BaseModel, checkpoint_uri: str, seed: int):
-    """The HalfTruthReport (half-truth, image-side; whatever suites the evaluation has) of
-    a trained checkpoint on the validation split."""
+def evaluate_trial(config: BaseModel, checkpoint_uri: str, seed: int, suites: dict | None = None):
+    """The HalfTruthReport (half-truth, image-side, and the suites: the world's by default,
+    or `suites`, a SuitesConfig as a dict, e.g. real-data suites under a data root) of a
+    trained checkpoint on the validation split."""
     from csclip.eval.halftruth import BenchmarkConfig
     from csclip.eval.pipeline import evaluate_bundle
+    from csclip.eval.suites import SuitesConfig
     from csclip.model import load_bundle
 
     bundle = load_bundle(checkpoint_uri)
-    return evaluate_bundle(bundle, validation_records(config), benchmark=BenchmarkConfig(seed=seed))
+    return evaluate_bundle(bundle, validation_records(config), benchmark=BenchmarkConfig(seed=seed),
+                           suites=SuitesConfig.model_validate(suites or {}))
 
 
 def _log_trial_files(client, run_id: str, setting: Setting, report,

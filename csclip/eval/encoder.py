@@ -168,14 +168,25 @@ def image_sources(
     return sources
 
 
+CROP_MARK = "#crop="  # "<uri>#crop=x,y,w,h": a box of the image (ARO's VG items)
+
+
 def load_image(source: ImageSource) -> bytes:
-    """The encoded bytes of an image source (reading a URI through csclip.storage)."""
+    """The encoded bytes of an image source (reading a URI through csclip.storage; a URI
+    ending in `#crop=x,y,w,h` is cropped to that box and re-encoded as PNG)."""
     if isinstance(source, bytes | bytearray | memoryview):
         return bytes(source)
     from csclip.storage import filesystem_for, read_bytes
 
-    filesystem, path = filesystem_for(source)
-    return read_bytes(filesystem, path)
+    uri, _, box = source.partition(CROP_MARK)
+    filesystem, path = filesystem_for(uri)
+    data = read_bytes(filesystem, path)
+    if not box:
+        return data
+    x, y, w, h = (int(v) for v in box.split(","))
+    buffer = io.BytesIO()
+    decode_image(data).crop((x, y, x + w, y + h)).save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def image_bytes_by_id(records: Sequence[UnitsRecord], image_ids: Sequence[str]) -> dict[str, bytes]:

@@ -159,6 +159,7 @@ def paper_tables(reports: Mapping[str, HalfTruthReport]) -> dict[str, Table]:
             ("", "acc", "float", "gap", "int"),
         ),
     }
+    tables.update(benchmark_tables(reports))
     if any(k in r.metrics for r in reports.values() for k in SUITE_KEYS):
         tables["suites"] = Table(
             "Retrieval and compositional suites (%)",
@@ -169,17 +170,61 @@ def paper_tables(reports: Mapping[str, HalfTruthReport]) -> dict[str, Table]:
     return tables
 
 
-# The suites table: tune.py's Table 16-17 columns (comp_*, ret_*) and the rest measured.
+# The suites table: the ablation's Table 16-17 columns (comp_*, suite_*, zs_*, ret_*) and
+# the rest measured.
 SUITE_KEYS: tuple[str, ...] = (
     "comp_i2t", "comp_t2i", "comp_group", "comp_i2t_replace", "sugarcrepe_avg",
+    "suite_i2t", "suite_t2i", "suite_group", "zs_world_avg", "zs_avg",
     "ret_i2t", "ret_i2t_r5", "ret_i2t_r10", "ret_t2i", "ret_t2i_r5", "ret_t2i_r10",
+    "coco_ret_i2t", "coco_ret_t2i", "flickr30k_ret_i2t", "flickr30k_ret_t2i",
 )  # fmt: skip
 
 
 SUITE_HEADERS: tuple[str, ...] = (
     "Model", "Pairs I2T", "Pairs T2I", "Pairs Group", "Replace I2T", "SugarCrepe",
+    "Suite I2T", "Suite T2I", "Suite Group", "World ZS", "ZS",
     "Ret I2T R@1", "Ret I2T R@5", "Ret I2T R@10", "Ret T2I R@1", "Ret T2I R@5", "Ret T2I R@10",
+    "COCO I2T R@1", "COCO T2I R@1", "Flickr I2T R@1", "Flickr T2I R@1",
 )  # fmt: skip
+
+
+def benchmark_tables(reports: Mapping[str, HalfTruthReport]) -> dict[str, Table]:
+    """When real-data suites ran: `benchmarks` (one row per model, benchmark and subset:
+    I2T / T2I / Group, items, skipped) and `capabilities` (per capability and the suite
+    averages). {} otherwise."""
+    from csclip.eval.suites.registry import BENCHMARKS, CAPABILITIES, DIRECTIONS
+
+    rows, capability_rows = [], []
+    for name, report in reports.items():
+        metrics = report.metrics
+        for benchmark in BENCHMARKS:
+            subsets = sorted(k[len(benchmark) + 1:-len("_num")] for k in metrics
+                             if k.startswith(f"{benchmark}_") and k.endswith("_num"))
+            for subset in subsets:
+                key = f"{benchmark}_{subset}"
+                rows.append((name, benchmark, subset,
+                             *(metrics.get(f"{key}_{d}") for d in DIRECTIONS),
+                             metrics.get(f"{key}_num"), metrics.get(f"{key}_skipped", 0.0)))
+            if subsets:
+                rows.append((name, benchmark, "(benchmark)",
+                             *(metrics.get(f"{benchmark}_{d}") for d in DIRECTIONS), None, None))
+        for capability in (*CAPABILITIES, "suite"):
+            prefix = "suite" if capability == "suite" else f"cap_{capability}"
+            values = tuple(metrics.get(f"{prefix}_{d}") for d in DIRECTIONS)
+            if any(v is not None for v in values):
+                capability_rows.append((name, capability, *values))
+    if not rows:
+        return {}
+    return {
+        "benchmarks": Table("Compositional benchmarks (%): I2T / T2I / Group per subset",
+                            ("Model", "Benchmark", "Subset", "I2T", "T2I", "Group", "Items",
+                             "Skipped"), tuple(rows),
+                            ("", "", "", "acc", "acc", "acc", "int", "int")),
+        "capabilities": Table("Compositional capabilities (%): mean over subsets; suite = "
+                              "mean over benchmarks", ("Model", "Capability", "I2T", "T2I",
+                                                       "Group"),
+                              tuple(capability_rows), ("", "", "acc", "acc", "acc")),
+    }
 
 
 def plot_figure3(reports: Mapping[str, HalfTruthReport], path: Path) -> Path:

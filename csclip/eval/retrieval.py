@@ -161,3 +161,75 @@ def evaluate_retrieval(
         metrics.get("ret_t2i", float("nan")),
     )
     return metrics
+
+
+# ---------------------------------------------------------------------------------------
+# COCO / Flickr30k Karpathy test from local or s3:// copies
+# ---------------------------------------------------------------------------------------
+
+KARPATHY_LAYOUT = {
+    "coco": "dataset_coco.json (Karpathy) and the val2014/ folder its filepath names",
+    "flickr30k": "dataset_flickr30k.json (Karpathy) and flickr30k-images/ (or images/)",
+}
+
+
+@dataclass(frozen=True)
+class KarpathySet:
+    """A Karpathy split as a RetrievalSet with its image URIs, and the captions left out
+    because their image is missing."""
+
+    rset: RetrievalSet
+    images: dict[str, str]
+    num_skipped_captions: int
+
+
+def load_karpathy(json_uri: str, image_root: str, split: str = "test") -> KarpathySet:
+    """The `split` images of a Karpathy JSON (dataset_coco.json / dataset_flickr30k.json,
+    read by csclip.extract.captions) with every caption; images under image_root (local
+    or s3://). Raises DataError for a malformed file or a split without images."""
+    from csclip.eval.suites.core import ImageFolder
+    from csclip.extract.captions import InputConfig, iter_karpathy
+    from csclip.storage import filesystem_for
+
+    filesystem, path = filesystem_for(json_uri)
+    config = InputConfig(format="karpathy", uri=json_uri, restval_as_train=True)
+    folder = ImageFolder(image_root)
+    pairs: list[tuple[str, str]] = []
+    images: dict[str, str] = {}
+    skipped = 0
+    for row in iter_karpathy(filesystem, path, config):
+        if row["split"] != split:
+            continue
+        ref = folder.ref(row["image_path"])
+        if ref is None:
+            skipped += 1
+            continue
+        images[row["image_id"]] = ref
+        pairs.append((row["image_id"], row["caption"]))
+    if not pairs:
+        raise DataError(f"{json_uri}: no {split!r} captions with an image under {image_root} "
+                        f"({skipped} without an image)")
+    image_ids = tuple(dict.fromkeys(i for i, _ in pairs))
+    texts = tuple(dict.fromkeys(t for _, t in pairs))
+    image_index = {i: k for k, i in enumerate(image_ids)}
+    text_index = {t: k for k, t in enumerate(texts)}
+    rset = RetrievalSet(image_ids, texts, tuple(dict.fromkeys(
+        (image_index[i], text_index[t]) for i, t in pairs)))
+    return KarpathySet(rset, images, skipped)
+
+
+def evaluate_karpathy(encoder: Encoder, dataset: str, json_uri: str, image_root: str,
+                      split: str = "test") -> dict[str, float]:
+    """Recall@1/5/10 both ways on a Karpathy split: keys `<dataset>_ret_i2t`,
+    `<dataset>_ret_t2i` (R@1), `<dataset>_ret_{i2t,t2i}_r{5,10}`, counts and
+    `<dataset>_ret_skipped_captions` (image missing). Same rules as the world's retrieval
+    (any caption counts for I2T; a tie with a wrong item is a miss)."""
+    karpathy = load_karpathy(json_uri, image_root, split)
+    features = encoder.features(karpathy.rset.texts, karpathy.images)
+    metrics = retrieval_metrics(features, karpathy.rset)
+    out = {f"{dataset}_{key}": value for key, value in metrics.items()}
+    out[f"{dataset}_ret_skipped_captions"] = float(karpathy.num_skipped_captions)
+    log.info("%s %s retrieval: %d images, %d captions (%d skipped): R@1 i2t %.1f t2i %.1f",
+             dataset, split, len(karpathy.rset.image_ids), len(karpathy.rset.pairs),
+             karpathy.num_skipped_captions, out[f"{dataset}_ret_i2t"], out[f"{dataset}_ret_t2i"])
+    return out

@@ -128,3 +128,46 @@ def evaluate_sugarcrepe(
     else:
         log.info("SugarCrepe: %s", summary)
     return metrics
+
+
+LAYOUT = ("the seven SugarCrepe files ({add,replace,swap}_*.json: index -> {filename, caption, "
+          "negative_caption}) and COCO val2017 images in val2017/ (or <data-root>/coco/val2017/)")
+
+
+def load_sugarcrepe_suite(data_root: str):
+    """SugarCrepe as a suite of the real-data registry (<data_root>/sugarcrepe, local or
+    s3://): caption vs negative_caption, strict (its official script counts a tie as
+    wrong); `sugarcrepe_i2t` is the mean over subsets, as the paper reports it."""
+    from csclip.eval.suites.core import (
+        BenchmarkNotFound,
+        SuiteData,
+        TextChoice,
+        exists,
+        expect,
+        join,
+        read_json,
+    )
+    from csclip.eval.suites.sugarcrepe_pp import coco_images
+
+    root = join(data_root, "sugarcrepe")
+    present = [s for s in SUGARCREPE_SUBSETS if exists(join(root, f"{s}.json"))]
+    images = coco_images(data_root, root)
+    if not present or images is None:
+        raise BenchmarkNotFound(f"sugarcrepe: not found under {root} (expects {LAYOUT})")
+    data = SuiteData("sugarcrepe", tie_rule="strict")
+    for subset in present:
+        uri = join(root, f"{subset}.json")
+        rows = read_json(uri)
+        expect(isinstance(rows, dict), uri, "an object: index -> {filename, caption, "
+               "negative_caption}")
+        for _, row in sorted(rows.items(), key=lambda kv: int(kv[0])):
+            expect({"filename", "caption", "negative_caption"} <= set(row), uri,
+                   "items have filename, caption, negative_caption")
+            ref = images.ref(row["filename"])
+            if ref is None:
+                data.skip(subset)
+                continue
+            data.images[ref] = ref
+            data.text_choices.append(TextChoice(subset, ref, (row["caption"],
+                                                              row["negative_caption"]), (0,)))
+    return data

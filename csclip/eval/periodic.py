@@ -1,0 +1,106 @@
+"""Evaluation during training (`run.eval_every`): the half-truth benchmark (overall /
+entity / relation) and retrieval on a capped validation split, built once and scored on
+the live model every few steps, plus the best checkpoint by a chosen metric. Called by
+csclip.train on rank 0; it never imports training."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from csclip.eval.encoder import Encoder, ScoringConfig
+from csclip.eval.halftruth import BenchmarkConfig, prepare_benchmark
+from csclip.eval.pipeline import evaluate_encoder
+from csclip.eval.suites import SuitesConfig
+from csclip.model import ClipBundle, ModelSpec, save_checkpoint
+from csclip.units import UnitsRecord
+
+log = logging.getLogger(__name__)
+
+# The keys logged against the step (as "val_<key>"); the best checkpoint's metric is one
+# of the report's keys (ht_all by default).
+LOGGED_KEYS: tuple[str, ...] = ("ht_all", "ht_entity", "ht_relation", "ret_i2t", "ret_t2i")
+BEST_METRICS_FILE = "metrics.json"
+
+
+def capped_records(records: Sequence[UnitsRecord], max_images: int) -> list[UnitsRecord]:
+    """The records of the first `max_images` image ids (sorted), all their captions."""
+    keep = set(sorted({r.image_id for r in records})[:max_images])
+    return [r for r in records if r.image_id in keep]
+
+
+class PeriodicEvaluator:
+    """Scores a training model on a fixed validation benchmark and keeps the best weights.
+
+    records: the validation split (already capped); best_metric / mode: which report key
+    decides the best checkpoint and whether larger is better; best_uri: where `best/` goes
+    (local or s3://). A best/ left by an earlier attempt of the same run sets the bar, so a
+    resumed run does not overwrite a better checkpoint.
+    """
+
+    def __init__(self, records: Sequence[UnitsRecord], best_metric: str, mode: str,
+                 best_uri: str, seed: int = 0) -> None:
+        self.records = list(records)
+        # No bootstrap and no image-side items: only what is logged, as cheaply as possible.
+        self.benchmark = BenchmarkConfig(seed=seed, num_bootstrap=0, image_side=False)
+        self.prepared = prepare_benchmark(self.records, self.benchmark)
+        self.suites = SuitesConfig(world_pairs=False, world_zeroshot=False)
+        self.best_metric, self.mode, self.best_uri = best_metric, mode, best_uri
+        self.best_value = self._saved_best()
+
+    def _saved_best(self) -> float | None:
+        from csclip.storage import exists, filesystem_for, read_bytes
+
+        filesystem, path = filesystem_for(self.best_uri)
+        file = f"{path}/{BEST_METRICS_FILE}"
+        if not exists(filesystem, file):
+            return None
+        return float(json.loads(read_bytes(filesystem, file))["value"])
+
+    def evaluate(self, bundle: ClipBundle, device: str) -> dict[str, float]:
+        """The report's metrics for the model in `bundle` (put in eval mode and back into
+        train mode afterwards)."""
+        was_training = bundle.model.training
+        try:
+            encoder = Encoder.for_bundle(bundle, ScoringConfig(device=device))
+            report = evaluate_encoder("train", encoder, self.prepared, self.records,
+                                      self.benchmark, self.suites)
+        finally:
+            bundle.model.train(was_training)
+        return report.metrics
+
+    def is_better(self, metrics: dict[str, float]) -> bool:
+        value = metrics.get(self.best_metric)
+        if value is None or not math.isfinite(value):
+            return False
+        if self.best_value is None:
+            return True
+        return value > self.best_value if self.mode == "max" else value < self.best_value
+
+    def save_best(self, model: torch.nn.Module, spec: ModelSpec, config: dict, step: int,
+                  metrics: dict[str, float]) -> str:
+        """Write the weights, spec, config and the deciding metric to best_uri (replacing
+        what was there); returns best_uri, which csclip.model.load_bundle reads."""
+        import pyarrow.fs as pafs
+
+        from csclip.storage import filesystem_for
+
+        value = float(metrics[self.best_metric])
+        with tempfile.TemporaryDirectory() as tmp:
+            save_checkpoint(model, spec, tmp, None, config)
+            Path(tmp, BEST_METRICS_FILE).write_text(json.dumps(
+                {"step": step, "metric": self.best_metric, "value": value,
+                 "mode": self.mode, **{k: metrics[k] for k in LOGGED_KEYS if k in metrics}}))
+            filesystem, path = filesystem_for(self.best_uri)
+            filesystem.create_dir(path, recursive=True)
+            pafs.copy_files(tmp, path, destination_filesystem=filesystem)
+        self.best_value = value
+        log.info("step %d: new best %s = %.2f -> %s", step, self.best_metric, value,
+                 self.best_uri)
+        return self.best_uri

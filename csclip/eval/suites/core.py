@@ -1,0 +1,320 @@
+"""What every real-data benchmark loader produces and how it is scored: items of three
+shapes (one image with candidate texts, one text with candidate images, Winoground-style
+pairs), each benchmark's tie rule, per-subset and per-benchmark I2T / T2I / Group
+accuracies, and the image folder listing that lets a missing image be counted, not crash.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from csclip.errors import DataError
+from csclip.eval.encoder import Encoder, FeatureTables, ImageSource
+
+log = logging.getLogger(__name__)
+
+# strict: the true text must score strictly above every other candidate (a tie is wrong).
+# argmax_first: the official code takes np.argmax over the candidates in the benchmark's
+# own order, so a tie goes to the earliest candidate (right when the true one is first).
+TieRule = Literal["strict", "argmax_first"]
+
+
+class BenchmarkNotFound(DataError):
+    """A benchmark's files are not under the data root (a skip, reported in one line)."""
+
+
+@dataclass(frozen=True)
+class TextChoice:
+    """I2T: one image and its candidate texts in the benchmark's own order."""
+
+    subset: str
+    image: str  # key into SuiteData.images
+    texts: tuple[str, ...]
+    true_indices: tuple[int, ...]  # several for SugarCrepe++ / BLA (all must win)
+    category: str = ""  # ARO: the relation or attribute pair (macro accuracy)
+
+
+@dataclass(frozen=True)
+class ImageChoice:
+    """T2I: one text and its candidate images in the benchmark's own order."""
+
+    subset: str
+    text: str
+    images: tuple[str, ...]
+    true_index: int
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Winoground-style: caption_k describes image_k; the other caption is its foil."""
+
+    subset: str
+    image_0: str
+    image_1: str
+    caption_0: str
+    caption_1: str
+
+
+@dataclass(frozen=True)
+class MacroRule:
+    """ARO: a subset's accuracy is the mean over categories with at least `min_count`
+    items, leaving out `excluded` categories."""
+
+    min_count: int = 25
+    excluded: frozenset[str] = frozenset()
+
+
+@dataclass
+class SuiteData:
+    """One benchmark, loaded: its items, the images they need (key -> bytes or URI), the
+    items left out per subset because their image is missing, and its scoring rule."""
+
+    benchmark: str
+    tie_rule: TieRule = "strict"
+    images: dict[str, ImageSource] = field(default_factory=dict)
+    text_choices: list[TextChoice] = field(default_factory=list)
+    image_choices: list[ImageChoice] = field(default_factory=list)
+    pairs: list[Pair] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+    macro: Mapping[str, MacroRule] = field(default_factory=dict)  # subset -> rule
+    # The benchmark's own score pools its items (Winoground's tags are a breakdown);
+    # otherwise it is the unweighted mean over subsets (SugarCrepe, ARO, ...).
+    pooled: bool = False
+
+    def skip(self, subset: str, count: int = 1) -> None:
+        self.skipped[subset] = self.skipped.get(subset, 0) + count
+
+    def subsets(self) -> list[str]:
+        names = [i.subset for i in self.text_choices] + [i.subset for i in self.image_choices]
+        names += [p.subset for p in self.pairs]
+        return list(dict.fromkeys(names + list(self.skipped)))
+
+    def texts(self) -> list[str]:
+        out = [t for i in self.text_choices for t in i.texts]
+        out += [i.text for i in self.image_choices]
+        out += [t for p in self.pairs for t in (p.caption_0, p.caption_1)]
+        return out
+
+    def limit(self, max_per_subset: int | None) -> SuiteData:
+        """The first `max_per_subset` items of each subset (and only their images)."""
+        if max_per_subset is None:
+            return self
+        seen: dict[tuple[str, str], int] = {}
+
+        def keep(kind: str, item) -> bool:
+            seen[(kind, item.subset)] = seen.get((kind, item.subset), 0) + 1
+            return seen[(kind, item.subset)] <= max_per_subset
+
+        out = SuiteData(self.benchmark, self.tie_rule, skipped=dict(self.skipped),
+                        macro=self.macro, pooled=self.pooled)
+        out.text_choices = [i for i in self.text_choices if keep("t", i)]
+        out.image_choices = [i for i in self.image_choices if keep("i", i)]
+        out.pairs = [p for p in self.pairs if keep("p", p)]
+        used = {i.image for i in out.text_choices} | {k for i in out.image_choices for k in i.images}
+        used |= {k for p in out.pairs for k in (p.image_0, p.image_1)}
+        out.images = {k: v for k, v in self.images.items() if k in used}
+        return out
+
+
+# ---------------------------------------------------------------------------------------
+# Rules
+# ---------------------------------------------------------------------------------------
+
+def choice_correct(scores: np.ndarray, true_indices: Sequence[int], rule: TieRule) -> bool:
+    """Whether a candidate list's scores pick the true candidate(s).
+
+    strict: every true candidate scores strictly above every other one.
+    argmax_first: np.argmax (the first maximum) is a true candidate.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    if rule == "argmax_first":
+        return int(np.argmax(scores)) in true_indices
+    is_true = np.zeros(len(scores), dtype=bool)
+    is_true[list(true_indices)] = True
+    if is_true.all():
+        raise ValueError("a choice item needs at least one wrong candidate")
+    return bool(scores[is_true].min() > scores[~is_true].max())
+
+
+def pair_correct(s00: float, s01: float, s10: float, s11: float) -> tuple[bool, bool]:
+    """Winoground's text and image scores of one pair from s(I_i, C_j) = s_ij (strict:
+    its official code compares with >, so a tie is wrong)."""
+    text_ok = s00 > s01 and s11 > s10  # each image prefers its own caption
+    image_ok = s00 > s10 and s11 > s01  # each caption prefers its own image
+    return text_ok, image_ok
+
+
+def macro_accuracy(correct: np.ndarray, categories: Sequence[str], rule: MacroRule) -> float:
+    """Mean per-category accuracy over categories with at least rule.min_count items,
+    leaving out rule.excluded; NaN when no category qualifies."""
+    cats = np.asarray(categories)
+    values = [float(correct[cats == c].mean()) for c in sorted(set(categories))
+              if c not in rule.excluded and (cats == c).sum() >= rule.min_count]
+    return float(np.mean(values)) if values else float("nan")
+
+
+# ---------------------------------------------------------------------------------------
+# Scoring
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SubsetScores:
+    """One subset's accuracies in percent (None: that direction has no items)."""
+
+    i2t: float | None
+    t2i: float | None
+    group: float | None
+    num_items: int
+
+
+def _mean(values: list[bool]) -> float | None:
+    return 100.0 * float(np.mean(values)) if values else None
+
+
+def score_subsets(features: FeatureTables, data: SuiteData) -> dict[str, SubsetScores]:
+    """Per-subset I2T (text choices, pairs' text score), T2I (image choices, pairs' image
+    score) and Group (pairs) accuracy."""
+    i2t: dict[str, list[bool]] = {}
+    t2i: dict[str, list[bool]] = {}
+    group: dict[str, list[bool]] = {}
+    categories: dict[str, list[str]] = {}
+    for item in data.text_choices:
+        scores = features.similarity([item.image] * len(item.texts), list(item.texts))
+        i2t.setdefault(item.subset, []).append(choice_correct(scores, item.true_indices,
+                                                              data.tie_rule))
+        categories.setdefault(item.subset, []).append(item.category)
+    for item in data.image_choices:
+        scores = features.similarity(list(item.images), [item.text] * len(item.images))
+        t2i.setdefault(item.subset, []).append(choice_correct(scores, (item.true_index,),
+                                                              data.tie_rule))
+    for pair in data.pairs:
+        s = features.similarity([pair.image_0, pair.image_0, pair.image_1, pair.image_1],
+                                [pair.caption_0, pair.caption_1, pair.caption_0, pair.caption_1])
+        text_ok, image_ok = pair_correct(*s)
+        i2t.setdefault(pair.subset, []).append(text_ok)
+        t2i.setdefault(pair.subset, []).append(image_ok)
+        group.setdefault(pair.subset, []).append(text_ok and image_ok)
+    out = {}
+    for subset in data.subsets():
+        correct = i2t.get(subset, [])
+        i2t_value = _mean(correct)
+        if subset in data.macro and correct:
+            i2t_value = 100.0 * macro_accuracy(np.array(correct), categories[subset],
+                                               data.macro[subset])
+        num = max(len(correct), len(t2i.get(subset, [])))
+        out[subset] = SubsetScores(i2t_value, _mean(t2i.get(subset, [])),
+                                   _mean(group.get(subset, [])), num)
+    return out
+
+
+def suite_metrics(benchmark: str, subsets: Mapping[str, SubsetScores],
+                  skipped: Mapping[str, int], pooled: bool = False) -> dict[str, float]:
+    """`<benchmark>_<subset>_{i2t,t2i,group}`, `<benchmark>_{i2t,t2i,group}` (unweighted
+    mean over the subsets that measured it; pooled: weighted by their items),
+    `<benchmark>_<subset>_num` and `_skipped`. A direction no subset measured gets no key."""
+    metrics: dict[str, float] = {}
+    for direction in ("i2t", "t2i", "group"):
+        values, weights = [], []
+        for subset, scores in subsets.items():
+            value = getattr(scores, direction)
+            if value is not None and np.isfinite(value):
+                metrics[f"{benchmark}_{subset}_{direction}"] = value
+                values.append(value)
+                weights.append(scores.num_items if pooled else 1)
+        if values:
+            metrics[f"{benchmark}_{direction}"] = float(np.average(values, weights=weights))
+    for subset, scores in subsets.items():
+        metrics[f"{benchmark}_{subset}_num"] = float(scores.num_items)
+        if skipped.get(subset):
+            metrics[f"{benchmark}_{subset}_skipped"] = float(skipped[subset])
+    return metrics
+
+
+def evaluate_suite_data(encoder: Encoder, data: SuiteData) -> tuple[dict[str, float],
+                                                                    dict[str, SubsetScores]]:
+    """Encode a loaded benchmark through `encoder` and score it: (metrics, per subset)."""
+    features = encoder.features(data.texts(), data.images)
+    subsets = score_subsets(features, data)
+    return suite_metrics(data.benchmark, subsets, data.skipped, data.pooled), subsets
+
+
+# ---------------------------------------------------------------------------------------
+# Reading files (local or s3://)
+# ---------------------------------------------------------------------------------------
+
+def join(root: str, *parts: str) -> str:
+    return posixpath.join(root, *[p for p in parts if p])
+
+
+def exists(uri: str) -> bool:
+    from csclip.storage import exists as _exists
+    from csclip.storage import filesystem_for
+
+    filesystem, path = filesystem_for(uri)
+    return _exists(filesystem, path)
+
+
+def first_existing(root: str, *names: str) -> str | None:
+    """The first of root/name that exists, or None."""
+    for name in names:
+        if exists(join(root, name)):
+            return join(root, name)
+    return None
+
+
+def read_json(uri: str) -> object:
+    """A JSON (or, for *.jsonl, a list of JSON lines) file; malformed content is a
+    DataError naming the file."""
+    from csclip.storage import filesystem_for, read_bytes
+
+    filesystem, path = filesystem_for(uri)
+    text = read_bytes(filesystem, path).decode("utf-8")
+    try:
+        if uri.endswith(".jsonl"):
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{uri}: not valid JSON ({err})") from err
+
+
+def expect(condition: bool, uri: str, what: str) -> None:
+    """Raise DataError naming the file when its content is not in the expected format."""
+    if not condition:
+        raise DataError(f"{uri}: not in the published format ({what})")
+
+
+class ImageFolder:
+    """The files under an image folder, listed once per directory (so a missing image is
+    a counted skip, not an error mid-encoding). `ref(relative)` -> URI or None."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self._listed: dict[str, set[str]] = {}
+
+    def _names(self, directory: str) -> set[str]:
+        if directory not in self._listed:
+            from csclip.storage import filesystem_for, list_files
+
+            filesystem, path = filesystem_for(directory)
+            self._listed[directory] = {p.rsplit("/", 1)[-1] for p in list_files(filesystem, path)}
+        return self._listed[directory]
+
+    def ref(self, relative: str) -> str | None:
+        uri = join(self.root, relative)
+        directory, name = posixpath.split(uri)
+        return uri if name in self._names(directory) else None
+
+
+def crop_ref(uri: str, x: float, y: float, w: float, h: float) -> str:
+    """An image source naming a crop of `uri` (read and cropped when encoded)."""
+    return f"{uri}#crop={int(x)},{int(y)},{int(w)},{int(h)}"
+
+
+Loader = Callable[[str], SuiteData]

@@ -1,0 +1,128 @@
+"""The real-data suites by name (`--suite aro,winoground,...`), each found under
+<data-root>/<name>/ in its published layout, and the capability table (the paper's
+Tables 8-10 grouping) that turns per-subset scores into per-capability averages and the
+suite averages of the Tables 16-17 compositional columns."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from csclip.eval.encoder import Encoder
+from csclip.eval.suites.aro import load_aro
+from csclip.eval.suites.core import BenchmarkNotFound, Loader, evaluate_suite_data
+from csclip.eval.suites.pairs import load_cola, load_colorswap
+from csclip.eval.suites.probes import load_bla, load_spec, load_svo_probes
+from csclip.eval.suites.sugarcrepe import load_sugarcrepe_suite
+from csclip.eval.suites.sugarcrepe_pp import load_sugarcrepe_pp
+from csclip.eval.suites.valse import load_valse
+from csclip.eval.suites.vl_checklist import load_vl_checklist
+from csclip.eval.suites.whatsup import load_whatsup
+from csclip.eval.suites.winoground import load_coco_counterfactuals, load_winoground
+
+log = logging.getLogger(__name__)
+
+BENCHMARKS: dict[str, Loader] = {
+    "aro": load_aro,
+    "bla": load_bla,
+    "coco_cf": load_coco_counterfactuals,
+    "cola": load_cola,
+    "colorswap": load_colorswap,
+    "spec": load_spec,
+    "sugarcrepe": load_sugarcrepe_suite,
+    "sugarcrepe_pp": load_sugarcrepe_pp,
+    "svo_probes": load_svo_probes,
+    "valse": load_valse,
+    "vl_checklist": load_vl_checklist,
+    "whatsup": load_whatsup,
+    "winoground": load_winoground,
+}
+
+ENTITY, RELATIONAL, BINDING, LINGUISTIC = "entity", "relational", "binding", "linguistic"
+CAPABILITIES: tuple[str, ...] = (ENTITY, RELATIONAL, BINDING, LINGUISTIC)
+
+# (benchmark, subset) -> capability. Entity content: which objects, attributes, counts are
+# there; relational structure: relations, actions, spatial layout, who does what to whom;
+# binding: which attribute goes with which object; linguistic: word order, syntax,
+# coreference. A subset not listed counts toward no capability (only its benchmark).
+CAPABILITY_OF: dict[tuple[str, str], str] = {
+    ("aro", "vg_relation"): RELATIONAL, ("aro", "vg_attribution"): BINDING,
+    ("aro", "coco_order"): LINGUISTIC, ("aro", "flickr30k_order"): LINGUISTIC,
+    ("bla", "active_passive"): LINGUISTIC, ("bla", "coordination"): LINGUISTIC,
+    ("bla", "relative_clause"): LINGUISTIC,
+    ("coco_cf", "all"): ENTITY,
+    ("cola", "multi_objects"): BINDING,
+    ("colorswap", "all"): BINDING,
+    ("spec", "absolute_size"): ENTITY, ("spec", "relative_size"): RELATIONAL,
+    ("spec", "absolute_spatial"): RELATIONAL, ("spec", "relative_spatial"): RELATIONAL,
+    ("spec", "existence"): ENTITY, ("spec", "count"): ENTITY,
+    ("sugarcrepe", "add_att"): ENTITY, ("sugarcrepe", "add_obj"): ENTITY,
+    ("sugarcrepe", "replace_att"): ENTITY, ("sugarcrepe", "replace_obj"): ENTITY,
+    ("sugarcrepe", "replace_rel"): RELATIONAL, ("sugarcrepe", "swap_obj"): RELATIONAL,
+    ("sugarcrepe", "swap_att"): BINDING,
+    ("sugarcrepe_pp", "replace_att"): ENTITY, ("sugarcrepe_pp", "replace_obj"): ENTITY,
+    ("sugarcrepe_pp", "replace_rel"): RELATIONAL, ("sugarcrepe_pp", "swap_obj"): RELATIONAL,
+    ("sugarcrepe_pp", "swap_att"): BINDING,
+    ("svo_probes", "subj_neg"): ENTITY, ("svo_probes", "obj_neg"): ENTITY,
+    ("svo_probes", "verb_neg"): RELATIONAL,
+    ("valse", "existence"): ENTITY, ("valse", "plurals"): ENTITY,
+    ("valse", "counting_hard"): ENTITY, ("valse", "counting_small_quant"): ENTITY,
+    ("valse", "counting_adversarial"): ENTITY, ("valse", "foil_it"): ENTITY,
+    ("valse", "relations"): RELATIONAL, ("valse", "action_replacement"): RELATIONAL,
+    ("valse", "actant_swap"): RELATIONAL, ("valse", "coreference_standard"): LINGUISTIC,
+    ("valse", "coreference_hard"): LINGUISTIC,
+    ("vl_checklist", "object_location"): ENTITY, ("vl_checklist", "object_size"): ENTITY,
+    ("vl_checklist", "attribute_action"): BINDING, ("vl_checklist", "attribute_color"): BINDING,
+    ("vl_checklist", "attribute_material"): BINDING, ("vl_checklist", "attribute_size"): BINDING,
+    ("vl_checklist", "attribute_state"): BINDING,
+    ("vl_checklist", "relation_action"): RELATIONAL, ("vl_checklist", "relation_spatial"): RELATIONAL,
+    ("whatsup", "controlled_a"): RELATIONAL, ("whatsup", "controlled_b"): RELATIONAL,
+    ("whatsup", "coco_one"): RELATIONAL, ("whatsup", "coco_two"): RELATIONAL,
+    ("whatsup", "vg_one"): RELATIONAL, ("whatsup", "vg_two"): RELATIONAL,
+    ("winoground", "object"): BINDING, ("winoground", "relation"): RELATIONAL,
+    ("winoground", "both"): RELATIONAL,
+}  # fmt: skip
+
+DIRECTIONS: tuple[str, ...] = ("i2t", "t2i", "group")
+
+
+def capability_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """From `<benchmark>_<subset>_<direction>` and `<benchmark>_<direction>` keys:
+    `cap_<capability>_<direction>` (mean over that capability's measured subsets) and
+    `suite_<direction>` (mean over the measured benchmarks: the Tables 16-17 compositional
+    columns on real data). Only measured averages get a key."""
+    out: dict[str, float] = {}
+    for direction in DIRECTIONS:
+        for capability in CAPABILITIES:
+            values = [metrics[f"{b}_{s}_{direction}"] for (b, s), c in CAPABILITY_OF.items()
+                      if c == capability and f"{b}_{s}_{direction}" in metrics]
+            if values:
+                out[f"cap_{capability}_{direction}"] = float(np.mean(values))
+        values = [metrics[f"{b}_{direction}"] for b in BENCHMARKS if f"{b}_{direction}" in metrics]
+        if values:
+            out[f"suite_{direction}"] = float(np.mean(values))
+    return out
+
+
+def evaluate_benchmarks(encoder: Encoder, names: Sequence[str], data_root: str,
+                        max_per_subset: int | None = None) -> dict[str, float]:
+    """Load, encode and score each named benchmark found under data_root; a benchmark
+    whose files are not there is skipped with one warning line naming what it expects.
+    Returns the benchmarks' metrics plus the capability and suite averages."""
+    metrics: dict[str, float] = {}
+    for name in names:
+        try:
+            data = BENCHMARKS[name](data_root).limit(max_per_subset)
+        except BenchmarkNotFound as err:
+            log.warning("%s; skipped", err)
+            continue
+        scored, subsets = evaluate_suite_data(encoder, data)
+        metrics.update(scored)
+        summary = ", ".join(f"{s} {v.num_items}" + (f" (+{data.skipped[s]} missing images)"
+                                                    if data.skipped.get(s) else "")
+                            for s, v in subsets.items())
+        log.info("%s: %s", name, summary)
+    metrics.update(capability_metrics(metrics))
+    return metrics

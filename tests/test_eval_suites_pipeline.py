@@ -1,0 +1,85 @@
+"""The named suites end to end: every fixture benchmark from the entry point (tables
+written, one line per missing suite), the same metrics from an s3:// copy, and the
+ablation table's columns on real-data metric keys."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import logging
+
+import pytest
+from suites_helpers import FIXTURES, ColorScorer
+from test_compositional import s3_bucket  # noqa: F401  (the moto fixture)
+
+from csclip.eval.encoder import Encoder
+from csclip.eval.suites import SUITE_NAMES
+from csclip.eval.suites.registry import evaluate_benchmarks
+from tests.conftest import REPO_ROOT
+
+
+def _main():
+    spec = importlib.util.spec_from_file_location("evaluate_entry", REPO_ROOT / "pipelines" / "evaluate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def test_entry_point_runs_every_suite_and_names_missing_ones(tmp_path, capsys, caplog):
+    common = ["--model", "csclip-tiny", "--set", "tracking.enabled=false",
+              "--set", "benchmark.num_bootstrap=10", "--set", "data.world.num_val=12",
+              "--set", "suites.num_world_pairs=4", "--set", "suites.num_zeroshot_items=12"]
+    main = _main()
+    out = tmp_path / "eval"
+    assert main([*common, "--out", str(out), "--suite", ",".join(SUITE_NAMES),
+                 "--data-root", str(FIXTURES)]) == 0
+    printed = capsys.readouterr().out
+    assert "Compositional benchmarks" in printed and "Compositional capabilities" in printed
+    with open(out / "benchmarks.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert {r["Benchmark"] for r in rows} == set(SUITE_NAMES) - {"coco_retrieval",
+                                                                 "flickr30k_retrieval", "zeroshot"}
+    with open(out / "suites.csv") as handle:
+        suites = list(csv.DictReader(handle))[0]
+    for column in ("Suite I2T", "Suite T2I", "Suite Group", "World ZS", "ZS", "COCO I2T R@1"):
+        assert 0.0 <= float(suites[column]) <= 100.0, column
+    caplog.clear()
+    caplog.set_level(logging.WARNING)
+    assert main([*common, "--out", str(tmp_path / "none"), "--suite", "winoground,zeroshot",
+                 "--data-root", str(tmp_path / "empty")]) == 0
+    lines = [r.getMessage() for r in caplog.records if "; skipped" in r.getMessage()]
+    assert [line.split(":")[0] for line in lines] == ["winoground", "zeroshot"]
+    assert all(str(tmp_path / "empty") in line and "expects" in line for line in lines)
+    assert main([*common, "--suite", "imagenet", "--data-root", "x"]) == 2
+    assert "unknown suites" in capsys.readouterr().err
+
+
+def test_benchmarks_read_from_s3_equal_local(s3_bucket):  # noqa: F811
+    for benchmark in ("winoground", "whatsup", "valse"):
+        for path in (FIXTURES / benchmark).rglob("*"):
+            if path.is_file():
+                key = f"bench/{path.relative_to(FIXTURES)}"
+                s3_bucket.put_object(Bucket="coco", Key=key, Body=path.read_bytes())
+    names = ["winoground", "whatsup", "valse"]
+    local = evaluate_benchmarks(Encoder(ColorScorer()), names, str(FIXTURES))
+    remote = evaluate_benchmarks(Encoder(ColorScorer()), names, "s3://coco/bench")
+    assert remote == local and local["winoground_i2t"] == pytest.approx(200 / 3)
+
+
+def test_ablation_columns_prefer_real_data_suites():
+    from csclip.ablation.report import TABLE_COLUMNS, column_value
+
+    columns = dict(TABLE_COLUMNS)
+    world = {"comp_i2t": 10.0, "zs_world_avg": 30.0, "ret_i2t": 40.0}
+    real = {**world, "suite_i2t": 55.0, "zs_avg": 60.0, "coco_ret_i2t": 70.0}
+    assert [column_value(world, columns[c]) for c in ("I2T", "ZS", "Ret I2T")] == [10, 30, 40]
+    assert [column_value(real, columns[c]) for c in ("I2T", "ZS", "Ret I2T")] == [55, 60, 70]
+
+
+def test_ablate_checks_suites_before_starting_ray(capsys):
+    spec = importlib.util.spec_from_file_location("ablate_entry", REPO_ROOT / "tune" / "ablate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--grid", "lr=1e-3", "--suite", "aro,imagenet", "--data-root", "x"]) == 2
+    error = capsys.readouterr().err
+    assert "unknown suites ['imagenet']" in error and error.count("\n") == 1
