@@ -7,7 +7,7 @@ In one process, on the same model config, the same pre-processed world batches a
 same seed, it times:
   baseline  open_clip_train.train.train_one_epoch with open_clip.ClipLoss (fp32, AdamW,
             cosine schedule, grad clipping) over an in-memory DataLoader;
-  clip      csclip's step (csclip.train._step with --method clip) over the same batches;
+  clip      csclip's step (csclip.step.train_step with --method clip) over the same batches;
   csclip    the same step with --method csclip (N = 2: 6 texts per image instead of 1).
 It prints samples/s and the ratios clip/baseline (throughput) and csclip/clip (step time).
 With --ray it also runs the full Ray Train pipeline (Ray Data feed, 1 worker) with
@@ -110,22 +110,21 @@ class _Loader:
 def time_csclip(model_name: str, image_size: int, batches: list[dict], warmup: int,
                 method: str) -> float:
     """Samples/s of csclip's training step (schedule + loss + clip + logit clamp)."""
-    from csclip.optim import build_optimizer, lr_at
-    from csclip.train import TrainConfig, _step
+    from csclip.optim import lr_at
+    from csclip.step import build_training, train_step
+    from csclip.train import TrainConfig, step_options
 
     config = TrainConfig.model_validate({
         "loss": {"method": method}, "optim": {"lr": 1e-4, "weight_decay": 0.1, "warmup_steps": 10}})
-    model = fresh_model(model_name, image_size)
-    optimizer = build_optimizer(model, config.optim)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    device = torch.device("cpu")
+    training = build_training(fresh_model(model_name, image_size), config.optim,
+                              step_options(config), torch.device("cpu"))
     started = 0.0
     for index, batch in enumerate(batches):
         if index == warmup:
             started = time.perf_counter()
-        for group in optimizer.param_groups:
+        for group in training.optimizer.param_groups:
             group["lr"] = lr_at(index, config.optim, len(batches), len(batches))
-        _step(model, optimizer, scaler, batch, config, None, device)
+        train_step(training, batch)
     batch_size = batches[0]["image"].shape[0]
     return batch_size * (len(batches) - warmup) / (time.perf_counter() - started)
 

@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--diag-every", type=int, default=250)
     parser.add_argument("--diag-scenes", type=int, default=300)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args(argv)
     overrides = [*STAGES[args.stage], f"model.name={args.model}", "model.image_size=64",
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     config = load_config(TrainConfig, None, overrides + args.overrides)
     diag_world = WorldConfig(seed=7, num_train=0, num_val=args.diag_scenes, num_test=0)
     diag_records = [world_record(diag_world, "val", i) for i in range(args.diag_scenes)]
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     train(config, args.steps, Path(args.out), args.diag_every, diag_records)
     return 0
 

@@ -11,6 +11,7 @@ the stream with their ids logged: never a crash, never a silent loss.
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 import logging
 import math
@@ -41,6 +42,14 @@ class DataConfig(StrictModel):
     split: str = "train"
     batch_size: int = Field(32, ge=1)  # per worker
     shuffle_buffer: int = Field(512, ge=0)  # local shuffle buffer rows; 0 = no shuffle
+    # open_clip's training transform (RandomResizedCrop, scale 0.9-1) instead of the eval
+    # transform. The paper trains with the eval transform, hence off; seeded per sample.
+    augment: bool = False
+    # Worker-side feed (Ray Data iter_torch_batches): batches prepared ahead of the step
+    # in a background thread, and page-locked host memory for the copy to the GPU (used
+    # only when the worker has a CUDA device).
+    prefetch_batches: int = Field(2, ge=0)
+    pin_memory: bool = True
 
 
 @dataclass(frozen=True)
@@ -116,13 +125,28 @@ def load_split(units_uri: str | None, split: str, world: WorldConfig) -> list[Un
 # Per-batch functions (run inside Ray Data tasks; pure, testable without Ray)
 # ---------------------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=4)
-def _transform(preprocess_key: tuple):
+@functools.lru_cache(maxsize=8)
+def _transform(preprocess_key: tuple, is_train: bool = False):
     from open_clip.transform import PreprocessCfg, image_transform_v2
 
     cfg = dict(preprocess_key)
     cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()}
-    return image_transform_v2(PreprocessCfg(**cfg), is_train=False)
+    return image_transform_v2(PreprocessCfg(**cfg), is_train=is_train)
+
+
+def _augment_seed(seed: int, sample_id: str, epoch: int) -> int:
+    digest = hashlib.sha256(f"augment:{seed}:{sample_id}:{epoch}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def _augmented(transform, image, seed: int) -> np.ndarray:
+    # torchvision's random transforms draw from torch's global generator; fork it so a
+    # sample's crop depends only on (seed, sample_id, epoch), not on what ran before.
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return transform(image).numpy()
 
 
 @functools.lru_cache(maxsize=4)
@@ -174,27 +198,32 @@ def image_status(batch: pa.Table) -> dict[str, np.ndarray]:
 
 
 def prepare_batch(batch: pa.Table, *, sampling: dict, preprocess: tuple, model_name: str,
-                  seed: int, epoch: int, columns: Sequence[str] | None = None
-                  ) -> dict[str, np.ndarray]:
+                  seed: int, epoch: int, columns: Sequence[str] | None = None,
+                  augment: bool = False) -> dict[str, np.ndarray]:
     """Map function of the training stream: decode + transform images, sample slots
     (SPEC §3) for `epoch`, tokenize. Rows whose image does not decode are dropped (the
     check pass counted them).
 
     columns: the token columns to produce (an Objective's `columns`; default: those of
     CS-CLIP); plain CLIP needs only the caption, so it skips slot sampling.
+    augment: open_clip's training transform, seeded by (seed, sample_id, epoch), instead
+    of the eval transform.
     Returns image (n, 3, H, W) float32; each token column (n, context_length) int64;
     unit_mask (n,) bool when unit columns are produced; negative_mask (n,) bool (False:
     no caption negative could be built, SPEC §3) when caption_negative is produced.
     """
-    transform, tokenize = _transform(preprocess), _tokenizer(model_name)
+    transform, tokenize = _transform(preprocess, augment), _tokenizer(model_name)
     wants_foils = columns is not None and "image_foil_unit" in columns
     records, images, decoded = [], [], []
     for row in batch.to_pylist():
         image = decode_image(row)
-        if image is not None:
-            records.append(record_from_row(row))
-            images.append(transform(image).numpy())
-            decoded.append(image if wants_foils else None)
+        if image is None:
+            continue
+        record = record_from_row(row)
+        records.append(record)
+        images.append(_augmented(transform, image, _augment_seed(seed, record.sample_id, epoch))
+                      if augment else transform(image).numpy())
+        decoded.append(image if wants_foils else None)
     out: dict[str, np.ndarray] = {}
     if not records:
         return out
@@ -278,7 +307,7 @@ def plan_data(source, data: DataConfig, num_workers: int, epochs: int,
 
 def training_stream(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
                     model_name: str, seed: int, num_epochs: int, objective: Objective,
-                    rows_per_block: int = 128):
+                    augment: bool = False, rows_per_block: int = 128):
     """The union over epochs of `source` prepared for training (see prepare_batch),
     with the token columns `objective` needs."""
     columns = list(objective.columns)
@@ -288,7 +317,7 @@ def training_stream(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
             fn_kwargs={"sampling": sampling.model_dump(mode="json"),
                        "preprocess": preprocess_key(preprocess_cfg),
                        "model_name": model_name, "seed": seed, "epoch": epoch,
-                       "columns": columns})
+                       "columns": columns, "augment": augment})
         for epoch in range(num_epochs)
     ]
     return epochs[0].union(*epochs[1:]) if len(epochs) > 1 else epochs[0]

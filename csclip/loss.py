@@ -151,36 +151,56 @@ def _negclip(image: Tensor, caption: Tensor, caption_negative: Tensor, negative_
     # gives no negative column; its image and caption stay in the loss. The authors drop
     # such a sample from L_full altogether (rows and caption columns); both keep the
     # placeholder out, which is what matters: paired with itself it would be a column
-    # equal to the positive.
+    # equal to the positive. The column is masked to -inf, not indexed away: indexing by a
+    # mask would make the host wait for the GPU every step.
     batch = image.shape[0]
-    texts = torch.cat([caption, caption_negative[negative_mask]], dim=0)  # (B + B_neg, D)
-    logits_per_image = scale * image @ texts.T                   # (B, B + B_neg), label i
+    texts = torch.cat([caption, caption_negative], dim=0)        # (2B, D)
+    logits_per_image = scale * image @ texts.T                   # (B, 2B), label i
+    keep = torch.cat([torch.ones_like(negative_mask), negative_mask])  # (2B,)
+    logits_per_image = logits_per_image.masked_fill(~keep, _NEVER)
     logits_per_text = logits_per_image[:, :batch].T              # (B, B) = cap @ imgᵀ / τ
     labels = _labels(batch, image.device)
     return (F.cross_entropy(logits_per_image, labels)
             + F.cross_entropy(logits_per_text, labels)) / 2
 
 
+# A masked logit: exp(_NEVER - max) is exactly 0 in fp32 next to any real logit (|logit| <=
+# 100, the clamped scale), and unlike -inf a row of nothing but masked logits stays finite
+# (its softmax is uniform), so the weight-0 rows give zero, not NaN, gradients.
+_NEVER = -1e30
+
+
+def _masked_mean_cross_entropy(logits: Tensor, labels: Tensor, rows: Tensor) -> Tensor:
+    """Mean cross-entropy over the rows where `rows` is True (0 when none, with a graph).
+    Other rows get a finite stand-in label and weight 0: no host sync on the mask."""
+    safe_labels = torch.where(rows, labels, logits.shape[-1] - 1)
+    per_row = F.cross_entropy(logits, safe_labels, reduction="none")
+    per_row = torch.where(rows, per_row, torch.zeros_like(per_row))
+    return per_row.sum() / rows.sum().clamp(min=1)
+
+
 def _unit(image: Tensor, units: Tensor, foils: Tensor, mask: Tensor, scale: Tensor) -> Tensor:
     # Only the B_v valid samples take part: a masked sample's unit text is a placeholder, so
-    # it is neither a row of the loss nor a negative column for anyone else.
-    if not bool(mask.any()):
-        # No valid sample in the global batch: L_unit = 0, with a graph so backward works.
-        return (image.sum() + units.sum() + foils.sum()) * 0.0 + scale * 0.0
-    image = image[mask]                                          # (B_v, D)
-    units, foils = units[:, mask], foils[:, mask]                # (K, B_v, D)
+    # it is neither a row of the loss nor a column for anyone else (its scores are _NEVER,
+    # its rows weigh 0; masking instead of indexing keeps the step free of host syncs).
+    # With no valid sample in the global batch, L_unit = 0 (with a graph).
     num_slots, batch = units.shape[:2]
     # L_unit, slot k: image i scores every unit of slot k in the batch plus only its own
     # foil ũ_i (label i); text→image is u @ imgᵀ / τ. All K slots in one batched product.
-    unit_scores = scale * torch.einsum("id,kjd->kij", image, units)        # (K, B_v, B_v)
-    own_foil = scale * (image * foils).sum(-1, keepdim=True)               # (K, B_v, 1)
-    logits_per_image = torch.cat([unit_scores, own_foil], dim=2)           # (K, B_v, B_v+1)
-    logits_per_text = unit_scores.transpose(1, 2)                          # (K, B_v, B_v)
-    labels = _labels(batch, image.device).repeat(num_slots)                # (K·B_v,), label i
+    unit_scores = scale * torch.einsum("id,kjd->kij", image, units)        # (K, B, B)
+    valid_pair = mask[:, None] & mask[None, :]                             # (B, B)
+    unit_scores = unit_scores.masked_fill(~valid_pair, _NEVER)
+    own_foil = scale * (image * foils).sum(-1, keepdim=True)               # (K, B, 1)
+    logits_per_image = torch.cat([unit_scores, own_foil], dim=2)           # (K, B, B+1)
+    logits_per_text = unit_scores.transpose(1, 2)                          # (K, B, B)
+    labels = _labels(batch, image.device).repeat(num_slots)                # (K·B,), label i
+    rows = mask.repeat(num_slots)                                          # (K·B,)
     # Every slot has B_v rows, so the mean over all K·B_v rows is the mean over slots of
     # each slot's mean: L_unit = mean_k (CE_i2t,k + CE_t2i,k) / 2.
-    return (F.cross_entropy(logits_per_image.reshape(num_slots * batch, batch + 1), labels)
-            + F.cross_entropy(logits_per_text.reshape(num_slots * batch, batch), labels)) / 2
+    i2t = logits_per_image.reshape(num_slots * batch, batch + 1)
+    t2i = logits_per_text.reshape(num_slots * batch, batch)
+    return (_masked_mean_cross_entropy(i2t, labels, rows)
+            + _masked_mean_cross_entropy(t2i, labels, rows)) / 2
 
 
 def _image_foil(image: Tensor, units: Tensor, foil_images: Tensor, mask: Tensor,

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from csclip.config import StrictModel
 from csclip.errors import CheckpointMismatch, ConfigError
@@ -67,6 +67,27 @@ class ModelConfig(StrictModel):
     # OpenAI's ViT-B/32 weights were trained with QuickGELU (SPEC §6): set true for them.
     quick_gelu: bool = False
     image_size: int | None = Field(None, ge=16)  # None: the model config's own size
+    # Training-time options, as open_clip_train's flags (apply_training_options); they do
+    # not change what a checkpoint holds. grad_checkpointing recomputes each residual
+    # block in the backward: less activation memory, ~1/3 more compute, same gradients.
+    grad_checkpointing: bool = False
+    # LiT-style locking: freeze a tower except its last N layer groups (open_clip's
+    # lock_image_tower / lock_text_tower). Groups, first to last: embeddings, each residual
+    # block but the last, the last block with its final LayerNorm, the projection.
+    lock_image: bool = False
+    lock_image_unlocked_groups: int = Field(0, ge=0)
+    lock_text: bool = False
+    lock_text_unlocked_layers: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _unlocked_needs_lock(self) -> ModelConfig:
+        if self.lock_image_unlocked_groups and not self.lock_image:
+            raise ValueError("lock_image_unlocked_groups is set but lock_image is false; "
+                             "set model.lock_image=true (or drop the unlocked groups)")
+        if self.lock_text_unlocked_layers and not self.lock_text:
+            raise ValueError("lock_text_unlocked_layers is set but lock_text is false; "
+                             "set model.lock_text=true (or drop the unlocked layers)")
+        return self
 
     @field_validator("pretrained")
     @classmethod
@@ -258,8 +279,38 @@ def load_bundle(checkpoint_or_name: str | Path, pretrained: str | None = None,
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The open_clip model inside a DistributedDataParallel wrapper (or the model)."""
-    return getattr(model, "module", model)
+    """The open_clip model inside torch.compile's and DistributedDataParallel's wrappers
+    (or the model)."""
+    model = getattr(model, "_orig_mod", model)   # torch.compile's OptimizedModule
+    return getattr(model, "module", model)       # DistributedDataParallel
+
+
+def _num_groups(tower_blocks: int) -> int:
+    # open_clip's lock groups: embeddings, blocks[:-1], [last block + final norm], projection.
+    return tower_blocks + 2
+
+
+def apply_training_options(model: torch.nn.Module, config: ModelConfig) -> None:
+    """Gradient checkpointing and tower locking on an open_clip CLIP, in place (open_clip's
+    `set_grad_checkpointing`, `lock_image_tower`, `lock_text_tower`). Locked parameters get
+    requires_grad=False, so `build_optimizer` leaves them out.
+
+    Raises ConfigError when more groups are unlocked than the tower has.
+    """
+    if config.grad_checkpointing:
+        model.set_grad_checkpointing(True)
+    if config.lock_image:
+        available = _num_groups(len(model.visual.transformer.resblocks))
+        if config.lock_image_unlocked_groups > available:
+            raise ConfigError(f"model.lock_image_unlocked_groups={config.lock_image_unlocked_groups}: "
+                              f"the image tower of {config.name} has {available} groups")
+        model.lock_image_tower(unlocked_groups=config.lock_image_unlocked_groups)
+    if config.lock_text:
+        available = _num_groups(len(model.transformer.resblocks))
+        if config.lock_text_unlocked_layers > available:
+            raise ConfigError(f"model.lock_text_unlocked_layers={config.lock_text_unlocked_layers}: "
+                              f"the text tower of {config.name} has {available} groups")
+        model.lock_text_tower(unlocked_layers=config.lock_text_unlocked_layers)
 
 
 def save_checkpoint(model: torch.nn.Module, spec: ModelSpec, directory: str | Path,

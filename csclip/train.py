@@ -2,47 +2,64 @@
 
 The driver (`run`) validates the config, checks the data, opens the MLflow run and starts
 the trainer; each worker (`train_loop_per_worker`) builds the model, restores the last
-checkpoint if there is one, and steps through its Ray Data shard. Rerunning the same config
-resumes: the run name is a hash of the resolved config (or `run.name`).
+checkpoint if there is one (or `run.resume_from`), and steps through its Ray Data shard
+with `csclip.step.train_step`. Rerunning the same config resumes: the run name is a hash of
+the resolved config (or `run.name`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
-import math
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from csclip.config import StrictModel, flatten
 from csclip.data import DataConfig
-from csclip.errors import CsclipError
-from csclip.loss import LossConfig, LossParts, Objective, objective_for
+from csclip.errors import CheckpointMismatch, ConfigError, CsclipError
+from csclip.loss import LossConfig, objective_for
 from csclip.model import (
     CONFIG_FILE,
     SPEC_FILE,
+    TRAIN_STATE_FILE,
     WEIGHTS_FILE,
+    ClipBundle,
     ModelConfig,
     ModelSpec,
+    apply_training_options,
     bundle_from_config,
+    check_spec,
+    is_checkpoint_dir,
     load_train_state,
     load_weights_into,
+    read_spec,
     save_checkpoint,
     spec_of,
-    unwrap,
 )
-from csclip.optim import OptimConfig, build_optimizer, lr_at
+from csclip.optim import OptimConfig, lr_at
 from csclip.sampling import SamplingConfig
+from csclip.step import (
+    CompileMode,
+    Precision,
+    StepMetrics,
+    StepOptions,
+    Training,
+    autocast_dtype,  # noqa: F401  (re-exported: defined here before csclip.step)
+    build_training,
+    compute_loss,  # noqa: F401  (re-exported)
+    train_step,
+)
 from csclip.tracking import TrackingConfig
 
 logger = logging.getLogger(__name__)
@@ -61,10 +78,21 @@ class RunSection(StrictModel):
     num_workers: int = Field(1, ge=1)  # one per GPU on a cluster; gloo workers on CPU
     cpus_per_worker: float = Field(1.0, gt=0)
     use_gpu: bool = False
-    # auto: bf16 autocast on GPU, fp32 on CPU. fp16 adds a gradient scaler.
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    # auto: bf16 autocast on GPU, fp32 on CPU. fp16 adds a gradient scaler. bf16_pure:
+    # the model runs in bf16 (no autocast casts), AdamW steps fp32 master weights, the
+    # loss stays fp32 (csclip.step.Bf16Shadow).
+    precision: Precision = "auto"
+    compile: bool = False  # torch.compile the model (the DDP-wrapped one, as open_clip_train)
+    compile_mode: CompileMode = "default"
+    channels_last: bool = False  # images and the patch convolution in NHWC
+    # Start from this checkpoint directory (a checkpoint_* directory of any run, with its
+    # train_state.pt; a local path every worker reads): model, optimizer, scaler and step.
+    # The run's own checkpoints, once it has any, take precedence (restarts resume there).
+    resume_from: str | None = None
     seed: int = 42
-    log_every: int = Field(10, ge=1)  # steps between log lines and MLflow flushes
+    # Steps between log lines, MLflow flushes and the host reading the step metrics (the
+    # only host-device sync of the loop outside checkpoints).
+    log_every: int = Field(10, ge=1)
     max_failures: int = Field(0, ge=0)  # worker-group restarts (each resumes from a checkpoint)
     # For tests of resumption: raise after this step's checkpoint on a fresh (not restored)
     # attempt, as a killed job would. Not part of the run name.
@@ -78,6 +106,17 @@ class RunSection(StrictModel):
     best_metric: str = "ht_all"
     best_mode: Literal["max", "min"] = "max"
 
+    @field_validator("resume_from")
+    @classmethod
+    def _local_absolute_path(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if "://" in value:
+            raise ValueError(f"{value}: resume_from takes a local checkpoint directory; copy "
+                             "it from storage first (or rerun the same config to resume by name)")
+        # Ray workers run in their own working directory.
+        return str(Path(value).expanduser().resolve())
+
 
 class TrainConfig(StrictModel):
     """One fine-tuning run: pipelines/train.py, Tune trials and the demo all build this."""
@@ -90,6 +129,14 @@ class TrainConfig(StrictModel):
     run: RunSection = RunSection()
     tracking: TrackingConfig = TrackingConfig()
 
+    @model_validator(mode="after")
+    def _batch_splits_into_micro_batches(self) -> TrainConfig:
+        if self.data.batch_size % self.optim.accum_freq:
+            raise ValueError(f"data.batch_size {self.data.batch_size} is not a multiple of "
+                             f"optim.accum_freq {self.optim.accum_freq}; each step's batch is "
+                             "split into accum_freq equal micro-batches")
+        return self
+
 
 @dataclass(frozen=True)
 class TrainResult:
@@ -101,10 +148,20 @@ class TrainResult:
     mlflow_run_id: str | None = None
 
 
-# Fields that say where/how to run, not what is trained: they do not change the run name.
+# Fields that say where/how to run, not what is trained: they do not change the run name
+# (a run restarted with compilation or accumulation on resumes the same run).
 _NOT_IN_NAME = {"run": {"name", "storage_path", "fail_after_step", "max_failures", "log_every",
-                        "eval_every", "eval_max_images", "best_metric", "best_mode"},
+                        "eval_every", "eval_max_images", "best_metric", "best_mode",
+                        "compile", "compile_mode", "channels_last"},
+                "data": {"prefetch_batches", "pin_memory"},
+                "model": {"grad_checkpointing"},
+                "optim": {"accum_freq", "fused"},
                 "tracking": None}
+# Fields added after runs were named: part of the name only when not at their default, so
+# the runs named before them keep their names (and resume).
+_IN_NAME_WHEN_SET = {"run": {"resume_from"}, "data": {"augment"},
+                     "model": {"lock_image", "lock_image_unlocked_groups", "lock_text",
+                               "lock_text_unlocked_layers"}}
 
 
 def run_name(config: TrainConfig) -> str:
@@ -118,6 +175,11 @@ def run_name(config: TrainConfig) -> str:
         else:
             for key in keys:
                 data[section].pop(key, None)
+    for section, keys in _IN_NAME_WHEN_SET.items():
+        defaults = type(getattr(config, section))().model_dump(mode="json")
+        for key in keys:
+            if data[section].get(key) == defaults[key]:
+                data[section].pop(key)
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
     return f"{config.loss.method}-{digest}"
 
@@ -128,32 +190,87 @@ def storage_root(config: TrainConfig) -> str:
 
 
 # ---------------------------------------------------------------------------------------
-# Pure pieces of the loop: schedule, optimizer, loss, precision
+# From the config to a step (no Ray)
 # ---------------------------------------------------------------------------------------
 
-def compute_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor],
-                 objective: Objective) -> LossParts:
-    """Encode the batch with one forward call (so DDP sees it) and apply the objective.
+def step_options(config: TrainConfig) -> StepOptions:
+    """The csclip.step options of `config`."""
+    return StepOptions(objective=objective_for(config.loss, config.sampling.num_unit_slots),
+                       precision=config.run.precision, accum_freq=config.optim.accum_freq,
+                       grad_clip=config.optim.grad_clip, channels_last=config.run.channels_last,
+                       compile=config.run.compile, compile_mode=config.run.compile_mode)
 
-    batch: the objective's image columns (B, 3, H, W), token columns (B, L) and mask
-    columns (B,).
+
+@dataclass
+class _State:
+    step: int = 0
+    samples: int = 0
+    restored_from: int | None = None
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """What a worker trains with: the step's Training, the model's spec and bundle
+    (preprocessing and tokenizer, for evaluation during training), and the step state."""
+
+    training: Training
+    spec: ModelSpec
+    bundle: ClipBundle
+    state: _State
+
+
+def prepare_training(config: TrainConfig, device: torch.device, checkpoint_dir: str | None = None,
+                     wrap=None) -> WorkerSetup:
+    """Build the model with its training options (checkpointing, locking), load the
+    weights of `checkpoint_dir` on the CPU, then `build_training` (device, runner, AdamW,
+    optimizer and scaler state) and read the step to resume from.
+
+    wrap: ray.train.torch.prepare_model in a worker (DDP); None in a single process.
     """
-    columns = objective.columns
-    images = torch.cat([batch[c] for c in objective.image_columns])   # (I*B, 3, H, W)
-    texts = torch.cat([batch[c] for c in columns])                    # (T*B, L)
-    image, text, scale = model(images, texts)[:3]                      # normalised features
-    image_parts = image.chunk(len(objective.image_columns))            # I x (B, D)
-    features = dict(zip(columns, text.chunk(len(columns)), strict=True))  # T x (B, D)
-    masks = {name: batch[name] for name in objective.mask_columns}
-    extra_images = dict(zip(objective.image_columns[1:], image_parts[1:], strict=True))
-    return objective.loss(image_parts[0], features, masks, scale, extra_images)
+    bundle = bundle_from_config(config.model)
+    model, spec = bundle.model, spec_of(bundle.model, config.model.name)
+    apply_training_options(model, config.model)
+    saved: dict = {}
+    if checkpoint_dir is not None:
+        load_weights_into(model, checkpoint_dir, spec)
+        saved = load_train_state(checkpoint_dir) or {}
+    model.train()
+    training = build_training(model, config.optim, step_options(config), device,
+                              train_state=saved, wrap=wrap)
+    step = int(saved.get("step", 0))
+    state = _State(step=step, samples=int(saved.get("samples", 0)),
+                   restored_from=step if checkpoint_dir is not None else None)
+    return WorkerSetup(training, spec, bundle, state)
 
 
-def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype, or None for fp32."""
-    if precision == "auto":
-        return torch.bfloat16 if device.type == "cuda" else None
-    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+def batch_options(data: DataConfig, device: torch.device, seed: int) -> dict:
+    """Keyword arguments of Ray Data's `iter_torch_batches` for one worker."""
+    return {"batch_size": data.batch_size, "drop_last": True, "device": device,
+            "prefetch_batches": data.prefetch_batches,
+            # Page-locked buffers only help host-to-GPU copies (and need CUDA).
+            "pin_memory": data.pin_memory and device.type == "cuda",
+            "local_shuffle_buffer_size": data.shuffle_buffer or None,
+            "local_shuffle_seed": seed if data.shuffle_buffer else None}
+
+
+def check_resume_from(config: TrainConfig, spec: ModelSpec) -> None:
+    """Raise ConfigError / CheckpointMismatch unless `run.resume_from` (when set) is a
+    checkpoint directory with training state whose model matches `spec`."""
+    path = config.run.resume_from
+    if path is None:
+        return
+    if not Path(path).is_dir():
+        raise ConfigError(f"run.resume_from: {path} is not a directory; give one of a run's "
+                          "checkpoint_* directories")
+    if not is_checkpoint_dir(path):
+        raise CheckpointMismatch(f"run.resume_from: {path} has no {SPEC_FILE}; it is not a "
+                                 "csclip checkpoint")
+    if not Path(path, TRAIN_STATE_FILE).is_file():
+        raise CheckpointMismatch(
+            f"run.resume_from: {path} has no {TRAIN_STATE_FILE} (a run's final/ export keeps "
+            "only the weights); resume from one of its checkpoint_* directories, or start "
+            f"from the weights alone with model.pretrained={path}")
+    check_spec(read_spec(path), spec, path)
 
 
 # ---------------------------------------------------------------------------------------
@@ -161,10 +278,11 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
 # ---------------------------------------------------------------------------------------
 
 @dataclass
-class _State:
-    step: int = 0
+class _Window:
+    """Samples since the last time the host read the step metrics (throughput)."""
+
+    start: float
     samples: int = 0
-    restored_from: int | None = None
 
 
 def train_loop_per_worker(loop_config: dict) -> None:
@@ -179,29 +297,21 @@ def train_loop_per_worker(loop_config: dict) -> None:
     rank = context.get_world_rank()
     torch.manual_seed(config.run.seed + rank)
     device = ray.train.torch.get_device()
-
-    bundle = bundle_from_config(config.model)
-    model, spec = bundle.model, spec_of(bundle.model, config.model.name)
-    optimizer = build_optimizer(model, config.optim)
-    dtype = autocast_dtype(config.run.precision, device)
-    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    state = _restore(model, optimizer, scaler, spec)
-    model = ray.train.torch.prepare_model(model)
-    model.train()
+    with _checkpoint_dir(config.run) as directory:
+        setup = prepare_training(config, device, directory, wrap=ray.train.torch.prepare_model)
+        if directory is not None:
+            logger.info("resumed from %s at step %d", directory, setup.state.step)
+    training, state = setup.training, setup.state
 
     from csclip.tracking import StepLogger
 
     step_logger = StepLogger(plan["tracking_uri"], plan["mlflow_run_id"] if rank == 0 else None,
                              flush_every=config.run.log_every)
     evaluator = _periodic_evaluator(config, plan) if rank == 0 else None
-    shard = ray.train.get_dataset_shard("train")
-    batches = shard.iter_torch_batches(
-        batch_size=config.data.batch_size, drop_last=True, device=device,
-        local_shuffle_buffer_size=config.data.shuffle_buffer or None,
-        local_shuffle_seed=config.run.seed + rank if config.data.shuffle_buffer else None)
+    batches = ray.train.get_dataset_shard("train").iter_torch_batches(
+        **batch_options(config.data, device, config.run.seed + rank))
     total, skip = plan["total_steps"], state.step
-    metrics: dict = {}
-    tick = time.perf_counter()
+    metrics, window, last = StepMetrics(), _Window(time.perf_counter()), {}
     for batch in batches:
         if skip:  # resumed: these batches were trained on before the restart
             skip -= 1
@@ -209,46 +319,49 @@ def train_loop_per_worker(loop_config: dict) -> None:
         if state.step >= total:
             break
         lr = lr_at(state.step, config.optim, total, plan["steps_per_epoch"])
-        for group in optimizer.param_groups:
+        for group in training.optimizer.param_groups:
             group["lr"] = lr
-        parts = _step(model, optimizer, scaler, batch, config, dtype, device)
+        parts = train_step(training, batch)
         global_batch = batch["image"].shape[0] * context.get_world_size()
         state.step += 1
         state.samples += global_batch
-        now = time.perf_counter()
-        metrics = _step_metrics(parts, lr, model, state.step, plan["steps_per_epoch"],
-                                global_batch / max(now - tick, 1e-9))
-        tick = now
-        step_logger.log(state.step, metrics)
+        window.samples += global_batch
+        metrics.add(state.step, parts, training.model.logit_scale, lr)
+        checkpoint_now = state.step % config.run.checkpoint_every == 0 or state.step == total
+        if state.step % config.run.log_every == 0 or checkpoint_now:
+            last = _publish(metrics, window, step_logger, plan["steps_per_epoch"])
+            if state.step % config.run.log_every == 0 and rank == 0:
+                logger.info("step %d/%d loss %.4f (full %.4f unit %.4f) lr %.2e %.1f samples/s",
+                            state.step, total, last["loss"], last["loss_full"],
+                            last["loss_unit"], lr, last["samples_per_s"])
         if evaluator is not None and (state.step % config.run.eval_every == 0 or state.step == total):
-            _evaluate_during_training(evaluator, bundle, model, spec, config, state.step,
-                                      step_logger, str(device))
-        if state.step % config.run.log_every == 0 and rank == 0:
-            logger.info("step %d/%d loss %.4f (full %.4f unit %.4f) lr %.2e %.1f samples/s",
-                        state.step, total, metrics["loss"], metrics["loss_full"],
-                        metrics["loss_unit"], lr, metrics["samples_per_s"])
-        if state.step % config.run.checkpoint_every == 0 or state.step == total:
-            _checkpoint(model, optimizer, scaler, spec, state, config, metrics, rank)
+            started = time.perf_counter()
+            _evaluate_during_training(evaluator, setup, config, state.step, step_logger,
+                                      str(device))
+            window.start += time.perf_counter() - started  # samples/s counts training only
+        if checkpoint_now:
+            _checkpoint(training, setup.spec, state, config, last, rank)
             if (config.run.fail_after_step is not None and state.restored_from is None
                     and state.step >= config.run.fail_after_step):
                 raise RuntimeError(f"injected failure after step {state.step} (run.fail_after_step)")
     step_logger.flush()
     if state.step < total:
         raise RuntimeError(f"data ran out at step {state.step} of {total}")
-    if not metrics:  # restored at the end: nothing left to do, report the state
+    if not last:  # restored at the end: nothing left to do, report the state
         ray.train.report({"step": state.step, "resumed_from": state.restored_from}, checkpoint=None)
 
 
-def _step_metrics(parts: LossParts, lr: float, model, step: int, steps_per_epoch: int,
-                  samples_per_s: float) -> dict:
-    metrics = {"loss": parts.total.item(), "loss_full": parts.full.item(),
-               "loss_unit": parts.unit.item(), "lr": lr,
-               "logit_scale": unwrap(model).logit_scale.exp().item(),
-               "samples_per_s": samples_per_s, "step": step,
-               "epoch": step / max(1, steps_per_epoch)}
-    if parts.image_foil is not None:
-        metrics["loss_image_foil"] = parts.image_foil.item()
-    return metrics
+def _publish(metrics: StepMetrics, window: _Window, step_logger, steps_per_epoch: int) -> dict:
+    """Read the buffered steps' metrics (one host sync), log each to MLflow, and return
+    the last step's, with the window's samples/s."""
+    rows = metrics.take()
+    now = time.perf_counter()
+    rows[-1]["samples_per_s"] = window.samples / max(now - window.start, 1e-9)
+    window.start, window.samples = now, 0
+    for row in rows:
+        row["epoch"] = row["step"] / max(1, steps_per_epoch)
+        step_logger.log(row["step"], row)
+    return rows[-1]
 
 
 # -- evaluation during training (run.eval_every; the logic lives in csclip.eval.periodic) --
@@ -267,21 +380,21 @@ def _periodic_evaluator(config: TrainConfig, plan: dict):
                              plan["best_uri"], seed=config.run.seed)
 
 
-def _evaluate_during_training(evaluator, bundle, model, spec: ModelSpec, config: TrainConfig,
-                              step: int, step_logger, device: str) -> None:
+def _evaluate_during_training(evaluator, setup: WorkerSetup, config: TrainConfig, step: int,
+                              step_logger, device: str) -> None:
     """Score the live model, log val_<key> against the step, keep best/ when it improved."""
     from csclip.eval.periodic import LOGGED_KEYS
     from csclip.model import ClipBundle
 
-    live = ClipBundle(unwrap(model), bundle.preprocess, bundle.tokenizer, bundle.name,
-                      bundle.pretrained)
+    bundle, model = setup.bundle, setup.training.model  # the fp32 weights AdamW steps
+    live = ClipBundle(model, bundle.preprocess, bundle.tokenizer, bundle.name, bundle.pretrained)
     metrics = evaluator.evaluate(live, device)
     step_logger.log(step, {f"val_{k}": metrics[k] for k in LOGGED_KEYS if k in metrics})
     step_logger.flush()
     logger.info("step %d eval: %s", step, ", ".join(f"{k} {metrics[k]:.1f}" for k in LOGGED_KEYS
                                                     if k in metrics))
     if evaluator.is_better(metrics):
-        evaluator.save_best(model, spec, config.model_dump(mode="json"), step, metrics)
+        evaluator.save_best(model, setup.spec, config.model_dump(mode="json"), step, metrics)
 
 
 def _worker_logging() -> None:
@@ -294,41 +407,21 @@ def _worker_logging() -> None:
         csclip_logger.addHandler(handler)
 
 
-def _step(model, optimizer, scaler, batch, config: TrainConfig, dtype, device) -> LossParts:
-    optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-        parts = compute_loss(model, batch, objective_for(config.loss, config.sampling.num_unit_slots))
-    scaler.scale(parts.total).backward()
-    if config.optim.grad_clip is not None:
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
-    scaler.step(optimizer)
-    scaler.update()
-    # As open_clip_train: keep the temperature in [1, 100] (logit_scale = ln 100 at most).
-    with torch.no_grad():
-        unwrap(model).logit_scale.clamp_(0, math.log(100))
-    return parts
-
-
-def _restore(model, optimizer, scaler, spec: ModelSpec) -> _State:
+@contextlib.contextmanager
+def _checkpoint_dir(run_section: RunSection) -> Iterator[str | None]:
+    """The directory to restore from: this run's last checkpoint (a restart), else
+    `run.resume_from`, else None."""
     import ray.train
 
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None:
-        return _State()
+        yield run_section.resume_from
+        return
     with checkpoint.as_directory() as directory:
-        load_weights_into(model, directory, spec)
-        saved = load_train_state(directory) or {}
-    if "optimizer" in saved:
-        optimizer.load_state_dict(saved["optimizer"])
-    if "scaler" in saved:
-        scaler.load_state_dict(saved["scaler"])
-    step = int(saved.get("step", 0))
-    logger.info("resumed from checkpoint at step %d", step)
-    return _State(step=step, samples=int(saved.get("samples", 0)), restored_from=step)
+        yield directory
 
 
-def _checkpoint(model, optimizer, scaler, spec, state: _State, config: TrainConfig,
+def _checkpoint(training: Training, spec: ModelSpec, state: _State, config: TrainConfig,
                 metrics: dict, rank: int) -> None:
     import ray.train
 
@@ -337,9 +430,10 @@ def _checkpoint(model, optimizer, scaler, spec, state: _State, config: TrainConf
         ray.train.report(report, checkpoint=None)
         return
     with tempfile.TemporaryDirectory() as directory:
-        train_state = {"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+        train_state = {"optimizer": training.optimizer.state_dict(),
+                       "scaler": training.scaler.state_dict(),
                        "step": state.step, "samples": state.samples}
-        save_checkpoint(model, spec, directory, train_state, config.model_dump(mode="json"))
+        save_checkpoint(training.model, spec, directory, train_state, config.model_dump(mode="json"))
         Path(directory, METRICS_FILE).write_text(json.dumps(report, default=str))
         ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(directory))
 
@@ -366,6 +460,7 @@ def run(config: TrainConfig, callbacks: Sequence = ()) -> TrainResult:
     from csclip.tracking import finish_run, open_run, resolve_uri
 
     spec = spec_from_config(config.model)  # a bad model name fails here, before Ray
+    check_resume_from(config, spec)
     if not sys.stderr.isatty():
         # Ray Data's bars redraw with cursor escapes; in a log (CI, `make demo > log`) they
         # bury the per-step lines, which already show progress.
@@ -383,7 +478,7 @@ def run(config: TrainConfig, callbacks: Sequence = ()) -> TrainResult:
                 plan.num_decode_failures, plan.num_epochs, plan.total_steps)
     stream = training_stream(source, sampling=config.sampling, preprocess_cfg=spec.preprocess_cfg,
                              model_name=config.model.name, seed=config.run.seed,
-                             num_epochs=plan.num_epochs,
+                             num_epochs=plan.num_epochs, augment=config.data.augment,
                              objective=objective_for(config.loss, config.sampling.num_unit_slots))
     data_params = {"data.num_rows": plan.num_rows, "data.decode_failures": plan.num_decode_failures,
                    "data.total_steps": plan.total_steps, "data.num_epochs": plan.num_epochs}

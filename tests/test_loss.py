@@ -230,3 +230,25 @@ def test_objectives_name_their_columns_and_compute_their_loss():
                                                         mask, scale, unit_loss_weight=0.25,
                                                         negative_mask=negative_mask).total)
     assert objective.gather and not objective_for(LossConfig(gather=False), 2).gather
+
+
+def test_masked_losses_match_the_indexed_reference_and_never_sync():
+    # The masked formulation (no boolean indexing, no host sync) equals the loss on the
+    # valid samples alone, and an all-masked batch gives 0 with finite gradients.
+    image, caption, negative, units, foils, mask, scale = _loss_inputs(batch=12, dim=16)
+    reference = unit_loss(image[mask], units[:, mask], foils[:, mask],
+                          torch.ones(int(mask.sum()), dtype=torch.bool), scale)
+    torch.testing.assert_close(unit_loss(image, units, foils, mask, scale), reference,
+                               rtol=1e-6, atol=0)
+    keep = torch.ones(12, dtype=torch.bool)
+    keep[[2, 5]] = False
+    dropped = negclip_loss(image, caption, negative, scale, keep)
+    columns = torch.cat([caption, negative[keep]])
+    logits = scale * image @ columns.T
+    labels = torch.arange(12)
+    expected = (F.cross_entropy(logits, labels) + F.cross_entropy(logits[:, :12].T, labels)) / 2
+    torch.testing.assert_close(dropped, expected, rtol=1e-6, atol=0)
+    leaf = units.clone().requires_grad_(True)
+    nothing = unit_loss(image, leaf, foils, torch.zeros(12, dtype=torch.bool), scale)
+    nothing.backward()
+    assert nothing.item() == 0.0 and torch.isfinite(leaf.grad).all()
