@@ -230,7 +230,7 @@ def prepare_batch(batch: pa.Table, *, sampling: dict, preprocess: tuple, model_n
     config = SamplingConfig.model_validate(sampling)
     wanted = list(columns) if columns is not None else [
         "caption", "caption_negative", *unit_columns(config.num_unit_slots)]
-    sampled = [name for name in wanted if name != "image_foil_unit"]
+    sampled = [name for name in wanted if not name.startswith("image_foil_")]
     if sampled == ["caption"]:
         texts: dict[str, list] = {"caption": [r.caption for r in records]}
     else:
@@ -246,7 +246,8 @@ def prepare_batch(batch: pa.Table, *, sampling: dict, preprocess: tuple, model_n
         foils = image_foil_columns(records, decoded, out["image"], transform, seed, epoch)
         out["image_foil"] = foils["image_foil"]                                  # (n, 3, H, W)
         out["image_foil_mask"] = foils["image_foil_mask"]                        # (n,)
-        out["image_foil_unit"] = tokenize(foils["image_foil_unit"]).numpy().astype(np.int64)
+        for name in ("image_foil_unit", "image_foil_text"):
+            out[name] = tokenize(foils[name]).numpy().astype(np.int64)       # (n, L)
     return out
 
 
@@ -254,20 +255,22 @@ def image_foil_columns(records: Sequence[UnitsRecord], decoded: Sequence, images
                        transform, seed: int, epoch: int) -> dict:
     """Each sample's image foil (csclip.image_foils), drawn per (seed, sample, epoch):
     `image_foil` (n, 3, H, W) transformed like the image, `image_foil_unit` (the relation
-    unit's text) and `image_foil_mask` (n,) bool. A sample without a foil gets its own
-    image and caption as placeholders, masked out of the loss."""
+    unit's text), `image_foil_text` (the text true of the foil) and `image_foil_mask` (n,)
+    bool. A sample without a foil gets its own image and caption as placeholders, masked
+    out of the loss."""
     from csclip.image_foils import draw_image_foil
     from csclip.sampling import sample_rng
 
-    foil_images, units, mask = [], [], []
+    foil_images, units, foil_texts, mask = [], [], [], []
     for record, image, transformed in zip(records, decoded, images, strict=True):
         foil = draw_image_foil(record, image, sample_rng(seed, f"{record.sample_id}/image-foil",
                                                          epoch))
         foil_images.append(transform(foil.image).numpy() if foil else transformed)
         units.append(foil.unit if foil else record.caption)
+        foil_texts.append(foil.foil_text if foil else record.caption)
         mask.append(foil is not None)
     return {"image_foil": np.stack(foil_images).astype(np.float32), "image_foil_unit": units,
-            "image_foil_mask": np.asarray(mask, dtype=bool)}
+            "image_foil_text": foil_texts, "image_foil_mask": np.asarray(mask, dtype=bool)}
 
 
 # ---------------------------------------------------------------------------------------

@@ -5,8 +5,9 @@ tower to read the relation; nothing in the paper's objective makes the image tow
 An image foil is the same picture with the relation made false while everything the text
 names stays: on the synthetic world, the scene re-rendered with A and B exchanged; on a
 photo, its horizontal mirror for a left/right relation (both objects stay, their order
-flips). The loss (csclip.loss, `loss.image_foil_weight`) asks the unit to score its own
-image above its image foil. Pure: no ray.
+flips). Each foil comes with the text true of it ("B r A" on the world, "A" right-of "B"
+for a mirrored left-of). The loss (csclip.loss, `loss.image_foils`) adds image and foil,
+unit and foil text, to one symmetric contrast. Pure: no ray.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageOps
 
-from csclip.units import Unit, UnitsRecord, normalize_text
+from csclip.units import Unit, UnitsRecord, normalize_text, render_relation
 
 # Horizontal predicates: a mirror image makes them false (A left of B -> A right of B).
 # Vertical ones have no natural photo counterfactual (an upside-down photo is not a scene).
@@ -26,10 +27,12 @@ _HORIZONTAL_WORDS = ("left", "right")
 
 @dataclass(frozen=True)
 class ImageFoil:
-    """The relation unit an image foil belongs to, and the foil image."""
+    """The relation unit an image foil belongs to, the foil image (the unit is false of
+    it) and the text that is true of the foil instead."""
 
     unit: str
     image: Image.Image
+    foil_text: str
 
 
 def _is_world(record: UnitsRecord) -> bool:
@@ -77,8 +80,18 @@ def draw_image_foil(record: UnitsRecord, image: Image.Image,
         foil = _world_foil(record, unit)
         if foil is None:
             return None
-        return ImageFoil(unit.text, foil.convert("RGB"))
-    return ImageFoil(unit.text, ImageOps.mirror(image))
+        # A and B exchanged places: "B r A" holds of the foil.
+        return ImageFoil(unit.text, foil.convert("RGB"),
+                         render_relation(unit.object or "", unit.predicate or "", unit.subject or ""))
+    # Mirrored: A and B keep their names, left and right trade places.
+    return ImageFoil(unit.text, ImageOps.mirror(image),
+                     render_relation(unit.subject or "", _mirror_predicate(unit.predicate or ""),
+                                     unit.object or ""))
+
+
+def _mirror_predicate(predicate: str) -> str:
+    swap = {"left": "right", "right": "left"}
+    return " ".join(swap.get(word, word) for word in predicate.split())
 
 
 def encode_png(image: Image.Image) -> bytes:

@@ -40,8 +40,9 @@ class LossConfig(StrictModel):
     # in-batch negatives per image whatever the number of GPUs).
     gather: bool = True
     # Ours, beyond the paper (off in every paper preset): image-side counterfactual foils.
-    # A relation unit also scores its own image above the same image with the relation
-    # made false (csclip.image_foils): L = L_full + λ·L_unit + μ·L_image_foil.
+    # Each sample's image with one relation made false (csclip.image_foils) joins the batch
+    # with the unit true of it; a relation unit must prefer its own image over the foil,
+    # and the image its unit over the foil's: L = L_full + λ·L_unit + μ·L_image_foil.
     image_foils: bool = False
     image_foil_weight: float = Field(1.0, ge=0)  # μ
 
@@ -203,19 +204,22 @@ def _unit(image: Tensor, units: Tensor, foils: Tensor, mask: Tensor, scale: Tens
             + _masked_mean_cross_entropy(t2i, labels, rows)) / 2
 
 
-def _image_foil(image: Tensor, units: Tensor, foil_images: Tensor, mask: Tensor,
-                scale: Tensor) -> Tensor:
-    # L_image_foil (ours): unit u_i scores every image of the batch plus only its own image
-    # foil ĩ_i (the same picture with its relation made false), label i: text→image, so the
-    # image tower must tell the two layouts apart. Rows are the B_f samples with a foil;
-    # a sample without one still serves as a negative image column.
-    if not bool(mask.any()):
-        return (image.sum() + units.sum() + foil_images.sum()) * 0.0 + scale * 0.0
-    labels = torch.nonzero(mask).squeeze(1)                                # (B_f,)
-    rows = units[mask]                                                     # (B_f, D)
-    scores = scale * rows @ image.T                                        # (B_f, B)
-    own_foil = scale * (rows * foil_images[mask]).sum(-1, keepdim=True)    # (B_f, 1)
-    return F.cross_entropy(torch.cat([scores, own_foil], dim=1), labels)   # label i
+def _image_foil(image: Tensor, foil_images: Tensor, units: Tensor, foil_texts: Tensor,
+                mask: Tensor, scale: Tensor) -> Tensor:
+    # L_image_foil (ours): a symmetric CLIP loss over the batch doubled by its
+    # counterfactuals, images [I ; I'] against texts [u ; u'], where I' is I with the
+    # relation of unit u made false and u' the unit true of I' ("B r A" for "A r B").
+    # So u must prefer I over I' (the image tower must see layout) and I must prefer u
+    # over u' (the text tower must read it), with every other sample as in-batch
+    # negatives. Samples without a foil are neither rows nor columns (masked, no sync).
+    images = torch.cat([image, foil_images])                               # (2B, D)
+    texts = torch.cat([units, foil_texts])                                 # (2B, D)
+    valid = torch.cat([mask, mask])                                        # (2B,)
+    logits = scale * images @ texts.T                                      # (2B, 2B), label i
+    logits = logits.masked_fill(~(valid[:, None] & valid[None, :]), _NEVER)
+    labels = _labels(images.shape[0], image.device)
+    return (_masked_mean_cross_entropy(logits, labels, valid)
+            + _masked_mean_cross_entropy(logits.T, labels, valid)) / 2
 
 
 # ---------------------------------------------------------------------------------------
@@ -303,20 +307,22 @@ def csclip_loss(image: Tensor, caption: Tensor, caption_negative: Tensor, units:
 
 
 @fp32_loss
-def image_foil_loss(image: Tensor, units: Tensor, foil_images: Tensor, mask: Tensor,
-                    scale: Tensor, gather: bool = True) -> Tensor:
-    """L_image_foil (ours, beyond the paper): each relation unit scores its own image above
-    every other image of the batch and above its image foil.
+def image_foil_loss(image: Tensor, foil_images: Tensor, units: Tensor, foil_texts: Tensor,
+                    mask: Tensor, scale: Tensor, gather: bool = True) -> Tensor:
+    """L_image_foil (ours, beyond the paper): symmetric CLIP over images [I ; I'] and texts
+    [u ; u'], I' each sample's image foil (its relation made false), u the relation unit,
+    u' the unit true of the foil.
 
-    image, foil_images: (B, D) image features of the batch and of each sample's image foil;
-    units: (B, D) features of the relation unit each foil belongs to; mask: (B,) bool
-    (samples with an image foil); scale: scalar; gather: as in clip_loss.
+    image, foil_images, units, foil_texts: (B, D); mask: (B,) bool (samples with an
+    image foil); scale: scalar; gather: as in clip_loss.
     """
-    if units.shape != image.shape or foil_images.shape != image.shape:
-        raise ValueError(f"units and foil_images must be {tuple(image.shape)}; got "
-                         f"{tuple(units.shape)} and {tuple(foil_images.shape)}")
-    return _image_foil(_gather(image, gather), _gather(units, gather),
-                       _gather(foil_images, gather), _gather_mask(mask, gather), scale)
+    for name, tensor in (("foil_images", foil_images), ("units", units),
+                         ("foil_texts", foil_texts)):
+        if tensor.shape != image.shape:
+            raise ValueError(f"{name} must be {tuple(image.shape)}; got {tuple(tensor.shape)}")
+    return _image_foil(_gather(image, gather), _gather(foil_images, gather),
+                       _gather(units, gather), _gather(foil_texts, gather),
+                       _gather_mask(mask, gather), scale)
 
 
 def _full_mask(mask: Tensor | None, image: Tensor) -> Tensor:
@@ -384,8 +390,9 @@ class Objective:
         parts = self._paper_loss(image, texts, masks, scale)
         if self.image_foil_weight is None:
             return parts
-        term = image_foil_loss(image, texts["image_foil_unit"], (images or {})["image_foil"],
-                               masks["image_foil_mask"], scale, gather=self.gather)
+        term = image_foil_loss(image, (images or {})["image_foil"], texts["image_foil_unit"],
+                               texts["image_foil_text"], masks["image_foil_mask"], scale,
+                               gather=self.gather)
         return LossParts(parts.full, parts.unit, parts.total + self.image_foil_weight * term,
                          term)
 
@@ -409,7 +416,8 @@ class Objective:
 def objective_for(config: LossConfig, num_unit_slots: int) -> Objective:
     """The Objective of `config.method` with N = num_unit_slots unit slots (and, with
     loss.image_foils, the image-foil term's `image_foil_unit` column)."""
-    foil = (("image_foil_unit",), config.image_foil_weight) if config.image_foils else ((), None)
+    foil = ((("image_foil_unit", "image_foil_text"), config.image_foil_weight)
+            if config.image_foils else ((), None))
     if config.method == "clip":
         return Objective("clip", ("caption", *foil[0]), gather=config.gather,
                          image_foil_weight=foil[1])
