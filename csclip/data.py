@@ -2,10 +2,16 @@
 decode + transform images, sample text slots (SPEC §3) and tokenize, all on CPU in Ray
 Data; workers only consume `iter_torch_batches`.
 
-Slot sampling depends on the epoch, so the training stream is the union of one
-`map_batches` per epoch (each with its own `epoch` argument) over the same source.
-Images that fail to decode are counted by a check pass before training and dropped from
-the stream with their ids logged: never a crash, never a silent loss.
+Preparation has two parts. `decode_batch` decodes and transforms the images and
+tokenizes the captions: without augmentation none of that depends on the epoch, so when
+the tensors fit in `data.image_cache_mb` it runs once and its output is materialized
+(issue 14: every epoch decoded the same world PNGs again). `sample_batch` draws the text
+slots, which depend on the epoch, and tokenizes them: the training stream is the union of
+one `sample_batch` map per epoch (`_epoch_stream`) over the cached or streamed rows, each
+epoch in a new, seeded global order. Images that fail to decode are counted by a check
+pass before training and dropped from the stream with their ids logged; an image that
+cannot be read at all (missing, or the store keeps failing after retries) is a DataError
+naming its URI: never a silent loss.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import hashlib
 import io
 import logging
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,7 +48,13 @@ class DataConfig(StrictModel):
     units_uri: str | None = None
     split: str = "train"
     batch_size: int = Field(32, ge=1)  # per worker
-    shuffle_buffer: int = Field(512, ge=0)  # local shuffle buffer rows; 0 = no shuffle
+    # Rows of the local shuffle buffer in each worker, on top of the global shuffle of every
+    # epoch (csclip.data.epoch_order); 0 = none.
+    shuffle_buffer: int = Field(512, ge=0)
+    # Decode + transform every image once and keep the tensors in Ray's object store when
+    # they take at most this many MB (the world: 4000 images of 64 px = 197 MB); larger
+    # data (COCO), and any run with `augment`, decodes again in every epoch. 0: never cache.
+    image_cache_mb: int = Field(1024, ge=0)
     # open_clip's training transform (RandomResizedCrop, scale 0.9-1) instead of the eval
     # transform. The paper trains with the eval transform, hence off; seeded per sample.
     augment: bool = False
@@ -165,26 +178,66 @@ def preprocess_key(preprocess_cfg: dict) -> tuple:
                         for k, v in preprocess_cfg.items()))
 
 
-def _image_bytes(row: dict) -> bytes:
+# A read that fails with a transient error (S3 throttling, a timeout, a reset connection)
+# is tried again after 0.5, 1, 2, 4 s: 7.5 s in all, on top of the S3 client's own retries.
+READ_ATTEMPTS = 5
+READ_BACKOFF_S = 0.5
+
+
+def read_image_bytes(uri: str, attempts: int = READ_ATTEMPTS,
+                     backoff_s: float = READ_BACKOFF_S) -> bytes:
+    """The bytes of the image at `uri` (local or s3://, one filesystem client per process).
+
+    Transient errors are retried with exponential backoff. Raises DataError naming the URI
+    when the file does not exist or the read keeps failing: that is a broken image root or
+    an unreachable store, not an image that does not decode, and must not shrink the data.
+    """
+    from csclip.storage import filesystem_for, read_bytes
+
+    fs, path = filesystem_for(uri)
+    attempt = 1
+    while True:
+        try:
+            return read_bytes(fs, path)
+        except DataError as err:  # not found: another try finds nothing either
+            raise DataError(f"image {uri} not found ({err}); check the units table's image_path "
+                            "or input.image_root") from err
+        except OSError as err:
+            if attempt >= attempts:
+                raise DataError(f"cannot read image {uri}: {attempts} attempts failed, the last "
+                                f"with: {err}") from err
+            delay = backoff_s * 2 ** (attempt - 1)
+            logger.info("reading %s failed (%s); retrying in %.1f s", uri, err, delay)
+            time.sleep(delay)
+            attempt += 1
+
+
+def _image_bytes(row: dict) -> bytes | None:
     if row.get("image_bytes") is not None:
         return bytes(row["image_bytes"])
     if row.get("image_path"):
-        from csclip.storage import filesystem_for, read_bytes
-
-        fs, path = filesystem_for(row["image_path"])
-        return read_bytes(fs, path)
-    raise DataError(f"row {row.get('sample_id')} has neither image_bytes nor image_path")
+        return read_image_bytes(row["image_path"])
+    return None
 
 
 def decode_image(row: dict):
-    """The row's image as an RGB PIL image, or None when it cannot be read or decoded."""
+    """The row's image as an RGB PIL image, or None when the row has no image or its bytes
+    do not decode (counted by the check pass and dropped).
+
+    Raises DataError when the image cannot be read (see read_image_bytes).
+    """
     from PIL import Image, UnidentifiedImageError
 
+    data = _image_bytes(row)
+    if data is None:
+        logger.debug("row %s has neither image_bytes nor image_path", row.get("sample_id"))
+        return None
     try:
-        image = Image.open(io.BytesIO(_image_bytes(row)))
+        image = Image.open(io.BytesIO(data))
         image.load()
         return image.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError, DataError) as err:
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as err:
+        # PIL reports a truncated or corrupt file as OSError; the bytes are already read.
         logger.debug("image of %s does not decode: %s", row.get("sample_id"), err)
         return None
 
@@ -197,57 +250,139 @@ def image_status(batch: pa.Table) -> dict[str, np.ndarray]:
             "ok": np.array(ok, dtype=bool)}
 
 
-def prepare_batch(batch: pa.Table, *, sampling: dict, preprocess: tuple, model_name: str,
-                  seed: int, epoch: int, columns: Sequence[str] | None = None,
-                  augment: bool = False) -> dict[str, np.ndarray]:
-    """Map function of the training stream: decode + transform images, sample slots
-    (SPEC §3) for `epoch`, tokenize. Rows whose image does not decode are dropped (the
-    check pass counted them).
+# The columns sampling reads (csclip.sampling.records_from_batch); the decoded rows keep
+# only these, the image and the caption's tokens (not the PNG bytes, not the scene JSON).
+TEXT_COLUMNS = ("sample_id", "image_id", "caption", "split", "entities", "relations")
+CAPTION_TOKENS = "caption_tokens"
+
+
+def decode_batch(batch: pa.Table, *, preprocess: tuple, model_name: str, augment: bool = False,
+                 seed: int = 0, epoch: int = 0) -> pa.Table:
+    """The image half of preparation: decode + transform each image and tokenize each
+    caption. Rows whose image does not decode are dropped (the check pass counted them).
+    Without `augment` nothing here depends on the epoch; with it, open_clip's training
+    transform is seeded by (seed, sample_id, epoch).
+
+    Returns TEXT_COLUMNS plus `image` (fixed-size list of 3*H*W float32: the transformed
+    tensor, flattened) and `caption_tokens` (fixed-size list of context_length int64).
+    """
+    transform, tokenize = _transform(preprocess, augment), _tokenizer(model_name)
+    keep, images = [], []
+    for index, row in enumerate(batch.select(
+            [c for c in ("sample_id", "image_bytes", "image_path") if c in batch.column_names]
+    ).to_pylist()):
+        image = decode_image(row)
+        if image is not None:
+            keep.append(index)
+            images.append(
+                _augmented(transform, image, _augment_seed(seed, row["sample_id"], epoch))
+                if augment else transform(image).numpy())
+    kept = batch.select(list(TEXT_COLUMNS)).take(pa.array(keep, type=pa.int64()))
+    if not keep:
+        empty_image = pa.array([], type=pa.list_(pa.float32(), 1))
+        empty_tokens = pa.array([], type=pa.list_(pa.int64(), 1))
+        return kept.append_column("image", empty_image).append_column(CAPTION_TOKENS, empty_tokens)
+    image = np.stack(images).astype(np.float32)                              # (n, 3, H, W)
+    tokens = tokenize(kept.column("caption").to_pylist()).numpy().astype(np.int64)  # (n, L)
+    return (kept.append_column("image", _fixed_size_list(image))
+                .append_column(CAPTION_TOKENS, _fixed_size_list(tokens)))
+
+
+def _fixed_size_list(array: np.ndarray) -> pa.FixedSizeListArray:
+    # (n, ...) -> one fixed-size list per row; reshaped back in sample_batch. Plain Arrow,
+    # so the cached blocks need no Ray tensor extension.
+    flat = np.ascontiguousarray(array).reshape(len(array), -1)
+    return pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), flat.shape[1])
+
+
+def _unflatten(column: pa.ChunkedArray | pa.Array, shape: Sequence[int]) -> np.ndarray:
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    return column.flatten().to_numpy().reshape(len(column), *shape)
+
+
+def sample_batch(batch: pa.Table, *, sampling: dict, model_name: str, seed: int, epoch: int,
+                 image_shape: Sequence[int], columns: Sequence[str] | None = None
+                 ) -> dict[str, np.ndarray]:
+    """The per-epoch half of preparation, on decode_batch's rows: sample the text slots
+    (SPEC §3) for `epoch` and tokenize them.
 
     columns: the token columns to produce (an Objective's `columns`; default: those of
-    CS-CLIP); plain CLIP needs only the caption, so it skips slot sampling.
-    augment: open_clip's training transform, seeded by (seed, sample_id, epoch), instead
-    of the eval transform.
+    CS-CLIP); plain CLIP needs only the caption, whose tokens decode_batch made, so it
+    samples nothing. image_shape: (3, H, W) of the transformed image.
     Returns image (n, 3, H, W) float32; each token column (n, context_length) int64;
     unit_mask (n,) bool when unit columns are produced; negative_mask (n,) bool (False:
     no caption negative could be built, SPEC §3) when caption_negative is produced.
     """
-    transform, tokenize = _transform(preprocess, augment), _tokenizer(model_name)
-    wants_foils = columns is not None and "image_foil_unit" in columns
-    records, images, decoded = [], [], []
-    for row in batch.to_pylist():
-        image = decode_image(row)
-        if image is None:
-            continue
-        record = record_from_row(row)
-        records.append(record)
-        images.append(_augmented(transform, image, _augment_seed(seed, record.sample_id, epoch))
-                      if augment else transform(image).numpy())
-        decoded.append(image if wants_foils else None)
-    out: dict[str, np.ndarray] = {}
-    if not records:
-        return out
+    if batch.num_rows == 0:
+        return {}
     config = SamplingConfig.model_validate(sampling)
     wanted = list(columns) if columns is not None else [
         "caption", "caption_negative", *unit_columns(config.num_unit_slots)]
-    sampled = [name for name in wanted if not name.startswith("image_foil_")]
-    if sampled == ["caption"]:
-        texts: dict[str, list] = {"caption": [r.caption for r in records]}
-    else:
-        texts = sample_text_columns(records, config, seed, epoch)
-    out["image"] = np.stack(images).astype(np.float32)                   # (n, 3, H, W)
-    for name in sampled:
-        out[name] = tokenize(list(texts[name])).numpy().astype(np.int64)   # (n, L)
-    if "unit_mask" in texts and any(name.startswith("unit_") for name in wanted):
+    caption_tokens = _unflatten(batch.column(CAPTION_TOKENS), (-1,))
+    out: dict[str, np.ndarray] = {
+        "image": _unflatten(batch.column("image"), image_shape).astype(np.float32)}  # (n, 3, H, W)
+    if wanted == ["caption"]:
+        out["caption"] = caption_tokens.astype(np.int64)                   # (n, L)
+        return out
+    records = [record_from_row(row) for row in batch.select(list(TEXT_COLUMNS)).to_pylist()]
+    texts = sample_text_columns(records, config, seed, epoch)
+    tokenize = _tokenizer(model_name)
+    for name in wanted:
+        # The caption is the record's own, tokenized once in decode_batch.
+        tokens = caption_tokens if name == "caption" else tokenize(list(texts[name])).numpy()
+        out[name] = tokens.astype(np.int64)                                 # (n, L)
+    if any(name.startswith("unit_") for name in wanted):
         out["unit_mask"] = np.asarray(texts["unit_mask"], dtype=bool)      # (n,)
     if "caption_negative" in wanted:
         out["negative_mask"] = np.asarray(texts["negative_mask"], dtype=bool)  # (n,)
-    if wants_foils:
-        foils = image_foil_columns(records, decoded, out["image"], transform, seed, epoch)
-        out["image_foil"] = foils["image_foil"]                                  # (n, 3, H, W)
-        out["image_foil_mask"] = foils["image_foil_mask"]                        # (n,)
-        for name in ("image_foil_unit", "image_foil_text"):
-            out[name] = tokenize(foils[name]).numpy().astype(np.int64)       # (n, L)
+    return out
+
+
+def image_shape(preprocess_cfg: dict) -> tuple[int, int, int]:
+    """(3, H, W) of the transformed image for a ModelSpec.preprocess_cfg."""
+    size = preprocess_cfg["size"]
+    height, width = (size, size) if isinstance(size, int) else tuple(size)
+    return 3, int(height), int(width)
+
+
+def prepare_batch(batch: pa.Table, *, sampling: dict, preprocess: tuple, model_name: str,
+                  seed: int, epoch: int, columns: Sequence[str] | None = None,
+                  augment: bool = False) -> dict[str, np.ndarray]:
+    """Map function of the streamed training data (no image cache): decode_batch then
+    sample_batch, in one task. Without augment, the same outputs as the cached path, row
+    for row; augment: open_clip's training transform, seeded by (seed, sample_id, epoch).
+    With `image_foil_*` columns (loss.image_foils) also each sample's image foil
+    (image_foil_batch), which needs the decoded image and the scene, hence this path."""
+    decoded = decode_batch(batch, preprocess=preprocess, model_name=model_name, augment=augment,
+                           seed=seed, epoch=epoch)
+    foil_columns = [c for c in columns or () if c.startswith("image_foil_")]
+    out = sample_batch(decoded, sampling=sampling, model_name=model_name, seed=seed, epoch=epoch,
+                       image_shape=image_shape(dict(preprocess)),
+                       columns=None if columns is None else
+                       [c for c in columns if c not in foil_columns])
+    if foil_columns and out:
+        out.update(image_foil_batch(batch, out["image"], preprocess=preprocess,
+                                    model_name=model_name, seed=seed, epoch=epoch))
+    return out
+
+
+def image_foil_batch(batch: pa.Table, images: np.ndarray, *, preprocess: tuple, model_name: str,
+                     seed: int, epoch: int) -> dict[str, np.ndarray]:
+    """The image-foil columns of `batch`'s decodable rows (the rows, in order, of
+    decode_batch; `images` are their transformed images)."""
+    transform, tokenize = _transform(preprocess), _tokenizer(model_name)
+    records, decoded = [], []
+    for row in batch.to_pylist():
+        image = decode_image(row)
+        if image is not None:
+            records.append(record_from_row(row))
+            decoded.append(image)
+    foils = image_foil_columns(records, decoded, images, transform, seed, epoch)
+    out = {"image_foil": foils["image_foil"],                                # (n, 3, H, W)
+           "image_foil_mask": foils["image_foil_mask"]}                      # (n,)
+    for name in ("image_foil_unit", "image_foil_text"):
+        out[name] = tokenize(foils[name]).numpy().astype(np.int64)           # (n, L)
     return out
 
 
@@ -308,19 +443,70 @@ def plan_data(source, data: DataConfig, num_workers: int, epochs: int,
                     steps_per_epoch, total_steps)
 
 
+def image_cache_fits(data: DataConfig, num_rows: int, preprocess_cfg: dict) -> bool:
+    """Whether the decoded training images fit in `data.image_cache_mb` (float32 tensors);
+    never with `data.augment`, whose images differ per epoch."""
+    if data.augment:
+        return False
+    channels, height, width = image_shape(preprocess_cfg)
+    megabytes = num_rows * channels * height * width * 4 / 2**20
+    return 0 < megabytes <= data.image_cache_mb
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The shuffle seed of one epoch: different per epoch, the same on every rerun."""
+    return (seed * 1_000_003 + epoch) % 2**32
+
+
+def epoch_order(source, seed: int, epoch: int):
+    """`source` in epoch `epoch`'s order: a global shuffle seeded by (seed, epoch).
+
+    A units table is sorted by sample_id, so COCO's five captions of an image sit next to
+    each other; a local buffer would keep them in one batch, where they are false negatives
+    of each other. Like the authors' DataLoader(shuffle=True), every epoch draws a new order
+    of all rows.
+    """
+    return source.random_shuffle(seed=epoch_seed(seed, epoch))
+
+
 def training_stream(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
                     model_name: str, seed: int, num_epochs: int, objective: Objective,
-                    augment: bool = False, rows_per_block: int = 128):
-    """The union over epochs of `source` prepared for training (see prepare_batch),
-    with the token columns `objective` needs."""
-    columns = list(objective.columns)
-    epochs: Sequence = [
-        source.map_batches(
-            prepare_batch, batch_format="pyarrow", batch_size=rows_per_block,
-            fn_kwargs={"sampling": sampling.model_dump(mode="json"),
-                       "preprocess": preprocess_key(preprocess_cfg),
-                       "model_name": model_name, "seed": seed, "epoch": epoch,
-                       "columns": columns, "augment": augment})
-        for epoch in range(num_epochs)
-    ]
+                    cache_images: bool = False, augment: bool = False,
+                    rows_per_block: int = 128):
+    """The union over epochs of `source` prepared for training, with the token columns
+    `objective` needs; each epoch in its own seeded global order (epoch_order).
+
+    cache_images: decode + transform the images (and tokenize the captions) once, here,
+    and keep the result in the object store for every epoch (image_cache_fits says when
+    it fits; never with augment). Without it each epoch decodes its rows again
+    (prepare_batch), streaming. Either way each epoch draws its own text slots, and the
+    batches hold the same rows.
+    """
+    preprocess = preprocess_key(preprocess_cfg)
+    if cache_images and augment:
+        raise ValueError("augmented images differ per epoch; they cannot be cached")
+    if cache_images and "image_foil" in objective.image_columns:
+        raise ValueError("image foils are drawn from the decoded image; it is not cached")
+    if cache_images:
+        rows = source.map_batches(decode_batch, batch_format="pyarrow", batch_size=rows_per_block,
+                                  fn_kwargs={"preprocess": preprocess, "model_name": model_name})
+        rows = rows.materialize()
+        logger.info("images decoded once for all %d epochs: %d rows cached", num_epochs,
+                    rows.count())
+        prepare, fn_kwargs = sample_batch, {"image_shape": image_shape(preprocess_cfg)}
+    else:
+        rows, prepare = source, prepare_batch
+        fn_kwargs = {"preprocess": preprocess, "augment": augment}
+    fn_kwargs.update(sampling=sampling.model_dump(mode="json"), model_name=model_name, seed=seed,
+                     columns=list(objective.columns))
+    epochs = [_epoch_stream(epoch_order(rows, seed, epoch), prepare, epoch, fn_kwargs,
+                            rows_per_block)
+              for epoch in range(num_epochs)]
     return epochs[0].union(*epochs[1:]) if len(epochs) > 1 else epochs[0]
+
+
+def _epoch_stream(rows, prepare, epoch: int, fn_kwargs: dict, rows_per_block: int):
+    """One epoch of the training stream: `rows` (already in this epoch's order) with this
+    epoch's text slots drawn."""
+    return rows.map_batches(prepare, batch_format="pyarrow", batch_size=rows_per_block,
+                            fn_kwargs={**fn_kwargs, "epoch": epoch})

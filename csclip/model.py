@@ -212,11 +212,22 @@ def _build(name: str, pretrained: str | None, device: str, quick_gelu: bool,
     # Without weights the tag's preprocessing still applies (mean/std differ per tag); the
     # tag itself is not passed, since open_clip would download it.
     preprocess_overrides = _tag_preprocess(tag_cfg) if not load_weights else {}
-    model, _, preprocess = open_clip.create_model_and_transforms(
-        name, pretrained=pretrained if load_weights else None, device=device,
-        force_quick_gelu=quick_gelu, force_image_size=image_size, **preprocess_overrides)
+    root = logging.getLogger()
+    if not load_weights:  # built to read its spec: open_clip's "no weights" warning is moot
+        root.addFilter(_skip_no_weights_warning)
+    try:
+        model, _, preprocess = open_clip.create_model_and_transforms(
+            name, pretrained=pretrained if load_weights else None, device=device,
+            force_quick_gelu=quick_gelu, force_image_size=image_size, **preprocess_overrides)
+    finally:
+        root.removeFilter(_skip_no_weights_warning)
     model.eval()
     return ClipBundle(model, preprocess, open_clip.get_tokenizer(name), name, pretrained)
+
+
+def _skip_no_weights_warning(record: logging.LogRecord) -> bool:
+    # open_clip logs "No pretrained weights loaded for model ..." through the root logger.
+    return not record.getMessage().startswith("No pretrained weights loaded")
 
 
 def _tag_preprocess(tag_cfg: dict) -> dict:
@@ -261,9 +272,21 @@ def load_bundle(checkpoint_or_name: str | Path, pretrained: str | None = None,
     """Load a csclip checkpoint directory (the model is rebuilt from its stored spec) or
     create a model by open_clip name.
 
+    checkpoint_or_name: a local directory, an s3:// directory (copied once into the local
+    cache, csclip.storage.local_dir, and loaded from there) or an open_clip model name.
     expected: when given, the checkpoint's spec must match what this config builds.
-    Raises CheckpointMismatch when it does not.
+    Raises CheckpointMismatch when it does not, DataError for an empty s3:// location.
     """
+    if str(checkpoint_or_name).startswith("s3://"):
+        from csclip.storage import local_dir
+
+        uri = str(checkpoint_or_name)
+        local = local_dir(uri, kind="checkpoints")
+        if not is_checkpoint_dir(local):
+            raise CheckpointMismatch(f"{uri} has no {SPEC_FILE}; it is not a csclip checkpoint "
+                                     "(a run's checkpoint is <run.storage_path>/<run>/final)")
+        bundle = load_bundle(local, pretrained, device, expected)
+        return ClipBundle(bundle.model, bundle.preprocess, bundle.tokenizer, bundle.name, uri)
     if not is_checkpoint_dir(checkpoint_or_name):
         if Path(str(checkpoint_or_name)).exists():
             read_spec(checkpoint_or_name)  # raises with an explanation

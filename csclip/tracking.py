@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from csclip.config import StrictModel
+from csclip.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -28,22 +29,59 @@ _METRICS_PER_BATCH = 1000
 class TrackingConfig(StrictModel):
     """The `tracking` section: where MLflow runs go."""
 
-    uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db
+    uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db (see resolve_uri)
     experiment: str = "csclip"
     enabled: bool = True
 
 
 def resolve_uri(uri: str | None) -> str:
-    """The config's URI, else $MLFLOW_TRACKING_URI, else the local sqlite default.
+    """The tracking URI to log to: the config's `uri`, else $MLFLOW_TRACKING_URI (on a
+    cluster, set by cluster.yaml on every node or by the job's runtime env), else the local
+    default sqlite:///mlflow.db.
 
-    A relative sqlite path is made absolute: Ray workers run in another directory, and
-    would otherwise write to a database of their own.
+    A relative sqlite path is made absolute: Ray workers run in another directory and would
+    otherwise write to a database of their own. Inside a submitted Ray job or a Ray worker
+    it is refused instead: the working directory there is a temporary copy that Ray deletes
+    with its session, so the runs would vanish (issue 15).
+    Raises ConfigError for a relative sqlite URI inside a Ray job or worker.
     """
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
     prefix = "sqlite:///"
     if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
+        from csclip.cluster import ray_process
+
+        where = ray_process()
+        if where is not None:
+            raise ConfigError(
+                f"MLflow tracking URI {uri} is relative to the working directory of this Ray "
+                f"{where}, a temporary copy deleted with the Ray session; set MLFLOW_TRACKING_URI "
+                "(e.g. --runtime-env-json '{\"env_vars\": {\"MLFLOW_TRACKING_URI\": "
+                "\"http://<head>:5000\"}}') or tracking.uri to a server or an absolute sqlite path")
         uri = prefix + os.path.abspath(uri[len(prefix):])
     return uri
+
+
+def is_file_store(uri: str) -> bool:
+    """A store that lives on one machine's disk (sqlite, file:, a plain path)."""
+    return uri.startswith(("sqlite:", "file:", "/", "."))
+
+
+def check_shared_store(uri: str, what: str) -> None:
+    """Refuse a store on one node's disk when `what` runs on several nodes: a worker on
+    another node (training's rank 0, a Tune trial) would open a different, empty file there.
+
+    Raises ConfigError naming the URI and the fix. Needs Ray initialised (else no check).
+    """
+    if not is_file_store(uri):
+        return
+    from csclip.cluster import spans_nodes
+
+    if spans_nodes():
+        raise ConfigError(
+            f"{what}: MLflow tracking URI {uri} is a file on this node, but this Ray cluster "
+            "has (or can add) other nodes whose workers would log to a file of their own; "
+            "run an MLflow server every node reaches and set MLFLOW_TRACKING_URI to it "
+            "(cluster.yaml starts one on the head: http://<head>:5000)")
 
 
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own tag for nested runs

@@ -77,6 +77,11 @@ class RunSection(StrictModel):
     num_to_keep: int = Field(2, ge=1)
     num_workers: int = Field(1, ge=1)  # one per GPU on a cluster; gloo workers on CPU
     cpus_per_worker: float = Field(1.0, gt=0)
+    # torch intra-op threads per worker; None: Ray's default, one per CPU of cpus_per_worker.
+    # More than the CPUs Ray reserves lets a worker use cores the data stage leaves idle.
+    torch_threads: int | None = Field(None, ge=1)
+    # Level of Ray Train's own console lines; the step lines are ours and always shown.
+    ray_train_log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
     use_gpu: bool = False
     # auto: bf16 autocast on GPU, fp32 on CPU. fp16 adds a gradient scaler. bf16_pure:
     # the model runs in bf16 (no autocast casts), AdamW steps fp32 master weights, the
@@ -94,6 +99,9 @@ class RunSection(StrictModel):
     # only host-device sync of the loop outside checkpoints).
     log_every: int = Field(10, ge=1)
     max_failures: int = Field(0, ge=0)  # worker-group restarts (each resumes from a checkpoint)
+    # Custom resources each worker also takes, e.g. {"csclip_train": 1} so that workers land
+    # only on the nodes that advertise it (cluster.yaml's training nodes), one per unit.
+    worker_resources: dict[str, float] = Field(default_factory=dict)
     # For tests of resumption: raise after this step's checkpoint on a fresh (not restored)
     # attempt, as a killed job would. Not part of the run name.
     fail_after_step: int | None = Field(None, ge=1)
@@ -152,8 +160,9 @@ class TrainResult:
 # (a run restarted with compilation or accumulation on resumes the same run).
 _NOT_IN_NAME = {"run": {"name", "storage_path", "fail_after_step", "max_failures", "log_every",
                         "eval_every", "eval_max_images", "best_metric", "best_mode",
-                        "compile", "compile_mode", "channels_last"},
-                "data": {"prefetch_batches", "pin_memory"},
+                        "compile", "compile_mode", "channels_last", "worker_resources",
+                        "torch_threads", "ray_train_log_level"},
+                "data": {"prefetch_batches", "pin_memory", "image_cache_mb"},
                 "model": {"grad_checkpointing"},
                 "optim": {"accum_freq", "fused"},
                 "tracking": None}
@@ -185,8 +194,10 @@ def run_name(config: TrainConfig) -> str:
 
 
 def storage_root(config: TrainConfig) -> str:
-    path = config.run.storage_path
-    return path if "://" in path else str(Path(path).expanduser().resolve())
+    """run.storage_path, absolute (refused when relative inside a Ray job: issue 15)."""
+    from csclip.storage import resolve_output
+
+    return resolve_output(config.run.storage_path, "run.storage_path")
 
 
 # ---------------------------------------------------------------------------------------
@@ -283,6 +294,7 @@ class _Window:
 
     start: float
     samples: int = 0
+    data_wait: float = 0.0  # seconds blocked on the Ray Data stream
 
 
 def train_loop_per_worker(loop_config: dict) -> None:
@@ -296,6 +308,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
     context = ray.train.get_context()
     rank = context.get_world_rank()
     torch.manual_seed(config.run.seed + rank)
+    if config.run.torch_threads is not None:
+        torch.set_num_threads(config.run.torch_threads)
     device = ray.train.torch.get_device()
     with _checkpoint_dir(config.run) as directory:
         setup = prepare_training(config, device, directory, wrap=ray.train.torch.prepare_model)
@@ -312,7 +326,9 @@ def train_loop_per_worker(loop_config: dict) -> None:
         **batch_options(config.data, device, config.run.seed + rank))
     total, skip = plan["total_steps"], state.step
     metrics, window, last = StepMetrics(), _Window(time.perf_counter()), {}
+    tick = time.perf_counter()
     for batch in batches:
+        data_wait = time.perf_counter() - tick  # blocked on the Ray Data stream for this batch
         if skip:  # resumed: these batches were trained on before the restart
             skip -= 1
             continue
@@ -326,14 +342,16 @@ def train_loop_per_worker(loop_config: dict) -> None:
         state.step += 1
         state.samples += global_batch
         window.samples += global_batch
+        window.data_wait += data_wait
         metrics.add(state.step, parts, training.model.logit_scale, lr)
         checkpoint_now = state.step % config.run.checkpoint_every == 0 or state.step == total
         if state.step % config.run.log_every == 0 or checkpoint_now:
             last = _publish(metrics, window, step_logger, plan["steps_per_epoch"])
             if state.step % config.run.log_every == 0 and rank == 0:
-                logger.info("step %d/%d loss %.4f (full %.4f unit %.4f) lr %.2e %.1f samples/s",
-                            state.step, total, last["loss"], last["loss_full"],
-                            last["loss_unit"], lr, last["samples_per_s"])
+                logger.info("%s step %d/%d loss %.4f (full %.4f unit %.4f) lr %.2e "
+                            "%.0f samples/s (data wait %.0f%%)", config.loss.method, state.step,
+                            total, last["loss"], last["loss_full"], last["loss_unit"], lr,
+                            last["samples_per_s"], 100 * last["data_wait_frac"])
         if evaluator is not None and (state.step % config.run.eval_every == 0 or state.step == total):
             started = time.perf_counter()
             _evaluate_during_training(evaluator, setup, config, state.step, step_logger,
@@ -344,6 +362,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             if (config.run.fail_after_step is not None and state.restored_from is None
                     and state.step >= config.run.fail_after_step):
                 raise RuntimeError(f"injected failure after step {state.step} (run.fail_after_step)")
+        tick = time.perf_counter()  # after logging and checkpointing: the next wait is the data's
     step_logger.flush()
     if state.step < total:
         raise RuntimeError(f"data ran out at step {state.step} of {total}")
@@ -356,8 +375,10 @@ def _publish(metrics: StepMetrics, window: _Window, step_logger, steps_per_epoch
     the last step's, with the window's samples/s."""
     rows = metrics.take()
     now = time.perf_counter()
-    rows[-1]["samples_per_s"] = window.samples / max(now - window.start, 1e-9)
-    window.start, window.samples = now, 0
+    elapsed = max(now - window.start, 1e-9)
+    rows[-1]["samples_per_s"] = window.samples / elapsed
+    rows[-1]["data_wait_frac"] = window.data_wait / elapsed
+    window.start, window.samples, window.data_wait = now, 0, 0.0
     for row in rows:
         row["epoch"] = row["step"] / max(1, steps_per_epoch)
         step_logger.log(row["step"], row)
@@ -401,6 +422,8 @@ def _worker_logging() -> None:
     # Ray workers have no handler for our logger; progress lines should reach the driver.
     csclip_logger = logging.getLogger("csclip")
     csclip_logger.setLevel(logging.INFO)
+    # open_clip logs every model construction step at INFO through the root logger.
+    logging.getLogger().setLevel(logging.WARNING)
     if not csclip_logger.handlers and not logging.getLogger().handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
@@ -455,17 +478,23 @@ def run(config: TrainConfig, callbacks: Sequence = ()) -> TrainResult:
     if cached is not None:
         logger.info("run %s already finished: %s", name, cached.checkpoint_uri)
         return cached
-    from csclip.data import plan_data, source_dataset, training_stream
+    from csclip.data import image_cache_fits, plan_data, source_dataset, training_stream
     from csclip.model import spec_from_config
-    from csclip.tracking import finish_run, open_run, resolve_uri
+    from csclip.tracking import check_shared_store, finish_run, open_run, resolve_uri
 
     spec = spec_from_config(config.model)  # a bad model name fails here, before Ray
+    if config.tracking.enabled:  # rank 0 logs every step from wherever it runs
+        check_shared_store(resolve_uri(config.tracking.uri), "training")
     check_resume_from(config, spec)
+    from ray.data import DataContext
+
+    # The step lines are the training's progress. The stream's coordinator is a worker:
+    # without this its tqdm bars are drawn into the driver's output between the step lines
+    # (in a log file too); without them its progress goes to Ray Data's log.
+    DataContext.get_current().use_ray_tqdm = False
     if not sys.stderr.isatty():
         # Ray Data's bars redraw with cursor escapes; in a log (CI, `make demo > log`) they
         # bury the per-step lines, which already show progress.
-        from ray.data import DataContext
-
         DataContext.get_current().enable_progress_bars = False
     source = source_dataset(config.data)
     if config.data.units_uri is None:
@@ -476,17 +505,22 @@ def run(config: TrainConfig, callbacks: Sequence = ()) -> TrainResult:
                      config.optim.max_steps)
     logger.info("run %s: %d rows (%d undecodable), %d epochs, %d steps", name, plan.num_rows,
                 plan.num_decode_failures, plan.num_epochs, plan.total_steps)
+    objective = objective_for(config.loss, config.sampling.num_unit_slots)
+    # Image foils are drawn from the decoded image (and the scene) in each epoch.
+    cache_images = (image_cache_fits(config.data, plan.num_rows, spec.preprocess_cfg)
+                    and "image_foil" not in objective.image_columns)
     stream = training_stream(source, sampling=config.sampling, preprocess_cfg=spec.preprocess_cfg,
                              model_name=config.model.name, seed=config.run.seed,
                              num_epochs=plan.num_epochs, augment=config.data.augment,
-                             objective=objective_for(config.loss, config.sampling.num_unit_slots))
+                             objective=objective, cache_images=cache_images)
     data_params = {"data.num_rows": plan.num_rows, "data.decode_failures": plan.num_decode_failures,
                    "data.total_steps": plan.total_steps, "data.num_epochs": plan.num_epochs}
     run_id = open_run(config.tracking, name, {**flatten(config), **data_params})
     loop_config = {"config": config.model_dump(mode="json"),
                    "plan": {"total_steps": plan.total_steps, "steps_per_epoch": plan.steps_per_epoch,
                             "mlflow_run_id": run_id, "best_uri": f"{root.rstrip('/')}/{name}/best",
-                            "tracking_uri": resolve_uri(config.tracking.uri)}}
+                            "tracking_uri": resolve_uri(config.tracking.uri)
+                            if config.tracking.enabled else None}}
     try:
         result = _trainer(config, name, root, loop_config, stream, callbacks).fit()
     except Exception:
@@ -504,21 +538,33 @@ def run(config: TrainConfig, callbacks: Sequence = ()) -> TrainResult:
 
 def _trainer(config: TrainConfig, name: str, root: str, loop_config: dict, stream, callbacks):
     import ray.train
+    from ray.data import DataContext, ExecutionOptions
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    # Train's default ingest options copy the deprecated `exclude_resources` (a
+    # RayDeprecationWarning in every run); these are the same options without it.
+    current = DataContext.get_current().execution_options
+    ingest = ExecutionOptions(resource_limits=current.resource_limits,
+                              preserve_order=current.preserve_order,
+                              verbose_progress=current.verbose_progress)
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config=loop_config,
         scaling_config=ray.train.ScalingConfig(
             num_workers=config.run.num_workers, use_gpu=config.run.use_gpu,
-            resources_per_worker={"CPU": config.run.cpus_per_worker}),
+            resources_per_worker={"CPU": config.run.cpus_per_worker,
+                                  **config.run.worker_resources}),
         torch_config=TorchConfig(backend="nccl" if config.run.use_gpu else "gloo"),
         run_config=ray.train.RunConfig(
             name=name, storage_path=root,
             failure_config=ray.train.FailureConfig(max_failures=config.run.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=config.run.num_to_keep),
+            # Ray Train's own console lines (worker group start, each report and checkpoint)
+            # at INFO drown the step lines; its log files under the session keep them.
+            logging_config=ray.train.LoggingConfig(log_level=config.run.ray_train_log_level),
             callbacks=list(callbacks)),
-        datasets={"train": stream})
+        datasets={"train": stream},
+        dataset_config=ray.train.DataConfig(execution_options=ingest))
 
 
 def _final_uri(root: str, name: str) -> str:

@@ -254,7 +254,7 @@ def test_entry_point_with_authors_backend_writes_units_and_rejects(ray_session, 
     directory = _unit_files(tmp_path)
     out = tmp_path / "out"
     code = main(["--set", "backend.name=authors", "--set", f"input.uri={directory}/authors_*.json",
-                 "--set", f"output.uri={out}", "--set", "tracking.uri=null",
+                 "--set", f"output.uri={out}", "--set", "tracking.enabled=false",
                  "--set", "output.shard_size=4"])
     assert code == 0
     units, rejects = _tables(out)
@@ -281,8 +281,8 @@ def test_entry_point_shortcut_flags_and_a_config_error(ray_session, tmp_path, ca
     directory = _unit_files(tmp_path)
     out = tmp_path / "flags"
     assert main(["--backend", "authors", "--input", str(directory / "authors_older.json"),
-                 "--out", str(out), "--set", "tracking.uri=null"]) == 0
+                 "--out", str(out), "--set", "tracking.enabled=false"]) == 0
     assert "read 3 = with units 2 + rejected 1" in capsys.readouterr().out
     assert main(["--backend", "authors", "--out", str(tmp_path / "none"),
-                 "--set", "tracking.uri=null"]) == 2
+                 "--set", "tracking.enabled=false"]) == 2
     assert "needs input.uri" in capsys.readouterr().err

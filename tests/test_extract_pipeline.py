@@ -128,7 +128,7 @@ def _config(sugarcrepe_dir, tmp_path, *overrides):
     return load_config(ExtractConfig, None, [
         "input.format=sugarcrepe", f"input.uri={sugarcrepe_dir}/add_att.json", "input.limit=10",
         "backend.name=vllm", "output.shard_size=4", f"output.uri={tmp_path / 'out'}",
-        "tracking.uri=null", *overrides])
+        "tracking.enabled=false", *overrides])
 
 
 def _outputs(tmp_path):
@@ -280,7 +280,7 @@ def test_entry_point_runs_and_reports_accounting(ray_session, tmp_path, capsys):
     main = _entry_point()
     code = main(["--set", "input.world.num_train=3", "--set", "input.world.num_val=1",
                  "--set", "input.world.num_test=1", "--set", f"output.uri={tmp_path / 'out'}",
-                 "--set", "tracking.uri=null"])
+                 "--set", "tracking.enabled=false"])
     assert code == 0
     assert "read 5 = with units 5 + rejected 0" in capsys.readouterr().out
     assert main(["--set", "backend.name=llama"]) == 2

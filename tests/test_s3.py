@@ -72,7 +72,7 @@ def test_pipeline_writes_units_and_rejects_to_s3_and_resumes(ray_session, s3, s3
     uri = f"s3://{BUCKET}/runs/world"
     config = load_config(ExtractConfig, None, [
         "input.world.num_train=5", "input.world.num_val=2", "input.world.num_test=0",
-        "output.shard_size=3", f"output.uri={uri}", "tracking.uri=null"])
+        "output.shard_size=3", f"output.uri={uri}", "tracking.enabled=false"])
     summary = run_extraction(config)
     assert (summary.read, summary.with_units, summary.num_shards) == (7, 7, 3)
     keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET)["Contents"])

@@ -164,14 +164,15 @@ TABLE_CAPTION = ("Columns as in the paper's Tables 16-17: compositionality (I2T,
 
 def publish_report(table: AblationTable, uri: str, title: str) -> ReportFiles:
     """Write the report next to the sweep: in `uri` when local; for s3:// storage, into a
-    local copy under runs/tune-reports/ that is then uploaded to `uri`."""
+    local copy in the cache (csclip.storage.cache_root()/tune-reports, never the working
+    directory, which is temporary in a Ray job) that is then uploaded to `uri`."""
     if "://" not in uri:
         return write_report(table, uri, title)
     import pyarrow.fs as pafs
 
-    from csclip.storage import filesystem_for
+    from csclip.storage import cache_root, filesystem_for
 
-    local = Path("runs") / "tune-reports" / uri.rstrip("/").rsplit("/", 1)[-1]
+    local = cache_root() / "tune-reports" / uri.rstrip("/").rsplit("/", 1)[-1]
     files = write_report(table, local, title)
     fs, path = filesystem_for(uri)
     fs.create_dir(path, recursive=True)

@@ -44,26 +44,33 @@ def absolute_uri(uri: str) -> str:
 
 
 def resolve_paths(config: BaseModel) -> BaseModel:
-    """The config with its local paths (tracking URI, storage, units table) absolute."""
+    """The config with its tracking URI resolved and its local paths (storage, units table)
+    absolute; inside a Ray job a relative tracking store or storage path is refused
+    (csclip.tracking.resolve_uri, csclip.storage.resolve_output)."""
+    from csclip.storage import resolve_output
     from csclip.tracking import resolve_uri
 
     # tracking.uri None means $MLFLOW_TRACKING_URI or the local default: pin it, so every
     # trial (on any node, in any working directory) logs to the same store.
-    updates = {"tracking.uri": absolute_uri(resolve_uri(get_field(config, "tracking.uri")))}
-    for path in ("run.storage_path", "data.units_uri"):
+    updates = {"tracking.uri": resolve_uri(get_field(config, "tracking.uri"))}
+    for path, resolve in (("run.storage_path", lambda v: resolve_output(v, "run.storage_path")),
+                          ("data.units_uri", absolute_uri)):
         try:
             value = get_field(config, path)
         except ConfigError:
             continue
         if isinstance(value, str) and value:
-            updates[path] = absolute_uri(value)
+            updates[path] = resolve(value)
     return with_values(config, updates, origin="config")
 
 
 def max_concurrent_trials(cluster: Mapping[str, float], num_workers: int, use_gpu: bool,
                           cpus_per_worker: float = 1.0, trial_cpus: float = TRIAL_CPUS) -> int:
     """How many trials fit the cluster at once: by GPUs when training on GPUs (each trial's
-    Train run takes num_workers GPUs), else by CPUs (driver + workers per trial)."""
+    Train run takes num_workers GPUs), else by CPUs (driver + workers per trial).
+
+    cluster: the cluster's resources at their largest (csclip.cluster.max_resources: on an
+    autoscaling cluster, what the autoscaler may add, not the 0 GPUs present at start)."""
     workers = max(1, num_workers)
     if use_gpu:
         return max(1, int(cluster.get("GPU", 0) // workers))
@@ -108,7 +115,6 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
     """
     import time
 
-    import ray
     from ray import tune
 
     from csclip.config import flatten
@@ -118,6 +124,7 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
         evaluate = functools.partial(evaluate_trial, suites=suites)
     name = sweep_name(base, grid)
     base = resolve_paths(base)
+    tracking.check_shared_store(base.tracking.uri, "the sweep's trials")
     storage = tune_storage(base)
     client = tracking.client(base.tracking.uri)
     experiment_id = tracking.experiment_id(client, base.tracking.experiment)
@@ -136,7 +143,9 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
                            tracking_uri=base.tracking.uri,
                            mlflow_experiment=base.tracking.experiment, eval_seed=eval_seed)
     if max_concurrent is None:
-        max_concurrent = max_concurrent_trials(ray.cluster_resources(), base.run.num_workers,
+        from csclip.cluster import max_resources
+
+        max_concurrent = max_concurrent_trials(max_resources(), base.run.num_workers,
                                                base.run.use_gpu, base.run.cpus_per_worker,
                                                trial_cpus)
     trainable = tune.with_resources(

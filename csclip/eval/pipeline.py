@@ -164,7 +164,10 @@ def load_records(data: EvalDataConfig) -> list[UnitsRecord]:
 def run_evaluation(config: EvalConfig) -> ComparisonReport:
     """Load the model (checkpoint or name + pretrained) and the records, then compare_models."""
     from csclip.model import bundle_from_config, load_bundle
+    from csclip.storage import resolve_output
 
+    # Inside a Ray job a relative out_dir is the job's temporary copy: refused there.
+    out_dir = resolve_output(config.out_dir, "out_dir")
     records = load_records(config.data)  # first: a bad table fails before a model loads
     if config.checkpoint:
         bundle = load_bundle(config.checkpoint, device=config.scoring.device)
@@ -174,7 +177,7 @@ def run_evaluation(config: EvalConfig) -> ComparisonReport:
     return compare_models(
         {model_label(bundle): bundle},
         records,
-        config.out_dir,
+        out_dir,
         tracking_uri,
         benchmark=config.benchmark,
         experiment=config.tracking.experiment,

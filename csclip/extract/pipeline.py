@@ -33,6 +33,7 @@ from csclip.extract.authors import authors_caption_table
 from csclip.extract.backends import RESULT_SCHEMA, BackendConfig, Status
 from csclip.extract.captions import InputConfig, caption_table
 from csclip.extract.vllm import ERROR_COLUMN, Engine, add_prompt_columns
+from csclip.tracking import TrackingConfig
 from csclip.units import records_to_table
 
 log = logging.getLogger(__name__)
@@ -56,10 +57,10 @@ class OutputConfig(StrictModel):
     endpoint_url: str | None = None  # S3 endpoint override (else AWS_ENDPOINT_URL)
 
 
-class TrackingConfig(StrictModel):
-    """MLflow; `uri: null` skips logging."""
+class ExtractTrackingConfig(TrackingConfig):
+    """MLflow, as for training (uri None: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db;
+    `enabled: false` skips logging), with the extraction's own experiment and run name."""
 
-    uri: str | None = "sqlite:///mlflow.db"
     experiment: str = "extract_units"
     run_name: str | None = None
 
@@ -70,7 +71,7 @@ class ExtractConfig(StrictModel):
     input: InputConfig = InputConfig()
     backend: BackendConfig = BackendConfig()
     output: OutputConfig = OutputConfig()
-    tracking: TrackingConfig = TrackingConfig()
+    tracking: ExtractTrackingConfig = ExtractTrackingConfig()
 
     @model_validator(mode="after")
     def _gold_needs_world(self) -> ExtractConfig:
@@ -281,8 +282,16 @@ def run_extraction(config: ExtractConfig, engine: Engine | None = None,
 
     engine: the LLM stage for backend `vllm` (default: the ray.data.llm vLLM processor);
     tests pass a CPU stand-in. on_shard_written: called after each shard's marker.
-    Raises DataError for unreadable/empty input or an output written by another config.
+    Raises DataError for unreadable/empty input or an output written by another config,
+    ConfigError for a relative output or tracking store inside a Ray job.
     """
+    # Inside a Ray job a relative output or sqlite store would land in the job's temporary
+    # working directory: refuse it now, not after the work.
+    storage.resolve_output(config.output.uri, "output.uri")
+    if config.tracking.enabled:
+        from csclip.tracking import resolve_uri
+
+        resolve_uri(config.tracking.uri)
     # The authors' files already hold units: their records are the rows, and a record that
     # cannot be read is a row too (rejected by the backend), so read = loaded + rejected.
     captions = (authors_caption_table(config.input) if config.backend.name == "authors"
@@ -378,36 +387,38 @@ def _summarize(out: _Output, config: ExtractConfig, num_shards: int, written: in
         rejected_by_reason=dict(by_reason), items_rejected_by_reason=dict(items),
         num_shards=num_shards, shards_written=written, shards_skipped=num_shards - written,
         units_uri=out.uri_of("units"), rejects_uri=out.uri_of("rejects"))
-    if config.tracking.uri:
+    if config.tracking.enabled:
         run_id = log_to_mlflow(summary, config, out)
         summary = replace(summary, mlflow_run_id=run_id)
     return summary
 
 
 def log_to_mlflow(summary: ExtractSummary, config: ExtractConfig, out: _Output) -> str:
-    """Params (the resolved config), accounting metrics and the rejects table artifact."""
+    """Params (the resolved config), accounting metrics and the rejects table artifact, in
+    one run of the tracking store csclip.tracking.resolve_uri picks."""
     import tempfile
     from pathlib import Path
 
-    import mlflow
+    from csclip import tracking
 
-    mlflow.set_tracking_uri(config.tracking.uri)
-    mlflow.set_experiment(config.tracking.experiment)
+    client = tracking.client(tracking.resolve_uri(config.tracking.uri))
+    experiment = tracking.experiment_id(client, config.tracking.experiment)
     source = "files" if config.backend.name == "authors" else config.input.format
     run_name = config.tracking.run_name or f"extract-{config.backend.name}-{source}"
-    with mlflow.start_run(run_name=run_name) as run:
-        mlflow.log_params({k: str(v)[:500] for k, v in flatten(config).items()})
-        metrics = {"read": summary.read, "with_units": summary.with_units,
-                   "rejected": summary.rejected, "num_shards": summary.num_shards,
-                   "shards_written": summary.shards_written}
-        metrics.update({f"rejected.{r}": n for r, n in summary.rejected_by_reason.items()})
-        metrics.update({f"items_rejected.{r}": n for r, n in summary.items_rejected_by_reason.items()})
-        mlflow.log_metrics(metrics)
-        parts = storage.list_files(out.fs, out.path("rejects"), ".parquet")
-        rejects = pa.concat_tables([out.read_parquet("rejects", p.rsplit("/", 1)[1]) for p in parts]) \
-            if parts else REJECTS_SCHEMA.empty_table()
-        with tempfile.TemporaryDirectory() as tmp:
-            pq.write_table(rejects, Path(tmp) / "rejects.parquet")
-            (Path(tmp) / "summary.txt").write_text(summary.format() + "\n")
-            mlflow.log_artifacts(tmp, artifact_path="extract")
-        return run.info.run_id
+    run_id = client.create_run(experiment, run_name=run_name).info.run_id
+    tracking.log_params(client, run_id, {k: str(v)[:500] for k, v in flatten(config).items()})
+    metrics = {"read": summary.read, "with_units": summary.with_units,
+               "rejected": summary.rejected, "num_shards": summary.num_shards,
+               "shards_written": summary.shards_written}
+    metrics.update({f"rejected.{r}": n for r, n in summary.rejected_by_reason.items()})
+    metrics.update({f"items_rejected.{r}": n for r, n in summary.items_rejected_by_reason.items()})
+    tracking.log_metrics(client, run_id, metrics)
+    parts = storage.list_files(out.fs, out.path("rejects"), ".parquet")
+    rejects = pa.concat_tables([out.read_parquet("rejects", p.rsplit("/", 1)[1]) for p in parts]) \
+        if parts else REJECTS_SCHEMA.empty_table()
+    with tempfile.TemporaryDirectory() as tmp:
+        pq.write_table(rejects, Path(tmp) / "rejects.parquet")
+        (Path(tmp) / "summary.txt").write_text(summary.format() + "\n")
+        client.log_artifacts(run_id, tmp, artifact_path="extract")
+    client.set_terminated(run_id)
+    return run_id

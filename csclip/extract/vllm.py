@@ -44,8 +44,16 @@ class VllmConfig(StrictModel):
     max_model_len: int = Field(4096, ge=512)
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
     tensor_parallel_size: int = Field(1, ge=1)
-    # Fail fast when no GPU engine can be scheduled instead of waiting silently.
-    wait_for_min_actors_s: int = Field(600, ge=1)
+    # A custom resource that only the vLLM nodes advertise (cluster.yaml's vllm_worker:
+    # {"csclip_vllm": <GPUs>}): each engine asks for one unit per GPU, so engines land only
+    # there, never on training nodes, whose image has no vLLM. None: any GPU node.
+    node_resource: str | None = None
+    # How long to wait for the engines before failing (instead of waiting silently when none
+    # can be scheduled). On a cold autoscaling cluster the first engine needs a GPU node to
+    # boot (~3-5 min), the ray-llm image to be pulled (~15 GB compressed, ~5-10 min), setup
+    # (~2-3 min), then the model downloaded and loaded with CUDA graphs captured (~3-5 min
+    # for an 8B AWQ model): ~25 min at worst, so 30 min. Lower it on a warm cluster.
+    wait_for_min_actors_s: int = Field(1800, ge=1)
     # An OpenAI-compatible chat-completions URL (`vllm serve`, Ray Serve LLM, ...). When set,
     # rows go there over HTTP (ray.data.llm's HTTP processor, num_engines concurrent
     # clients) instead of to in-process GPU engines.
@@ -75,6 +83,10 @@ def processor_config(cfg: VllmConfig) -> vLLMEngineProcessorConfig:
         batch_size=cfg.batch_size,
         concurrency=(cfg.num_engines, cfg.num_engines),  # a pair: exactly n engines
         accelerator_type=cfg.accelerator_type,
+        # One bundle per GPU of an engine (tensor_parallel_size of them), each also taking
+        # one unit of the vLLM nodes' own resource.
+        placement_group_config=None if cfg.node_resource is None else {
+            "bundle_per_worker": {"CPU": 1, "GPU": 1, cfg.node_resource: 1}},
         engine_kwargs={
             "enable_prefix_caching": True,  # the few-shot system prompt is shared by every row
             "max_model_len": cfg.max_model_len,

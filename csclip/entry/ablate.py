@@ -1,0 +1,124 @@
+"""`csclip ablate` / tune/ablate.py: Ray Tune ablations in the layout of the paper's
+Tables 16-17."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from csclip.entry.common import (
+    default_config_path,
+    make_parser,
+    run_guarded,
+    setup_logging,
+    shortcut_overrides,
+)
+
+DESCRIPTION = """\
+Ray Tune ablations in the layout of the paper's Tables 16-17 (docs/ablation.md).
+
+Each axis is varied around the base config (--config, --set and the shortcuts), one axis
+at a time unless --full-grid. Rerunning the same command resumes the sweep: finished
+trials are kept. The table, CSV and plot are written next to the sweep and logged to the
+sweep's MLflow parent run. Without --address (or RAY_ADDRESS, or inside `ray job submit`)
+the sweep starts a local Ray; with it the trials run on that cluster, and the project
+directory is shipped to its workers (docs/cluster.md)."""
+
+EXAMPLES = (
+    "%(prog)s --grid lr,units                        # the paper's values, default config",
+    "%(prog)s --config configs/coco.yaml --grid lr=1e-6,5e-6 units=1,2 --full-grid",
+)
+
+
+def _axes_help() -> str:
+    from csclip.ablation.grid import AXES
+
+    return ", ".join(f"{name} ({axis.field})" for name, axis in AXES.items())
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = make_parser(prog, DESCRIPTION, EXAMPLES, default_config_path("default.yaml"))
+    parser.add_argument("--grid", nargs="+", required=True, metavar="AXIS[=V1,V2]",
+                        help="axes to vary: names (the paper's values) or name=v1,v2 "
+                             f"(explicit). Axes: {_axes_help()}")
+    parser.add_argument("--full-grid", action="store_true",
+                        help="cross product of the axes (default: one axis at a time)")
+    parser.add_argument("--address", default=None, metavar="HOST:PORT",
+                        help="a running Ray cluster's address (its head's GCS port, e.g. "
+                             "127.0.0.1:6379, or 'auto'); default: $RAY_ADDRESS, else a local Ray")
+    parser.add_argument("--max-concurrent", type=int, default=None, metavar="N",
+                        help="trials at once (default: what the cluster holds at its largest: "
+                             "the autoscaler's maximum on a `ray up` head, else the resources "
+                             "present now)")
+    parser.add_argument("--reevaluate", action="store_true",
+                        help="evaluate finished trials' checkpoints again (no retraining)")
+    parser.add_argument("--suite", default=None, metavar="NAMES",
+                        help="real-data suites to evaluate every trial on (comma separated, "
+                             "as `csclip evaluate --suite`); with --reevaluate, no retraining")
+    parser.add_argument("--data-root", default=None, metavar="PATH",
+                        help="folder or s3:// prefix holding the --suite data")
+    parser.add_argument("--results-doc", default=None, metavar="PATH",
+                        help="also write the table into the ablation section of this file")
+    shortcuts = parser.add_argument_group("shortcuts for the base config (each sets one field)")
+    shortcuts.add_argument("--method", choices=["clip", "negclip", "csclip"],
+                           help="loss.method")
+    shortcuts.add_argument("--max-steps", type=int, metavar="N",
+                           help="steps per trial: optim.max_steps")
+    shortcuts.add_argument("--units", metavar="URI", help="units table: data.units_uri")
+    shortcuts.add_argument("--out", metavar="PATH",
+                           help="where trials and the report go: run.storage_path")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(prog).parse_args(argv)
+    setup_logging()
+    command = " ".join([prog or "csclip ablate", *argv])
+    return run_guarded(lambda: _ablate(args, command))
+
+
+def _ablate(args: argparse.Namespace, command: str) -> int:
+    from csclip import train
+    from csclip.ablation import grid as grids
+    from csclip.ablation import report, sweep
+    from csclip.config import load_config
+    from csclip.entry.ray_init import init_ray
+
+    overrides = shortcut_overrides({
+        "loss.method": args.method, "optim.max_steps": args.max_steps,
+        "data.units_uri": args.units, "run.storage_path": args.out,
+    }, args.overrides)
+    base = load_config(train.TrainConfig, args.config, overrides)
+    grid = grids.expand_grid(base, grids.parse_grid(args.grid), full=args.full_grid)
+    suites = None
+    if args.suite:  # checked before Ray starts; the root made absolute for the trials
+        from csclip.config import validate_config
+        from csclip.eval.suites import SuitesConfig
+
+        root = sweep.absolute_uri(args.data_root) if args.data_root else None
+        suites = validate_config(SuitesConfig, {"names": args.suite, "data_root": root},
+                                 origin="--suite/--data-root").model_dump(mode="json")
+    max_concurrent = args.max_concurrent
+    # A Tune trial + a Train worker + a Data task deadlock with 2 logical CPUs on a 2-core
+    # machine (RAY_NOTES.md); logical CPUs are only accounting, so count at least 4.
+    if init_ray(args.address, num_cpus=max(4, os.cpu_count() or 1)) and max_concurrent is None:
+        # How many fine-tunes run at once follows the real cores.
+        max_concurrent = sweep.max_concurrent_trials(
+            {"CPU": os.cpu_count() or 1}, base.run.num_workers, base.run.use_gpu,
+            base.run.cpus_per_worker)
+    result = sweep.run_sweep(base, grid, max_concurrent=max_concurrent,
+                             reevaluate=args.reevaluate, suites=suites)
+    if args.results_doc:
+        report.update_results_doc(args.results_doc, result, command=command)
+    print(result.table.markdown())
+    print(f"sweep {result.name}: {result.num_trials} trials in {result.seconds:.0f} s "
+          f"({'resumed' if result.resumed else 'new'}); report in "
+          f"{result.report.markdown.parent}; MLflow parent run {result.parent_run_id}")
+    if result.errors:
+        for key, error in result.errors.items():
+            print(f"trial {key} failed: {error}", file=sys.stderr)
+        print("rerun the same command to resume the failed trials", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,69 @@
+"""What every entry point shares: the parser layout (description, examples), shortcut
+flags turned into `--set` overrides, logging, and one-line user errors (exit 2)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from csclip.config import add_config_arguments
+from csclip.errors import CsclipError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"
+
+
+def make_parser(prog: str | None, description: str, examples: Sequence[str],
+                default_config: str | None) -> argparse.ArgumentParser:
+    """A parser with `--config` and `--set`, and an epilog of examples ("%(prog)s" in an
+    example is the command as the user typed it: `csclip train` or the script)."""
+    epilog = "examples:\n" + "\n".join(f"  {example}" for example in examples)
+    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_arguments(parser, default_config)
+    return parser
+
+
+def shortcut_overrides(values: Mapping[str, object], overrides: Sequence[str]) -> list[str]:
+    """Shortcut flags as `field=value` overrides, before the user's own `--set`s (so an
+    explicit `--set` wins). None values (flag not given) are left out; strings are quoted
+    so YAML keeps tags like "openai" or paths with colons as strings."""
+    shortcuts = []
+    for key, value in values.items():
+        if value is None:
+            continue
+        if isinstance(value, str):
+            value = "'" + value.replace("'", "''") + "'"
+        elif isinstance(value, bool):
+            value = str(value).lower()
+        shortcuts.append(f"{key}={value}")
+    return shortcuts + list(overrides)
+
+
+def setup_logging() -> None:
+    """Our own lines at INFO, everything else at WARNING (Ray's and MLflow's chatter)."""
+    logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
+    logging.getLogger("csclip").setLevel(logging.INFO)
+
+
+def run_guarded(call: Callable[[], int]) -> int:
+    """Run an entry point's body: a CsclipError (a user mistake) becomes one line on
+    stderr and exit code 2; anything else is a bug and keeps its traceback."""
+    try:
+        return call()
+    except CsclipError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def default_config_path(name: str) -> str:
+    """configs/<name> of the csclip checkout this package runs from (relative to the
+    working directory when it is below it, as it reads in help and error lines)."""
+    path = REPO_ROOT / "configs" / name
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)

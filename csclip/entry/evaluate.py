@@ -1,0 +1,90 @@
+"""`csclip evaluate` / pipelines/evaluate.py: a model on the half-truth benchmark (SPEC §4)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from csclip.entry.common import make_parser, run_guarded, setup_logging, shortcut_overrides
+
+DESCRIPTION = """\
+Evaluate a CLIP model on the half-truth benchmark (SPEC §4), with the retrieval and
+compositional suites.
+
+Without --units the synthetic world's validation split is generated on the fly. An s3://
+checkpoint is copied once into the local cache (~/.cache/csclip, or $CSCLIP_CACHE_DIR).
+Writes table1/6/7, image_side, suites (retrieval, compositional, zero-shot) and, with
+--suite, benchmarks and capabilities as .md/.csv, figure3.png and benchmark.parquet to --out, prints the tables, and logs them to MLflow (tracking.uri;
+`--set tracking.enabled=false` to skip). Fields: csclip.eval.pipeline.EvalConfig
+(docs/evaluation.md)."""
+
+EXAMPLES = (
+    "%(prog)s --checkpoint runs/train/<run>/final --out runs/eval",
+    "%(prog)s --model ViT-B-32 --pretrained openai "
+    "--suite aro,sugarcrepe,winoground,coco_retrieval,zeroshot --data-root s3://bucket/bench",
+)
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = make_parser(prog, DESCRIPTION, EXAMPLES, default_config=None)
+    shortcuts = parser.add_argument_group("shortcuts (each sets one config field)")
+    source = shortcuts.add_mutually_exclusive_group()
+    source.add_argument("--model", metavar="NAME",
+                        help="open_clip model name (ViT-B-32, csclip-tiny, ...): model.name")
+    source.add_argument("--checkpoint", metavar="DIR",
+                        help="a csclip checkpoint directory (<run>/final, local or s3://): "
+                             "checkpoint")
+    shortcuts.add_argument("--pretrained", metavar="TAG|FILE",
+                           help="open_clip pretrained tag or weights file, with --model: "
+                                "model.pretrained")
+    shortcuts.add_argument("--units", metavar="URI",
+                           help="units table (default: the synthetic world's val split): "
+                                "data.units_uri")
+    shortcuts.add_argument("--out", metavar="DIR", help="tables and figure: out_dir")
+    shortcuts.add_argument("--sugarcrepe", metavar="DIR",
+                           help="SugarCrepe JSON folder (also runs SugarCrepe): "
+                                "suites.sugarcrepe_dir")
+    shortcuts.add_argument("--coco-images", metavar="DIR|URI",
+                           help="COCO val2017 images for --sugarcrepe: suites.coco_images")
+    shortcuts.add_argument("--suite", metavar="NAMES",
+                           help="real-data suites, comma separated (aro, winoground, sugarcrepe, "
+                                "..., coco_retrieval, zeroshot; docs/evaluation.md): suites.names")
+    shortcuts.add_argument("--data-root", metavar="DIR|URI",
+                           help="folder (or s3:// prefix) with one sub-folder per suite in its "
+                                "published layout: suites.data_root")
+    return parser
+
+
+def parse_args(argv: list[str] | None, prog: str | None = None) -> argparse.Namespace:
+    return build_parser(prog).parse_args(sys.argv[1:] if argv is None else argv)
+
+
+def overrides_from_args(args: argparse.Namespace) -> list[str]:
+    """The shortcut flags as `--set` overrides, placed before the user's own."""
+    return shortcut_overrides({
+        "model.name": args.model, "model.pretrained": args.pretrained,
+        "checkpoint": args.checkpoint, "data.units_uri": args.units, "out_dir": args.out,
+        "suites.sugarcrepe_dir": args.sugarcrepe, "suites.coco_images": args.coco_images,
+        "suites.names": args.suite, "suites.data_root": args.data_root,
+    }, args.overrides)
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    args = parse_args(argv, prog)
+    setup_logging()
+    return run_guarded(lambda: _evaluate(args))
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from csclip.config import load_config
+    from csclip.eval.pipeline import EvalConfig, run_evaluation
+    from csclip.tracking import resolve_uri
+
+    config = load_config(EvalConfig, args.config, overrides_from_args(args))
+    report = run_evaluation(config)
+    print(report.markdown)
+    print(f"tables and figure written to {config.out_dir}")
+    if report.mlflow_run_id:
+        print(f"MLflow run {report.mlflow_run_id} in experiment {config.tracking.experiment}; "
+              f"browse: mlflow ui --backend-store-uri {resolve_uri(config.tracking.uri)}")
+    return 0

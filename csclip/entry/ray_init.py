@@ -1,0 +1,132 @@
+"""Starting Ray for an entry point: join a running cluster (RAY_ADDRESS or --address), or
+start a local instance whose log holds no warning that a choice of ours causes (issue 14).
+
+The local instance is started the way Ray's defaults would start it, except:
+- token authentication is decided, not defaulted (see LOCAL_ENV);
+- every worker process learns its own cluster's address (`_worker_setup`), so Ray Train's
+  placement-group cleaner queries this instance's state API instead of failing to choose
+  among the other Ray instances on a shared machine;
+- the dashboard, which serves that state API, is started (`include_dashboard=True`):
+  without it the cleaner polls a missing API once a second and warns each time;
+- Ray Data's console lines are kept to warnings (RAY_DATA_LOGGING).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Set (when the user has not set them) before a local instance starts, so that the GCS,
+# the raylet and every worker inherit them.
+LOCAL_ENV = {
+    # Ray >= 2.59 turns token authentication on for a new local instance and warns that
+    # it did. We keep it on, explicitly: the local instance listens on this machine's
+    # address and runs arbitrary code for whoever reaches it. The token lives in
+    # ~/.ray/auth_token (created on first use). Export RAY_AUTH_MODE=disabled to opt out.
+    "RAY_AUTH_MODE": "token",
+    # The preemption watcher polls for spot-instance drain notices; a single local node
+    # is never drained, and its actor's restart policy logs an error line at start.
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+}
+
+
+# Ray Data's default logging config (ray.data._internal.logging.DEFAULT_CONFIG) with the
+# console at WARNING: its INFO lines ("Starting execution of Dataset ...", the progress
+# blocks it logs every 10 s when stdout is not a terminal) would bury the step lines;
+# ray-data.log in the session directory keeps everything. Ray Data reads the file named
+# by RAY_DATA_LOGGING_CONFIG when it is imported, in every process.
+RAY_DATA_LOGGING = """\
+version: 1
+disable_existing_loggers: false
+formatters:
+  ray:
+    format: "%(asctime)s\\t%(levelname)s %(filename)s:%(lineno)s -- %(message)s"
+filters:
+  console_filter: {"()": ray.data._internal.logging.HiddenRecordFilter}
+handlers:
+  file:
+    class: ray.data._internal.logging.SessionFileHandler
+    formatter: ray
+    filename: ray-data.log
+  console:
+    class: ray._private.log.PlainRayHandler
+    formatter: ray
+    level: WARNING
+    filters: [console_filter]
+loggers:
+  ray.data:
+    level: DEBUG
+    handlers: [file, console]
+    propagate: false
+"""
+
+
+def _ray_data_logging_file() -> str:
+    path = Path(tempfile.gettempdir(), "csclip", "ray_data_logging.yaml")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_text() != RAY_DATA_LOGGING:
+        # Written aside and renamed: another process may be reading it right now.
+        staging = path.with_name(f"{path.name}.{os.getpid()}")
+        staging.write_text(RAY_DATA_LOGGING)
+        os.replace(staging, path)
+    return str(path)
+
+
+def _worker_setup() -> None:
+    """Runs in every worker process of a local instance (runtime_env
+    worker_process_setup_hook). Ray Train's PlacementGroupCleaner calls the state API with
+    no address, which resolves RAY_ADDRESS or else looks for running GCS processes: on a
+    machine where several engineers run Ray it finds many, raises ConnectionError in its
+    monitor thread and prints the traceback. Point it at the worker's own instance."""
+    import ray
+
+    os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+
+
+def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> bool:
+    """Connect to `address` (or RAY_ADDRESS), or start a local instance; True when a local
+    instance was started here. Does nothing when Ray is already initialised.
+
+    num_cpus: logical CPUs of a local instance (None: Ray's default, one per core). On
+    2 cores that is one for the training worker and one for Ray Data's tasks; a Tune
+    sweep needs more (tune/ablate.py passes max(4, cores)).
+    """
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not sys.stdout.isatty():
+        # The driver prefixes each worker line with "(RayTrainWorker pid=...)" in color
+        # codes, read when printed; in a log file they are noise.
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+    if not address and "ray" not in sys.modules:
+        # Before the first `import ray`: Ray reads RAY_AUTH_MODE into its C++ config once,
+        # at import. Imported already (a library caller), Ray's own default applies.
+        for name, value in LOCAL_ENV.items():
+            os.environ.setdefault(name, value)
+        os.environ.setdefault("RAY_DATA_LOGGING_CONFIG", _ray_data_logging_file())
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if address:
+        runtime_env = None
+        from csclip.cluster import ray_process
+
+        if ray_process() is None:
+            # A driver joining from outside a job ships the project directory to the
+            # cluster's workers (.gitignore and .rayignore apply: no venv, runs or
+            # databases), so they import this csclip, not whatever a node has installed.
+            runtime_env = {"working_dir": str(REPO_ROOT), "excludes": [".git"]}
+        ray.init(address=address, runtime_env=runtime_env, configure_logging=False)
+        return False
+    context = ray.init(num_cpus=num_cpus, include_dashboard=True,
+                       configure_logging=False,
+                       runtime_env={"worker_process_setup_hook": _worker_setup})
+    logger.info("Ray: a local instance for this run; dashboard at http://%s",
+                context.dashboard_url)
+    return True

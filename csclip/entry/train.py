@@ -1,0 +1,99 @@
+"""`csclip train` / pipelines/train.py: fine-tune on Ray Train (CS-CLIP, CLIP or NegCLIP)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from csclip.entry.common import (
+    default_config_path,
+    make_parser,
+    run_guarded,
+    setup_logging,
+    shortcut_overrides,
+)
+
+DESCRIPTION = """\
+Fine-tune a CLIP model on Ray Train: CS-CLIP, or the CLIP / NegCLIP baselines.
+
+Without arguments it runs the demo (csclip demo). Rerunning the same command resumes from
+the last checkpoint (the run name is a hash of the resolved config); a finished run is
+not trained again. Fields not given take configs/default.yaml's values, then
+csclip.train.TrainConfig's defaults (docs/training.md)."""
+
+EXAMPLES = (
+    "%(prog)s --method clip --max-steps 200        # CLIP-FT on the synthetic world",
+    "%(prog)s --config configs/coco.yaml --units s3://bucket/units --out s3://bucket/runs",
+)
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = make_parser(prog, DESCRIPTION, EXAMPLES, default_config_path("default.yaml"))
+    shortcuts = parser.add_argument_group("shortcuts (each sets one config field)")
+    shortcuts.add_argument("--method", choices=["clip", "negclip", "csclip"],
+                           help="objective: loss.method")
+    shortcuts.add_argument("--model", metavar="NAME",
+                           help="open_clip model name (csclip-tiny, ViT-B-32, ...): model.name")
+    shortcuts.add_argument("--pretrained", metavar="TAG|FILE|DIR",
+                           help="weights to start from (openai, a state-dict file, a csclip "
+                                "checkpoint directory): model.pretrained")
+    shortcuts.add_argument("--units", metavar="URI",
+                           help="units table (Parquet, local or s3://) to train on instead of "
+                                "the synthetic world: data.units_uri")
+    shortcuts.add_argument("--out", metavar="PATH",
+                           help="where runs and checkpoints go (local or s3://): run.storage_path")
+    shortcuts.add_argument("--max-steps", type=int, metavar="N", help="optim.max_steps")
+    shortcuts.add_argument("--lr", type=float, help="optim.lr")
+    shortcuts.add_argument("--batch-size", type=int, metavar="N",
+                           help="per-worker batch: data.batch_size")
+    shortcuts.add_argument("--workers", type=int, metavar="N", help="run.num_workers")
+    shortcuts.add_argument("--gpu", action="store_true", default=None,
+                           help="one GPU per worker: run.use_gpu=true")
+    shortcuts.add_argument("--name", help="run name instead of the config hash: run.name")
+    parser.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else a "
+                                          "local instance)")
+    parser.add_argument("--demo", action="store_true",
+                        help="run the demo (the default without arguments); the other flags "
+                             "are then csclip demo's")
+    return parser
+
+
+def overrides_from_args(args: argparse.Namespace) -> list[str]:
+    """The shortcut flags as `--set` overrides, placed before the user's own."""
+    return shortcut_overrides({
+        "loss.method": args.method, "model.name": args.model,
+        "model.pretrained": args.pretrained, "data.units_uri": args.units,
+        "run.storage_path": args.out, "optim.max_steps": args.max_steps, "optim.lr": args.lr,
+        "data.batch_size": args.batch_size, "run.num_workers": args.workers,
+        "run.use_gpu": args.gpu, "run.name": args.name,
+    }, args.overrides)
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or "--demo" in argv:
+        from csclip.entry import demo
+
+        # The demo's parser takes the rest; its usage names the command as typed.
+        typed = f"{prog} --demo" if prog and argv else prog
+        return demo.main([a for a in argv if a != "--demo"], prog=typed)
+    args = build_parser(prog).parse_args(argv)
+    setup_logging()
+    return run_guarded(lambda: _train(args))
+
+
+def _train(args: argparse.Namespace) -> int:
+    from csclip.config import load_config
+    from csclip.entry.ray_init import init_ray
+    from csclip.tracking import resolve_uri
+    from csclip.train import TrainConfig, run
+
+    config = load_config(TrainConfig, args.config, overrides_from_args(args))
+    init_ray(args.address)
+    result = run(config)
+    print(f"run {result.run_name}: final checkpoint {result.checkpoint_uri}")
+    print(f"step {result.metrics.get('step')}, loss {result.metrics.get('loss')}")
+    if result.mlflow_run_id:
+        print(f"MLflow run {result.mlflow_run_id} in experiment {config.tracking.experiment}; "
+              f"browse: mlflow ui --backend-store-uri {resolve_uri(config.tracking.uri)}")
+    return 0

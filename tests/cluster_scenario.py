@@ -1,0 +1,204 @@
+"""The multi-node scenario of issue 11, run by tests/test_cluster.py in its own process (a
+process joins one Ray only, and the test session already has its local one).
+
+A simulated cluster on 127.0.0.1: a `ray.cluster_utils.Cluster` with a head and two worker
+nodes, each worker advertising its own resource (`node_a`, `node_b`) and one unit of
+`csclip_train`; a moto S3 server playing the bucket every node reaches (as an instance
+profile gives on AWS); a real `mlflow server` (sqlite backend, artifacts on the bucket)
+whose URL every node inherits as MLFLOW_TRACKING_URI (as cluster.yaml exports it before
+`ray start`). On it, end to end:
+
+  1. extraction with the rules backend from captions on s3:// to a units table on s3://;
+  2. training with 2 workers, one per node (each takes the node's only csclip_train),
+     checkpoints on s3:// every 2 steps; the workers fail at step 4 (run.fail_after_step=3,
+     checked at checkpoints) and Ray Train restarts the group, which resumes from the
+     checkpoint on S3 (max_failures=1) and finishes step 6;
+  3. evaluation of the s3:// checkpoint (pipelines/evaluate.py);
+  4. a 2-trial Tune sweep (tune/ablate.py) whose trials log to the server as children of
+     the sweep's run.
+
+Run from an empty working directory; afterwards it must still be empty (caches go to
+CSCLIP_CACHE_DIR). Writes what it saw as JSON to argv[1]; the test asserts on it.
+
+    python tests/cluster_scenario.py RESULT.json WORKDIR
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import cluster_harness as harness  # noqa: E402
+
+BUCKET = "csclip-cluster"
+TINY = ["model.name=csclip-tiny", "model.image_size=32", "data.batch_size=4",
+        "data.shuffle_buffer=0", "optim.warmup_steps=1", "optim.lr=1e-4",
+        "run.checkpoint_every=2", "run.log_every=1", "run.num_workers=2",
+        "run.worker_resources={csclip_train: 1}"]
+
+
+def main(result_path: str, workdir: str) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("csclip").setLevel(logging.INFO)
+    workdir_path = Path(workdir)
+    result: dict = {"seconds": {}}
+    started = time.monotonic()
+    with harness.moto_s3(BUCKET) as endpoint:
+        os.environ["AWS_ENDPOINT_URL"] = endpoint
+        server_env = {**os.environ, "MLFLOW_S3_ENDPOINT_URL": endpoint}
+        mlflow, mlflow_uri = harness.mlflow_server(workdir_path / "mlflow", server_env,
+                                                   artifacts_destination=f"s3://{BUCKET}/mlflow")
+        mlflow.start()  # boots while the captions go up and the cluster starts
+        try:
+            # Every node process inherits it, as cluster.yaml exports it before `ray start`.
+            os.environ["MLFLOW_TRACKING_URI"] = mlflow_uri
+            upload_captions()
+            run_on_cluster(result, workdir_path, mlflow.wait_ready)
+            result["mlflow"] = mlflow_view(mlflow_uri)
+            result["s3"] = s3_keys()
+        finally:
+            mlflow.stop()
+    result["seconds"]["total"] = time.monotonic() - started
+    result["cwd_files"] = harness.files_under(Path.cwd())
+    Path(result_path).write_text(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+def upload_captions() -> None:
+    """World images as PNG objects and a JSONL of (image URI, caption, split): a COCO-like
+    input whose images are read from S3 by whichever node needs them."""
+    import boto3
+
+    from csclip.world import WorldConfig, iter_world
+
+    s3 = boto3.client("s3")
+    lines = []
+    world = WorldConfig(image_size=32, num_train=32, num_val=12, num_test=0)
+    for record in iter_world(world, splits=("train", "val")):
+        key = f"images/{record.image_id}.png"
+        s3.put_object(Bucket=BUCKET, Key=key, Body=record.image_bytes)
+        lines.append(json.dumps({"image": f"s3://{BUCKET}/{key}", "caption": record.caption,
+                                 "split": record.split, "sample_id": record.sample_id}))
+    s3.upload_fileobj(io.BytesIO("\n".join(lines).encode()), BUCKET, "captions.jsonl")
+
+
+def run_on_cluster(result: dict, workdir: Path, servers_ready) -> None:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    # Logical CPUs are accounting only: few of them keep the number of worker processes
+    # (each importing torch) small on a 2-core machine.
+    started = time.monotonic()
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "include_dashboard": False, "object_store_memory": 200 * 1024**2})
+    nodes = {name: cluster.add_node(num_cpus=2, resources={name: 1, "csclip_train": 1},
+                                    object_store_memory=200 * 1024**2)
+             for name in ("node_a", "node_b")}
+    try:
+        servers_ready()
+        result["seconds"]["cluster_and_servers"] = time.monotonic() - started
+        ray.init(address=cluster.address, configure_logging=False, log_to_driver=True)
+        from ray.data import DataContext
+
+        DataContext.get_current().enable_progress_bars = False
+        result["nodes"] = {name: node.node_id for name, node in nodes.items()}
+        result["cluster_resources"] = dict(ray.cluster_resources())
+        for step in (extract, train, evaluate, sweep):
+            tick = time.monotonic()
+            result[step.__name__] = step(result, workdir)
+            result["seconds"][step.__name__] = time.monotonic() - tick
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def extract(result: dict, workdir: Path) -> dict:
+    from csclip.config import load_config
+    from csclip.extract.pipeline import ExtractConfig, run_extraction
+
+    config = load_config(ExtractConfig, None, [
+        "input.format=jsonl", f"input.uri=s3://{BUCKET}/captions.jsonl", "backend.name=rules",
+        f"output.uri=s3://{BUCKET}/extract", "output.shard_size=20",
+        "tracking.experiment=cluster-extract"])
+    summary = run_extraction(config)
+    return {"read": summary.read, "with_units": summary.with_units, "rejected": summary.rejected,
+            "units_uri": summary.units_uri, "mlflow_run_id": summary.mlflow_run_id}
+
+
+def train(result: dict, workdir: Path) -> dict:
+    from csclip.config import load_config
+    from csclip.train import TrainConfig, run
+
+    units = result["extract"]["units_uri"]
+    config = load_config(TrainConfig, None, [
+        *TINY, f"data.units_uri={units}", "optim.max_steps=6", "run.fail_after_step=3",
+        "run.max_failures=1", f"run.storage_path=s3://{BUCKET}/runs", "run.name=two-nodes",
+        "tracking.experiment=cluster-train"])
+    outcome = run(config)
+    import ray._private.state
+
+    workers = [a for a in ray._private.state.actors().values()
+               if a["ActorClassName"] == "RayTrainWorker"]
+    return {"checkpoint_uri": outcome.checkpoint_uri, "step": outcome.metrics.get("step"),
+            "resumed_from": outcome.metrics.get("resumed_from"),
+            "mlflow_run_id": outcome.mlflow_run_id,
+            "worker_nodes": sorted(a["Address"]["NodeID"] for a in workers)}
+
+
+def evaluate(result: dict, workdir: Path) -> dict:
+    sys.path.insert(0, str(harness.REPO_ROOT / "pipelines"))
+    import evaluate as evaluate_entry
+
+    code = evaluate_entry.main([
+        "--checkpoint", result["train"]["checkpoint_uri"], "--units", result["extract"]["units_uri"],
+        "--out", str(workdir / "eval"), "--set", "benchmark.num_bootstrap=10",
+        "--set", "tracking.experiment=cluster-eval"])
+    return {"exit_code": code, "files": harness.files_under(workdir / "eval")}
+
+
+def sweep(result: dict, workdir: Path) -> dict:
+    sys.path.insert(0, str(harness.REPO_ROOT / "tune"))
+    import ablate
+
+    units = result["extract"]["units_uri"]
+    overrides = [*TINY, "run.num_workers=1", f"data.units_uri={units}", "optim.max_steps=2",
+                 f"run.storage_path=s3://{BUCKET}/sweep", "tracking.experiment=cluster-tune"]
+    code = ablate.main(["--grid", "lr=1e-4,2e-4", *(a for o in overrides for a in ("--set", o))])
+    return {"exit_code": code}
+
+
+def mlflow_view(uri: str) -> dict:
+    """What the tracking server holds: runs per experiment with their tags and metrics."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    view: dict = {}
+    for experiment in client.search_experiments():
+        runs = client.search_runs([experiment.experiment_id])
+        view[experiment.name] = {
+            "artifact_location": experiment.artifact_location,
+            "runs": [{"run_id": r.info.run_id, "status": r.info.status, "tags": r.data.tags,
+                      "metrics": r.data.metrics,
+                      "loss_steps": [m.step for m in client.get_metric_history(r.info.run_id, "loss")]
+                      if "loss" in r.data.metrics else [],
+                      "artifacts": [a.path for a in client.list_artifacts(r.info.run_id)]}
+                     for r in runs]}
+    return view
+
+
+def s3_keys() -> list[str]:
+    import boto3
+
+    pages = boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=BUCKET)
+    return sorted(obj["Key"] for page in pages for obj in page.get("Contents", []))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))

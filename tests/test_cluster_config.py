@@ -1,0 +1,211 @@
+"""cluster.yaml against Ray's own cluster-config schema and against what a real run needs
+(issue 11, items 2-4 and 10); the autoscaler's maximum and what the sweep sizes from it
+(item 7); vLLM engines pinned to the vLLM nodes (items 3, 7)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import ray
+import yaml
+
+from csclip import cluster
+from csclip.ablation import sweep as sweeps
+from csclip.extract.vllm import VllmConfig, processor_config
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CLUSTER_YAML = REPO_ROOT / "cluster.yaml"
+
+
+@pytest.fixture(scope="module")
+def raw() -> dict:
+    return yaml.safe_load(CLUSTER_YAML.read_text())
+
+
+@pytest.fixture(scope="module")
+def prepared(raw) -> dict:
+    """The config as `ray up` sees it before talking to AWS: defaults merged, setup
+    commands merged, node type bounds filled."""
+    from ray.autoscaler._private.util import prepare_config
+
+    return prepare_config(yaml.safe_load(CLUSTER_YAML.read_text()))
+
+
+def test_cluster_yaml_passes_rays_cluster_schema(prepared):
+    from ray.autoscaler._private.util import validate_config
+
+    validate_config(prepared)  # Ray's ray-schema.json plus its cross-field checks
+
+
+def test_every_node_type_has_the_instance_profile_and_the_pinned_ami(raw):
+    node_types = raw["available_node_types"]
+    assert set(node_types) == {"head", "cpu_worker", "gpu_train", "vllm_worker"}
+    profiles = {str(t["node_config"].get("IamInstanceProfile")) for t in node_types.values()}
+    amis = {t["node_config"].get("ImageId") for t in node_types.values()}
+    # One profile and one AMI for all: worker nodes read and write S3 too, and the
+    # provider's default AMI (an old driver) is never used.
+    assert len(profiles) == 1 and "None" not in profiles
+    assert len(amis) == 1 and None not in amis
+    text = CLUSTER_YAML.read_text()
+    assert "/aws/service/deeplearning/ami/x86_64/" in text  # how to pin it per region
+
+
+def test_training_and_vllm_nodes_are_separate_gpu_types_with_their_own_resource(raw):
+    node_types = raw["available_node_types"]
+    train, vllm = node_types["gpu_train"], node_types["vllm_worker"]
+    assert train["node_config"]["InstanceType"].startswith(("g6e.", "p4d.", "p5."))
+    assert set(train["resources"]) == {"csclip_train"}
+    assert set(vllm["resources"]) == {"csclip_vllm"}
+    # The configs that run there ask for exactly these resources.
+    coco = yaml.safe_load((REPO_ROOT / "configs" / "coco.yaml").read_text())
+    assert set(coco["run"]["worker_resources"]) == set(train["resources"])
+    assert coco["run"]["num_workers"] <= train["resources"]["csclip_train"]
+    extract = yaml.safe_load((REPO_ROOT / "configs" / "extract_coco.yaml").read_text())
+    assert extract["backend"]["vllm"]["node_resource"] in vllm["resources"]
+    assert extract["backend"]["vllm"]["num_engines"] <= \
+        vllm["resources"]["csclip_vllm"] * vllm["max_workers"]
+
+
+def test_vllm_nodes_run_rays_llm_image_of_the_same_ray_and_python(raw):
+    base = raw["docker"]["image"]
+    llm = raw["available_node_types"]["vllm_worker"]["docker"]["worker_image"]
+    assert llm == f"rayproject/ray-llm:{ray.__version__}-py312-cu130"
+    # All nodes of one Ray cluster run the same Ray and Python minor version.
+    assert base.startswith(f"rayproject/ray:{ray.__version__}-py312-")
+    text = CLUSTER_YAML.read_text()
+    assert "vLLM 0.29.0" in text and "torch 2.13" in text and "CUDA 13" in text
+
+
+def _requirements_command(commands: list[str]) -> str:
+    [command] = [c for c in commands if "tomllib" in c]
+    return command
+
+
+def test_setup_installs_the_pinned_dependencies_of_pyproject(raw, tmp_path):
+    assert raw["file_mounts"] == {"/home/ray/csclip/pyproject.toml": "./pyproject.toml"}
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    expected = [*project["dependencies"], *project["optional-dependencies"]["cluster"]]
+    vllm_setup = raw["available_node_types"]["vllm_worker"]["worker_setup_commands"]
+    for commands in (raw["setup_commands"], vllm_setup):
+        # Run the generator exactly as the node would, on this pyproject.toml.
+        command = _requirements_command(commands).replace(
+            "/home/ray/csclip/pyproject.toml", str(REPO_ROOT / "pyproject.toml")).replace(
+            "/home/ray/csclip/requirements.txt", str(tmp_path / "requirements.txt"))
+        command = command.replace("python -c", f"{sys.executable} -c", 1)
+        subprocess.run(command, shell=True, check=True)
+        assert (tmp_path / "requirements.txt").read_text().splitlines() == expected
+        assert any(c.startswith("pip install -q -r /home/ray/csclip/requirements.txt")
+                   for c in commands)
+    # On the vLLM image, pip must not replace the torch / vLLM / Ray builds it ships.
+    assert any("-c /home/ray/csclip/image-pins.txt" in c for c in vllm_setup)
+    # The old comment claimed the image ships torch; it does not (torch comes from here).
+    assert "has Ray 2.60 and torch" not in CLUSTER_YAML.read_text()
+    assert any(r.startswith("torch") for r in expected)
+
+
+def test_head_runs_an_mlflow_server_that_every_ray_process_is_pointed_at(raw):
+    head = " ".join(raw["head_start_ray_commands"])
+    assert "mlflow server" in head
+    assert "--backend-store-uri sqlite:////home/ray/mlflow/mlflow.db" in head
+    assert "--artifacts-destination s3://" in head
+    # The database directory is the host's disk, mounted into the head's container.
+    assert "-v /home/ubuntu/csclip-mlflow:/home/ray/mlflow" in raw["docker"]["head_run_options"]
+    for commands in (raw["head_start_ray_commands"], raw["worker_start_ray_commands"]):
+        start = [c for c in commands if "ray start" in c]
+        assert start and all(c.startswith("export MLFLOW_TRACKING_URI=http://") for c in start)
+    assert "$RAY_HEAD_IP:5000" in " ".join(raw["worker_start_ray_commands"])
+
+
+def test_autoscaler_maximum_of_cluster_yaml(prepared):
+    total = cluster.autoscaler_max_resources(prepared)
+    assert total["csclip_train"] == 8 and total["csclip_vllm"] == 8
+    assert total.get("CPU", 0) == 0  # the head's CPU 0; workers' CPUs are filled by `ray up`
+
+
+def _write_autoscaling_config(path, gpus_per_node: int = 8, max_nodes: int = 2):
+    path.write_text(yaml.safe_dump({
+        "head_node_type": "head",
+        "available_node_types": {
+            "head": {"resources": {"CPU": 0}, "max_workers": 0},
+            "gpu": {"resources": {"CPU": 96, "GPU": gpus_per_node}, "max_workers": max_nodes},
+        }}))
+
+
+def test_sweep_concurrency_comes_from_the_autoscaler_not_the_empty_cluster(ray_session, tmp_path,
+                                                                           monkeypatch):
+    # An autoscaling cluster starts with no GPU node: sized from ray.cluster_resources(),
+    # a GPU sweep would run one trial at a time on a cluster that can hold eight.
+    assert ray.cluster_resources().get("GPU", 0) == 0
+    config = tmp_path / "ray_bootstrap_config.yaml"
+    _write_autoscaling_config(config)
+    monkeypatch.setenv(cluster.AUTOSCALING_CONFIG_ENV, str(config))
+    assert cluster.max_resources() == {"CPU": 192.0, "GPU": 16.0}
+    assert sweeps.max_concurrent_trials(cluster.max_resources(), num_workers=2, use_gpu=True) == 8
+    monkeypatch.setenv(cluster.AUTOSCALING_CONFIG_ENV, str(tmp_path / "absent.yaml"))
+    assert cluster.max_resources() == dict(ray.cluster_resources())
+
+
+def test_vllm_engines_ask_for_the_vllm_nodes_resource():
+    from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineStage
+
+    def stage_args(**fields):
+        config = processor_config(VllmConfig(**fields))
+        stage = vLLMEngineStage(
+            fn_constructor_kwargs={"model": config.model_source,
+                                   "engine_kwargs": dict(config.engine_kwargs),
+                                   "placement_group_config": config.placement_group_config},
+            map_batches_kwargs={"accelerator_type": config.accelerator_type})
+        return stage.map_batches_kwargs
+
+    # One GPU per engine: the actor itself takes the GPU and one unit of the resource.
+    one = stage_args(node_resource="csclip_vllm")
+    assert (one["num_gpus"], one["resources"]) == (1, {"csclip_vllm": 1})
+    # Tensor parallel: every GPU bundle of the engine's placement group takes one unit.
+    two = stage_args(node_resource="csclip_vllm", tensor_parallel_size=2)
+    bundles = two["ray_remote_args_fn"].args[2]["bundles"]
+    assert bundles == [{"CPU": 1, "GPU": 1, "csclip_vllm": 1}] * 2
+    # Without the field: any GPU node, as before.
+    assert "resources" not in stage_args()
+
+
+def test_vllm_wait_covers_a_cold_gpu_node():
+    # Boot + image pull + setup + model load on a cold autoscaling cluster: ~25 min.
+    assert VllmConfig().wait_for_min_actors_s >= 1800
+
+
+def test_cluster_extra_has_the_job_server_and_boto3_and_make_test_installs_it():
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    [ray_pin] = [d for d in project["dependencies"] if d.startswith("ray[")]
+    cluster_extra = project["optional-dependencies"]["cluster"]
+    # ray[default] at exactly the version range of ray[data,train,tune].
+    assert f"ray[default]{ray_pin.split(']', 1)[1]}" in cluster_extra
+    assert any(d.startswith("boto3") for d in cluster_extra)
+    assert "pip install -q -e '.[dev,cluster]'" in (REPO_ROOT / "Makefile").read_text()
+
+
+def _code_blocks(markdown: str) -> list[str]:
+    return markdown.split("```")[1::2]
+
+
+def test_readme_runs_every_job_on_the_cluster_and_links_the_guide():
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme[readme.index("## On a cluster"):readme.index("## Docs")]
+    commands = " ".join(_code_blocks(section)).replace("\\\n", " ").splitlines()
+    jobs = [c for c in commands if "pipelines/" in c or "tune/ablate.py" in c]
+    assert jobs and all("ray job submit" in c or "--address" in c for c in jobs), jobs
+    assert "(docs/cluster.md)" in readme
+
+
+def test_cluster_guide_rehearses_the_same_commands_on_one_machine():
+    guide = (REPO_ROOT / "docs" / "cluster.md").read_text()
+    rehearsal = " ".join(_code_blocks(guide[guide.index("## Rehearse on one machine"):]))
+    for command in ("ray start --head", "ray job submit", "python pipelines/train.py",
+                    "python tune/ablate.py", "--address", "ray stop"):
+        assert command in rehearsal, command
+    for heading in ("## What to install where", "## Time and cost", "## Watching it",
+                    "## When a node dies"):
+        assert heading in guide

@@ -1,0 +1,161 @@
+"""The demo as a newcomer meets it (issue 14): images decoded once and the same batches as
+streaming them; the stage timings; a log with no warning and no traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from csclip.data import (
+    DataConfig,
+    decode_batch,
+    image_cache_fits,
+    image_shape,
+    prepare_batch,
+    preprocess_key,
+    sample_batch,
+)
+from csclip.sampling import SamplingConfig
+from csclip.units import records_to_table
+from csclip.world import WorldConfig, world_record
+from tests.conftest import REPO_ROOT
+
+CSCLIP_COLUMNS = ["caption", "caption_negative", "unit_0", "foil_0", "unit_1", "foil_1"]
+
+
+@pytest.fixture(scope="module")
+def preprocess() -> dict:
+    from csclip.model import create_bundle, spec_of
+
+    return spec_of(create_bundle("csclip-tiny", image_size=32).model, "csclip-tiny").preprocess_cfg
+
+
+def _table(size: int, broken: tuple[int, ...] = ()) -> pa.Table:
+    table = records_to_table([world_record(WorldConfig(image_size=32), "train", i)
+                              for i in range(size)])
+    rows = table.to_pylist()
+    for index in broken:
+        rows[index]["image_bytes"] = b"not a png"
+    return pa.Table.from_pylist(rows, schema=table.schema)
+
+
+def _stream_kwargs(preprocess: dict, epoch: int, columns) -> dict:
+    return {"sampling": SamplingConfig(relation_prob=0.5).model_dump(mode="json"),
+            "model_name": "csclip-tiny", "seed": 3, "epoch": epoch, "columns": columns}
+
+
+@pytest.mark.parametrize("columns", [["caption"], CSCLIP_COLUMNS])
+def test_decoded_once_then_sampled_equals_decoding_every_epoch(preprocess, columns):
+    table = _table(9, broken=(4,))
+    decoded = decode_batch(table, preprocess=preprocess_key(preprocess), model_name="csclip-tiny")
+    assert decoded.num_rows == 8  # the undecodable row is dropped, as before
+    for epoch in (0, 1):
+        kwargs = _stream_kwargs(preprocess, epoch, columns)
+        cached = sample_batch(decoded, image_shape=image_shape(preprocess), **kwargs)
+        streamed = prepare_batch(table, preprocess=preprocess_key(preprocess), **kwargs)
+        assert cached.keys() == streamed.keys()
+        for name in cached:
+            assert cached[name].dtype == streamed[name].dtype
+            np.testing.assert_array_equal(cached[name], streamed[name])
+    assert cached["image"].shape == (8, 3, 32, 32)
+
+
+def test_units_are_drawn_again_every_epoch_from_the_cached_rows(preprocess):
+    decoded = decode_batch(_table(16), preprocess=preprocess_key(preprocess),
+                           model_name="csclip-tiny")
+    first, second = (sample_batch(decoded, image_shape=image_shape(preprocess),
+                                  **_stream_kwargs(preprocess, epoch, CSCLIP_COLUMNS))
+                     for epoch in (0, 1))
+    np.testing.assert_array_equal(first["image"], second["image"])
+    np.testing.assert_array_equal(first["caption"], second["caption"])
+    assert not np.array_equal(first["unit_0"], second["unit_0"])
+
+
+def test_image_cache_fits_by_size():
+    preprocess = {"size": [64, 64]}
+    # 64 px float32: 3 * 64 * 64 * 4 bytes = 48 KiB a row.
+    assert image_cache_fits(DataConfig(image_cache_mb=1), 21, preprocess)
+    assert not image_cache_fits(DataConfig(image_cache_mb=1), 22, preprocess)
+    assert not image_cache_fits(DataConfig(image_cache_mb=0), 1, preprocess)
+    assert image_shape({"size": 224}) == (3, 224, 224)
+
+
+def test_cached_stream_gives_the_streamed_batches(ray_session, preprocess):
+    from csclip.data import training_stream
+    from csclip.loss import LossConfig, objective_for
+
+    source = ray_session.data.from_arrow(_table(12, broken=(2,)))
+    kwargs = {"sampling": SamplingConfig(relation_prob=0.5), "preprocess_cfg": preprocess,
+              "model_name": "csclip-tiny", "seed": 3, "num_epochs": 2,
+              "objective": objective_for(LossConfig(method="csclip"), 2), "rows_per_block": 4}
+
+    def rows(cache: bool) -> list[bytes]:
+        batches = training_stream(source, cache_images=cache, **kwargs).iter_batches(
+            batch_format="numpy", batch_size=None)
+        return sorted(b"".join(np.ascontiguousarray(batch[name][i]).tobytes()
+                               for name in sorted(batch))
+                      for batch in batches for i in range(len(batch["image"])))
+
+    streamed = rows(False)
+    assert len(streamed) == 2 * 11 and rows(True) == streamed
+
+
+def test_stage_table_and_performance_doc(tmp_path):
+    from csclip.demo import StageTime, stage_table, write_performance_doc
+
+    stages = [StageTime("start Ray", 4.2),
+              StageTime("pretrain", 100.4, 800, 64, 512.3, 0.031),
+              StageTime("CLIP-FT", 10.0, 600, 64, cached=True)]
+    table = stage_table(stages, 114.6)
+    assert "| pretrain | 100 | 800 | 64 | 512 | 3% |" in table
+    assert "| CLIP-FT | 10 | cached | 64 |  |  |" in table
+    assert "| **total** | 115 |" in table
+    doc = tmp_path / "performance.md"
+    doc.write_text("# Performance\n\n## Other (bench_x.py)\nkeep\n")
+    for _ in range(2):
+        write_performance_doc(str(doc), stages, 114.6, "csclip demo")
+    text = doc.read_text()
+    assert text.count("## The demo, stage by stage") == 1 and "## Other (bench_x.py)\nkeep" in text
+    assert "load average" in text and "`csclip demo`" in text
+
+
+@pytest.mark.slow
+def test_demo_log_holds_no_warning_and_no_traceback(tmp_path):
+    """The demo's entry point, on a tiny world and a few steps per stage, in a fresh
+    process (its own local Ray, started as the demo starts it)."""
+    # As a user starts it: without the test session's Ray settings (tests/conftest.py).
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS", "RAY_DATA_DISABLE_PROGRESS_BARS")}
+    overrides = [
+        "train.data.world.num_train=96", "train.data.world.num_val=24",
+        "train.data.batch_size=16", "train.optim.warmup_steps=1",
+        "train.run.checkpoint_every=3", "train.run.log_every=2",
+        f"train.run.storage_path={tmp_path / 'train'}",
+        f"train.tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        "pretrain.num_train=96", "pretrain.batch_size=16", "pretrain.optim.warmup_steps=1",
+        f"pretrain.storage_path={tmp_path / 'pretrain'}", "performance_doc=null",
+    ]
+    command = [sys.executable, "-m", "csclip.cli", "demo", "--max-steps", "4",
+               "--pretrain-steps", "4", "--out", str(tmp_path / "demo"), "--no-results-doc"]
+    for override in overrides:
+        command += ["--set", override]
+    log_file = tmp_path / "demo.log"
+    with log_file.open("w") as out:
+        # Minutes on a quiet machine (Ray and three training runs start); generous for a
+        # shared one.
+        code = subprocess.run(command, cwd=REPO_ROOT, env=env, stdout=out,
+                              stderr=subprocess.STDOUT, timeout=1800).returncode
+    log = log_file.read_text()
+    assert code == 0, log[-3000:]
+    bad = [line for line in log.splitlines() if "WARNING" in line or "Traceback" in line]
+    assert not bad, "\n".join(bad)
+    for stage in ("[1/4] pretraining", "[2/4] fine-tuning CLIP-FT", "[3/4] fine-tuning CS-CLIP",
+                  "[4/4] half-truth evaluation", "| CS-CLIP |", "csclip step 4/4",
+                  "mlflow ui --backend-store-uri"):
+        assert stage in log
+    assert (tmp_path / "demo" / "figure3.png").exists()

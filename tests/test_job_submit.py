@@ -1,0 +1,115 @@
+"""The commands users were promised, exactly as they type them, against a real local Ray
+head (issue 15): `ray start --head`, `ray job submit --working-dir . -- python
+pipelines/train.py`, `python pipelines/evaluate.py` on the checkpoint, and `python
+tune/ablate.py --grid lr --address <head>`; the runs land in the tracking store the user
+configured (a real `mlflow server` here), not in the job's temporary working directory."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import cluster_harness as harness
+import pytest
+
+TINY = ["model.name=csclip-tiny", "model.image_size=32", "data.world.image_size=32",
+        "data.world.num_train=16", "data.world.num_val=8", "data.world.num_test=0",
+        "data.batch_size=8", "data.shuffle_buffer=0", "optim.max_steps=2",
+        "optim.warmup_steps=0", "optim.lr=1e-4", "run.checkpoint_every=2", "run.log_every=1"]
+
+
+def _sets(overrides: list[str]) -> list[str]:
+    return [token for override in overrides for token in ("--set", override)]
+
+
+def _run(command: list[str], env: dict, log, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run a user command from the project root, its output kept in the test's log."""
+    log.write(f"\n$ {' '.join(command)}\n")
+    log.flush()
+    started = time.monotonic()
+    done = subprocess.run(command, cwd=harness.REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    log.write(f"{done.stdout}\n[exit {done.returncode} after {time.monotonic() - started:.0f} s]\n")
+    log.flush()
+    return done
+
+
+@pytest.mark.slow
+def test_used_by_commands_against_a_real_ray_head(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    ray_tmp = harness.short_tmpdir("csclip-head-")
+    # Without the venv's bin first on PATH the job's `python` is the system one.
+    env = harness.isolated_env(ray_tmp, CSCLIP_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("MLFLOW_TRACKING_URI", None)
+    storage = tmp_path / "runs"
+    project_stores = _local_stores()
+    mlflow, mlflow_uri = harness.mlflow_server(tmp_path / "mlflow", env)
+    ray_head, head = harness.ray_head(ray_tmp, env)
+    started = time.monotonic()
+    with (tmp_path / "commands.log").open("w") as log, harness.running(ray_head, mlflow):
+        log.write(f"[head and MLflow server ready after {time.monotonic() - started:.0f} s]\n")
+        runtime_env = json.dumps({"env_vars": {"MLFLOW_TRACKING_URI": mlflow_uri}})
+        train_overrides = [*TINY, f"run.storage_path={storage}", "tracking.experiment=job"]
+        train = _run(["ray", "job", "submit", "--address", head["dashboard"], "--working-dir", ".",
+                      "--runtime-env-json", runtime_env, "--", "python", "pipelines/train.py",
+                      "--config", "configs/default.yaml", *_sets(train_overrides)], env, log)
+        assert train.returncode == 0, train.stdout[-3000:]
+        assert "succeeded" in train.stdout
+        [line] = [t for t in train.stdout.splitlines() if "final checkpoint" in t]
+        checkpoint = line.rsplit(" ", 1)[1]
+        assert checkpoint.startswith(f"{storage}/csclip-") and checkpoint.endswith("/final")
+        assert (Path(checkpoint) / "model.pt").is_file()  # where the config said
+
+        user_env = {**env, "MLFLOW_TRACKING_URI": mlflow_uri}
+        evaluate = _run(["python", "pipelines/evaluate.py", "--checkpoint", checkpoint,
+                         "--out", str(tmp_path / "eval"),
+                         *_sets(["data.world.num_val=8", "data.world.image_size=32",
+                                 "benchmark.num_bootstrap=10", "suites.num_world_pairs=4",
+                                 "suites.num_replace_items=4", "tracking.experiment=job-eval"])],
+                        user_env, log)
+        assert evaluate.returncode == 0, evaluate.stdout[-3000:]
+
+        sweep = _run(["python", "tune/ablate.py", "--grid", "lr=1e-4,2e-4", "--address",
+                      head["address"],
+                      *_sets([*TINY, f"run.storage_path={storage}", "tracking.experiment=job-tune"])],
+                     user_env, log, timeout=400)
+        assert sweep.returncode == 0, sweep.stdout[-3000:]
+
+        client = MlflowClient(mlflow_uri)
+        [train_run] = _search(client, "job")
+        assert train_run.info.status == "FINISHED"
+        assert train_run.data.tags["checkpoint_uri"] == checkpoint
+        assert train_run.data.metrics["step"] == 2
+        [eval_run] = _search(client, "job-eval")
+        assert any(key.endswith("/ht_all") for key in eval_run.data.metrics)  # <model>/ht_all
+        sweep_runs = _search(client, "job-tune")
+        [parent] = [r for r in sweep_runs if r.data.tags.get("csclip_role") == "sweep"]
+        children = [r for r in sweep_runs if r.data.tags.get("csclip_role") == "trial"]
+        assert len(children) == 2
+        assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in children)
+        # Nothing was written into the job's unpacked working directory under the session.
+        leftovers = [str(p) for p in ray_tmp.rglob("mlflow.db")] + \
+            [str(p) for p in ray_tmp.rglob("mlruns")] + [str(p) for p in ray_tmp.rglob("runs")]
+        assert leftovers == []
+        stopping = time.monotonic()
+    with (tmp_path / "commands.log").open("a") as log:
+        log.write(f"[head and MLflow server stopped after {time.monotonic() - stopping:.0f} s]\n")
+    assert _local_stores() == project_stores  # no store created or written in the project
+    shutil.rmtree(ray_tmp, ignore_errors=True)  # the head's session files (on success only)
+
+
+def _local_stores() -> dict[str, int]:
+    """The default local tracking stores in the project directory, with their mtimes."""
+    return {p.name: p.stat().st_mtime_ns for p in (harness.REPO_ROOT / "mlflow.db",
+                                                    harness.REPO_ROOT / "mlruns") if p.exists()}
+
+
+def _search(client, experiment: str) -> list:
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None, f"no experiment {experiment!r} on the server"
+    return client.search_runs([found.experiment_id])
+
