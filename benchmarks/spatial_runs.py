@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -46,7 +47,25 @@ STAGES = {
 }
 
 
-def train(config: TrainConfig, steps: int, out: Path, diag_every: int, diag_records) -> None:
+ROWS, COLS = ("top", "middle", "bottom"), ("left", "middle", "right")
+
+
+def position_caption(record, rng: np.random.Generator) -> str:
+    """Where one of the scene's objects is, in absolute terms: "red circle top left".
+    Other images of a batch hold the same object elsewhere (25 object kinds, ~3 objects a
+    scene: a batch of 64 has ~8 red circles), so matching this caption needs the image
+    embedding to encode the object's position; the text needs no word order."""
+    from csclip.world.captions import mention
+    from csclip.world.scene import scene_from_record
+
+    objects = scene_from_record(record).objects
+    obj = objects[int(rng.integers(len(objects)))]
+    where = "center" if (obj.row, obj.col) == (1, 1) else f"{ROWS[obj.row]} {COLS[obj.col]}"
+    return f"{mention(obj, with_size=False)} {where}"
+
+
+def train(config: TrainConfig, steps: int, out: Path, diag_every: int, diag_records,
+          position_captions: float = 0.0) -> None:
     torch.manual_seed(config.run.seed)
     bundle = bundle_from_config(config.model)
     model = bundle.model.train()
@@ -70,7 +89,11 @@ def train(config: TrainConfig, steps: int, out: Path, diag_every: int, diag_reco
         index = order[start:start + batch_size] if start + batch_size <= len(records) \
             else order[:batch_size]
         epoch = step * batch_size // len(records)
-        columns = prepare_batch(records_to_table([records[i] for i in index]),
+        chosen = [records[i] for i in index]
+        if position_captions:
+            chosen = [dataclasses.replace(r, caption=position_caption(r, rng))
+                      if rng.random() < position_captions else r for r in chosen]
+        columns = prepare_batch(records_to_table(chosen),
                                 sampling=config.sampling.model_dump(),
                                 preprocess=preprocess_key(spec.preprocess_cfg),
                                 model_name=config.model.name, seed=config.run.seed, epoch=epoch,
@@ -117,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--diag-every", type=int, default=250)
     parser.add_argument("--diag-scenes", type=int, default=300)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--position-captions", type=float, default=0.0, metavar="P",
+                        help="share of captions replaced by absolute positions (pretraining)")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args(argv)
     overrides = [*STAGES[args.stage], f"model.name={args.model}", "model.image_size=64",
@@ -127,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     diag_world = WorldConfig(seed=7, num_train=0, num_val=args.diag_scenes, num_test=0)
     diag_records = [world_record(diag_world, "val", i) for i in range(args.diag_scenes)]
     torch.set_num_threads(args.threads)
-    train(config, args.steps, Path(args.out), args.diag_every, diag_records)
+    train(config, args.steps, Path(args.out), args.diag_every, diag_records,
+          args.position_captions)
     return 0
 
 
