@@ -351,11 +351,61 @@ def prepare_batch(batch: pa.Table, *, sampling: dict, preprocess: tuple, model_n
                   augment: bool = False) -> dict[str, np.ndarray]:
     """Map function of the streamed training data (no image cache): decode_batch then
     sample_batch, in one task. Without augment, the same outputs as the cached path, row
-    for row; augment: open_clip's training transform, seeded by (seed, sample_id, epoch)."""
+    for row; augment: open_clip's training transform, seeded by (seed, sample_id, epoch).
+    With `image_foil_*` columns (loss.image_foils) also each sample's image foil
+    (image_foil_batch), which needs the decoded image and the scene, hence this path."""
     decoded = decode_batch(batch, preprocess=preprocess, model_name=model_name, augment=augment,
                            seed=seed, epoch=epoch)
-    return sample_batch(decoded, sampling=sampling, model_name=model_name, seed=seed, epoch=epoch,
-                        image_shape=image_shape(dict(preprocess)), columns=columns)
+    foil_columns = [c for c in columns or () if c.startswith("image_foil_")]
+    out = sample_batch(decoded, sampling=sampling, model_name=model_name, seed=seed, epoch=epoch,
+                       image_shape=image_shape(dict(preprocess)),
+                       columns=None if columns is None else
+                       [c for c in columns if c not in foil_columns])
+    if foil_columns and out:
+        out.update(image_foil_batch(batch, out["image"], preprocess=preprocess,
+                                    model_name=model_name, seed=seed, epoch=epoch))
+    return out
+
+
+def image_foil_batch(batch: pa.Table, images: np.ndarray, *, preprocess: tuple, model_name: str,
+                     seed: int, epoch: int) -> dict[str, np.ndarray]:
+    """The image-foil columns of `batch`'s decodable rows (the rows, in order, of
+    decode_batch; `images` are their transformed images)."""
+    transform, tokenize = _transform(preprocess), _tokenizer(model_name)
+    records, decoded = [], []
+    for row in batch.to_pylist():
+        image = decode_image(row)
+        if image is not None:
+            records.append(record_from_row(row))
+            decoded.append(image)
+    foils = image_foil_columns(records, decoded, images, transform, seed, epoch)
+    out = {"image_foil": foils["image_foil"],                                # (n, 3, H, W)
+           "image_foil_mask": foils["image_foil_mask"]}                      # (n,)
+    for name in ("image_foil_unit", "image_foil_text"):
+        out[name] = tokenize(foils[name]).numpy().astype(np.int64)           # (n, L)
+    return out
+
+
+def image_foil_columns(records: Sequence[UnitsRecord], decoded: Sequence, images: np.ndarray,
+                       transform, seed: int, epoch: int) -> dict:
+    """Each sample's image foil (csclip.image_foils), drawn per (seed, sample, epoch):
+    `image_foil` (n, 3, H, W) transformed like the image, `image_foil_unit` (the relation
+    unit's text), `image_foil_text` (the text true of the foil) and `image_foil_mask` (n,)
+    bool. A sample without a foil gets its own image and caption as placeholders, masked
+    out of the loss."""
+    from csclip.image_foils import draw_image_foil
+    from csclip.sampling import sample_rng
+
+    foil_images, units, foil_texts, mask = [], [], [], []
+    for record, image, transformed in zip(records, decoded, images, strict=True):
+        foil = draw_image_foil(record, image, sample_rng(seed, f"{record.sample_id}/image-foil",
+                                                         epoch))
+        foil_images.append(transform(foil.image).numpy() if foil else transformed)
+        units.append(foil.unit if foil else record.caption)
+        foil_texts.append(foil.foil_text if foil else record.caption)
+        mask.append(foil is not None)
+    return {"image_foil": np.stack(foil_images).astype(np.float32), "image_foil_unit": units,
+            "image_foil_text": foil_texts, "image_foil_mask": np.asarray(mask, dtype=bool)}
 
 
 # ---------------------------------------------------------------------------------------
@@ -435,6 +485,8 @@ def training_stream(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
     preprocess = preprocess_key(preprocess_cfg)
     if cache_images and augment:
         raise ValueError("augmented images differ per epoch; they cannot be cached")
+    if cache_images and "image_foil" in objective.image_columns:
+        raise ValueError("image foils are drawn from the decoded image; it is not cached")
     if cache_images:
         rows = source.map_batches(decode_batch, batch_format="pyarrow", batch_size=rows_per_block,
                                   fn_kwargs={"preprocess": preprocess, "model_name": model_name})

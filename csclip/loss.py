@@ -39,15 +39,23 @@ class LossConfig(StrictModel):
     # the mean of per-worker losses (what the authors' one-GPU launcher trains: 128
     # in-batch negatives per image whatever the number of GPUs).
     gather: bool = True
+    # Ours, beyond the paper (off in every paper preset): image-side counterfactual foils.
+    # Each sample's image with one relation made false (csclip.image_foils) joins the batch
+    # with the unit true of it; a relation unit must prefer its own image over the foil,
+    # and the image its unit over the foil's: L = L_full + λ·L_unit + μ·L_image_foil.
+    image_foils: bool = False
+    image_foil_weight: float = Field(1.0, ge=0)  # μ
 
 
 @dataclass(frozen=True)
 class LossParts:
-    """The terms of L = L_full + λ·L_unit (scalars with graphs attached)."""
+    """The terms of L = L_full + λ·L_unit (+ μ·L_image_foil) (scalars with graphs attached).
+    image_foil is None when the objective has no image-foil term."""
 
     full: Tensor
     unit: Tensor
     total: Tensor
+    image_foil: Tensor | None = None
 
 
 # ---------------------------------------------------------------------------------------
@@ -196,6 +204,24 @@ def _unit(image: Tensor, units: Tensor, foils: Tensor, mask: Tensor, scale: Tens
             + _masked_mean_cross_entropy(t2i, labels, rows)) / 2
 
 
+def _image_foil(image: Tensor, foil_images: Tensor, units: Tensor, foil_texts: Tensor,
+                mask: Tensor, scale: Tensor) -> Tensor:
+    # L_image_foil (ours): a symmetric CLIP loss over the batch doubled by its
+    # counterfactuals, images [I ; I'] against texts [u ; u'], where I' is I with the
+    # relation of unit u made false and u' the unit true of I' ("B r A" for "A r B").
+    # So u must prefer I over I' (the image tower must see layout) and I must prefer u
+    # over u' (the text tower must read it), with every other sample as in-batch
+    # negatives. Samples without a foil are neither rows nor columns (masked, no sync).
+    images = torch.cat([image, foil_images])                               # (2B, D)
+    texts = torch.cat([units, foil_texts])                                 # (2B, D)
+    valid = torch.cat([mask, mask])                                        # (2B,)
+    logits = scale * images @ texts.T                                      # (2B, 2B), label i
+    logits = logits.masked_fill(~(valid[:, None] & valid[None, :]), _NEVER)
+    labels = _labels(images.shape[0], image.device)
+    return (_masked_mean_cross_entropy(logits, labels, valid)
+            + _masked_mean_cross_entropy(logits.T, labels, valid)) / 2
+
+
 # ---------------------------------------------------------------------------------------
 # Public losses (local features in, global loss out)
 # ---------------------------------------------------------------------------------------
@@ -280,6 +306,25 @@ def csclip_loss(image: Tensor, caption: Tensor, caption_negative: Tensor, units:
     return LossParts(full=loss_full, unit=loss_unit, total=loss_full + unit_loss_weight * loss_unit)
 
 
+@fp32_loss
+def image_foil_loss(image: Tensor, foil_images: Tensor, units: Tensor, foil_texts: Tensor,
+                    mask: Tensor, scale: Tensor, gather: bool = True) -> Tensor:
+    """L_image_foil (ours, beyond the paper): symmetric CLIP over images [I ; I'] and texts
+    [u ; u'], I' each sample's image foil (its relation made false), u the relation unit,
+    u' the unit true of the foil.
+
+    image, foil_images, units, foil_texts: (B, D); mask: (B,) bool (samples with an
+    image foil); scale: scalar; gather: as in clip_loss.
+    """
+    for name, tensor in (("foil_images", foil_images), ("units", units),
+                         ("foil_texts", foil_texts)):
+        if tensor.shape != image.shape:
+            raise ValueError(f"{name} must be {tuple(image.shape)}; got {tuple(tensor.shape)}")
+    return _image_foil(_gather(image, gather), _gather(foil_images, gather),
+                       _gather(units, gather), _gather(foil_texts, gather),
+                       _gather_mask(mask, gather), scale)
+
+
 def _full_mask(mask: Tensor | None, image: Tensor) -> Tensor:
     if mask is None:
         return torch.ones(image.shape[0], dtype=torch.bool, device=image.device)
@@ -322,17 +367,37 @@ class Objective:
     num_unit_slots: int = 0
     unit_loss_weight: float = 0.0
     gather: bool = True  # LossConfig.gather
+    image_foil_weight: float | None = None  # μ; None: no image-foil term
 
     @property
     def mask_columns(self) -> tuple[str, ...]:
         """The boolean columns the loss reads from the batch: `negative_mask` (samples
         with a caption negative) for negclip and csclip, `unit_mask` (samples with units)
-        for csclip."""
-        return {"clip": (), "negclip": ("negative_mask",),
-                "csclip": ("unit_mask", "negative_mask")}[self.method]
+        for csclip, `image_foil_mask` (samples with an image foil) with image foils."""
+        masks = {"clip": (), "negclip": ("negative_mask",),
+                 "csclip": ("unit_mask", "negative_mask")}[self.method]
+        return masks + (("image_foil_mask",) if self.image_foil_weight is not None else ())
+
+    @property
+    def image_columns(self) -> tuple[str, ...]:
+        """The image columns the model encodes, in order: `image`, and `image_foil` (each
+        sample's counterfactual image) with image foils."""
+        return ("image", "image_foil") if self.image_foil_weight is not None else ("image",)
 
     def loss(self, image: Tensor, texts: Mapping[str, Tensor], masks: Mapping[str, Tensor],
-             scale: Tensor) -> LossParts:
+             scale: Tensor, images: Mapping[str, Tensor] | None = None) -> LossParts:
+        """images: features of image_columns beyond `image` by name ((B, D) each)."""
+        parts = self._paper_loss(image, texts, masks, scale)
+        if self.image_foil_weight is None:
+            return parts
+        term = image_foil_loss(image, (images or {})["image_foil"], texts["image_foil_unit"],
+                               texts["image_foil_text"], masks["image_foil_mask"], scale,
+                               gather=self.gather)
+        return LossParts(parts.full, parts.unit, parts.total + self.image_foil_weight * term,
+                         term)
+
+    def _paper_loss(self, image: Tensor, texts: Mapping[str, Tensor],
+                    masks: Mapping[str, Tensor], scale: Tensor) -> LossParts:
         if self.method == "clip":
             full = clip_loss(image, texts["caption"], scale, gather=self.gather)
             return LossParts(full, torch.zeros_like(full), full)
@@ -349,10 +414,16 @@ class Objective:
 
 
 def objective_for(config: LossConfig, num_unit_slots: int) -> Objective:
-    """The Objective of `config.method` with N = num_unit_slots unit slots."""
+    """The Objective of `config.method` with N = num_unit_slots unit slots (and, with
+    loss.image_foils, the image-foil term's `image_foil_unit` column)."""
+    foil = ((("image_foil_unit", "image_foil_text"), config.image_foil_weight)
+            if config.image_foils else ((), None))
     if config.method == "clip":
-        return Objective("clip", ("caption",), gather=config.gather)
+        return Objective("clip", ("caption", *foil[0]), gather=config.gather,
+                         image_foil_weight=foil[1])
     if config.method == "negclip":
-        return Objective("negclip", ("caption", "caption_negative"), gather=config.gather)
-    return Objective("csclip", ("caption", "caption_negative", *unit_columns(num_unit_slots)),
-                     num_unit_slots, config.unit_loss_weight, config.gather)
+        return Objective("negclip", ("caption", "caption_negative", *foil[0]),
+                         gather=config.gather, image_foil_weight=foil[1])
+    return Objective("csclip", ("caption", "caption_negative", *unit_columns(num_unit_slots),
+                                *foil[0]),
+                     num_unit_slots, config.unit_loss_weight, config.gather, foil[1])

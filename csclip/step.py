@@ -11,7 +11,7 @@ import contextlib
 import copy
 import math
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -53,37 +53,42 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
 
 @dataclass(frozen=True)
 class Encoded:
-    """One batch's L2-normalised features: image (B, D), each text column (B, D), and
-    scale = logit_scale.exp()."""
+    """One batch's L2-normalised features: image (B, D), each text column (B, D),
+    scale = logit_scale.exp(), and each further image column (B, D) (e.g. image foils)."""
 
     image: Tensor
     texts: dict[str, Tensor]
     scale: Tensor
+    images: dict[str, Tensor] = field(default_factory=dict)
 
 
 def encode(model: torch.nn.Module, batch: Mapping[str, Tensor], columns: tuple[str, ...], *,
-           input_dtype: torch.dtype | None = None, channels_last: bool = False) -> Encoded:
-    """Encode the batch's image and its token columns with one forward call (so DDP sees
-    one forward). batch: image (B, 3, H, W), each column (B, L)."""
-    images = batch["image"]
+           image_columns: tuple[str, ...] = ("image",), input_dtype: torch.dtype | None = None,
+           channels_last: bool = False) -> Encoded:
+    """Encode the batch's image columns and token columns with one forward call (so DDP
+    sees one forward). batch: each image column (B, 3, H, W), each token column (B, L)."""
+    images = torch.cat([batch[c] for c in image_columns])              # (I*B, 3, H, W)
     if input_dtype is not None:
         images = images.to(input_dtype)
     if channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
     texts = torch.cat([batch[c] for c in columns])                     # (T*B, L)
     image, text, scale = model(images, texts)[:3]                      # normalised features
-    return Encoded(image, dict(zip(columns, text.chunk(len(columns)), strict=True)), scale)
+    image_parts = image.chunk(len(image_columns))                      # I x (B, D)
+    return Encoded(image_parts[0], dict(zip(columns, text.chunk(len(columns)), strict=True)),
+                   scale, dict(zip(image_columns[1:], image_parts[1:], strict=True)))
 
 
 def compute_loss(model: torch.nn.Module, batch: Mapping[str, Tensor],
                  objective: Objective) -> LossParts:
     """Encode the batch with one forward call and apply the objective.
 
-    batch: image (B, 3, H, W); the objective's token columns (B, L) and mask columns (B,).
+    batch: the objective's image columns (B, 3, H, W), token columns (B, L) and mask
+    columns (B,).
     """
-    encoded = encode(model, batch, objective.columns)
+    encoded = encode(model, batch, objective.columns, image_columns=objective.image_columns)
     masks = {name: batch[name] for name in objective.mask_columns}
-    return objective.loss(encoded.image, encoded.texts, masks, encoded.scale)
+    return objective.loss(encoded.image, encoded.texts, masks, encoded.scale, encoded.images)
 
 
 def split_batch(batch: Mapping[str, Tensor], parts: int) -> list[dict[str, Tensor]]:
@@ -220,19 +225,22 @@ def train_step(training: Training, batch: Mapping[str, Tensor]) -> LossParts:
         training.model.logit_scale.clamp_(0, math.log(100))
     if training.shadow is not None:
         training.shadow.weights_from_master()
-    return LossParts(parts.full.detach(), parts.unit.detach(), parts.total.detach())
+    return LossParts(parts.full.detach(), parts.unit.detach(), parts.total.detach(),
+                     None if parts.image_foil is None else parts.image_foil.detach())
 
 
 def encode_batch(training: Training, batch: Mapping[str, Tensor]) -> Encoded:
     """`encode` with the training's runner, input dtype and memory format."""
-    return encode(training.runner, batch, training.options.objective.columns,
-                  input_dtype=training.input_dtype, channels_last=training.options.channels_last)
+    objective = training.options.objective
+    return encode(training.runner, batch, objective.columns,
+                  image_columns=objective.image_columns, input_dtype=training.input_dtype,
+                  channels_last=training.options.channels_last)
 
 
 def _loss(training: Training, batch: Mapping[str, Tensor], encoded: Encoded) -> LossParts:
     objective = training.options.objective
     masks = {name: batch[name] for name in objective.mask_columns}
-    return objective.loss(encoded.image, encoded.texts, masks, encoded.scale)
+    return objective.loss(encoded.image, encoded.texts, masks, encoded.scale, encoded.images)
 
 
 def _autocast(training: Training) -> contextlib.AbstractContextManager:
@@ -266,7 +274,8 @@ def _accumulated_backward(training: Training, batch: Mapping[str, Tensor]) -> Lo
             merged = Encoded(
                 image=torch.cat([f.image for f in features]),                      # (B, D)
                 texts={c: torch.cat([f.texts[c] for f in features]) for c in live.texts},
-                scale=live.scale if index == 0 else live.scale.detach())
+                scale=live.scale if index == 0 else live.scale.detach(),
+                images={c: torch.cat([f.images[c] for f in features]) for c in live.images})
             parts = _loss(training, batch, merged)
             training.scaler.scale(parts.total).backward()
     assert parts is not None  # accum_freq >= 1
@@ -287,7 +296,7 @@ def _no_sync(runner: torch.nn.Module, skip: bool) -> Iterator[None]:
 # Metrics without host syncs
 # ---------------------------------------------------------------------------------------
 
-METRIC_NAMES = ("loss", "loss_full", "loss_unit", "logit_scale")
+METRIC_NAMES = ("loss", "loss_full", "loss_unit", "logit_scale", "loss_image_foil")
 
 
 class StepMetrics:
@@ -307,17 +316,23 @@ class StepMetrics:
     def add(self, step: int, parts: LossParts, logit_scale: Tensor, lr: float) -> None:
         self._steps.append(step)
         self._lrs.append(lr)
+        # An objective without the image-foil term logs no such metric (NaN is dropped).
+        image_foil = (parts.total.new_full((), math.nan) if parts.image_foil is None
+                      else parts.image_foil.detach())
         self._values.append(torch.stack([parts.total.detach().float(), parts.full.detach().float(),
                                          parts.unit.detach().float(),
-                                         logit_scale.detach().float().exp().reshape(())]))
+                                         logit_scale.detach().float().exp().reshape(()),
+                                         image_foil.float()]))
 
     def take(self) -> list[dict[str, float]]:
         """The buffered steps as {"step", "lr", "loss", "loss_full", "loss_unit",
-        "logit_scale"} dicts, oldest first, and an empty buffer."""
+        "logit_scale"[, "loss_image_foil"]} dicts, oldest first, and an empty buffer."""
         if not self._steps:
             return []
         values = torch.stack(self._values).tolist()                    # the one sync
-        rows = [{"step": step, "lr": lr, **dict(zip(METRIC_NAMES, row, strict=True))}
+        rows = [{"step": step, "lr": lr, **{name: value for name, value
+                                             in zip(METRIC_NAMES, row, strict=True)
+                                             if not math.isnan(value)}}
                 for step, lr, row in zip(self._steps, self._lrs, values, strict=True)]
         self._steps, self._lrs, self._values = [], [], []
         return rows

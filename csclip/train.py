@@ -503,12 +503,14 @@ def run(config: TrainConfig, callbacks: Sequence = ()) -> TrainResult:
                      config.optim.max_steps)
     logger.info("run %s: %d rows (%d undecodable), %d epochs, %d steps", name, plan.num_rows,
                 plan.num_decode_failures, plan.num_epochs, plan.total_steps)
+    objective = objective_for(config.loss, config.sampling.num_unit_slots)
+    # Image foils are drawn from the decoded image (and the scene) in each epoch.
+    cache_images = (image_cache_fits(config.data, plan.num_rows, spec.preprocess_cfg)
+                    and "image_foil" not in objective.image_columns)
     stream = training_stream(source, sampling=config.sampling, preprocess_cfg=spec.preprocess_cfg,
                              model_name=config.model.name, seed=config.run.seed,
                              num_epochs=plan.num_epochs, augment=config.data.augment,
-                             objective=objective_for(config.loss, config.sampling.num_unit_slots),
-                             cache_images=image_cache_fits(config.data, plan.num_rows,
-                                                           spec.preprocess_cfg))
+                             objective=objective, cache_images=cache_images)
     data_params = {"data.num_rows": plan.num_rows, "data.decode_failures": plan.num_decode_failures,
                    "data.total_steps": plan.total_steps, "data.num_epochs": plan.num_epochs}
     run_id = open_run(config.tracking, name, {**flatten(config), **data_params})

@@ -8,10 +8,11 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from csclip.units import ChangeType, UnitsRecord, contains_phrase
+from csclip.units import ChangeType, Unit, UnitsRecord, contains_phrase
 from csclip.world.config import ABOVE, BELOW, LEFT, RIGHT
 from csclip.world.render import render_png
 from csclip.world.scene import Scene, SceneObject, scene_from_record
+from csclip.world.truth import WorldLanguageError, parse_entity
 
 AXES: tuple[str, ...] = ("x", "y")
 
@@ -53,6 +54,34 @@ def mirror_scene(scene: Scene, axis: str) -> Scene:
         return dataclasses.replace(obj, row=last - obj.row, dy=-obj.dy)
 
     return Scene(tuple(flip(o) for o in scene.objects), scene.grid_size, scene.image_size)
+
+
+def swap_objects(scene: Scene, first: int, second: int) -> Scene:
+    """The scene with objects `first` and `second` (indices) exchanging places (cell and
+    offset); every other object stays. For a relation between them, the swapped scene is
+    the image-side counterfactual: "A left of B" becomes false, the objects stay the same."""
+    objects = list(scene.objects)
+    a, b = objects[first], objects[second]
+    objects[first] = dataclasses.replace(a, row=b.row, col=b.col, dx=b.dx, dy=b.dy)
+    objects[second] = dataclasses.replace(b, row=a.row, col=a.col, dx=a.dx, dy=a.dy)
+    return Scene(tuple(objects), scene.grid_size, scene.image_size)
+
+
+def relation_objects(scene: Scene, unit: Unit) -> tuple[int, int] | None:
+    """Indices of the objects a relation unit's subject and object name, or None when a
+    mention does not pick out exactly one object or the unit is not a world relation."""
+    try:
+        subject = parse_entity(str(unit.subject or "").split(), unit.text)
+        object = parse_entity(str(unit.object or "").split(), unit.text)
+    except WorldLanguageError:
+        return None
+    found = []
+    for phrase in (subject, object):
+        matches = [i for i, obj in enumerate(scene.objects) if phrase.matches(obj)]
+        if len(matches) != 1:
+            return None
+        found.append(matches[0])
+    return (found[0], found[1]) if found[0] != found[1] else None
 
 
 def _with_article(text: str) -> str:

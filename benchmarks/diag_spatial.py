@@ -1,0 +1,234 @@
+"""Why are spatial relations not learned? Diagnostics of a world model's two towers (issue 10).
+
+    python benchmarks/diag_spatial.py --checkpoint runs/train/<run>/final [--checkpoint ...]
+    python benchmarks/diag_spatial.py --checkpoint runs/train/<run> --all-steps   # every checkpoint_*
+    python benchmarks/diag_spatial.py --model csclip-tiny                          # random weights
+
+For each model, on scenes of the world's validation distribution (another seed):
+- image probe: is each object's column / row linearly decodable from the frozen image
+  embedding? (one multinomial logistic probe per object name: the embedding times a one-hot
+  of the object's color+shape; test accuracy on held-out scenes; chance = majority class);
+- image side: for a relation unit "A r B", is s(I, "A r B") > s(I', "A r B") where I' is the
+  same scene with A and B exchanged (only the image changes);
+- text side: is s(I, "A r B") > s(I, "B r A") (swap) and > s(I, "A r' B") (antonym) (only
+  the text changes), and how close are the text embeddings (cosine of unit vs swap foil,
+  vs antonym foil, vs an object-change foil).
+A tower whose signal is at chance while the other's is not is the bottleneck. Prints a
+markdown table; --out writes it as .md and .csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from csclip.eval.encoder import BundleScorer
+from csclip.model import ClipBundle, create_bundle, load_bundle
+from csclip.units import ChangeType, UnitsRecord
+from csclip.world import WorldConfig, scene_from_record, world_record
+from csclip.world.config import ANTONYMS
+from csclip.world.pairs import relation_objects, swap_objects
+from csclip.world.render import render_png
+
+
+@dataclass(frozen=True)
+class RelationCase:
+    """One relation unit of a scene with its text-side and image-side counterfactuals."""
+
+    image: bytes
+    swapped_image: bytes  # the scene with subject and object exchanged
+    unit: str
+    swap_text: str
+    antonym_text: str
+    object_change_text: str | None
+
+
+def relation_cases(records: list[UnitsRecord]) -> list[RelationCase]:
+    cases = []
+    for record in records:
+        scene = scene_from_record(record)
+        for unit in record.relations:
+            found = relation_objects(scene, unit)
+            if found is None:
+                continue
+            swapped = swap_objects(scene, *found)
+            object_change = next((f.text for f in unit.foils
+                                  if f.change_type == ChangeType.OBJECT_REPLACE), None)
+            cases.append(RelationCase(
+                record.image_bytes, render_png(swapped), unit.text,
+                f"{unit.object} {unit.predicate} {unit.subject}",
+                f"{unit.subject} {ANTONYMS[unit.predicate]} {unit.object}", object_change))
+    return cases
+
+
+def probe_accuracy(features: np.ndarray, names: np.ndarray, labels: np.ndarray,
+                   num_names: int, seed: int = 0, steps: int = 300) -> tuple[float, float]:
+    """Test accuracy of a per-name multinomial logistic probe and the majority baseline.
+
+    features: (n, D) image embeddings; names: (n,) object-name index; labels: (n,) class.
+    The input is features ⊗ one-hot(name), so each object name gets its own linear probe.
+    """
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(labels))
+    split = int(0.7 * len(order))
+    train, test = order[:split], order[split:]
+    x = torch.as_tensor(features, dtype=torch.float32)
+    x = torch.cat([x, torch.ones(len(x), 1)], dim=1)                      # bias term
+    onehot = torch.nn.functional.one_hot(torch.as_tensor(names), num_names).float()
+    inputs = (onehot[:, :, None] * x[:, None, :]).flatten(1)              # (n, names·(D+1))
+    y = torch.as_tensor(labels)
+    num_classes = int(labels.max()) + 1
+    weight = torch.zeros(inputs.shape[1], num_classes, requires_grad=True)
+    optimizer = torch.optim.LBFGS([weight], max_iter=steps, line_search_fn="strong_wolfe")
+
+    def closure():
+        optimizer.zero_grad()
+        logits = inputs[train] @ weight
+        loss = torch.nn.functional.cross_entropy(logits, y[train]) + 1e-3 * weight.pow(2).sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    with torch.no_grad():
+        accuracy = float((inputs[test] @ weight).argmax(1).eq(y[test]).float().mean())
+    majority = float(np.bincount(labels[train]).max() / len(train))
+    return 100 * accuracy, 100 * majority
+
+
+def image_probe(scorer: BundleScorer, records: list[UnitsRecord]) -> dict[str, float]:
+    features = scorer.encode_images([r.image_bytes for r in records])     # (n, D)
+    rows, names, cols, row_labels = [], [], [], []
+    name_index: dict[str, int] = {}
+    for k, record in enumerate(records):
+        for obj in scene_from_record(record).objects:
+            rows.append(k)
+            names.append(name_index.setdefault(f"{obj.color} {obj.shape}", len(name_index)))
+            cols.append(obj.col)
+            row_labels.append(obj.row)
+    per_object = features[np.array(rows)]
+    names_arr = np.array(names)
+    col_acc, col_chance = probe_accuracy(per_object, names_arr, np.array(cols), len(name_index))
+    row_acc, row_chance = probe_accuracy(per_object, names_arr, np.array(row_labels), len(name_index))
+    return {"probe_col": col_acc, "probe_col_chance": col_chance,
+            "probe_row": row_acc, "probe_row_chance": row_chance}
+
+
+def tower_scores(scorer: BundleScorer, cases: list[RelationCase]) -> dict[str, float]:
+    images = scorer.encode_images([c.image for c in cases])
+    swapped = scorer.encode_images([c.swapped_image for c in cases])
+    units = scorer.encode_texts([c.unit for c in cases])
+    swaps = scorer.encode_texts([c.swap_text for c in cases])
+    antonyms = scorer.encode_texts([c.antonym_text for c in cases])
+    with_change = [i for i, c in enumerate(cases) if c.object_change_text]
+    changes = scorer.encode_texts([cases[i].object_change_text for i in with_change])
+
+    def rowdot(a, b):
+        return (a * b).sum(1)
+
+    true_score = rowdot(images, units)
+    metrics = {
+        "image_side_swap": 100 * float(np.mean(true_score > rowdot(swapped, units))),
+        "text_side_swap": 100 * float(np.mean(true_score > rowdot(images, swaps))),
+        "text_side_antonym": 100 * float(np.mean(true_score > rowdot(images, antonyms))),
+        "text_cos_swap": float(np.mean(rowdot(units, swaps))),
+        "text_cos_antonym": float(np.mean(rowdot(units, antonyms))),
+        "image_cos_swapped": float(np.mean(rowdot(images, swapped))),
+        "num_relations": float(len(cases)),
+    }
+    if with_change:
+        metrics["text_side_object_change"] = 100 * float(np.mean(
+            true_score[with_change] > rowdot(images[with_change], changes)))
+        metrics["text_cos_object_change"] = float(np.mean(rowdot(units[with_change], changes)))
+    return metrics
+
+
+def diagnose(bundle: ClipBundle, records: list[UnitsRecord]) -> dict[str, float]:
+    """Every diagnostic of one model on `records` (world records with scenes)."""
+    torch.manual_seed(0)
+    scorer = BundleScorer(bundle, batch_size=128)
+    return {**image_probe(scorer, records), **tower_scores(scorer, relation_cases(records))}
+
+
+COLUMNS = (
+    ("probe col", "probe_col", "{:.1f}"), ("(chance)", "probe_col_chance", "{:.1f}"),
+    ("probe row", "probe_row", "{:.1f}"), ("(chance)", "probe_row_chance", "{:.1f}"),
+    ("img-side swap", "image_side_swap", "{:.1f}"), ("txt-side swap", "text_side_swap", "{:.1f}"),
+    ("txt-side ant", "text_side_antonym", "{:.1f}"),
+    ("txt-side obj", "text_side_object_change", "{:.1f}"),
+    ("cos(u,swap)", "text_cos_swap", "{:.4f}"), ("cos(u,ant)", "text_cos_antonym", "{:.4f}"),
+    ("cos(u,obj)", "text_cos_object_change", "{:.4f}"),
+    ("cos(I,I')", "image_cos_swapped", "{:.4f}"),
+)
+
+
+def table(results: dict[str, dict[str, float]]) -> str:
+    header = ["model", *(name for name, _, _ in COLUMNS)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label, metrics in results.items():
+        cells = [fmt.format(metrics[key]) if key in metrics else "—" for _, key, fmt in COLUMNS]
+        lines.append("| " + " | ".join([label, *cells]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def checkpoints_of(path: str, all_steps: bool) -> list[tuple[str, str]]:
+    """(label, directory) of the checkpoint(s) under `path`."""
+    root = Path(path)
+    if not all_steps:
+        return [(root.parent.name + "/" + root.name, str(root))]
+    found = sorted(p for p in root.glob("checkpoint_*") if (p / "model_spec.json").is_file())
+    return [(f"{root.name}/{p.name}", str(p)) for p in found]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", action="append", default=[],
+                        help="a csclip checkpoint dir (repeatable); with --all-steps a run dir")
+    parser.add_argument("--all-steps", action="store_true",
+                        help="diagnose every checkpoint_* of each run dir (training curve)")
+    parser.add_argument("--model", action="append", default=[],
+                        help="an open_clip model name with random weights (a floor)")
+    parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--scenes", type=int, default=600, help="scenes to diagnose on")
+    parser.add_argument("--seed", type=int, default=7, help="world seed of the scenes")
+    parser.add_argument("--out", help="directory for diag_spatial.md / .csv")
+    args = parser.parse_args(argv)
+    world = WorldConfig(seed=args.seed, image_size=args.image_size, num_train=0,
+                        num_val=args.scenes, num_test=0)
+    records = [world_record(world, "val", i) for i in range(args.scenes)]
+    models: list[tuple[str, ClipBundle]] = [
+        (f"{name} (random)", create_bundle(name, image_size=args.image_size)) for name in args.model]
+    for path in args.checkpoint:
+        models += [(label, load_bundle(directory))
+                   for label, directory in checkpoints_of(path, args.all_steps)]
+    if not models:
+        parser.error("give --checkpoint or --model")
+    results = {}
+    for label, bundle in models:
+        print(f"diagnosing {label} ...", file=sys.stderr, flush=True)
+        results[label] = diagnose(bundle, records)
+    markdown = table(results)
+    print(markdown)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "diag_spatial.md").write_text(markdown)
+        with (out / "diag_spatial.csv").open("w", newline="") as handle:
+            writer = csv.writer(handle)
+            keys = [key for _, key, _ in COLUMNS]
+            writer.writerow(["model", *keys])
+            for label, metrics in results.items():
+                writer.writerow([label, *(metrics.get(k, "") for k in keys)])
+    return 0
+
+
+if __name__ == "__main__":
+    random.seed(0)
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""In-process training runs for the spatial-relations study (issue 10): the same model,
+objective and sampler as csclip.train, without Ray, so many variants fit a CPU budget.
+
+    python benchmarks/spatial_runs.py pretrain --steps 1500 --out runs/spatial/pre
+    python benchmarks/spatial_runs.py finetune --init runs/spatial/pre --method csclip \
+        --steps 600 --out runs/spatial/cs [--set sampling.relation_prob=1.0]
+
+Checkpoints (csclip layout, read by load_bundle and diag_spatial.py) go to
+<out>/checkpoint_<step>; <out>/log.csv has the loss curve and the diagnostics at every
+--diag-every steps. Images are decoded and transformed once; sampling and tokenization
+run per step, as in the pipeline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from diag_spatial import diagnose  # noqa: E402  (benchmarks/ is a script folder)
+
+from csclip.config import load_config  # noqa: E402
+from csclip.data import prepare_batch, preprocess_key  # noqa: E402
+from csclip.loss import objective_for  # noqa: E402
+from csclip.model import bundle_from_config, save_checkpoint, spec_of, unwrap  # noqa: E402
+from csclip.optim import build_optimizer, lr_at  # noqa: E402
+from csclip.train import TrainConfig, compute_loss  # noqa: E402
+from csclip.units import records_to_table  # noqa: E402
+from csclip.world import WorldConfig, world_record  # noqa: E402
+
+STAGES = {
+    # The demo's stand-in pretraining: plain CLIP on another world seed (csclip.demo).
+    "pretrain": ["loss.method=clip", "data.world.seed=1000", "data.world.num_train=4000",
+                 "optim.lr=1e-3", "optim.weight_decay=0.1", "optim.warmup_steps=50"],
+    # The demo's fine-tuning (configs/default.yaml).
+    "finetune": ["data.world.num_train=2000", "optim.lr=1e-3", "optim.weight_decay=0.1",
+                 "optim.warmup_steps=20", "loss.unit_loss_weight=1.0",
+                 "sampling.relation_prob=0.5"],
+}
+
+
+ROWS, COLS = ("top", "middle", "bottom"), ("left", "middle", "right")
+
+
+def position_caption(record, rng: np.random.Generator) -> str:
+    """Where one of the scene's objects is, in absolute terms: "red circle top left".
+    Other images of a batch hold the same object elsewhere (25 object kinds, ~3 objects a
+    scene: a batch of 64 has ~8 red circles), so matching this caption needs the image
+    embedding to encode the object's position; the text needs no word order."""
+    from csclip.world.captions import mention
+    from csclip.world.scene import scene_from_record
+
+    objects = scene_from_record(record).objects
+    obj = objects[int(rng.integers(len(objects)))]
+    where = "center" if (obj.row, obj.col) == (1, 1) else f"{ROWS[obj.row]} {COLS[obj.col]}"
+    return f"{mention(obj, with_size=False)} {where}"
+
+
+def train(config: TrainConfig, steps: int, out: Path, diag_every: int, diag_records,
+          position_captions: float = 0.0) -> None:
+    torch.manual_seed(config.run.seed)
+    bundle = bundle_from_config(config.model)
+    model = bundle.model.train()
+    spec = spec_of(model, config.model.name)
+    objective = objective_for(config.loss, config.sampling.num_unit_slots)
+    world = config.data.world
+    records = [world_record(world, "train", i) for i in range(world.num_train)]
+    batch_size = config.data.batch_size
+    optimizer = build_optimizer(model, config.optim)
+    rng = np.random.default_rng(config.run.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    log = (out / "log.csv").open("w", newline="")
+    writer = csv.writer(log)
+    writer.writerow(["step", "loss", "loss_full", "loss_unit", "seconds", "diag"])
+    order = rng.permutation(len(records))
+    started = time.perf_counter()
+    for step in range(steps):
+        start = (step * batch_size) % len(records)
+        if start + batch_size > len(records):
+            order = rng.permutation(len(records))
+        index = order[start:start + batch_size] if start + batch_size <= len(records) \
+            else order[:batch_size]
+        epoch = step * batch_size // len(records)
+        chosen = [records[i] for i in index]
+        if position_captions:
+            chosen = [dataclasses.replace(r, caption=position_caption(r, rng))
+                      if rng.random() < position_captions else r for r in chosen]
+        columns = prepare_batch(records_to_table(chosen),
+                                sampling=config.sampling.model_dump(),
+                                preprocess=preprocess_key(spec.preprocess_cfg),
+                                model_name=config.model.name, seed=config.run.seed, epoch=epoch,
+                                columns=list(objective.columns))
+        batch = {k: torch.as_tensor(v) for k, v in columns.items()}
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, config.optim, steps, len(records) // batch_size)
+        optimizer.zero_grad(set_to_none=True)
+        parts = compute_loss(model, batch, objective)
+        parts.total.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip or 1e9)
+        optimizer.step()
+        with torch.no_grad():
+            unwrap(model).logit_scale.clamp_(0, float(np.log(100)))
+        done = step + 1
+        diag = ""
+        if done % diag_every == 0 or done == steps:
+            save_checkpoint(model, spec, out / f"checkpoint_{done:06d}", None,
+                            config.model_dump(mode="json"))
+            if diag_records:
+                model.eval()
+                metrics = diagnose(bundle, diag_records)
+                model.train()
+                diag = " ".join(f"{k}={v:.3f}" for k, v in metrics.items())
+        writer.writerow([done, f"{parts.total.item():.4f}", f"{parts.full.item():.4f}",
+                         f"{parts.unit.item():.4f}", f"{time.perf_counter() - started:.1f}", diag])
+        log.flush()
+        if done % 50 == 0 or diag:
+            print(f"step {done}/{steps} loss {parts.total.item():.4f} "
+                  f"({time.perf_counter() - started:.0f} s) {diag}", flush=True)
+    log.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("stage", choices=sorted(STAGES))
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--init", help="checkpoint dir to start from (fine-tuning)")
+    parser.add_argument("--method", default="csclip", choices=["clip", "negclip", "csclip"])
+    parser.add_argument("--model", default="csclip-tiny")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--diag-every", type=int, default=250)
+    parser.add_argument("--diag-scenes", type=int, default=300)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--position-captions", type=float, default=0.0, metavar="P",
+                        help="share of captions replaced by absolute positions (pretraining)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    args = parser.parse_args(argv)
+    overrides = [*STAGES[args.stage], f"model.name={args.model}", "model.image_size=64",
+                 f"data.batch_size={args.batch_size}"]
+    if args.stage == "finetune":
+        overrides += [f"loss.method={args.method}", f"model.pretrained={args.init}"]
+    config = load_config(TrainConfig, None, overrides + args.overrides)
+    diag_world = WorldConfig(seed=7, num_train=0, num_val=args.diag_scenes, num_test=0)
+    diag_records = [world_record(diag_world, "val", i) for i in range(args.diag_scenes)]
+    torch.set_num_threads(args.threads)
+    train(config, args.steps, Path(args.out), args.diag_every, diag_records,
+          args.position_captions)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
