@@ -449,7 +449,7 @@ def estimate_memory(args, method: str, batch: int, *, accum_freq: int = 1,
     from csclip.step import StepOptions, build_training, train_step
 
     class SameShapesLoss(Objective):
-        def loss(self, image, texts, masks, scale):
+        def loss(self, image, texts, masks, scale, images=None):
             total = sum(clip_loss(image, feature, scale) for feature in texts.values())
             return LossParts(total, total, total)
 
