@@ -10,6 +10,7 @@ import logging
 import os
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,7 +99,9 @@ def finetune_config(demo: DemoConfig, method: str, pretrained_uri: str) -> Train
     base = demo.train
     return base.model_copy(update={
         "model": base.model.model_copy(update={"pretrained": pretrained_uri}),
-        "loss": base.loss.model_copy(update={"method": method}),
+        # CLIP-FT is the paper's baseline: the CLIP loss alone, without our image foils.
+        "loss": base.loss.model_copy(update={"method": method, **(
+            {"image_foils": False} if method == "clip" else {})}),
         "run": base.run.model_copy(update={"name": None}),
     })
 
@@ -140,7 +143,8 @@ def run_demo(demo: DemoConfig, command: str = "make demo", address: str | None =
     seconds = time.perf_counter() - started
     written = []
     if demo.results_doc:
-        write_results_doc(demo, pretrained, finetuned, markdown, command, seconds)
+        write_results_doc(demo, pretrained, finetuned, markdown, command, seconds,
+                          reused=[stage.stage for stage in stages if stage.cached])
         written.append(demo.results_doc)
     if demo.performance_doc:
         write_performance_doc(demo.performance_doc, stages, seconds, command)
@@ -228,14 +232,17 @@ def demo_summary(result: DemoResult) -> str:
 
 
 def write_results_doc(demo: DemoConfig, pretrained: TrainResult, finetuned: dict[str, TrainResult],
-                      markdown: str, command: str, seconds: float) -> Path:
-    """The demo's section of docs/results.md: the comparison table and how it was made."""
+                      markdown: str, command: str, seconds: float,
+                      reused: Sequence[str] = ()) -> Path:
+    """The demo's section of docs/results.md: the comparison table and how it was made.
+    reused: the stages found finished from an earlier run (not timed here)."""
     train, pre = demo.train, demo.pretrain
     world = train.data.world
     lines = [
         "## The demo: pretrained CLIP, CLIP-FT and CS-CLIP on the synthetic world", "",
-        f"Produced by `{command}` (csclip.demo; {seconds / 60:.1f} min wall clock including "
-        "cached stages). Models: the pretrained small CLIP (stands in for zero-shot CLIP), "
+        f"Produced by `{command}` (csclip.demo; {seconds / 60:.1f} min wall clock, "
+        + (f"{', '.join(reused)} reused from an earlier run" if reused else "every stage run")
+        + "). Models: the pretrained small CLIP (stands in for zero-shot CLIP), "
         "CLIP-FT and CS-CLIP fine-tuned from it on the same budget.", "",
         f"- model `{train.model.name}`, {world.image_size} px images",
         f"- pretraining: CLIP loss on {pre.num_train} world captions (world seed "

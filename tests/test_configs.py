@@ -91,3 +91,32 @@ def test_entry_point_reports_bad_field_in_one_line_and_exits_2(capsys):
     assert len(err.splitlines()) == 1 and "optim.warmup_steps" in err
     assert module.main(["--demo", "--set", "pretrain.num_train=0"]) == 2
     assert "pretrain.num_train" in capsys.readouterr().err
+
+
+def test_world_gpu_is_a_demo_yaml_with_image_foils_for_cs_clip_only():
+    # Issue 10: the GPU world config runs through the demo; image foils are ours, opt-in,
+    # and never reach the CLIP-FT baseline.
+    from csclip.demo import finetune_config, pretrain_config
+    from csclip.entry.demo import build_parser, demo_config
+
+    config = demo_config(build_parser().parse_args(
+        ["--config", str(CONFIGS / "world_gpu.yaml"), "--set", "train.optim.lr=1e-4"]))
+    assert config.train.model.name == "csclip-small" and config.train.run.use_gpu
+    assert config.train.optim.lr == 1e-4 and config.train.optim.max_steps == 5000
+    assert config.pretrain.optim.max_steps == 5000 and config.results_doc is None
+    assert finetune_config(config, "csclip", "ckpt").loss.image_foils
+    assert not finetune_config(config, "clip", "ckpt").loss.image_foils
+    assert not pretrain_config(config).loss.image_foils
+
+
+@pytest.mark.parametrize("name", TRAIN_CONFIGS)
+def test_paper_presets_keep_image_foils_off(name):
+    assert not load_config(TrainConfig, CONFIGS / name).loss.image_foils
+
+
+def test_demo_takes_a_fine_tuning_yaml_as_its_train_section():
+    from csclip.entry.demo import build_parser, demo_config
+
+    config = demo_config(build_parser().parse_args(
+        ["--config", str(CONFIGS / "default.yaml"), "--max-steps", "7"]))
+    assert config.train.optim.max_steps == 7 and config.train.model.name == "csclip-tiny"

@@ -245,4 +245,7 @@ def test_demo_results_keep_other_sections_of_the_shared_doc(tmp_path):
         write_results_doc(demo, fake, {"CS-CLIP": fake}, table, "make demo", 60.0)
     text = doc.read_text()
     assert "ablation table" in text and "| second |" in text and "| first |" not in text
-    assert "`make demo`" in text
+    assert "`make demo`" in text and "every stage run" in text
+    write_results_doc(demo, fake, {"CS-CLIP": fake}, "| third |", "make demo", 60.0,
+                      reused=["pretrain"])
+    assert "pretrain reused from an earlier run" in doc.read_text()

@@ -20,8 +20,12 @@ CLIP-FT and with CS-CLIP on the same budget, and compare the three on the half-t
 benchmark. Prints a table per stage and the results; writes them to docs/results.md and
 runs/demo/, logs every run to MLflow.
 
---config is the fine-tuning YAML; --set paths are those of csclip.demo.DemoConfig:
+--config is the fine-tuning YAML, or a whole demo YAML with `train:` and `pretrain:`
+sections (configs/world_gpu.yaml); --set paths are those of csclip.demo.DemoConfig:
 train.* (the fine-tuning config), pretrain.*, eval_seed, out_dir, results_doc."""
+
+# Top-level keys that make --config a demo YAML rather than a fine-tuning config.
+DEMO_SECTIONS = {"train", "pretrain"}
 
 EXAMPLES = (
     "%(prog)s",
@@ -52,17 +56,26 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     return run_guarded(lambda: _demo(args, command))
 
 
-def _demo(args: argparse.Namespace, command: str) -> int:
+def demo_config(args: argparse.Namespace):
+    """The DemoConfig of the parsed flags: --config (a fine-tuning YAML, or a demo YAML
+    with DemoConfig's sections), then the shortcuts, then --set."""
     from csclip.config import apply_overrides, read_yaml, validate_config
-    from csclip.demo import DemoConfig, demo_summary, run_demo
+    from csclip.demo import DemoConfig
 
     no_doc = ["results_doc=null"] if args.no_results_doc else []
     overrides = shortcut_overrides({
         "train.optim.max_steps": args.max_steps, "pretrain.optim.max_steps": args.pretrain_steps,
         "out_dir": args.out,
     }, no_doc + args.overrides)
-    data = apply_overrides({"train": read_yaml(args.config)}, overrides)
-    config = validate_config(DemoConfig, data, origin=f"demo with {args.config}")
-    result = run_demo(config, command=command, address=args.address)
+    loaded = read_yaml(args.config)
+    data = apply_overrides(loaded if DEMO_SECTIONS & set(loaded) else {"train": loaded},
+                           overrides)
+    return validate_config(DemoConfig, data, origin=f"demo with {args.config}")
+
+
+def _demo(args: argparse.Namespace, command: str) -> int:
+    from csclip.demo import demo_summary, run_demo
+
+    result = run_demo(demo_config(args), command=command, address=args.address)
     print(demo_summary(result))
     return 0
