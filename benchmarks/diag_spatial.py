@@ -33,7 +33,7 @@ from csclip.eval.encoder import BundleScorer
 from csclip.model import ClipBundle, create_bundle, load_bundle
 from csclip.units import ChangeType, UnitsRecord
 from csclip.world import WorldConfig, scene_from_record, world_record
-from csclip.world.config import ANTONYMS
+from csclip.world.config import ABOVE, ANTONYMS, LEFT
 from csclip.world.pairs import relation_objects, swap_objects
 from csclip.world.render import render_png
 
@@ -48,6 +48,7 @@ class RelationCase:
     swap_text: str
     antonym_text: str
     object_change_text: str | None
+    subject_first: bool  # the subject is left of / above the object (reading order)
 
 
 def relation_cases(records: list[UnitsRecord]) -> list[RelationCase]:
@@ -64,7 +65,8 @@ def relation_cases(records: list[UnitsRecord]) -> list[RelationCase]:
             cases.append(RelationCase(
                 record.image_bytes, render_png(swapped), unit.text,
                 f"{unit.object} {unit.predicate} {unit.subject}",
-                f"{unit.subject} {ANTONYMS[unit.predicate]} {unit.object}", object_change))
+                f"{unit.subject} {ANTONYMS[unit.predicate]} {unit.object}", object_change,
+                unit.predicate in (LEFT, ABOVE)))
     return cases
 
 
@@ -133,8 +135,15 @@ def tower_scores(scorer: BundleScorer, cases: list[RelationCase]) -> dict[str, f
         return (a * b).sum(1)
 
     true_score = rowdot(images, units)
+    image_side = true_score > rowdot(swapped, units)
+    first = np.array([c.subject_first for c in cases])
     metrics = {
-        "image_side_swap": 100 * float(np.mean(true_score > rowdot(swapped, units))),
+        "image_side_swap": 100 * float(np.mean(image_side)),
+        # Split by predicate direction: near 50 both ways means the image ignores layout;
+        # far from 50 in opposite directions means layout is encoded but the text does not
+        # tell "left" from "right" (it picks the image by which object is named first).
+        "image_side_swap_subject_first": 100 * float(np.mean(image_side[first])),
+        "image_side_swap_subject_second": 100 * float(np.mean(image_side[~first])),
         "text_side_swap": 100 * float(np.mean(true_score > rowdot(images, swaps))),
         "text_side_antonym": 100 * float(np.mean(true_score > rowdot(images, antonyms))),
         "text_cos_swap": float(np.mean(rowdot(units, swaps))),
@@ -156,10 +165,78 @@ def diagnose(bundle: ClipBundle, records: list[UnitsRecord]) -> dict[str, float]
     return {**image_probe(scorer, records), **tower_scores(scorer, relation_cases(records))}
 
 
+def supervised_layout(model_name: str, steps: int, scenes: int = 4000, batch_size: int = 64,
+                      image_size: int = 64, seed: int = 0) -> dict[str, float]:
+    """Can this image tower encode layout at all, when asked directly? Train it from
+    random weights with a linear head on its embedding that predicts, for every object
+    kind (color + shape), its grid cell or "absent"; report the cell accuracy of the
+    objects present in held-out scenes (chance: ~1/9). A tower that learns this here but
+    not from captions has the capacity; what is missing is a training signal."""
+    from csclip.data import _transform, preprocess_key
+    from csclip.model import spec_of
+
+    torch.manual_seed(seed)
+    bundle = create_bundle(model_name, image_size=image_size)
+    visual = bundle.model.visual.train()
+    spec = spec_of(bundle.model, model_name)
+    transform = _transform(preprocess_key(spec.preprocess_cfg))
+    world = WorldConfig(seed=seed + 1, image_size=image_size, num_train=scenes, num_val=300,
+                        num_test=0)
+    kinds = {(c, s): i for i, (c, s) in enumerate((c, s) for c in world.colors for s in world.shapes)}
+    cells = world.grid_size ** 2
+
+    def tensors(split: str, count: int):
+        images, targets = [], []
+        for index in range(count):
+            record = world_record(world, split, index)
+            images.append(transform(_decode(record.image_bytes)))
+            target = torch.full((len(kinds),), cells, dtype=torch.long)  # "absent"
+            for obj in scene_from_record(record).objects:
+                target[kinds[(obj.color, obj.shape)]] = obj.row * world.grid_size + obj.col
+            targets.append(target)
+        return torch.stack(images), torch.stack(targets)
+
+    train_x, train_y = tensors("train", scenes)
+    test_x, test_y = tensors("val", 300)
+    head = torch.nn.Linear(bundle.model.visual.output_dim, len(kinds) * (cells + 1))
+    optimizer = torch.optim.AdamW([*visual.parameters(), *head.parameters()], lr=1e-3,
+                                  weight_decay=0.1)
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        index = torch.randint(len(train_x), (batch_size,), generator=generator)
+        logits = head(visual(train_x[index])).view(batch_size, len(kinds), cells + 1)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), train_y[index].flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    visual.eval()
+    with torch.no_grad():
+        logits = head(visual(test_x)).view(len(test_x), len(kinds), cells + 1)
+    present = test_y < cells
+    # The cell of each present object: the best of the cell logits ("absent" left out).
+    cell = logits[..., :cells].argmax(-1)
+    return {"supervised_cell_accuracy": 100 * float(cell[present].eq(test_y[present])
+                                                    .float().mean()),
+            "supervised_presence_accuracy": 100 * float(logits.argmax(-1).ne(cells).eq(present)
+                                                        .float().mean()),
+            "supervised_steps": float(steps)}
+
+
+def _decode(data: bytes):
+    import io
+
+    from PIL import Image
+
+    return Image.open(io.BytesIO(data)).convert("RGB")
+
+
 COLUMNS = (
     ("probe col", "probe_col", "{:.1f}"), ("(chance)", "probe_col_chance", "{:.1f}"),
     ("probe row", "probe_row", "{:.1f}"), ("(chance)", "probe_row_chance", "{:.1f}"),
-    ("img-side swap", "image_side_swap", "{:.1f}"), ("txt-side swap", "text_side_swap", "{:.1f}"),
+    ("img-side swap", "image_side_swap", "{:.1f}"),
+    ("img-side, left/above", "image_side_swap_subject_first", "{:.1f}"),
+    ("img-side, right/below", "image_side_swap_subject_second", "{:.1f}"),
+    ("txt-side swap", "text_side_swap", "{:.1f}"),
     ("txt-side ant", "text_side_antonym", "{:.1f}"),
     ("txt-side obj", "text_side_object_change", "{:.1f}"),
     ("cos(u,swap)", "text_cos_swap", "{:.4f}"), ("cos(u,ant)", "text_cos_antonym", "{:.4f}"),
@@ -199,7 +276,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenes", type=int, default=600, help="scenes to diagnose on")
     parser.add_argument("--seed", type=int, default=7, help="world seed of the scenes")
     parser.add_argument("--out", help="directory for diag_spatial.md / .csv")
+    parser.add_argument("--supervised", type=int, default=0, metavar="STEPS",
+                        help="instead: train each --model's image tower from random weights to "
+                             "predict every object's cell (supervised_layout) for STEPS steps")
     args = parser.parse_args(argv)
+    if args.supervised:
+        for name in args.model:
+            metrics = supervised_layout(name, args.supervised, image_size=args.image_size)
+            print(name, " ".join(f"{k}={v:.1f}" for k, v in metrics.items()), flush=True)
+        return 0
     world = WorldConfig(seed=args.seed, image_size=args.image_size, num_train=0,
                         num_val=args.scenes, num_test=0)
     records = [world_record(world, "val", i) for i in range(args.scenes)]
