@@ -166,12 +166,16 @@ def diagnose(bundle: ClipBundle, records: list[UnitsRecord]) -> dict[str, float]
 
 
 def supervised_layout(model_name: str, steps: int, scenes: int = 4000, batch_size: int = 64,
-                      image_size: int = 64, seed: int = 0) -> dict[str, float]:
+                      image_size: int = 64, seed: int = 0, save: str | None = None,
+                      presence_only: bool = False) -> dict[str, float]:
     """Can this image tower encode layout at all, when asked directly? Train it from
     random weights with a linear head on its embedding that predicts, for every object
     kind (color + shape), its grid cell or "absent"; report the cell accuracy of the
     objects present in held-out scenes (chance: ~1/9). A tower that learns this here but
-    not from captions has the capacity; what is missing is a training signal."""
+    not from captions has the capacity; what is missing is a training signal.
+    presence_only: the control, the same head asked only whether each kind is present
+    (every present object's target is cell 0), so the tower learns the objects, not where
+    they are."""
     from csclip.data import _transform, preprocess_key
     from csclip.model import spec_of
 
@@ -192,7 +196,8 @@ def supervised_layout(model_name: str, steps: int, scenes: int = 4000, batch_siz
             images.append(transform(_decode(record.image_bytes)))
             target = torch.full((len(kinds),), cells, dtype=torch.long)  # "absent"
             for obj in scene_from_record(record).objects:
-                target[kinds[(obj.color, obj.shape)]] = obj.row * world.grid_size + obj.col
+                target[kinds[(obj.color, obj.shape)]] = (
+                    0 if presence_only else obj.row * world.grid_size + obj.col)
             targets.append(target)
         return torch.stack(images), torch.stack(targets)
 
@@ -212,6 +217,10 @@ def supervised_layout(model_name: str, steps: int, scenes: int = 4000, batch_siz
     visual.eval()
     with torch.no_grad():
         logits = head(visual(test_x)).view(len(test_x), len(kinds), cells + 1)
+    if save:  # the whole CLIP model: this image tower, the text tower at random weights
+        from csclip.model import save_checkpoint
+
+        save_checkpoint(bundle.model, spec, save)
     present = test_y < cells
     # The cell of each present object: the best of the cell logits ("absent" left out).
     cell = logits[..., :cells].argmax(-1)
@@ -279,10 +288,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--supervised", type=int, default=0, metavar="STEPS",
                         help="instead: train each --model's image tower from random weights to "
                              "predict every object's cell (supervised_layout) for STEPS steps")
+    parser.add_argument("--presence-only", action="store_true",
+                        help="with --supervised: the control task (is each kind present)")
+    parser.add_argument("--save", metavar="DIR",
+                        help="with --supervised: save the model (a csclip checkpoint; one --model)")
     args = parser.parse_args(argv)
     if args.supervised:
         for name in args.model:
-            metrics = supervised_layout(name, args.supervised, image_size=args.image_size)
+            metrics = supervised_layout(name, args.supervised, image_size=args.image_size,
+                                        save=args.save, presence_only=args.presence_only)
             print(name, " ".join(f"{k}={v:.1f}" for k, v in metrics.items()), flush=True)
         return 0
     world = WorldConfig(seed=args.seed, image_size=args.image_size, num_train=0,

@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("stage", choices=sorted(STAGES))
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--init", help="checkpoint dir to start from (fine-tuning)")
+    parser.add_argument("--init", help="checkpoint dir to start from (fine-tuning; or a warm "
+                                       "start of pretraining, e.g. diag_spatial.py --save)")
     parser.add_argument("--method", default="csclip", choices=["clip", "negclip", "csclip"])
     parser.add_argument("--model", default="csclip-tiny")
     parser.add_argument("--batch-size", type=int, default=64)
@@ -147,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     overrides = [*STAGES[args.stage], f"model.name={args.model}", "model.image_size=64",
                  f"data.batch_size={args.batch_size}"]
     if args.stage == "finetune":
-        overrides += [f"loss.method={args.method}", f"model.pretrained={args.init}"]
+        overrides += [f"loss.method={args.method}"]
+    if args.init:  # fine-tuning from a pretraining; pretraining from a warm start
+        overrides += [f"model.pretrained={args.init}"]
     config = load_config(TrainConfig, None, overrides + args.overrides)
     diag_world = WorldConfig(seed=7, num_train=0, num_val=args.diag_scenes, num_test=0)
     diag_records = [world_record(diag_world, "val", i) for i in range(args.diag_scenes)]
