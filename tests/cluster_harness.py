@@ -174,9 +174,9 @@ def ray_head(ray_tmp: Path, env: dict[str, str], num_cpus: int = 4) -> tuple[Ser
                *[f"--{name}={port}" for name, port in ports.items()]]
     dashboard = f"http://127.0.0.1:{ports['dashboard-port']}"
     # A graceful stop can take half a minute after jobs ran; this head and its session
-    # directory are ours alone, so after 15 s the rest is ended process by process.
+    # directory are ours alone, so after 5 s the rest is ended process by process.
     service = Service(command, env, ray_tmp / "head.log", f"{dashboard}/api/version",
-                      stop_timeout_s=15)
+                      stop_timeout_s=5)
     return service, {"address": f"127.0.0.1:{ports['port']}", "dashboard": dashboard}
 
 
