@@ -256,26 +256,35 @@ TEXT_COLUMNS = ("sample_id", "image_id", "caption", "split", "entities", "relati
 CAPTION_TOKENS = "caption_tokens"
 
 
+IMAGE_SOURCE_COLUMNS = ("sample_id", "image_bytes", "image_path")
+
+
+def decode_rows(batch: pa.Table) -> list:
+    """Each row's decoded RGB image, None where it does not decode."""
+    return [decode_image(row) for row in batch.select(
+        [c for c in IMAGE_SOURCE_COLUMNS if c in batch.column_names]).to_pylist()]
+
+
 def decode_batch(batch: pa.Table, *, preprocess: tuple, model_name: str, augment: bool = False,
-                 seed: int = 0, epoch: int = 0) -> pa.Table:
+                 seed: int = 0, epoch: int = 0, decoded: Sequence | None = None) -> pa.Table:
     """The image half of preparation: decode + transform each image and tokenize each
     caption. Rows whose image does not decode are dropped (the check pass counted them).
     Without `augment` nothing here depends on the epoch; with it, open_clip's training
     transform is seeded by (seed, sample_id, epoch).
 
+    decoded: the rows' images as decode_rows gives them, when the caller already has them.
     Returns TEXT_COLUMNS plus `image` (fixed-size list of 3*H*W float32: the transformed
     tensor, flattened) and `caption_tokens` (fixed-size list of context_length int64).
     """
     transform, tokenize = _transform(preprocess, augment), _tokenizer(model_name)
+    decoded = decode_rows(batch) if decoded is None else decoded
+    sample_ids = batch.column("sample_id").to_pylist()
     keep, images = [], []
-    for index, row in enumerate(batch.select(
-            [c for c in ("sample_id", "image_bytes", "image_path") if c in batch.column_names]
-    ).to_pylist()):
-        image = decode_image(row)
+    for index, image in enumerate(decoded):
         if image is not None:
             keep.append(index)
             images.append(
-                _augmented(transform, image, _augment_seed(seed, row["sample_id"], epoch))
+                _augmented(transform, image, _augment_seed(seed, sample_ids[index], epoch))
                 if augment else transform(image).numpy())
     kept = batch.select(list(TEXT_COLUMNS)).take(pa.array(keep, type=pa.int64()))
     if not keep:
@@ -354,31 +363,30 @@ def prepare_batch(batch: pa.Table, *, sampling: dict, preprocess: tuple, model_n
     for row; augment: open_clip's training transform, seeded by (seed, sample_id, epoch).
     With `image_foil_*` columns (loss.image_foils) also each sample's image foil
     (image_foil_batch), which needs the decoded image and the scene, hence this path."""
-    decoded = decode_batch(batch, preprocess=preprocess, model_name=model_name, augment=augment,
-                           seed=seed, epoch=epoch)
     foil_columns = [c for c in columns or () if c.startswith("image_foil_")]
-    out = sample_batch(decoded, sampling=sampling, model_name=model_name, seed=seed, epoch=epoch,
+    decoded = decode_rows(batch)  # once: the foils need the decoded images too
+    rows = decode_batch(batch, preprocess=preprocess, model_name=model_name, augment=augment,
+                        seed=seed, epoch=epoch, decoded=decoded)
+    out = sample_batch(rows, sampling=sampling, model_name=model_name, seed=seed, epoch=epoch,
                        image_shape=image_shape(dict(preprocess)),
                        columns=None if columns is None else
                        [c for c in columns if c not in foil_columns])
     if foil_columns and out:
-        out.update(image_foil_batch(batch, out["image"], preprocess=preprocess,
+        out.update(image_foil_batch(batch, decoded, out["image"], preprocess=preprocess,
                                     model_name=model_name, seed=seed, epoch=epoch))
     return out
 
 
-def image_foil_batch(batch: pa.Table, images: np.ndarray, *, preprocess: tuple, model_name: str,
-                     seed: int, epoch: int) -> dict[str, np.ndarray]:
+def image_foil_batch(batch: pa.Table, decoded: Sequence, images: np.ndarray, *,
+                     preprocess: tuple, model_name: str, seed: int, epoch: int
+                     ) -> dict[str, np.ndarray]:
     """The image-foil columns of `batch`'s decodable rows (the rows, in order, of
-    decode_batch; `images` are their transformed images)."""
+    decode_batch). decoded: decode_rows(batch); images: the kept rows' transformed images."""
     transform, tokenize = _transform(preprocess), _tokenizer(model_name)
-    records, decoded = [], []
-    for row in batch.to_pylist():
-        image = decode_image(row)
-        if image is not None:
-            records.append(record_from_row(row))
-            decoded.append(image)
-    foils = image_foil_columns(records, decoded, images, transform, seed, epoch)
+    kept = [(record_from_row(row), image)
+            for row, image in zip(batch.to_pylist(), decoded, strict=True) if image is not None]
+    foils = image_foil_columns([r for r, _ in kept], [i for _, i in kept], images, transform,
+                               seed, epoch)
     out = {"image_foil": foils["image_foil"],                                # (n, 3, H, W)
            "image_foil_mask": foils["image_foil_mask"]}                      # (n,)
     for name in ("image_foil_unit", "image_foil_text"):
