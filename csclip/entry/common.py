@@ -43,6 +43,20 @@ def shortcut_overrides(values: Mapping[str, object], overrides: Sequence[str]) -
     return shortcuts + list(overrides)
 
 
+def add_address_argument(parser: argparse.ArgumentParser) -> None:
+    """--address: the Ray cluster to join (csclip.entry.ray_init.init_ray)."""
+    parser.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else a "
+                                          "local instance)")
+
+
+def mlflow_line(run_id: str, tracking) -> str:
+    """Where a finished command's MLflow run is, and how to browse it (a TrackingConfig)."""
+    from csclip.tracking import resolve_uri
+
+    return (f"MLflow run {run_id} in experiment {tracking.experiment}; "
+            f"browse: mlflow ui --backend-store-uri {resolve_uri(tracking.uri)}")
+
+
 def setup_logging() -> None:
     """Our own lines at INFO, everything else at WARNING (Ray's and MLflow's chatter)."""
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from csclip.entry.common import (
+    add_address_argument,
     default_config_path,
     make_parser,
     run_guarded,
@@ -43,8 +44,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     shortcuts.add_argument("--out", metavar="DIR", help="tables and figures: out_dir")
     shortcuts.add_argument("--no-results-doc", action="store_true", default=None,
                            help="do not write docs/results.md: results_doc=null")
-    parser.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else a "
-                                          "local instance)")
+    add_address_argument(parser)
     return parser
 
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from csclip.entry.common import make_parser, run_guarded, setup_logging, shortcut_overrides
+from csclip.entry.common import (
+    make_parser,
+    mlflow_line,
+    run_guarded,
+    setup_logging,
+    shortcut_overrides,
+)
 
 DESCRIPTION = """\
 Evaluate a CLIP model on the half-truth benchmark (SPEC §4), with the retrieval and
@@ -78,13 +84,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     from csclip.config import load_config
     from csclip.eval.pipeline import EvalConfig, run_evaluation
-    from csclip.tracking import resolve_uri
 
     config = load_config(EvalConfig, args.config, overrides_from_args(args))
     report = run_evaluation(config)
     print(report.markdown)
     print(f"tables and figure written to {config.out_dir}")
     if report.mlflow_run_id:
-        print(f"MLflow run {report.mlflow_run_id} in experiment {config.tracking.experiment}; "
-              f"browse: mlflow ui --backend-store-uri {resolve_uri(config.tracking.uri)}")
+        print(mlflow_line(report.mlflow_run_id, config.tracking))
     return 0

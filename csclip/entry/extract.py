@@ -6,7 +6,13 @@ import argparse
 import sys
 import typing
 
-from csclip.entry.common import make_parser, run_guarded, setup_logging, shortcut_overrides
+from csclip.entry.common import (
+    add_address_argument,
+    make_parser,
+    run_guarded,
+    setup_logging,
+    shortcut_overrides,
+)
 
 DESCRIPTION = """\
 Extract units and foils from captions into a sharded units table (docs/extraction.md).
@@ -47,8 +53,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     shortcuts.add_argument("--format", choices=_input_formats(), help="input.format")
     shortcuts.add_argument("--limit", type=int, metavar="N",
                            help="the first N captions by sample_id: input.limit")
-    parser.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else a "
-                                          "local instance)")
+    add_address_argument(parser)
     return parser
 
 

@@ -6,8 +6,10 @@ import argparse
 import sys
 
 from csclip.entry.common import (
+    add_address_argument,
     default_config_path,
     make_parser,
+    mlflow_line,
     run_guarded,
     setup_logging,
     shortcut_overrides,
@@ -50,8 +52,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     shortcuts.add_argument("--gpu", action="store_true", default=None,
                            help="one GPU per worker: run.use_gpu=true")
     shortcuts.add_argument("--name", help="run name instead of the config hash: run.name")
-    parser.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else a "
-                                          "local instance)")
+    add_address_argument(parser)
     parser.add_argument("--demo", action="store_true",
                         help="run the demo (the default without arguments); the other flags "
                              "are then csclip demo's")
@@ -85,7 +86,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 def _train(args: argparse.Namespace) -> int:
     from csclip.config import load_config
     from csclip.entry.ray_init import init_ray
-    from csclip.tracking import resolve_uri
     from csclip.train import TrainConfig, run
 
     config = load_config(TrainConfig, args.config, overrides_from_args(args))
@@ -94,6 +94,5 @@ def _train(args: argparse.Namespace) -> int:
     print(f"run {result.run_name}: final checkpoint {result.checkpoint_uri}")
     print(f"step {result.metrics.get('step')}, loss {result.metrics.get('loss')}")
     if result.mlflow_run_id:
-        print(f"MLflow run {result.mlflow_run_id} in experiment {config.tracking.experiment}; "
-              f"browse: mlflow ui --backend-store-uri {resolve_uri(config.tracking.uri)}")
+        print(mlflow_line(result.mlflow_run_id, config.tracking))
     return 0
