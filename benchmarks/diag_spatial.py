@@ -33,7 +33,7 @@ from csclip.eval.encoder import BundleScorer
 from csclip.model import ClipBundle, create_bundle, load_bundle
 from csclip.units import ChangeType, UnitsRecord
 from csclip.world import WorldConfig, scene_from_record, world_record
-from csclip.world.config import ABOVE, ANTONYMS, LEFT
+from csclip.world.config import ABOVE, ANTONYMS, BELOW, LEFT, RIGHT
 from csclip.world.pairs import relation_objects, swap_objects
 from csclip.world.render import render_png
 
@@ -169,65 +169,152 @@ def supervised_layout(model_name: str, steps: int, scenes: int = 4000, batch_siz
                       image_size: int = 64, seed: int = 0, save: str | None = None,
                       presence_only: bool = False) -> dict[str, float]:
     """Can this image tower encode layout at all, when asked directly? Train it from
-    random weights with a linear head on its embedding that predicts, for every object
-    kind (color + shape), its grid cell or "absent"; report the cell accuracy of the
-    objects present in held-out scenes (chance: ~1/9). A tower that learns this here but
-    not from captions has the capacity; what is missing is a training signal.
-    presence_only: the control, the same head asked only whether each kind is present
-    (every present object's target is cell 0), so the tower learns the objects, not where
-    they are."""
-    from csclip.data import _transform, preprocess_key
-    from csclip.model import spec_of
+    random weights on the layout question (csclip.world.layout.image_layout_warm_start:
+    a linear head predicts every object kind's grid cell or "absent"); report the cell
+    accuracy of the objects present in held-out scenes (chance: ~1/9). A tower that
+    learns this here but not from captions has the capacity; what is missing is a
+    training signal. presence_only: the control (is each kind present)."""
+    from csclip.model import save_checkpoint, spec_of
+    from csclip.world.layout import image_layout_warm_start
 
     torch.manual_seed(seed)
     bundle = create_bundle(model_name, image_size=image_size)
-    visual = bundle.model.visual.train()
-    spec = spec_of(bundle.model, model_name)
-    transform = _transform(preprocess_key(spec.preprocess_cfg))
     world = WorldConfig(seed=seed + 1, image_size=image_size, num_train=scenes, num_val=300,
                         num_test=0)
+    result = image_layout_warm_start(bundle.model, bundle.preprocess, world, steps,
+                                     batch_size=batch_size, seed=seed, log_every=0,
+                                     presence_only=presence_only)
+    if save:  # the whole CLIP model: this image tower, the text tower at random weights
+        save_checkpoint(bundle.model, spec_of(bundle.model, model_name), save)
+    return {"supervised_cell_accuracy": result.cell_accuracy,
+            "supervised_presence_accuracy": result.presence_accuracy,
+            "supervised_steps": float(steps)}
+
+
+def _text_layout_examples(world: WorldConfig, split: str, count: int, kinds: dict):
+    """Relation texts of `count` world scenes with their antonym and swap texts, and for
+    each text the per-kind target: the subject's direction from the predicate, the
+    object's the opposite one, every other kind "absent" (the last class)."""
+    from csclip.units import render_relation
+    from csclip.world.truth import parse_entity
+
+    directions = {LEFT: 0, RIGHT: 1, ABOVE: 2, BELOW: 3}
+    texts, targets = [], []
+    for index in range(count):
+        for unit in world_record(world, split, index).relations:
+            subject, predicate, obj = unit.subject or "", unit.predicate or "", unit.object or ""
+            if predicate not in directions:
+                continue
+            for s, p, o in ((subject, predicate, obj), (subject, ANTONYMS[predicate], obj),
+                            (obj, predicate, subject)):
+                target = torch.full((len(kinds),), len(directions), dtype=torch.long)
+                first, second = (parse_entity(part.split(), unit.text) for part in (s, o))
+                target[kinds[(first.color, first.shape)]] = directions[p]
+                target[kinds[(second.color, second.shape)]] = directions[ANTONYMS[p]]
+                texts.append(render_relation(s, p, o))
+                targets.append(target)
+    return texts, torch.stack(targets)
+
+
+def supervised_text_layout(init: str, steps: int, scenes: int = 4000, batch_size: int = 64,
+                           seed: int = 0, save: str | None = None) -> dict[str, float]:
+    """The text tower's layout question: from the text embedding of "A r B" (and of its
+    antonym and swap texts), a linear head predicts for every object kind its side
+    (left / right / above / below of the other one) or "absent". Passing it needs the
+    predicate *and* the word order, what the antonym and swap foils test. Starts from the
+    checkpoint `init` (e.g. the image tower's layout question, --save) and trains the text
+    tower only; the saved model keeps init's image tower."""
+    from csclip.model import save_checkpoint, spec_of
+
+    torch.manual_seed(seed)
+    bundle = load_bundle(init)
+    model = bundle.model.train()
+    world = WorldConfig(seed=seed + 1, num_train=scenes, num_val=300, num_test=0)
     kinds = {(c, s): i for i, (c, s) in enumerate((c, s) for c in world.colors for s in world.shapes)}
-    cells = world.grid_size ** 2
-
-    def tensors(split: str, count: int):
-        images, targets = [], []
-        for index in range(count):
-            record = world_record(world, split, index)
-            images.append(transform(_decode(record.image_bytes)))
-            target = torch.full((len(kinds),), cells, dtype=torch.long)  # "absent"
-            for obj in scene_from_record(record).objects:
-                target[kinds[(obj.color, obj.shape)]] = (
-                    0 if presence_only else obj.row * world.grid_size + obj.col)
-            targets.append(target)
-        return torch.stack(images), torch.stack(targets)
-
-    train_x, train_y = tensors("train", scenes)
-    test_x, test_y = tensors("val", 300)
-    head = torch.nn.Linear(bundle.model.visual.output_dim, len(kinds) * (cells + 1))
-    optimizer = torch.optim.AdamW([*visual.parameters(), *head.parameters()], lr=1e-3,
-                                  weight_decay=0.1)
+    train_texts, train_y = _text_layout_examples(world, "train", scenes, kinds)
+    test_texts, test_y = _text_layout_examples(world, "val", 300, kinds)
+    train_x, test_x = bundle.tokenizer(train_texts), bundle.tokenizer(test_texts)
+    classes = 5
+    head = torch.nn.Linear(model.text_projection.shape[1], len(kinds) * classes)
+    text_params = [p for name, p in model.named_parameters()
+                   if not name.startswith("visual.") and name != "logit_scale"]
+    optimizer = torch.optim.AdamW([*text_params, *head.parameters()], lr=1e-3, weight_decay=0.1)
     generator = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         index = torch.randint(len(train_x), (batch_size,), generator=generator)
-        logits = head(visual(train_x[index])).view(batch_size, len(kinds), cells + 1)
+        logits = head(model.encode_text(train_x[index])).view(batch_size, len(kinds), classes)
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), train_y[index].flatten())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-    visual.eval()
+    model.eval()
     with torch.no_grad():
-        logits = head(visual(test_x)).view(len(test_x), len(kinds), cells + 1)
-    if save:  # the whole CLIP model: this image tower, the text tower at random weights
-        from csclip.model import save_checkpoint
+        logits = head(model.encode_text(test_x)).view(len(test_x), len(kinds), classes)
+    if save:
+        save_checkpoint(model, spec_of(model, bundle.name), save)
+    named = test_y < classes - 1
+    right = logits.argmax(-1).eq(test_y)
+    return {"text_side_accuracy": 100 * float(right[named].float().mean()),
+            "text_relation_accuracy": 100 * float(right.all(-1).float().mean()),
+            "supervised_steps": float(steps)}
 
-        save_checkpoint(bundle.model, spec, save)
-    present = test_y < cells
-    # The cell of each present object: the best of the cell logits ("absent" left out).
-    cell = logits[..., :cells].argmax(-1)
-    return {"supervised_cell_accuracy": 100 * float(cell[present].eq(test_y[present])
-                                                    .float().mean()),
-            "supervised_presence_accuracy": 100 * float(logits.argmax(-1).ne(cells).eq(present)
-                                                        .float().mean()),
+
+def supervised_joint_layout(model_name: str, steps: int, scenes: int = 4000,
+                            batch_size: int = 64, image_size: int = 64, seed: int = 0,
+                            init: str | None = None, save: str | None = None) -> dict[str, float]:
+    """Both towers answer csclip.world.layout's pairwise question ("is A left of / right
+    of / above / below B") through ONE shared head on the normalized embedding: an image
+    for every pair of its objects, a relation text (with its antonym and swap texts) for
+    the pair it names. Sharing the head puts both towers' layout in the same directions
+    of the joint space, which cosine scoring then sees."""
+    from csclip.model import save_checkpoint, spec_of
+    from csclip.world.layout import (
+        LayoutHead,
+        LayoutVocabulary,
+        layout_accuracy,
+        layout_loss,
+        record_image_targets,
+    )
+
+    torch.manual_seed(seed)
+    bundle = load_bundle(init) if init else create_bundle(model_name, image_size=image_size)
+    model = bundle.model.train()
+    world = WorldConfig(seed=seed + 1, image_size=image_size, num_train=scenes, num_val=300,
+                        num_test=0)
+    vocabulary = LayoutVocabulary(tuple(world.colors), tuple(world.shapes))
+
+    def examples(split: str, count: int):
+        records = [world_record(world, split, i) for i in range(count)]
+        images = torch.stack([bundle.preprocess(_decode(r.image_bytes)) for r in records])
+        answers = [record_image_targets(vocabulary, r) for r in records]
+        texts = [e for r in records for e in vocabulary.text_examples(r)]
+        return (images, torch.as_tensor(np.stack([t for t, _ in answers])),
+                torch.as_tensor(np.stack([m for _, m in answers])),
+                bundle.tokenizer([t for t, _, _ in texts]),
+                torch.as_tensor(np.stack([t for _, t, _ in texts])),
+                torch.as_tensor(np.stack([m for _, _, m in texts])))
+
+    train = examples("train", scenes)
+    test = examples("val", 300)
+    head = LayoutHead(model.text_projection.shape[1], vocabulary)
+    params = [p for n, p in model.named_parameters() if n != "logit_scale"]
+    optimizer = torch.optim.AdamW([*params, *head.parameters()], lr=1e-3, weight_decay=0.1)
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        i = torch.randint(len(train[0]), (batch_size,), generator=generator)
+        t = torch.randint(len(train[3]), (batch_size,), generator=generator)
+        loss = (layout_loss(head(model.encode_image(train[0][i])), train[1][i], train[2][i])
+                + layout_loss(head(model.encode_text(train[3][t])), train[4][t], train[5][t]))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        image_logits, text_logits = head(model.encode_image(test[0])), head(model.encode_text(test[3]))
+    if save:
+        save_checkpoint(model, spec_of(model, bundle.name), save)
+    return {"joint_image_accuracy": layout_accuracy(image_logits, test[1], test[2]),
+            "joint_text_accuracy": layout_accuracy(text_logits, test[4], test[5]),
             "supervised_steps": float(steps)}
 
 
@@ -290,9 +377,27 @@ def main(argv: list[str] | None = None) -> int:
                              "predict every object's cell (supervised_layout) for STEPS steps")
     parser.add_argument("--presence-only", action="store_true",
                         help="with --supervised: the control task (is each kind present)")
+    parser.add_argument("--supervised-text", type=int, default=0, metavar="STEPS",
+                        help="instead: train the text tower of --init to tell each object's "
+                             "side in relation texts (supervised_text_layout) for STEPS steps")
+    parser.add_argument("--supervised-joint", type=int, default=0, metavar="STEPS",
+                        help="instead: both towers of --model (or --init) answer one layout "
+                             "question through a shared head (supervised_joint_layout)")
+    parser.add_argument("--init", metavar="DIR", help="with --supervised-text: the checkpoint")
     parser.add_argument("--save", metavar="DIR",
                         help="with --supervised: save the model (a csclip checkpoint; one --model)")
     args = parser.parse_args(argv)
+    if args.supervised_text:
+        if not args.init:
+            parser.error("--supervised-text needs --init")
+        metrics = supervised_text_layout(args.init, args.supervised_text, save=args.save)
+        print(" ".join(f"{k}={v:.1f}" for k, v in metrics.items()), flush=True)
+        return 0
+    if args.supervised_joint:
+        metrics = supervised_joint_layout((args.model or ["csclip-tiny"])[0],
+                                          args.supervised_joint, init=args.init, save=args.save)
+        print(" ".join(f"{k}={v:.1f}" for k, v in metrics.items()), flush=True)
+        return 0
     if args.supervised:
         for name in args.model:
             metrics = supervised_layout(name, args.supervised, image_size=args.image_size,

@@ -30,11 +30,24 @@ from diag_spatial import diagnose  # noqa: E402  (benchmarks/ is a script folder
 from csclip.config import load_config  # noqa: E402
 from csclip.data import prepare_batch, preprocess_key  # noqa: E402
 from csclip.loss import objective_for  # noqa: E402
-from csclip.model import bundle_from_config, save_checkpoint, spec_of, unwrap  # noqa: E402
+from csclip.model import (  # noqa: E402
+    apply_training_options,
+    bundle_from_config,
+    save_checkpoint,
+    spec_of,
+    unwrap,
+)
 from csclip.optim import build_optimizer, lr_at  # noqa: E402
-from csclip.train import TrainConfig, compute_loss  # noqa: E402
+from csclip.step import encode  # noqa: E402
+from csclip.train import TrainConfig  # noqa: E402
 from csclip.units import records_to_table  # noqa: E402
 from csclip.world import WorldConfig, world_record  # noqa: E402
+from csclip.world.layout import (  # noqa: E402
+    LayoutHead,
+    LayoutVocabulary,
+    layout_loss,
+    record_image_targets,
+)
 
 STAGES = {
     # The demo's stand-in pretraining: plain CLIP on another world seed (csclip.demo).
@@ -64,17 +77,36 @@ def position_caption(record, rng: np.random.Generator) -> str:
     return f"{mention(obj, with_size=False)} {where}"
 
 
+def layout_batch(vocabulary: LayoutVocabulary, records, tokenizer, rng) -> dict[str, torch.Tensor]:
+    """The layout question's columns for a batch: each record's image answers, and one
+    relation text per record (a unit, its antonym or its swap) with its answers."""
+    image = [record_image_targets(vocabulary, r) for r in records]
+    texts = [examples[int(rng.integers(len(examples)))]
+             for examples in (vocabulary.text_examples(r) for r in records) if examples]
+    return {"image_target": torch.as_tensor(np.stack([t for t, _ in image])),
+            "image_mask": torch.as_tensor(np.stack([m for _, m in image])),
+            "text": tokenizer([t for t, _, _ in texts]),
+            "text_target": torch.as_tensor(np.stack([t for _, t, _ in texts])),
+            "text_mask": torch.as_tensor(np.stack([m for _, _, m in texts]))}
+
+
 def train(config: TrainConfig, steps: int, out: Path, diag_every: int, diag_records,
-          position_captions: float = 0.0) -> None:
+          position_captions: float = 0.0, layout_weight: float = 0.0,
+          layout_frozen: bool = False) -> None:
     torch.manual_seed(config.run.seed)
     bundle = bundle_from_config(config.model)
     model = bundle.model.train()
+    apply_training_options(model, config.model)  # model.lock_image: LiT-style runs
     spec = spec_of(model, config.model.name)
     objective = objective_for(config.loss, config.sampling.num_unit_slots)
     world = config.data.world
     records = [world_record(world, "train", i) for i in range(world.num_train)]
     batch_size = config.data.batch_size
+    vocabulary = LayoutVocabulary(tuple(config.data.world.colors), tuple(config.data.world.shapes))
+    head = LayoutHead(spec.embed_dim, vocabulary, frozen=layout_frozen) if layout_weight else None
     optimizer = build_optimizer(model, config.optim)
+    if head is not None and not layout_frozen:
+        optimizer.add_param_group({"params": list(head.parameters()), "weight_decay": 0.0})
     rng = np.random.default_rng(config.run.seed)
     out.mkdir(parents=True, exist_ok=True)
     log = (out / "log.csv").open("w", newline="")
@@ -102,8 +134,18 @@ def train(config: TrainConfig, steps: int, out: Path, diag_every: int, diag_reco
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config.optim, steps, len(records) // batch_size)
         optimizer.zero_grad(set_to_none=True)
-        parts = compute_loss(model, batch, objective)
-        parts.total.backward()
+        encoded = encode(model, batch, objective.columns, image_columns=objective.image_columns)
+        parts = objective.loss(encoded.image, encoded.texts,
+                               {name: batch[name] for name in objective.mask_columns},
+                               encoded.scale, encoded.images)
+        total = parts.total
+        if head is not None:
+            answers = layout_batch(vocabulary, chosen, bundle.tokenizer, rng)
+            text = model.encode_text(answers["text"])
+            total = total + layout_weight * (
+                layout_loss(head(encoded.image), answers["image_target"], answers["image_mask"])
+                + layout_loss(head(text), answers["text_target"], answers["text_mask"]))
+        total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip or 1e9)
         optimizer.step()
         with torch.no_grad():
@@ -143,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--position-captions", type=float, default=0.0, metavar="P",
                         help="share of captions replaced by absolute positions (pretraining)")
+    parser.add_argument("--layout-weight", type=float, default=0.0, metavar="W",
+                        help="add W x the layout question (csclip.world.layout) to the loss")
+    parser.add_argument("--layout-frozen", action="store_true",
+                        help="with --layout-weight: a fixed random head (nothing to train)")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args(argv)
     overrides = [*STAGES[args.stage], f"model.name={args.model}", "model.image_size=64",
@@ -156,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     diag_records = [world_record(diag_world, "val", i) for i in range(args.diag_scenes)]
     torch.set_num_threads(args.threads)
     train(config, args.steps, Path(args.out), args.diag_every, diag_records,
-          args.position_captions)
+          args.position_captions, args.layout_weight, args.layout_frozen)
     return 0
 
 
