@@ -23,7 +23,7 @@ CHOICES = {
     "train": ["clip", "negclip", "csclip"],
     "extract": ["vllm", "rules", "gold", "authors", "karpathy", "sugarcrepe", "world"],
     "ablate": ["lr", "units", "relfrac", "swapfrac", "wd", "bs", "negclip"],
-    "demo": ["--max-steps", "--pretrain-steps"],
+    "demo": ["--max-steps", "--pretrain-steps", "--layout-steps"],
     "evaluate": ["--checkpoint", "--sugarcrepe"],
 }
 

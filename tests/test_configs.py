@@ -107,6 +107,7 @@ def test_world_gpu_is_a_demo_yaml_with_image_foils_for_cs_clip_only():
     assert finetune_config(config, "csclip", "ckpt").loss.image_foils
     assert not finetune_config(config, "clip", "ckpt").loss.image_foils
     assert not pretrain_config(config).loss.image_foils
+    assert config.pretrain.layout_steps == 3000  # the layout warm start (ours)
 
 
 @pytest.mark.parametrize("name", TRAIN_CONFIGS)

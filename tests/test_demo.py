@@ -105,6 +105,40 @@ def test_cached_stream_gives_the_streamed_batches(ray_session, preprocess):
     assert len(streamed) == 2 * 11 and rows(True) == streamed
 
 
+def test_layout_warm_start_stage_writes_once_then_reuses_and_feeds_the_pretraining(tmp_path):
+    # Issue 10: the image tower's layout question before pretraining (ours), cached by
+    # everything that determines it.
+    from csclip.config import validate_config
+    from csclip.demo import DemoConfig, _warm_start_stage, pretrain_config, warm_start_dir
+    from csclip.errors import ConfigError
+    from csclip.model import load_bundle
+
+    demo = validate_config(DemoConfig, {
+        "train": {"model": {"image_size": 32}, "data": {"world": {"image_size": 32}}},
+        "pretrain": {"num_train": 24, "batch_size": 8, "layout_steps": 3,
+                     "storage_path": str(tmp_path / "pretrain")}})
+    directory, stage = _warm_start_stage(demo)
+    assert directory == str(warm_start_dir(demo).resolve())
+    assert not stage.cached and stage.steps == 3 and stage.stage == "layout warm start"
+    assert load_bundle(directory).name == "csclip-tiny"
+    summary = (warm_start_dir(demo) / "layout.json").read_text()
+    assert "cell_accuracy" in summary and "first_loss" in summary
+    again, stage = _warm_start_stage(demo)
+    assert again == directory and stage.cached
+    warm = pretrain_config(demo, directory).model
+    assert warm.pretrained == directory and warm.lock_image  # LiT on the warm image tower
+    cold = pretrain_config(demo).model
+    assert cold.pretrained is None and not cold.lock_image
+    unlocked = demo.model_copy(update={"pretrain": demo.pretrain.model_copy(update={"lock_image": False})})
+    assert not pretrain_config(unlocked, directory).model.lock_image
+    longer = demo.model_copy(update={"pretrain": demo.pretrain.model_copy(update={"layout_steps": 4})})
+    assert warm_start_dir(longer) != warm_start_dir(demo)
+    remote = demo.model_copy(update={"pretrain": demo.pretrain.model_copy(
+        update={"storage_path": "s3://bucket/pretrain"})})
+    with pytest.raises(ConfigError, match="layout_steps"):
+        _warm_start_stage(remote)
+
+
 def test_stage_table_and_performance_doc(tmp_path):
     from csclip.demo import StageTime, stage_table, write_performance_doc
 
@@ -141,7 +175,7 @@ def test_demo_log_holds_no_warning_and_no_traceback(tmp_path):
         f"pretrain.storage_path={tmp_path / 'pretrain'}", "performance_doc=null",
     ]
     command = [sys.executable, "-m", "csclip.cli", "demo", "--max-steps", "4",
-               "--pretrain-steps", "4", "--out", str(tmp_path / "demo"), "--no-results-doc"]
+               "--pretrain-steps", "4", "--layout-steps", "3", "--out", str(tmp_path / "demo"), "--no-results-doc"]
     for override in overrides:
         command += ["--set", override]
     log_file = tmp_path / "demo.log"

@@ -41,6 +41,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                            help="fine-tuning steps of CLIP-FT and CS-CLIP: train.optim.max_steps")
     shortcuts.add_argument("--pretrain-steps", type=int, metavar="N",
                            help="pretraining steps: pretrain.optim.max_steps")
+    shortcuts.add_argument("--layout-steps", type=int, metavar="N",
+                           help="the image tower's layout warm start before pretraining "
+                                "(ours; 0: none): pretrain.layout_steps")
     shortcuts.add_argument("--out", metavar="DIR", help="tables and figures: out_dir")
     shortcuts.add_argument("--no-results-doc", action="store_true", default=None,
                            help="do not write docs/results.md: results_doc=null")
@@ -65,7 +68,7 @@ def demo_config(args: argparse.Namespace):
     no_doc = ["results_doc=null"] if args.no_results_doc else []
     overrides = shortcut_overrides({
         "train.optim.max_steps": args.max_steps, "pretrain.optim.max_steps": args.pretrain_steps,
-        "out_dir": args.out,
+        "pretrain.layout_steps": args.layout_steps, "out_dir": args.out,
     }, no_doc + args.overrides)
     loaded = read_yaml(args.config)
     data = apply_overrides(loaded if DEMO_SECTIONS & set(loaded) else {"train": loaded},
