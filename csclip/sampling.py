@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field
 
@@ -46,6 +46,14 @@ class SamplingConfig(StrictModel):
     # Negation foils ("is not on") are relation-foil candidates in the authors' sampler, so
     # in the paper's runs; False leaves them out (SPEC §2 keeps them out of the tables).
     use_negation: bool = True
+    # Ours (issue 10), empty in every paper preset: relative weights of the relation-foil
+    # candidates by change type (antonym, negation, subject_object_swap, subject_replace,
+    # object_replace; a type not named weighs 1). Empty: the authors' uniform draw. E.g.
+    # {antonym: 3, subject_object_swap: 3} spends more of L_unit on the foils that only
+    # the layout or the word order tells apart. A relation whose candidates all weigh 0
+    # falls back to the uniform draw.
+    relation_foil_weights: dict[ChangeType, Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -212,8 +220,11 @@ def _pools(record: UnitsRecord, config: SamplingConfig) -> _Pools:
 
 
 def _relation_choice(relation: Unit, candidates: Sequence[FoilCandidate],
-                     rng: random.Random) -> UnitChoice:
-    candidate = rng.choice(candidates)
+                     rng: random.Random, weights: Mapping[ChangeType, float]) -> UnitChoice:
+    shares = [weights.get(c.change_type, 1.0) for c in candidates] if weights else []
+    # Without weights, rng.choice as before: the same seed draws the same foils.
+    candidate = (rng.choices(candidates, weights=shares)[0] if sum(shares) > 0
+                 else rng.choice(candidates))
     return UnitChoice(relation.text, rng.choice(candidate.texts), "relation",
                       candidate.change_type.value)
 
@@ -256,7 +267,8 @@ def draw_unit_slots(record: UnitsRecord, config: SamplingConfig,
         wants_relation = rng.random() < config.relation_prob
         if pools.relations and (wants_relation or not pools.entities):
             relation, candidates = rng.choice(pools.relations)
-            slots.append(_relation_choice(relation, candidates, rng))
+            slots.append(_relation_choice(relation, candidates, rng,
+                                          config.relation_foil_weights))
         else:
             entity, foils = rng.choice(pools.entities)
             slots.append(_entity_choice(entity, foils, record, config, rng))

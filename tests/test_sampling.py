@@ -316,6 +316,36 @@ def test_relation_foil_types_are_drawn_uniformly_over_candidates():
         assert abs(n / num - 0.25) <= _fraction_ci(0.25, num)
 
 
+def test_relation_foil_weights_shift_the_draw_by_change_type():
+    # Ours (issue 10): antonym 3, negation 0, the others 1 -> 3/5, 0, 1/5, 1/5.
+    record = horse_record()
+    riding = record.relations[0]
+    only_riding = UnitsRecord("x", "x", record.caption, "train", record.entities, (riding,))
+    config = validate_config(SamplingConfig, {
+        "num_unit_slots": 1, "relation_prob": 1.0,
+        "relation_foil_weights": {"antonym": 3, "negation": 0}})
+    assert config.relation_foil_weights == {ChangeType.ANTONYM: 3.0, ChangeType.NEGATION: 0.0}
+    num = 4000
+    types = Counter(draw_unit_slots(only_riding, config, sample_rng(0, f"s{i}", 0))[0].change_type
+                    for i in range(num))
+    assert "negation" not in types
+    for name, share in (("antonym", 0.6), ("subject_replace", 0.2), ("object_replace", 0.2)):
+        assert abs(types[name] / num - share) <= _fraction_ci(share, num)
+    # All candidates at weight 0: the uniform draw, never a crash.
+    zero = config.model_copy(update={"relation_foil_weights": {
+        t: 0.0 for t in ChangeType}})
+    assert draw_unit_slots(only_riding, zero, sample_rng(0, "z", 0))[0].kind == "relation"
+    # Empty weights draw exactly what the authors' sampler draws (the same rng calls).
+    plain = SamplingConfig(num_unit_slots=1, relation_prob=1.0)
+    ones = plain.model_copy(update={"relation_foil_weights": {}})
+    assert all(draw_unit_slots(only_riding, plain, sample_rng(1, f"s{i}", 0))
+               == draw_unit_slots(only_riding, ones, sample_rng(1, f"s{i}", 0)) for i in range(50))
+    with pytest.raises(ConfigError, match="relation_foil_weights"):
+        validate_config(SamplingConfig, {"relation_foil_weights": {"antonyms": 2}})
+    with pytest.raises(ConfigError, match="relation_foil_weights"):
+        validate_config(SamplingConfig, {"relation_foil_weights": {"antonym": -1}})
+
+
 def test_stored_swap_is_a_candidate_but_none_is_built():
     record = horse_record()
     next_to = record.relations[1]   # symmetric: a built swap would be true
