@@ -318,6 +318,55 @@ def supervised_joint_layout(model_name: str, steps: int, scenes: int = 4000,
             "supervised_steps": float(steps)}
 
 
+def pairwise_text(init: str, steps: int, scenes: int = 2000, batch_size: int = 64,
+                  seed: int = 0, lock_image: bool = True) -> dict[str, float]:
+    """The text side of Ant and Swap as a learning problem on its own: from checkpoint
+    `init`, train with nothing but s(I, unit) > s(I, foil) (cross entropy over the two,
+    the model's temperature) for a relation unit against its antonym and its swap text;
+    report held-out accuracy. The image tower is locked by default, so only the text tower
+    can learn: if this stays at chance, reading layout through a dot product is what the
+    text tower cannot learn here; if it does not, CS-CLIP's other terms hold it back."""
+    torch.manual_seed(seed)
+    bundle = load_bundle(init)
+    model = bundle.model.train()
+    if lock_image:
+        model.visual.requires_grad_(False)
+    world = WorldConfig(seed=seed + 2, num_train=scenes, num_val=300, num_test=0)
+
+    def triples(split: str, count: int):
+        cases = relation_cases([world_record(world, split, i) for i in range(count)])
+        images = torch.stack([bundle.preprocess(_decode(c.image)) for c in cases])
+        return (images, bundle.tokenizer([c.unit for c in cases]),
+                bundle.tokenizer([c.antonym_text for c in cases]),
+                bundle.tokenizer([c.swap_text for c in cases]))
+
+    train, test = triples("train", scenes), triples("val", 300)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1)
+    generator = torch.Generator().manual_seed(seed)
+
+    def logits(images, units, foils):
+        image = torch.nn.functional.normalize(model.encode_image(images), dim=-1)
+        u, f = (torch.nn.functional.normalize(model.encode_text(t), dim=-1) for t in (units, foils))
+        return model.logit_scale.exp() * torch.stack([(image * u).sum(-1), (image * f).sum(-1)], 1)
+
+    for _ in range(steps):
+        i = torch.randint(len(train[0]), (batch_size,), generator=generator)
+        loss = sum(torch.nn.functional.cross_entropy(logits(train[0][i], train[1][i], foils[i]),
+                                                     torch.zeros(batch_size, dtype=torch.long))
+                   for foils in (train[2], train[3]))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        antonym = logits(test[0], test[1], test[2])
+        swap = logits(test[0], test[1], test[3])
+    return {"pairwise_antonym": 100 * float((antonym[:, 0] > antonym[:, 1]).float().mean()),
+            "pairwise_swap": 100 * float((swap[:, 0] > swap[:, 1]).float().mean()),
+            "pairwise_steps": float(steps)}
+
+
 def _decode(data: bytes):
     import io
 
@@ -383,6 +432,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--supervised-joint", type=int, default=0, metavar="STEPS",
                         help="instead: both towers of --model (or --init) answer one layout "
                              "question through a shared head (supervised_joint_layout)")
+    parser.add_argument("--pairwise", type=int, default=0, metavar="STEPS",
+                        help="instead: train --init's text tower on unit vs antonym / swap "
+                             "only (pairwise_text), the image tower locked")
+    parser.add_argument("--unlock-image", action="store_true", help="with --pairwise")
     parser.add_argument("--init", metavar="DIR", help="with --supervised-text: the checkpoint")
     parser.add_argument("--save", metavar="DIR",
                         help="with --supervised: save the model (a csclip checkpoint; one --model)")
@@ -391,6 +444,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.init:
             parser.error("--supervised-text needs --init")
         metrics = supervised_text_layout(args.init, args.supervised_text, save=args.save)
+        print(" ".join(f"{k}={v:.1f}" for k, v in metrics.items()), flush=True)
+        return 0
+    if args.pairwise:
+        metrics = pairwise_text(args.init, args.pairwise, lock_image=not args.unlock_image)
         print(" ".join(f"{k}={v:.1f}" for k, v in metrics.items()), flush=True)
         return 0
     if args.supervised_joint:
