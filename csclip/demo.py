@@ -227,7 +227,8 @@ def _warm_start_stage(demo: DemoConfig) -> tuple[str, StageTime]:
     device = "cuda" if demo.train.run.use_gpu and torch.cuda.is_available() else "cpu"
     result = image_layout_warm_start(bundle.model, bundle.preprocess, pretrain_world(demo),
                                      pre.layout_steps, batch_size=pre.batch_size,
-                                     seed=demo.train.run.seed, device=device, log=logger.info)
+                                     seed=demo.train.run.seed, device=device, log_every=500,
+                                     log=logger.info)
     save_checkpoint(bundle.model.cpu(), spec_of(bundle.model, model.name), directory)
     summary.write_text(json.dumps(result.__dict__, indent=2))
     seconds = time.perf_counter() - started
