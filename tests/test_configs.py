@@ -115,6 +115,13 @@ def test_paper_presets_keep_image_foils_off(name):
     assert not load_config(TrainConfig, CONFIGS / name).loss.image_foils
 
 
+@pytest.mark.parametrize("name", ["coco.yaml", "coco_authors.yaml"])
+def test_paper_presets_draw_relation_foils_as_the_authors(name):
+    # relation_foil_weights is ours (issue 10): the paper presets keep the authors'
+    # uniform draw.
+    assert load_config(TrainConfig, CONFIGS / name).sampling.relation_foil_weights == {}
+
+
 def test_demo_takes_a_fine_tuning_yaml_as_its_train_section():
     from csclip.entry.demo import build_parser, demo_config
 
