@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from csclip.eval.encoder import BundleScorer
+from csclip.eval.encoder import BundleScorer, decode_image
 from csclip.model import ClipBundle, create_bundle, load_bundle
 from csclip.units import ChangeType, UnitsRecord
 from csclip.world import WorldConfig, scene_from_record, world_record
@@ -196,17 +196,14 @@ def _text_layout_examples(world: WorldConfig, split: str, count: int, kinds: dic
     each text the per-kind target: the subject's direction from the predicate, the
     object's the opposite one, every other kind "absent" (the last class)."""
     from csclip.units import render_relation
+    from csclip.world.layout import relation_variants
     from csclip.world.truth import parse_entity
 
     directions = {LEFT: 0, RIGHT: 1, ABOVE: 2, BELOW: 3}
     texts, targets = [], []
     for index in range(count):
         for unit in world_record(world, split, index).relations:
-            subject, predicate, obj = unit.subject or "", unit.predicate or "", unit.object or ""
-            if predicate not in directions:
-                continue
-            for s, p, o in ((subject, predicate, obj), (subject, ANTONYMS[predicate], obj),
-                            (obj, predicate, subject)):
+            for s, p, o in relation_variants(unit):
                 target = torch.full((len(kinds),), len(directions), dtype=torch.long)
                 first, second = (parse_entity(part.split(), unit.text) for part in (s, o))
                 target[kinds[(first.color, first.shape)]] = directions[p]
@@ -285,7 +282,7 @@ def supervised_joint_layout(model_name: str, steps: int, scenes: int = 4000,
 
     def examples(split: str, count: int):
         records = [world_record(world, split, i) for i in range(count)]
-        images = torch.stack([bundle.preprocess(_decode(r.image_bytes)) for r in records])
+        images = torch.stack([bundle.preprocess(decode_image(r.image_bytes)) for r in records])
         answers = [record_image_targets(vocabulary, r) for r in records]
         texts = [e for r in records for e in vocabulary.text_examples(r)]
         return (images, torch.as_tensor(np.stack([t for t, _ in answers])),
@@ -335,7 +332,7 @@ def pairwise_text(init: str, steps: int, scenes: int = 2000, batch_size: int = 6
 
     def triples(split: str, count: int):
         cases = relation_cases([world_record(world, split, i) for i in range(count)])
-        images = torch.stack([bundle.preprocess(_decode(c.image)) for c in cases])
+        images = torch.stack([bundle.preprocess(decode_image(c.image)) for c in cases])
         return (images, bundle.tokenizer([c.unit for c in cases]),
                 bundle.tokenizer([c.antonym_text for c in cases]),
                 bundle.tokenizer([c.swap_text for c in cases]))
@@ -365,14 +362,6 @@ def pairwise_text(init: str, steps: int, scenes: int = 2000, batch_size: int = 6
     return {"pairwise_antonym": 100 * float((antonym[:, 0] > antonym[:, 1]).float().mean()),
             "pairwise_swap": 100 * float((swap[:, 0] > swap[:, 1]).float().mean()),
             "pairwise_steps": float(steps)}
-
-
-def _decode(data: bytes):
-    import io
-
-    from PIL import Image
-
-    return Image.open(io.BytesIO(data)).convert("RGB")
 
 
 COLUMNS = (

@@ -77,12 +77,19 @@ def position_caption(record, rng: np.random.Generator) -> str:
     return f"{mention(obj, with_size=False)} {where}"
 
 
-def layout_batch(vocabulary: LayoutVocabulary, records, tokenizer, rng) -> dict[str, torch.Tensor]:
+def layout_batch(vocabulary: LayoutVocabulary, records, tokenizer, rng,
+                 answers: dict) -> dict[str, torch.Tensor]:
     """The layout question's columns for a batch: each record's image answers, and one
-    relation text per record (a unit, its antonym or its swap) with its answers."""
-    image = [record_image_targets(vocabulary, r) for r in records]
+    relation text per record (a unit, its antonym or its swap) with its answers.
+    answers: sample_id -> (image answers, text examples), filled once per record (they
+    do not change between steps)."""
+    for r in records:
+        if r.sample_id not in answers:
+            answers[r.sample_id] = (record_image_targets(vocabulary, r),
+                                    vocabulary.text_examples(r))
+    image = [answers[r.sample_id][0] for r in records]
     texts = [examples[int(rng.integers(len(examples)))]
-             for examples in (vocabulary.text_examples(r) for r in records) if examples]
+             for examples in (answers[r.sample_id][1] for r in records) if examples]
     return {"image_target": torch.as_tensor(np.stack([t for t, _ in image])),
             "image_mask": torch.as_tensor(np.stack([m for _, m in image])),
             "text": tokenizer([t for t, _, _ in texts]),
@@ -104,6 +111,7 @@ def train(config: TrainConfig, steps: int, out: Path, diag_every: int, diag_reco
     batch_size = config.data.batch_size
     vocabulary = LayoutVocabulary(tuple(config.data.world.colors), tuple(config.data.world.shapes))
     head = LayoutHead(spec.embed_dim, vocabulary, frozen=layout_frozen) if layout_weight else None
+    layout_answers: dict = {}
     optimizer = build_optimizer(model, config.optim)
     if head is not None and not layout_frozen:
         optimizer.add_param_group({"params": list(head.parameters()), "weight_decay": 0.0})
@@ -140,7 +148,7 @@ def train(config: TrainConfig, steps: int, out: Path, diag_every: int, diag_reco
                                encoded.scale, encoded.images)
         total = parts.total
         if head is not None:
-            answers = layout_batch(vocabulary, chosen, bundle.tokenizer, rng)
+            answers = layout_batch(vocabulary, chosen, bundle.tokenizer, rng, layout_answers)
             text = model.encode_text(answers["text"])
             total = total + layout_weight * (
                 layout_loss(head(encoded.image), answers["image_target"], answers["image_mask"])

@@ -204,6 +204,8 @@ def _warm_start_stage(demo: DemoConfig) -> tuple[str, StageTime]:
     minutes of CPU: no cluster needed), cached like the pretraining."""
     import json
 
+    import torch
+
     from csclip.errors import ConfigError
     from csclip.model import create_bundle, save_checkpoint, spec_of
     from csclip.storage import is_s3
@@ -221,8 +223,6 @@ def _warm_start_stage(demo: DemoConfig) -> tuple[str, StageTime]:
         logger.info("layout warm start: reusing %s", directory)
         return str(directory.resolve()), StageTime("layout warm start", 0.0, pre.layout_steps,
                                                     pre.batch_size, cached=True)
-    import torch
-
     bundle = create_bundle(model.name, image_size=model.image_size)
     device = "cuda" if demo.train.run.use_gpu and torch.cuda.is_available() else "cpu"
     result = image_layout_warm_start(bundle.model, bundle.preprocess, pretrain_world(demo),

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from csclip.units import UnitsRecord, render_relation
+from csclip.units import Unit, UnitsRecord, render_relation
 from csclip.world.config import ANTONYMS, LEFT, PREDICATES, SHAPES
 from csclip.world.scene import Scene, scene_from_record
 from csclip.world.truth import WorldLanguageError, parse_entity
@@ -102,14 +102,20 @@ class LayoutVocabulary:
         predicate and the word order to tell them apart."""
         examples = []
         for unit in record.relations:
-            s, r, o = unit.subject or "", unit.predicate or "", unit.object or ""
-            if r not in DIRECTIONS:
-                continue
-            for a, p, b in ((s, r, o), (s, ANTONYMS[r], o), (o, r, s)):
+            for a, p, b in relation_variants(unit):
                 answers = self.text_targets(a, p, b)
                 if answers is not None:
                     examples.append((render_relation(a, p, b), *answers))
         return examples
+
+
+def relation_variants(unit: Unit) -> list[tuple[str, str, str]]:
+    """(subject, predicate, object) of a world relation unit, of its antonym and of its
+    swap; [] for a unit whose predicate is not a world direction."""
+    s, r, o = unit.subject or "", unit.predicate or "", unit.object or ""
+    if r not in DIRECTIONS:
+        return []
+    return [(s, r, o), (s, ANTONYMS[r], o), (o, r, s)]
 
 
 def record_image_targets(vocabulary: LayoutVocabulary, record: UnitsRecord
@@ -251,9 +257,12 @@ def image_layout_warm_start(model: torch.nn.Module, preprocess, world, steps: in
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        last_loss = loss.item()
-        first_loss = last_loss if step == 1 else first_loss
-        if log_every and (step % log_every == 0 or step == steps):
+        logged = bool(log_every) and (step % log_every == 0 or step == steps)
+        # .item() waits for the device: only where the value is read, not every step.
+        if step == 1 or step == steps or logged:
+            last_loss = loss.item()
+            first_loss = last_loss if step == 1 else first_loss
+        if logged:
             log(f"layout warm start: step {step}/{steps} loss {last_loss:.4f} "
                 f"({time.perf_counter() - started:.0f} s)")
     visual.eval()
@@ -265,7 +274,6 @@ def image_layout_warm_start(model: torch.nn.Module, preprocess, world, steps: in
     return WarmStartResult(
         cell_accuracy=100.0 * float(cell[present].eq(test_y[present]).float().mean())
         if present.any() else float("nan"),
-        presence_accuracy=100.0 * float(called_present.eq(present).float().mean())
-        if len(test_y) else float("nan"),
+        presence_accuracy=100.0 * float(called_present.eq(present).float().mean()),
         steps=steps, seconds=time.perf_counter() - started, first_loss=first_loss,
         last_loss=last_loss)
