@@ -99,12 +99,23 @@ def test_compare_models_writes_tables_figure_and_logs_to_mlflow(
     report = compare_models(
         bundles, world_val[:8], tmp_path / "out", tracking_uri=mlflow_uri, benchmark=FAST
     )
-    for name in ["table1", "table6", "table7", "image_side"]:
+    for name in ["table1", "table6", "table7", "table7_ci", "image_side"]:
         assert (tmp_path / "out" / f"{name}.md").read_text() in report.markdown
         with open(tmp_path / "out" / f"{name}.csv") as handle:
             rows = list(csv.reader(handle))
         assert [row[0] for row in rows[1:]] == ["tiny-a", "tiny-b"]
     assert "| +Obj | +Attr | +Rand | Rel:Attr | Rel:Obj | Ant | Swap | Subj |" in report.markdown
+    # Ant and Swap's win rates with their intervals, as the metrics have them.
+    with open(tmp_path / "out" / "table7_ci.csv") as handle:
+        header, first = list(csv.reader(handle))[:2]
+    assert header == ["Model", "Ant", "Ant CI low", "Ant CI high", "Swap", "Swap CI low",
+                      "Swap CI high"]
+    metrics = report.reports["tiny-a"].metrics
+    for column, key in zip(header[1:], ["winrate_ant", "winrate_ant_ci_low", "winrate_ant_ci_high",
+                                        "winrate_swap", "winrate_swap_ci_low",
+                                        "winrate_swap_ci_high"], strict=True):
+        assert float(first[header.index(column)]) == pytest.approx(metrics[key])
+    assert metrics["winrate_ant_ci_low"] <= metrics["winrate_ant"] <= metrics["winrate_ant_ci_high"]
     assert (tmp_path / "out" / "figure3.png").read_bytes()[:4] == b"\x89PNG"
     scores = pq.read_table(tmp_path / "out" / "scores.parquet")
     assert scores.num_rows == len(report.reports["tiny-a"].items)

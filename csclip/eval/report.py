@@ -152,6 +152,18 @@ def paper_tables(reports: Mapping[str, HalfTruthReport]) -> dict[str, Table]:
             tuple(_row(n, r.metrics, t7_keys) for n, r in reports.items()),
             ("", *["acc"] * (len(t7_keys))),
         ),
+        # The layout conditions' win rates with their bootstrap 95% intervals: at 300
+        # items an interval is about ±5.6 points, so whether a model separates "A left of
+        # B" from its antonym or swap at all is read here, not from Table 7's point values.
+        "table7_ci": Table(
+            "Table 7, Ant and Swap: win rate s(A+) > s(A-) (%) with its bootstrap 95% CI",
+            ("Model", *(f"{label}{part}" for label in ("Ant", "Swap")
+                        for part in ("", " CI low", " CI high"))),
+            tuple(_row(n, r.metrics, [f"winrate_{slug}{part}" for slug in ("ant", "swap")
+                                      for part in ("", "_ci_low", "_ci_high")])
+                  for n, r in reports.items()),
+            ("", *["acc"] * 6),
+        ),
         "image_side": Table(
             "Image-side half-truth: the text ranks its image above distractors",
             ("Model", "Top-1 (%)", "MRR", "Margin", "Items"),
