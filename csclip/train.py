@@ -347,9 +347,11 @@ def train_loop_per_worker(loop_config: dict) -> None:
         if state.step % config.run.log_every == 0 or checkpoint_now:
             last = _publish(metrics, window, step_logger, plan["steps_per_epoch"])
             if state.step % config.run.log_every == 0 and rank == 0:
-                logger.info("%s step %d/%d loss %.4f (full %.4f unit %.4f) lr %.2e "
+                logger.info("%s step %d/%d loss %.4f (full %.4f unit %.4f%s) lr %.2e "
                             "%.0f samples/s (data wait %.0f%%)", config.loss.method, state.step,
-                            total, last["loss"], last["loss_full"], last["loss_unit"], lr,
+                            total, last["loss"], last["loss_full"], last["loss_unit"],
+                            f" image_foil {last['loss_image_foil']:.4f}"
+                            if "loss_image_foil" in last else "", lr,
                             last["samples_per_s"], 100 * last["data_wait_frac"])
         if evaluator is not None and (state.step % config.run.eval_every == 0 or state.step == total):
             started = time.perf_counter()
