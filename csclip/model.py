@@ -42,6 +42,17 @@ SMALL_MODEL_CONFIGS: dict[str, dict[str, Any]] = {
         "vision_cfg": {"image_size": 64, "layers": 2, "width": 64, "patch_size": 8, "head_width": 32},
         "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2},
     },
+    # csclip-tiny with a deeper / wider text tower (docs/training.md, "Spatial relations").
+    "csclip-tiny-t4": {
+        "embed_dim": 64,
+        "vision_cfg": {"image_size": 64, "layers": 2, "width": 64, "patch_size": 8, "head_width": 32},
+        "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 4},
+    },
+    "csclip-tiny-w128": {
+        "embed_dim": 64,
+        "vision_cfg": {"image_size": 64, "layers": 2, "width": 64, "patch_size": 8, "head_width": 32},
+        "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 128, "heads": 4, "layers": 2},
+    },
     "csclip-small": {
         "embed_dim": 128,
         "vision_cfg": {"image_size": 64, "layers": 4, "width": 128, "patch_size": 8, "head_width": 32},
