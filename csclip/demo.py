@@ -44,11 +44,11 @@ class PretrainConfig(StrictModel):
     # Contrastive pretraining alone never makes the image tower encode layout, and then
     # no fine-tuning objective can teach "left of" (docs/training.md, spatial relations).
     layout_steps: int = Field(2000, ge=0)
-    # With a warm start, pretraining aligns the text tower to the locked image tower (LiT,
-    # Zhai et al. 2022: a pretrained image model, locked, and a text tower tuned to it), so
-    # contrastive pretraining cannot wash the layout back out of the image embedding.
-    # Without a warm start (layout_steps 0) nothing is locked.
-    lock_image: bool = True
+    # Ours (issue 10): image-side foils in the pretraining too (loss.image_foils with this
+    # μ; 0: none), so the text tower starts fine-tuning already reading the locked image
+    # tower's layout. Without them CS-CLIP's image foils did not take from one of two
+    # pretrainings (docs/training.md, "Spatial relations", third round).
+    image_foil_weight: float = Field(2.0, ge=0)
 
 
 class DemoConfig(StrictModel):
@@ -57,6 +57,18 @@ class DemoConfig(StrictModel):
 
     train: TrainConfig = TrainConfig()
     pretrain: PretrainConfig = PretrainConfig()
+    # Ours (issue 10). With a layout warm start the image tower stays locked from then on:
+    # the pretraining aligns the text tower to it (LiT, Zhai et al. 2022: a pretrained image
+    # model, locked, and a text tower tuned to it), and both fine-tunings, CLIP-FT and
+    # CS-CLIP alike, train the text tower only. Contrastive training on the world washes
+    # the layout out of an unlocked image embedding (docs/training.md, "Spatial
+    # relations"). Without a warm start (pretrain.layout_steps 0) nothing is locked.
+    lock_image: bool = True
+    # Ours (issue 10): CS-CLIP's image-side counterfactual foils in the demo (the scene
+    # re-rendered with a relation's two objects exchanged; csclip.image_foils), with this
+    # weight μ; they override train.loss.image_foils / image_foil_weight for CS-CLIP.
+    # null: train.loss decides. CLIP-FT, the paper's baseline, never has them.
+    image_foil_weight: float | None = Field(2.0, ge=0)
     eval_seed: int = 0
     out_dir: str = "runs/demo"
     results_doc: str | None = "docs/results.md"  # where the demo writes its table (None: skip)
@@ -106,24 +118,34 @@ def pretrain_config(demo: DemoConfig, warm_start: str | None = None) -> TrainCon
     world = pretrain_world(demo)
     return base.model_copy(update={
         "model": base.model.model_copy(update={
-            "pretrained": warm_start, "lock_image": bool(warm_start and pre.lock_image),
+            "pretrained": warm_start, "lock_image": bool(warm_start and demo.lock_image),
             "lock_image_unlocked_groups": 0}),
         "data": base.data.model_copy(update={"world": world, "batch_size": pre.batch_size}),
         # Its own loss section, so that fine-tuning settings (λ) do not change the
         # pretraining's config hash and invalidate its cache.
-        "loss": LossConfig(method="clip"),
+        "loss": LossConfig(method="clip", image_foils=pre.image_foil_weight > 0,
+                           image_foil_weight=pre.image_foil_weight or 1.0),
         "optim": pre.optim,
         "run": base.run.model_copy(update={"name": None, "storage_path": pre.storage_path}),
     })
 
 
 def finetune_config(demo: DemoConfig, method: str, pretrained_uri: str) -> TrainConfig:
+    """One fine-tuning from the pretrained checkpoint: `train` with loss.method `method`,
+    the image tower locked after a warm start (`lock_image`), and for CS-CLIP the demo's
+    image foils (`image_foil_weight`)."""
     base = demo.train
+    lock = base.model.lock_image or (demo.lock_image and demo.pretrain.layout_steps > 0)
+    if method == "clip":  # CLIP-FT is the paper's baseline: the CLIP loss alone, no foils
+        foils = {"image_foils": False}
+    elif demo.image_foil_weight is not None:
+        foils = ({"image_foils": True, "image_foil_weight": demo.image_foil_weight}
+                 if demo.image_foil_weight > 0 else {"image_foils": False})
+    else:
+        foils = {}
     return base.model_copy(update={
-        "model": base.model.model_copy(update={"pretrained": pretrained_uri}),
-        # CLIP-FT is the paper's baseline: the CLIP loss alone, without our image foils.
-        "loss": base.loss.model_copy(update={"method": method, **(
-            {"image_foils": False} if method == "clip" else {})}),
+        "model": base.model.model_copy(update={"pretrained": pretrained_uri, "lock_image": lock}),
+        "loss": base.loss.model_copy(update={"method": method, **foils}),
         "run": base.run.model_copy(update={"name": None}),
     })
 
@@ -319,6 +341,7 @@ def write_results_doc(demo: DemoConfig, pretrained: TrainResult, finetuned: dict
     reused: the stages found finished from an earlier run (not timed here)."""
     train, pre = demo.train, demo.pretrain
     world = train.data.world
+    cs_clip = finetune_config(demo, "csclip", pretrained.checkpoint_uri)
     lines = [
         "## The demo: pretrained CLIP, CLIP-FT and CS-CLIP on the synthetic world", "",
         f"Produced by `{command}` (csclip.demo; {seconds / 60:.1f} min wall clock, "
@@ -331,12 +354,17 @@ def write_results_doc(demo: DemoConfig, pretrained: TrainResult, finetuned: dict
         f"lr {pre.optim.lr}"
         + (f", from an image tower warm-started on the layout question ({pre.layout_steps} "
            "steps on the same scenes; ours, docs/training.md)"
-           + (", locked (LiT): only the text tower trains" if pre.lock_image else "")
+           + (", locked (LiT): only the text tower trains" if demo.lock_image else "")
+           + (f", with image-side foils, μ = {pre.image_foil_weight} (ours)"
+              if pre.image_foil_weight else "")
            if pre.layout_steps else ", from random weights"),
         f"- fine-tuning: {world.num_train} training scenes (seed {world.seed}), "
         f"{train.optim.max_steps} steps x batch {train.data.batch_size}, lr {train.optim.lr}, "
         f"N = {train.sampling.num_unit_slots}, relation_prob {train.sampling.relation_prob}, "
-        f"λ = {train.loss.unit_loss_weight}",
+        f"λ = {train.loss.unit_loss_weight}"
+        + (", the image tower locked in both (ours)" if cs_clip.model.lock_image else "")
+        + (f"; CS-CLIP with image-side foils, μ = {cs_clip.loss.image_foil_weight} (ours; "
+           "CLIP-FT never)" if cs_clip.loss.image_foils else ""),
         f"- evaluation: half-truth benchmark on the {world.num_val} validation scenes, seed "
         f"{demo.eval_seed}",
         f"- checkpoints: pretrained `{pretrained.checkpoint_uri}`; "

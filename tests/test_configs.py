@@ -104,9 +104,12 @@ def test_world_gpu_is_a_demo_yaml_with_image_foils_for_cs_clip_only():
     assert config.train.model.name == "csclip-small" and config.train.run.use_gpu
     assert config.train.optim.lr == 1e-4 and config.train.optim.max_steps == 5000
     assert config.pretrain.optim.max_steps == 5000 and config.results_doc is None
-    assert finetune_config(config, "csclip", "ckpt").loss.image_foils
-    assert not finetune_config(config, "clip", "ckpt").loss.image_foils
-    assert not pretrain_config(config).loss.image_foils
+    cs_clip, clip_ft = (finetune_config(config, method, "ckpt") for method in ("csclip", "clip"))
+    assert cs_clip.loss.image_foils and cs_clip.loss.image_foil_weight == 2.0
+    assert not clip_ft.loss.image_foils
+    assert cs_clip.model.lock_image and clip_ft.model.lock_image  # after the warm start
+    pre = pretrain_config(config).loss
+    assert pre.method == "clip" and pre.image_foils and pre.image_foil_weight == 2.0
     assert config.pretrain.layout_steps == 3000  # the layout warm start (ours)
 
 

@@ -129,7 +129,12 @@ def test_layout_warm_start_stage_writes_once_then_reuses_and_feeds_the_pretraini
     assert warm.pretrained == directory and warm.lock_image  # LiT on the warm image tower
     cold = pretrain_config(demo).model
     assert cold.pretrained is None and not cold.lock_image
-    unlocked = demo.model_copy(update={"pretrain": demo.pretrain.model_copy(update={"lock_image": False})})
+    # The pretraining's own image foils (ours), off with pretrain.image_foil_weight 0.
+    assert pretrain_config(demo, directory).loss.image_foils
+    plain = demo.model_copy(update={"pretrain": demo.pretrain.model_copy(update={"image_foil_weight": 0})})
+    assert not pretrain_config(plain, directory).loss.image_foils
+    assert warm_start_dir(plain) == warm_start_dir(demo)  # the warm start does not depend on it
+    unlocked = demo.model_copy(update={"lock_image": False})
     assert not pretrain_config(unlocked, directory).model.lock_image
     longer = demo.model_copy(update={"pretrain": demo.pretrain.model_copy(update={"layout_steps": 4})})
     assert warm_start_dir(longer) != warm_start_dir(demo)
@@ -192,4 +197,8 @@ def test_demo_log_holds_no_warning_and_no_traceback(tmp_path):
                   "[4/4] half-truth evaluation", "| CS-CLIP |", "csclip step 4/4",
                   "mlflow ui --backend-store-uri"):
         assert stage in log
+    # CS-CLIP's step lines show the image-foil term (ours, issue 10); the table of Ant and
+    # Swap's win rates with their intervals is printed.
+    assert any("csclip step" in line and "image_foil" in line for line in log.splitlines())
+    assert "| Model | Ant | Ant CI low | Ant CI high | Swap | Swap CI low | Swap CI high |" in log
     assert (tmp_path / "demo" / "figure3.png").exists()

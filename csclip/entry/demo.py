@@ -15,7 +15,7 @@ from csclip.entry.common import (
 )
 
 DESCRIPTION = """\
-The demo, on CPU in about 10 minutes: generate the synthetic world, pretrain a small CLIP
+The demo, on CPU in about 12 minutes: generate the synthetic world, pretrain a small CLIP
 on it (cached after the first run: it stands in for zero-shot CLIP), fine-tune it with
 CLIP-FT and with CS-CLIP on the same budget, and compare the three on the half-truth
 benchmark. Prints a table per stage and the results; writes them to docs/results.md and
@@ -23,7 +23,9 @@ runs/demo/, logs every run to MLflow.
 
 --config is the fine-tuning YAML, or a whole demo YAML with `train:` and `pretrain:`
 sections (configs/world_gpu.yaml); --set paths are those of csclip.demo.DemoConfig:
-train.* (the fine-tuning config), pretrain.*, eval_seed, out_dir, results_doc."""
+train.* (the fine-tuning config), pretrain.*, lock_image and image_foil_weight (ours: the
+warm image tower locked after the warm start; CS-CLIP's image foils, null for the
+paper's objective), eval_seed, out_dir, results_doc."""
 
 # Top-level keys that make --config a demo YAML rather than a fine-tuning config.
 DEMO_SECTIONS = {"train", "pretrain"}
