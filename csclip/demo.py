@@ -123,6 +123,8 @@ def pretrain_config(demo: DemoConfig, warm_start: str | None = None) -> TrainCon
         "data": base.data.model_copy(update={"world": world, "batch_size": pre.batch_size}),
         # Its own loss section, so that fine-tuning settings (λ) do not change the
         # pretraining's config hash and invalidate its cache.
+        # Without foils the weight stays LossConfig's default, so the config (and its
+        # cached pretraining) is the one from before image_foil_weight existed.
         "loss": LossConfig(method="clip", image_foils=pre.image_foil_weight > 0,
                            image_foil_weight=pre.image_foil_weight or 1.0),
         "optim": pre.optim,
