@@ -131,3 +131,17 @@ def test_demo_takes_a_fine_tuning_yaml_as_its_train_section():
     config = demo_config(build_parser().parse_args(
         ["--config", str(CONFIGS / "default.yaml"), "--max-steps", "7"]))
     assert config.train.optim.max_steps == 7 and config.train.model.name == "csclip-tiny"
+
+
+def test_spatial_study_fine_tunes_with_the_demo_sampler():
+    # benchmarks/spatial_runs.py's `finetune` stage stands for the demo's fine-tuning: its
+    # sampler is configs/default.yaml's (it once had TrainConfig's, the authors').
+    import sys
+
+    sys.path.insert(0, str(CONFIGS.parent / "benchmarks"))
+    try:
+        from spatial_runs import STAGES
+    finally:
+        sys.path.pop(0)
+    stage = load_config(TrainConfig, None, STAGES["finetune"])
+    assert stage.sampling == load_config(TrainConfig, CONFIGS / "default.yaml").sampling

@@ -11,6 +11,7 @@ import torch
 
 from csclip.errors import CheckpointMismatch, ConfigError
 from csclip.model import (
+    SMALL_MODEL_CONFIGS,
     SPEC_FILE,
     WEIGHTS_FILE,
     ModelConfig,
@@ -111,3 +112,20 @@ def test_relative_pretrained_path_travels_as_absolute(tmp_path, monkeypatch):
     assert ModelConfig(pretrained="ckpt").pretrained == str(tmp_path / "ckpt")
     assert ModelConfig(pretrained="openai").pretrained == "openai"
     assert ModelConfig(pretrained="s3://bucket/ckpt").pretrained == "s3://bucket/ckpt"
+
+
+@pytest.mark.parametrize("name", sorted(SMALL_MODEL_CONFIGS))
+def test_every_small_config_builds_as_declared(name):
+    # Our registered configs (the CPU runs and the spatial study's text-tower variants)
+    # build by name, with the depth and width they declare, and encode at their size.
+    cfg = SMALL_MODEL_CONFIGS[name]
+    model = create_bundle(name).model
+    text, vision = cfg["text_cfg"], cfg["vision_cfg"]
+    assert len(model.transformer.resblocks) == text["layers"]
+    assert model.token_embedding.embedding_dim == text["width"]
+    assert len(model.visual.transformer.resblocks) == vision["layers"]
+    size = vision["image_size"]
+    with torch.no_grad():
+        image = model.encode_image(torch.rand(1, 3, size, size))
+        tokens = model.encode_text(torch.zeros(1, text["context_length"], dtype=torch.long))
+    assert image.shape == tokens.shape == (1, cfg["embed_dim"])
