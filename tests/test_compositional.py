@@ -20,8 +20,14 @@ from csclip.eval.encoder import CaptionLengthScorer, Encoder
 from csclip.eval.halftruth import BenchmarkConfig
 from csclip.eval.pipeline import compare_models, evaluate_bundle
 from csclip.eval.suites import SuitesConfig, evaluate_suites
+from csclip.eval.suites.core import IncompleteBenchmark
+from csclip.eval.suites.registry import BENCHMARKS
 from csclip.eval.suites.rules import strict_accuracy, winoground_metrics
-from csclip.eval.suites.sugarcrepe import SUGARCREPE_SUBSETS, evaluate_sugarcrepe, load_sugarcrepe
+from csclip.eval.suites.sugarcrepe import (
+    SUGARCREPE_SUBSETS,
+    evaluate_sugarcrepe,
+    load_sugarcrepe_files,
+)
 from csclip.eval.suites.world import evaluate_world_suites
 from csclip.units import UnitsRecord
 from csclip.world import WorldConfig, iter_world, scene_from_record
@@ -170,26 +176,34 @@ def test_sugarcrepe_config_needs_images():
 def write_coco_images(root, items) -> None:
     root.mkdir(exist_ok=True)
     for item in items:
-        Image.new("RGB", (32, 32), (random.randrange(256), 0, 0)).save(root / item.filename)
+        Image.new("RGB", (32, 32), (random.randrange(256), 0, 0)).save(root / item["filename"])
+
+
+def read_subsets(directory) -> dict[str, list[dict]]:
+    """The SugarCrepe files as the test reads them itself (index order)."""
+    out = {}
+    for path in sorted(directory.glob("*.json")):
+        rows = json.loads(path.read_text())
+        out[path.stem] = [rows[k] for k in sorted(rows, key=int)]
+    return out
 
 
 def small_sugarcrepe(sugarcrepe_dir, tmp_path, per_subset: int = 4):
     """The first `per_subset` real items of every subset, as SugarCrepe files."""
-    subsets = load_sugarcrepe(sugarcrepe_dir)
+    subsets = {s: items[:per_subset] for s, items in read_subsets(sugarcrepe_dir).items()}
     out = tmp_path / "sugarcrepe"
     out.mkdir()
     for subset, items in subsets.items():
-        rows = {str(k): vars(item) for k, item in enumerate(items[:per_subset])}
-        (out / f"{subset}.json").write_text(json.dumps(rows))
-    return out, {s: items[:per_subset] for s, items in subsets.items()}
+        (out / f"{subset}.json").write_text(json.dumps({str(k): i for k, i in enumerate(items)}))
+    return out, subsets
 
 
-def test_load_sugarcrepe_reads_every_subset(sugarcrepe_dir):
-    subsets = load_sugarcrepe(sugarcrepe_dir)
+def test_sugarcrepe_reads_every_real_record(sugarcrepe_dir, tmp_path):
+    subsets = read_subsets(sugarcrepe_dir)
     assert set(subsets) == set(SUGARCREPE_SUBSETS)
-    assert all(len(items) > 100 for items in subsets.values())
-    item = subsets["add_att"][0]
-    assert item.filename.endswith(".jpg") and item.caption != item.negative_caption
+    write_coco_images(tmp_path / "val2017", [i for items in subsets.values() for i in items])
+    data = load_sugarcrepe_files(str(sugarcrepe_dir), str(tmp_path / "val2017"))
+    assert data.read() == data.scored() == {s: len(items) for s, items in subsets.items()}
 
 
 def test_sugarcrepe_caption_length_known_answer(sugarcrepe_dir, tmp_path):
@@ -199,26 +213,42 @@ def test_sugarcrepe_caption_length_known_answer(sugarcrepe_dir, tmp_path):
         Encoder(CaptionLengthScorer(prefer_short=True)), directory, str(tmp_path / "val2017")
     )
     for subset, items in subsets.items():
-        expected = 100 * np.mean([len(i.caption) < len(i.negative_caption) for i in items])
-        assert metrics[f"sugarcrepe_{subset}"] == pytest.approx(expected), subset
-        assert metrics[f"sugarcrepe_skipped_{subset}"] == 0
+        expected = 100 * np.mean([len(i["caption"]) < len(i["negative_caption"]) for i in items])
+        assert metrics[f"sugarcrepe_{subset}_i2t"] == pytest.approx(expected), subset
+        assert metrics[f"sugarcrepe_{subset}_skipped"] == 0
+        assert metrics[f"sugarcrepe_{subset}_read"] == len(items)
     # Additions make the negative longer: a shorter-preferring scorer gets them all right.
-    assert metrics["sugarcrepe_add_att"] == metrics["sugarcrepe_add_obj"] == 100.0
-    per_subset = [metrics[f"sugarcrepe_{s}"] for s in subsets]
-    assert metrics["sugarcrepe_avg"] == pytest.approx(np.mean(per_subset))
+    assert metrics["sugarcrepe_add_att_i2t"] == metrics["sugarcrepe_add_obj_i2t"] == 100.0
+    per_subset = [metrics[f"sugarcrepe_{s}_i2t"] for s in subsets]
+    assert metrics["sugarcrepe_i2t"] == pytest.approx(np.mean(per_subset))
 
 
-def test_sugarcrepe_missing_image_is_a_counted_skip(sugarcrepe_dir, tmp_path, caplog):
+def test_sugarcrepe_dir_and_registry_suite_are_one_implementation(sugarcrepe_dir, tmp_path):
+    directory, subsets = small_sugarcrepe(sugarcrepe_dir, tmp_path)
+    write_coco_images(directory / "val2017", [i for items in subsets.values() for i in items])
+    encoder = Encoder(CaptionLengthScorer(prefer_short=True))
+    from_dir = evaluate_sugarcrepe(encoder, directory, str(directory / "val2017"))
+    from csclip.eval.suites.core import evaluate_suite_data
+
+    from_registry, _ = evaluate_suite_data(encoder, BENCHMARKS["sugarcrepe"](str(tmp_path)))
+    assert from_dir == from_registry
+
+
+def test_sugarcrepe_missing_image_fails_in_one_line_or_is_a_counted_skip(sugarcrepe_dir, tmp_path):
     directory, subsets = small_sugarcrepe(sugarcrepe_dir, tmp_path, per_subset=2)
-    present = [i for items in subsets.values() for i in items if i is not subsets["add_att"][0]]
+    missing = subsets["add_att"][0]["filename"]
+    present = [i for items in subsets.values() for i in items if i["filename"] != missing]
     write_coco_images(tmp_path / "val2017", present)
-    missing = subsets["add_att"][0].filename
-    if any(i.filename == missing for i in present):
-        pytest.skip("the first add_att image is shared with another item")
-    metrics = evaluate_sugarcrepe(Encoder(CaptionLengthScorer()), directory, str(tmp_path / "val2017"))
-    assert metrics["sugarcrepe_skipped_add_att"] == 1
-    assert metrics["sugarcrepe_num_add_att"] == 1
-    assert "add_att 1 scored / 1 skipped" in caplog.text
+    lost = sum(i["filename"] == missing for items in subsets.values() for i in items)
+    with pytest.raises(IncompleteBenchmark) as error:
+        evaluate_sugarcrepe(Encoder(CaptionLengthScorer()), directory, str(tmp_path / "val2017"))
+    message = str(error.value)
+    assert "\n" not in message and missing in message and "--allow-partial" in message
+    metrics = evaluate_sugarcrepe(Encoder(CaptionLengthScorer()), directory,
+                                  str(tmp_path / "val2017"), allow_partial=True)
+    assert sum(v for k, v in metrics.items() if k.endswith("_skipped_missing_image")) == lost
+    assert metrics["sugarcrepe_add_att_read"] == 2
+    assert metrics["sugarcrepe_add_att_num"] + metrics["sugarcrepe_add_att_skipped"] == 2
 
 
 def test_sugarcrepe_missing_root_names_it(sugarcrepe_dir, tmp_path):
@@ -228,7 +258,7 @@ def test_sugarcrepe_missing_root_names_it(sugarcrepe_dir, tmp_path):
 
 def test_sugarcrepe_no_files_is_a_data_error(tmp_path):
     with pytest.raises(DataError, match="no SugarCrepe subset files"):
-        load_sugarcrepe(tmp_path)
+        load_sugarcrepe_files(str(tmp_path), str(tmp_path))
 
 
 # --- integration --------------------------------------------------------------------------
@@ -343,6 +373,6 @@ def test_sugarcrepe_reads_images_from_s3(sugarcrepe_dir, tmp_path, s3_bucket):
     scorer = CaptionLengthScorer(prefer_short=True)
     from_s3 = evaluate_sugarcrepe(Encoder(scorer), directory, "s3://coco/val2017")
     assert from_s3 == evaluate_sugarcrepe(Encoder(scorer), directory, str(local))
-    assert from_s3["sugarcrepe_add_obj"] == 100.0
+    assert from_s3["sugarcrepe_add_obj_i2t"] == 100.0
     with pytest.raises(DataError, match="s3://coco/missing"):
         evaluate_sugarcrepe(Encoder(scorer), directory, "s3://coco/missing")

@@ -19,7 +19,12 @@ from csclip.eval.suites.core import (
     macro_accuracy,
     pair_correct,
 )
-from csclip.eval.suites.registry import BENCHMARKS, CAPABILITY_OF, evaluate_benchmarks
+from csclip.eval.suites.registry import (
+    BENCHMARKS,
+    CAPABILITY_OF,
+    evaluate_benchmarks,
+    load_benchmarks,
+)
 
 ROOT = str(FIXTURES)
 
@@ -180,13 +185,23 @@ def test_missing_benchmark_is_one_line_and_others_still_run(tmp_path, caplog):
 
 def test_malformed_file_names_the_file(tmp_path):
     (tmp_path / "cola").mkdir()
-    (tmp_path / "cola" / "COLA_multiobjects_matching_benchmark.json").write_text('[{"a": 1}]')
+    (tmp_path / "cola" / "COLA_multiobjects_matching_benchmark.json").write_text('{"a": 1}')
     with pytest.raises(DataError, match="COLA_multiobjects_matching_benchmark.json"):
         BENCHMARKS["cola"](str(tmp_path))
 
 
+def test_a_file_of_only_malformed_records_is_the_wrong_file(tmp_path):
+    (tmp_path / "cola").mkdir()
+    (tmp_path / "cola" / "COLA_multiobjects_matching_benchmark.json").write_text('[{"a": 1}]')
+    assert BENCHMARKS["cola"](str(tmp_path)).skip_counts == {("multi_objects",
+                                                               "malformed_record"): 1}
+    with pytest.raises(DataError, match="none of its 1 records is in the published format"):
+        load_benchmarks(["cola"], str(tmp_path), allow_partial=True)
+
+
 def test_capability_and_suite_averages():
-    metrics = evaluate_benchmarks(Encoder(ColorScorer()), sorted(BENCHMARKS), ROOT)
+    metrics = evaluate_benchmarks(Encoder(ColorScorer()), sorted(BENCHMARKS), ROOT,
+                                  allow_partial=True)
     for name in BENCHMARKS:
         assert any(k.startswith(f"{name}_") for k in metrics), name
     relational = [metrics[f"{b}_{s}_i2t"] for (b, s), c in CAPABILITY_OF.items()
@@ -198,7 +213,8 @@ def test_capability_and_suite_averages():
 
 
 def test_every_fixture_subset_has_a_capability():
-    metrics = evaluate_benchmarks(Encoder(ColorScorer()), sorted(BENCHMARKS), ROOT)
+    metrics = evaluate_benchmarks(Encoder(ColorScorer()), sorted(BENCHMARKS), ROOT,
+                                  allow_partial=True)
     subsets = {k.rsplit("_", 1)[0] for k in metrics if k.endswith("_num")}
     known = {f"{b}_{s}" for b, s in CAPABILITY_OF}
     assert subsets <= known, subsets - known

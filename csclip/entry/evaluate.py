@@ -58,6 +58,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     shortcuts.add_argument("--data-root", metavar="DIR|URI",
                            help="folder (or s3:// prefix) with one sub-folder per suite in its "
                                 "published layout: suites.data_root")
+    shortcuts.add_argument("--allow-partial", action="store_const", const=True, default=None,
+                           help="score a benchmark whose images are partly missing, counting "
+                                "those records as skipped: suites.allow_partial")
     return parser
 
 
@@ -72,6 +75,7 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
         "checkpoint": args.checkpoint, "data.units_uri": args.units, "out_dir": args.out,
         "suites.sugarcrepe_dir": args.sugarcrepe, "suites.coco_images": args.coco_images,
         "suites.names": args.suite, "suites.data_root": args.data_root,
+        "suites.allow_partial": args.allow_partial,
     }, args.overrides)
 
 

@@ -185,7 +185,7 @@ def paper_tables(reports: Mapping[str, HalfTruthReport]) -> dict[str, Table]:
 # The suites table: the ablation's Table 16-17 columns (comp_*, suite_*, zs_*, ret_*) and
 # the rest measured.
 SUITE_KEYS: tuple[str, ...] = (
-    "comp_i2t", "comp_t2i", "comp_group", "comp_i2t_replace", "sugarcrepe_avg",
+    "comp_i2t", "comp_t2i", "comp_group", "comp_i2t_replace", "sugarcrepe_i2t",
     "suite_i2t", "suite_t2i", "suite_group", "zs_world_avg", "zs_avg",
     "ret_i2t", "ret_i2t_r5", "ret_i2t_r10", "ret_t2i", "ret_t2i_r5", "ret_t2i_r10",
     "coco_ret_i2t", "coco_ret_t2i", "flickr30k_ret_i2t", "flickr30k_ret_t2i",
@@ -200,26 +200,41 @@ SUITE_HEADERS: tuple[str, ...] = (
 )  # fmt: skip
 
 
+def benchmark_subsets(metrics: Mapping[str, float], benchmark: str,
+                      benchmarks: Sequence[str]) -> list[str]:
+    """The subsets of `benchmark` that have a `<benchmark>_<subset>_num` key, leaving out
+    keys of a longer benchmark name that starts with this one (`sugarcrepe_pp_*` is
+    SugarCrepe++'s, not a SugarCrepe subset `pp_*`)."""
+    longer = [f"{b}_" for b in benchmarks if b != benchmark and b.startswith(f"{benchmark}_")]
+    return sorted(k[len(benchmark) + 1:-len("_num")] for k in metrics
+                  if k.startswith(f"{benchmark}_") and k.endswith("_num")
+                  and not any(k.startswith(prefix) for prefix in longer))
+
+
 def benchmark_tables(reports: Mapping[str, HalfTruthReport]) -> dict[str, Table]:
     """When real-data suites ran: `benchmarks` (one row per model, benchmark and subset:
-    I2T / T2I / Group, items, skipped) and `capabilities` (per capability and the suite
-    averages). {} otherwise."""
+    I2T / T2I / Group, and its accounting: records read = scored + skipped, with the
+    skips by reason) and `capabilities` (per capability and the suite averages). {}
+    otherwise."""
+    from csclip.eval.suites.core import SKIP_REASONS
     from csclip.eval.suites.registry import BENCHMARKS, CAPABILITIES, DIRECTIONS
 
     rows, capability_rows = [], []
     for name, report in reports.items():
         metrics = report.metrics
         for benchmark in BENCHMARKS:
-            subsets = sorted(k[len(benchmark) + 1:-len("_num")] for k in metrics
-                             if k.startswith(f"{benchmark}_") and k.endswith("_num"))
+            subsets = benchmark_subsets(metrics, benchmark, list(BENCHMARKS))
             for subset in subsets:
                 key = f"{benchmark}_{subset}"
+                num, skipped = metrics.get(f"{key}_num"), metrics.get(f"{key}_skipped", 0.0)
                 rows.append((name, benchmark, subset,
                              *(metrics.get(f"{key}_{d}") for d in DIRECTIONS),
-                             metrics.get(f"{key}_num"), metrics.get(f"{key}_skipped", 0.0)))
+                             metrics.get(f"{key}_read", (num or 0.0) + skipped), num, skipped,
+                             *(metrics.get(f"{key}_skipped_{r}", 0.0) for r in SKIP_REASONS)))
             if subsets:
                 rows.append((name, benchmark, "(benchmark)",
-                             *(metrics.get(f"{benchmark}_{d}") for d in DIRECTIONS), None, None))
+                             *(metrics.get(f"{benchmark}_{d}") for d in DIRECTIONS),
+                             *[None] * (3 + len(SKIP_REASONS))))
         for capability in (*CAPABILITIES, "suite"):
             prefix = "suite" if capability == "suite" else f"cap_{capability}"
             values = tuple(metrics.get(f"{prefix}_{d}") for d in DIRECTIONS)
@@ -227,11 +242,14 @@ def benchmark_tables(reports: Mapping[str, HalfTruthReport]) -> dict[str, Table]
                 capability_rows.append((name, capability, *values))
     if not rows:
         return {}
+    reason_headers = tuple(r.replace("_", " ").capitalize() for r in SKIP_REASONS)
     return {
-        "benchmarks": Table("Compositional benchmarks (%): I2T / T2I / Group per subset",
-                            ("Model", "Benchmark", "Subset", "I2T", "T2I", "Group", "Items",
-                             "Skipped"), tuple(rows),
-                            ("", "", "", "acc", "acc", "acc", "int", "int")),
+        "benchmarks": Table("Compositional benchmarks (%): I2T / T2I / Group per subset; "
+                            "records read = scored + skipped",
+                            ("Model", "Benchmark", "Subset", "I2T", "T2I", "Group", "Read",
+                             "Scored", "Skipped", *reason_headers), tuple(rows),
+                            ("", "", "", "acc", "acc", "acc", "int", "int", "int",
+                             *["int"] * len(SKIP_REASONS))),
         "capabilities": Table("Compositional capabilities (%): mean over subsets; suite = "
                               "mean over benchmarks", ("Model", "Capability", "I2T", "T2I",
                                                        "Group"),

@@ -53,6 +53,9 @@ class SuitesConfig(StrictModel):
     names: tuple[str, ...] = ()
     data_root: str | None = None  # local folder or s3:// prefix
     max_items_per_subset: int | None = Field(None, ge=1)  # a quick look at large suites
+    # A benchmark with a missing or unreadable image fails with one line naming its
+    # layout; true scores the rest and counts those records as skipped (reported).
+    allow_partial: bool = False
 
     @field_validator("names", mode="before")
     @classmethod
@@ -98,7 +101,8 @@ def evaluate_suites(
         metrics.update(evaluate_world_zeroshot(encoder, records, config.seed,
                                                config.num_zeroshot_items))
     if config.sugarcrepe_dir:
-        metrics.update(evaluate_sugarcrepe(encoder, config.sugarcrepe_dir, config.coco_images))
+        metrics.update(evaluate_sugarcrepe(encoder, config.sugarcrepe_dir, config.coco_images,
+                                           config.max_items_per_subset, config.allow_partial))
     if config.names:
         metrics.update(evaluate_named_suites(encoder, config))
     return metrics
@@ -108,8 +112,8 @@ def evaluate_named_suites(encoder: Encoder, config: SuitesConfig) -> dict[str, f
     """The suites of config.names under config.data_root; a missing one is one warning."""
     root = config.data_root
     benchmarks = [n for n in config.names if n in BENCHMARKS]
-    metrics = evaluate_benchmarks(encoder, benchmarks, root, config.max_items_per_subset) \
-        if benchmarks else {}
+    metrics = evaluate_benchmarks(encoder, benchmarks, root, config.max_items_per_subset,
+                                  config.allow_partial) if benchmarks else {}
     for name, dataset in RETRIEVAL_SUITES.items():
         if name not in config.names:
             continue

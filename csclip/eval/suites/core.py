@@ -1,7 +1,8 @@
 """What every real-data benchmark loader produces and how it is scored: items of three
 shapes (one image with candidate texts, one text with candidate images, Winoground-style
 pairs), each benchmark's tie rule, per-subset and per-benchmark I2T / T2I / Group
-accuracies, and the image folder listing that lets a missing image be counted, not crash.
+accuracies, the accounting of every record read (scored, or skipped with a reason), and the
+image folder listing that lets a missing image be counted, not crash.
 """
 
 from __future__ import annotations
@@ -28,6 +29,24 @@ TieRule = Literal["strict", "argmax_first"]
 
 class BenchmarkNotFound(DataError):
     """A benchmark's files are not under the data root (a skip, reported in one line)."""
+
+
+class IncompleteBenchmark(DataError):
+    """A benchmark's files are there but some of its images are not (or cannot be read):
+    its score would be over part of the benchmark. One line naming the layout it expects
+    and what it found; suites.allow_partial scores the rest instead."""
+
+
+# Why a record read from a benchmark's files is not scored. Every record is either an
+# item or one of these, so read = scored + skipped holds per subset.
+MISSING_IMAGE = "missing_image"  # an image the record names is not in the folder
+UNREADABLE_IMAGE = "unreadable_image"  # there, but empty / not an image
+MALFORMED_RECORD = "malformed_record"  # one record lacks what the format requires
+NOT_VALIDATED = "not_validated"  # the benchmark's own filter (VALSE: mturk caption < 2)
+SKIP_REASONS: tuple[str, ...] = (MISSING_IMAGE, UNREADABLE_IMAGE, MALFORMED_RECORD, NOT_VALIDATED)
+# Skips that mean the data on disk is not the benchmark as published: by default they
+# fail the benchmark (suites.allow_partial lets them through as counted skips).
+IMAGE_SKIPS = frozenset((MISSING_IMAGE, UNREADABLE_IMAGE))
 
 
 @dataclass(frozen=True)
@@ -71,10 +90,15 @@ class MacroRule:
     excluded: frozenset[str] = frozenset()
 
 
+MAX_EXAMPLES = 3  # missing image paths quoted in the error line
+
+
 @dataclass
 class SuiteData:
     """One benchmark, loaded: its items, the images they need (key -> bytes or URI), the
-    items left out per subset because their image is missing, and its scoring rule."""
+    records left out per subset and reason (SKIP_REASONS), and its scoring rule. `layout`
+    names the layout the loader found (or expects) and `root` where it looked, for the
+    one-line error when images are missing."""
 
     benchmark: str
     tie_rule: TieRule = "strict"
@@ -82,19 +106,71 @@ class SuiteData:
     text_choices: list[TextChoice] = field(default_factory=list)
     image_choices: list[ImageChoice] = field(default_factory=list)
     pairs: list[Pair] = field(default_factory=list)
-    skipped: dict[str, int] = field(default_factory=dict)
+    skip_counts: dict[tuple[str, str], int] = field(default_factory=dict)  # (subset, reason)
     macro: Mapping[str, MacroRule] = field(default_factory=dict)  # subset -> rule
     # The benchmark's own score pools its items (Winoground's tags are a breakdown);
     # otherwise it is the unweighted mean over subsets (SugarCrepe, ARO, ...).
     pooled: bool = False
+    layout: str = ""
+    root: str = ""
+    skip_examples: list[str] = field(default_factory=list)  # the first missing image paths
 
-    def skip(self, subset: str, count: int = 1) -> None:
-        self.skipped[subset] = self.skipped.get(subset, 0) + count
+    def skip(self, subset: str, count: int = 1, reason: str = MISSING_IMAGE,
+             example: str = "") -> None:
+        """Count `count` records of `subset` as not scored, for `reason` (SKIP_REASONS)."""
+        if reason not in SKIP_REASONS:
+            raise ValueError(f"unknown skip reason {reason!r}")
+        self.skip_counts[(subset, reason)] = self.skip_counts.get((subset, reason), 0) + count
+        if example and reason in IMAGE_SKIPS and len(self.skip_examples) < MAX_EXAMPLES:
+            self.skip_examples.append(example)
+
+    def resolve(self, subset: str, folder: ImageFolder, *relatives: str) -> tuple[str, ...] | None:
+        """The URIs of a record's images (added to `images`), or None after counting the
+        record as skipped: missing_image when one is not in `folder`, unreadable_image
+        when one is an empty file."""
+        refs = []
+        for relative in relatives:
+            ref, reason = folder.lookup(relative)
+            if ref is None or reason is not None:
+                self.skip(subset, reason=reason or MISSING_IMAGE,
+                          example=ref or join(folder.root, relative))
+                return None
+            refs.append(ref)
+        self.images.update({r: r for r in refs})
+        return tuple(refs)
+
+    @property
+    def skipped(self) -> dict[str, int]:
+        """Records not scored per subset, all reasons together."""
+        out: dict[str, int] = {}
+        for (subset, _), count in self.skip_counts.items():
+            out[subset] = out.get(subset, 0) + count
+        return out
+
+    def scored(self) -> dict[str, int]:
+        """Items per subset (a pair is one item)."""
+        out: dict[str, int] = {}
+        for item in (*self.text_choices, *self.image_choices, *self.pairs):
+            out[item.subset] = out.get(item.subset, 0) + 1
+        return out
+
+    def read(self) -> dict[str, int]:
+        """Records read per subset: every one is scored or skipped with a reason."""
+        scored, skipped = self.scored(), self.skipped
+        return {s: scored.get(s, 0) + skipped.get(s, 0) for s in self.subsets()}
+
+    def image_skips(self) -> dict[str, int]:
+        """Per subset, the records skipped because an image is missing or unreadable."""
+        out: dict[str, int] = {}
+        for (subset, reason), count in self.skip_counts.items():
+            if reason in IMAGE_SKIPS:
+                out[subset] = out.get(subset, 0) + count
+        return out
 
     def subsets(self) -> list[str]:
         names = [i.subset for i in self.text_choices] + [i.subset for i in self.image_choices]
         names += [p.subset for p in self.pairs]
-        return list(dict.fromkeys(names + list(self.skipped)))
+        return list(dict.fromkeys(names + [s for s, _ in self.skip_counts]))
 
     def texts(self) -> list[str]:
         out = [t for i in self.text_choices for t in i.texts]
@@ -112,8 +188,9 @@ class SuiteData:
             seen[(kind, item.subset)] = seen.get((kind, item.subset), 0) + 1
             return seen[(kind, item.subset)] <= max_per_subset
 
-        out = SuiteData(self.benchmark, self.tie_rule, skipped=dict(self.skipped),
-                        macro=self.macro, pooled=self.pooled)
+        out = SuiteData(self.benchmark, self.tie_rule, skip_counts=dict(self.skip_counts),
+                        macro=self.macro, pooled=self.pooled, layout=self.layout,
+                        root=self.root, skip_examples=list(self.skip_examples))
         out.text_choices = [i for i in self.text_choices if keep("t", i)]
         out.image_choices = [i for i in self.image_choices if keep("i", i)]
         out.pairs = [p for p in self.pairs if keep("p", p)]
@@ -171,7 +248,7 @@ class SubsetScores:
     i2t: float | None
     t2i: float | None
     group: float | None
-    num_items: int
+    num_items: int  # items scored: text choices + image choices + pairs
 
 
 def _mean(values: list[bool]) -> float | None:
@@ -202,23 +279,25 @@ def score_subsets(features: FeatureTables, data: SuiteData) -> dict[str, SubsetS
         t2i.setdefault(pair.subset, []).append(image_ok)
         group.setdefault(pair.subset, []).append(text_ok and image_ok)
     out = {}
+    items = data.scored()
     for subset in data.subsets():
         correct = i2t.get(subset, [])
         i2t_value = _mean(correct)
         if subset in data.macro and correct:
             i2t_value = 100.0 * macro_accuracy(np.array(correct), categories[subset],
                                                data.macro[subset])
-        num = max(len(correct), len(t2i.get(subset, [])))
         out[subset] = SubsetScores(i2t_value, _mean(t2i.get(subset, [])),
-                                   _mean(group.get(subset, [])), num)
+                                   _mean(group.get(subset, [])), items.get(subset, 0))
     return out
 
 
 def suite_metrics(benchmark: str, subsets: Mapping[str, SubsetScores],
-                  skipped: Mapping[str, int], pooled: bool = False) -> dict[str, float]:
+                  skipped: Mapping[str, int], pooled: bool = False,
+                  skip_counts: Mapping[tuple[str, str], int] | None = None) -> dict[str, float]:
     """`<benchmark>_<subset>_{i2t,t2i,group}`, `<benchmark>_{i2t,t2i,group}` (unweighted
-    mean over the subsets that measured it; pooled: weighted by their items),
-    `<benchmark>_<subset>_num` and `_skipped`. A direction no subset measured gets no key."""
+    mean over the subsets that measured it; pooled: weighted by their items), and the
+    accounting per subset: `_read` (= `_num` scored + `_skipped`), `_skipped_<reason>`
+    for each reason that occurred. A direction no subset measured gets no key."""
     metrics: dict[str, float] = {}
     for direction in ("i2t", "t2i", "group"):
         values, weights = [], []
@@ -232,8 +311,11 @@ def suite_metrics(benchmark: str, subsets: Mapping[str, SubsetScores],
             metrics[f"{benchmark}_{direction}"] = float(np.average(values, weights=weights))
     for subset, scores in subsets.items():
         metrics[f"{benchmark}_{subset}_num"] = float(scores.num_items)
-        if skipped.get(subset):
-            metrics[f"{benchmark}_{subset}_skipped"] = float(skipped[subset])
+        metrics[f"{benchmark}_{subset}_skipped"] = float(skipped.get(subset, 0))
+        metrics[f"{benchmark}_{subset}_read"] = float(scores.num_items + skipped.get(subset, 0))
+    for (subset, reason), count in (skip_counts or {}).items():
+        if subset in subsets and count:
+            metrics[f"{benchmark}_{subset}_skipped_{reason}"] = float(count)
     return metrics
 
 
@@ -242,7 +324,8 @@ def evaluate_suite_data(encoder: Encoder, data: SuiteData) -> tuple[dict[str, fl
     """Encode a loaded benchmark through `encoder` and score it: (metrics, per subset)."""
     features = encoder.features(data.texts(), data.images)
     subsets = score_subsets(features, data)
-    return suite_metrics(data.benchmark, subsets, data.skipped, data.pooled), subsets
+    return suite_metrics(data.benchmark, subsets, data.skipped, data.pooled,
+                         data.skip_counts), subsets
 
 
 # ---------------------------------------------------------------------------------------
@@ -291,25 +374,85 @@ def expect(condition: bool, uri: str, what: str) -> None:
 
 
 class ImageFolder:
-    """The files under an image folder, listed once per directory (so a missing image is
-    a counted skip, not an error mid-encoding). `ref(relative)` -> URI or None."""
+    """The files under an image folder (or the first of several folders that has the
+    file: a benchmark's published layout and ours), listed once per directory with their
+    sizes, so a missing or empty image is a counted skip, not an error mid-encoding."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, *alternatives: str, strip: tuple[str, ...] = ()) -> None:
         self.root = root
-        self._listed: dict[str, set[str]] = {}
+        self.roots = tuple(dict.fromkeys((root, *alternatives)))
+        self.strip = strip  # prefixes a record's path may carry that a root already has
+        self._listed: dict[str, dict[str, int]] = {}
 
-    def _names(self, directory: str) -> set[str]:
+    def _names(self, directory: str) -> dict[str, int]:
         if directory not in self._listed:
-            from csclip.storage import filesystem_for, list_files
+            import pyarrow.fs as pafs
+
+            from csclip.storage import filesystem_for
 
             filesystem, path = filesystem_for(directory)
-            self._listed[directory] = {p.rsplit("/", 1)[-1] for p in list_files(filesystem, path)}
+            infos = filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+            self._listed[directory] = {i.path.rsplit("/", 1)[-1]: int(i.size or 0)
+                                       for i in infos if i.type == pafs.FileType.File}
         return self._listed[directory]
 
+    def lookup(self, relative: str) -> tuple[str | None, str | None]:
+        """(URI, None) for an image that is there; (URI, "unreadable_image") for an
+        empty file; (None, "missing_image") when no root has it."""
+        variants = [relative] + [relative[len(p):] for p in self.strip if relative.startswith(p)]
+        for root in self.roots:
+            for variant in variants:
+                uri = join(root, variant)
+                directory, name = posixpath.split(uri)
+                names = self._names(directory)
+                if name in names:
+                    return uri, (None if names[name] > 0 else UNREADABLE_IMAGE)
+        return None, MISSING_IMAGE
+
     def ref(self, relative: str) -> str | None:
-        uri = join(self.root, relative)
-        directory, name = posixpath.split(uri)
-        return uri if name in self._names(directory) else None
+        """The URI of a readable image, or None."""
+        uri, reason = self.lookup(relative)
+        return uri if reason is None else None
+
+
+def listing(root: str, limit: int = 8) -> str:
+    """The first entries directly under `root` ("a.json, images/, ..."), for error lines."""
+    import pyarrow.fs as pafs
+
+    from csclip.storage import filesystem_for
+
+    filesystem, path = filesystem_for(root)
+    infos = filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    names = sorted(i.path.rsplit("/", 1)[-1] + ("/" if i.type == pafs.FileType.Directory else "")
+                   for i in infos)
+    if not names:
+        return "nothing"
+    return ", ".join(names[:limit]) + (f", ... ({len(names)} entries)" if len(names) > limit else "")
+
+
+def check_complete(data: SuiteData, allow_partial: bool = False) -> None:
+    """Raise IncompleteBenchmark (one line: how many records lack their image, examples,
+    the layout expected and what is under the root) when any image is missing or
+    unreadable, unless allow_partial (then they stay counted skips). A subset none of
+    whose records is well formed is the wrong file: a DataError either way."""
+    scored = data.scored()
+    for subset, read in data.read().items():
+        if read and not scored.get(subset) and data.skip_counts.get((subset, MALFORMED_RECORD)) == read:
+            raise DataError(f"{data.benchmark} {subset}: none of its {read} records is in the "
+                            f"published format; expects {data.layout or 'docs/evaluation.md'}")
+    image_skips = data.image_skips()
+    total = sum(image_skips.values())
+    if not total or allow_partial:
+        return
+    read = sum(data.read().values())
+    per_subset = ", ".join(f"{s} {n}" for s, n in image_skips.items())
+    found = listing(data.root) if data.root else "?"
+    raise IncompleteBenchmark(
+        f"{data.benchmark}: {total} of {read} records name an image that is missing or "
+        f"unreadable ({per_subset}; e.g. {', '.join(data.skip_examples)}); expects "
+        f"{data.layout or 'its published layout (docs/evaluation.md)'}; found under "
+        f"{data.root}: {found}; fix the folder, or pass --allow-partial "
+        "(suites.allow_partial=true) to score the rest")
 
 
 def crop_ref(uri: str, x: float, y: float, w: float, h: float) -> str:

@@ -9,6 +9,7 @@ import csv
 import io
 
 from csclip.eval.suites.core import (
+    MALFORMED_RECORD,
     BenchmarkNotFound,
     ImageChoice,
     ImageFolder,
@@ -23,10 +24,12 @@ from csclip.eval.suites.core import (
 SPEC_LAYOUT = "<subset>/image2text.json and <subset>/text2image.json with the images they name"
 SPEC_SUBSETS = ("absolute_size", "relative_size", "absolute_spatial", "relative_spatial",
                 "existence", "count")
-SVO_LAYOUT = ("svo_probes.csv (sentence, pos_image_id, neg_image_id, subj_neg, verb_neg, "
-              "obj_neg) and images/<image id>.jpg")
-BLA_LAYOUT = ("annotations/{active_passive,coordination,relative_clause}_captions.json and "
-              "images/<image_id>.jpg")
+SVO_LAYOUT = ("the repository's svo_probes.csv (sentence, pos_image_id, neg_image_id, subj_neg, "
+              "verb_neg, obj_neg) and the images its URLs name, downloaded as images/<image id>"
+              ".jpg (or images/pos_<id>.jpg / neg_<id>.jpg, the CS-CLIP authors' loader)")
+BLA_LAYOUT = ("the release's annotations/{active_passive,coordination,relative_clause}_captions"
+              ".json and images/<image_id>.jpg, at the top or in bla_benchmark/ (the unpacked "
+              "BLA_benchmark.zip)")
 BLA_FILES = {"active_passive": "active_passive_captions.json",
              "coordination": "coordination_captions.json",
              "relative_clause": "relative_clause_captions.json"}
@@ -40,32 +43,34 @@ def load_spec(data_root: str) -> SuiteData:
     present = [s for s in SPEC_SUBSETS if exists(join(root, s, "image2text.json"))]
     if not present:
         raise BenchmarkNotFound(f"spec: not found under {root} (expects {SPEC_LAYOUT})")
-    data = SuiteData("spec", tie_rule="argmax_first")
+    data = SuiteData("spec", tie_rule="argmax_first", layout=SPEC_LAYOUT, root=root)
     for subset in present:
         folder = ImageFolder(join(root, subset))
-        uri = join(root, subset, "image2text.json")
-        for row in read_json(uri):
-            expect({"query", "keys", "label"} <= set(row), uri, "items have query, keys, label")
-            ref = folder.ref(row["query"])
-            if ref is None:
-                data.skip(subset)
+        for row in read_json(join(root, subset, "image2text.json")):
+            if not _is_spec_row(row):
+                data.skip(subset, reason=MALFORMED_RECORD)
                 continue
-            data.images[ref] = ref
-            data.text_choices.append(TextChoice(subset, ref, tuple(row["keys"]),
-                                                (int(row["label"]),)))
+            refs = data.resolve(subset, folder, row["query"])
+            if refs is not None:
+                data.text_choices.append(TextChoice(subset, refs[0], tuple(row["keys"]),
+                                                    (int(row["label"]),)))
         uri = join(root, subset, "text2image.json")
         if not exists(uri):
             continue
         for row in read_json(uri):
-            expect({"query", "keys", "label"} <= set(row), uri, "items have query, keys, label")
-            refs = [folder.ref(k) for k in row["keys"]]
-            if None in refs:
-                data.skip(subset)
+            if not _is_spec_row(row):
+                data.skip(subset, reason=MALFORMED_RECORD)
                 continue
-            data.images.update({r: r for r in refs})
-            data.image_choices.append(ImageChoice(subset, row["query"], tuple(refs),
-                                                  int(row["label"])))
+            refs = data.resolve(subset, folder, *row["keys"])
+            if refs is not None:
+                data.image_choices.append(ImageChoice(subset, row["query"], refs,
+                                                      int(row["label"])))
     return data
+
+
+def _is_spec_row(row: object) -> bool:
+    return (isinstance(row, dict) and {"query", "keys", "label"} <= set(row)
+            and isinstance(row["keys"], list) and len(row["keys"]) >= 2)
 
 
 def load_svo_probes(data_root: str) -> SuiteData:
@@ -83,17 +88,26 @@ def load_svo_probes(data_root: str) -> SuiteData:
     expect(bool(rows) and {"sentence", "pos_image_id", "neg_image_id"} <= set(rows[0]), uri,
            "columns sentence, pos_image_id, neg_image_id, subj_neg, verb_neg, obj_neg")
     images = ImageFolder(join(root, "images"))
-    data = SuiteData("svo_probes", tie_rule="strict")
+    data = SuiteData("svo_probes", tie_rule="strict", layout=SVO_LAYOUT, root=root)
     for row in rows:
         subset = next((k for k in ("subj_neg", "verb_neg", "obj_neg")
                        if str(row.get(k, "")).strip().lower() == "true"), "other")
-        refs = [images.ref(f"{row[k].strip()}.jpg") for k in ("pos_image_id", "neg_image_id")]
-        if None in refs:
-            data.skip(subset)
+        ids = [str(row.get(k) or "").strip() for k in ("pos_image_id", "neg_image_id")]
+        if not (row.get("sentence") and all(ids)):
+            data.skip(subset, reason=MALFORMED_RECORD)
             continue
-        data.images.update({r: r for r in refs})
-        data.image_choices.append(ImageChoice(subset, row["sentence"], tuple(refs), 0))
+        names = [_svo_image(images, image_id, side) for image_id, side in zip(ids, ("pos", "neg"),
+                                                                              strict=True)]
+        refs = data.resolve(subset, images, *names)
+        if refs is not None:
+            data.image_choices.append(ImageChoice(subset, row["sentence"], refs, 0))
     return data
+
+
+def _svo_image(images: ImageFolder, image_id: str, side: str) -> str:
+    """<id>.jpg, or the CS-CLIP authors' <side>_<id>.jpg when only that is there."""
+    authors = f"{side}_{image_id}.jpg"
+    return authors if images.ref(authors) and not images.ref(f"{image_id}.jpg") else f"{image_id}.jpg"
 
 
 def load_bla(data_root: str) -> SuiteData:
@@ -102,24 +116,36 @@ def load_bla(data_root: str) -> SuiteData:
     sentence in the right half; the all-or-nothing item rule is the paper's I2T
     definition (SPEC §5) and has no tie ambiguity."""
     root = join(data_root, "bla")
-    present = {s: f for s, f in BLA_FILES.items() if exists(join(root, "annotations", f))}
-    if not present:
+    folder = next((join(root, d) for d in ("", "bla_benchmark", "BLA_benchmark")
+                   if any(exists(join(root, d, "annotations", f)) for f in BLA_FILES.values())),
+                  None)
+    if folder is None:
         raise BenchmarkNotFound(f"bla: not found under {root} (expects {BLA_LAYOUT})")
-    images = ImageFolder(join(root, "images"))
-    data = SuiteData("bla", tie_rule="strict")
+    present = {s: f for s, f in BLA_FILES.items() if exists(join(folder, "annotations", f))}
+    images = ImageFolder(join(folder, "images"))
+    data = SuiteData("bla", tie_rule="strict", layout=BLA_LAYOUT, root=root)
     for subset, file in present.items():
-        uri = join(root, "annotations", file)
-        for row in read_json(uri):
-            expect("image_id" in row and row.get("caption_group"), uri,
-                   "items have image_id and caption_group")
-            group = row["caption_group"][0]
-            expect({"True1", "True2", "False1", "False2"} <= set(group), uri,
-                   "caption_group entries have True1, True2, False1, False2")
-            ref = images.ref(f"{row['image_id']}.jpg")
-            if ref is None:
-                data.skip(subset)
+        uri = join(folder, "annotations", file)
+        rows = read_json(uri)
+        expect(isinstance(rows, list), uri, "a list of {image_id, caption_group}")
+        for row in rows:
+            group = _bla_group(row)
+            if group is None:  # e.g. an empty caption_group: this record only
+                data.skip(subset, reason=MALFORMED_RECORD)
                 continue
-            data.images[ref] = ref
-            texts = (group["True1"], group["True2"], group["False1"], group["False2"])
-            data.text_choices.append(TextChoice(subset, ref, texts, (0, 1)))
+            refs = data.resolve(subset, images, f"{row['image_id']}.jpg")
+            if refs is not None:
+                texts = (group["True1"], group["True2"], group["False1"], group["False2"])
+                data.text_choices.append(TextChoice(subset, refs[0], texts, (0, 1)))
     return data
+
+
+def _bla_group(row: object) -> dict | None:
+    """The record's four sentences (its first caption group, as the official script
+    reads it), or None when the record does not have them."""
+    if not (isinstance(row, dict) and "image_id" in row and isinstance(row.get("caption_group"),
+                                                                       list)):
+        return None
+    group = row["caption_group"][0] if row["caption_group"] else None
+    keys = {"True1", "True2", "False1", "False2"}
+    return group if isinstance(group, dict) and keys <= set(group) else None

@@ -12,7 +12,13 @@ import numpy as np
 
 from csclip.eval.encoder import Encoder
 from csclip.eval.suites.aro import load_aro
-from csclip.eval.suites.core import BenchmarkNotFound, Loader, evaluate_suite_data
+from csclip.eval.suites.core import (
+    BenchmarkNotFound,
+    Loader,
+    SuiteData,
+    check_complete,
+    evaluate_suite_data,
+)
 from csclip.eval.suites.pairs import load_cola, load_colorswap
 from csclip.eval.suites.probes import load_bla, load_spec, load_svo_probes
 from csclip.eval.suites.sugarcrepe import load_sugarcrepe_suite
@@ -106,23 +112,44 @@ def capability_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
     return out
 
 
-def evaluate_benchmarks(encoder: Encoder, names: Sequence[str], data_root: str,
-                        max_per_subset: int | None = None) -> dict[str, float]:
-    """Load, encode and score each named benchmark found under data_root; a benchmark
-    whose files are not there is skipped with one warning line naming what it expects.
-    Returns the benchmarks' metrics plus the capability and suite averages."""
-    metrics: dict[str, float] = {}
+def load_benchmarks(names: Sequence[str], data_root: str,
+                    allow_partial: bool = False) -> dict[str, SuiteData]:
+    """Load each named benchmark found under data_root, before any encoding: one whose
+    files are not there is skipped with one warning line naming what it expects; one whose
+    images are missing or unreadable raises IncompleteBenchmark (unless allow_partial)."""
+    loaded: dict[str, SuiteData] = {}
     for name in names:
         try:
-            data = BENCHMARKS[name](data_root).limit(max_per_subset)
+            data = BENCHMARKS[name](data_root)
         except BenchmarkNotFound as err:
             log.warning("%s; skipped", err)
             continue
-        scored, subsets = evaluate_suite_data(encoder, data)
+        check_complete(data, allow_partial)
+        loaded[name] = data
+    return loaded
+
+
+def accounting_line(name: str, data: SuiteData) -> str:
+    """`<name>: <subset> read N = scored S + skipped K (reason n, ...)`, per subset."""
+    scored, read = data.scored(), data.read()
+    parts = []
+    for subset in data.subsets():
+        reasons = ", ".join(f"{r} {n}" for (s, r), n in data.skip_counts.items() if s == subset)
+        parts.append(f"{subset} read {read[subset]} = scored {scored.get(subset, 0)} + skipped "
+                     f"{data.skipped.get(subset, 0)}" + (f" ({reasons})" if reasons else ""))
+    return f"{name}: " + "; ".join(parts)
+
+
+def evaluate_benchmarks(encoder: Encoder, names: Sequence[str], data_root: str,
+                        max_per_subset: int | None = None,
+                        allow_partial: bool = False) -> dict[str, float]:
+    """Load (load_benchmarks), encode and score each named benchmark under data_root, and
+    log its accounting. Returns the benchmarks' metrics (per subset: accuracies and read /
+    num / skipped / skipped_<reason>) plus the capability and suite averages."""
+    metrics: dict[str, float] = {}
+    for name, data in load_benchmarks(names, data_root, allow_partial).items():
+        log.info("%s", accounting_line(name, data))
+        scored, _ = evaluate_suite_data(encoder, data.limit(max_per_subset))
         metrics.update(scored)
-        summary = ", ".join(f"{s} {v.num_items}" + (f" (+{data.skipped[s]} missing images)"
-                                                    if data.skipped.get(s) else "")
-                            for s, v in subsets.items())
-        log.info("%s: %s", name, summary)
     metrics.update(capability_metrics(metrics))
     return metrics

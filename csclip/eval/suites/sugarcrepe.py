@@ -1,21 +1,26 @@
-"""SugarCrepe (Hsieh et al. 2023): COCO val2017 images, each with a caption and a hard
-negative, in seven subsets; I2T accuracy with ties counted wrong (its official script)."""
+"""SugarCrepe (Hsieh et al., NeurIPS 2023; RAIVNLab/sugar-crepe): COCO val2017 images, each
+with a caption and a hard negative, in seven subsets; I2T accuracy with ties counted wrong
+(its official script). One reader for both ways of pointing at it: the registry's
+<data-root>/sugarcrepe, and suites.sugarcrepe_dir + suites.coco_images."""
 
 from __future__ import annotations
 
-import json
-import logging
-from dataclasses import dataclass
-from pathlib import Path
-
-import numpy as np
-
 from csclip.errors import DataError
 from csclip.eval.encoder import Encoder
-from csclip.eval.suites.rules import strict_accuracy
-
-log = logging.getLogger(__name__)
-
+from csclip.eval.suites.core import (
+    MALFORMED_RECORD,
+    BenchmarkNotFound,
+    ImageFolder,
+    SuiteData,
+    TextChoice,
+    check_complete,
+    evaluate_suite_data,
+    exists,
+    expect,
+    first_existing,
+    join,
+    read_json,
+)
 
 SUGARCREPE_SUBSETS: tuple[str, ...] = (
     "add_att",
@@ -27,147 +32,86 @@ SUGARCREPE_SUBSETS: tuple[str, ...] = (
     "swap_obj",
 )
 
-
-@dataclass(frozen=True)
-class SugarCrepeItem:
-    filename: str  # a COCO val2017 file name, e.g. "000000391895.jpg"
-    caption: str
-    negative_caption: str
+LAYOUT = ("the repository's data/ folder (or its files at the top): {add,replace,swap}_*.json, "
+          "index -> {filename, caption, negative_caption}; COCO val2017 images in val2017/ or "
+          "images/ beside them, or in <data-root>/coco/val2017/")
+FIELDS = {"filename", "caption", "negative_caption"}
 
 
-def load_sugarcrepe(directory: str | Path) -> dict[str, list[SugarCrepeItem]]:
-    """The subsets found in `directory` (`<subset>.json`, each a JSON object index ->
-    {filename, caption, negative_caption}), items in index order.
-
-    Raises DataError when the directory has no subset file or a file is malformed.
-    """
-    root = Path(directory)
-    found = {s: root / f"{s}.json" for s in SUGARCREPE_SUBSETS if (root / f"{s}.json").is_file()}
-    if not found:
-        raise DataError(
-            f"{root}: no SugarCrepe subset files ({', '.join(SUGARCREPE_SUBSETS)}.json); "
-            "point suites.sugarcrepe_dir at the SugarCrepe data folder"
-        )
-    subsets: dict[str, list[SugarCrepeItem]] = {}
-    for subset, path in found.items():
-        try:
-            data = json.loads(path.read_text())
-            rows = sorted(data.items(), key=lambda kv: int(kv[0]))
-            subsets[subset] = [
-                SugarCrepeItem(row["filename"], row["caption"], row["negative_caption"])
-                for _, row in rows
-            ]
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise DataError(
-                f"{path}: not a SugarCrepe file (expected index -> {{filename, caption, "
-                f"negative_caption}}): {err!r}"
-            ) from err
-    return subsets
+def coco_images(data_root: str, root: str) -> ImageFolder | None:
+    """The COCO val2017 folder of a COCO-based benchmark: its own val2017/ or images/, else
+    the shared <data_root>/coco/val2017/."""
+    folder = first_existing(root, "val2017", "images") or first_existing(data_root, "coco/val2017")
+    return ImageFolder(folder) if folder else None
 
 
-def _image_listing(image_root: str) -> tuple[str, set[str]]:
-    """The root as a storage path and the file names directly under it."""
-    from csclip.storage import filesystem_for, is_dir, list_files
-
-    filesystem, path = filesystem_for(image_root)
-    if not is_dir(filesystem, path):
-        raise DataError(
-            f"COCO image folder {image_root!r} does not exist; set suites.coco_images to the "
-            "folder holding the val2017 images"
-        )
-    return path, {name.rsplit("/", 1)[-1] for name in list_files(filesystem, path)}
+def subset_folder(root: str, subsets: tuple[str, ...]) -> str | None:
+    """Where a COCO-based benchmark's <subset>.json files are: <root>/data/ (as its
+    repository ships them) or <root> itself; None when neither has one."""
+    return next((f for f in (join(root, "data"), root)
+                 if any(exists(join(f, f"{s}.json")) for s in subsets)), None)
 
 
-def evaluate_sugarcrepe(
-    encoder: Encoder,
-    directory: str | Path,
-    image_root: str,
-    max_per_subset: int | None = None,
-) -> dict[str, float]:
-    """Per-subset I2T accuracy (caption vs negative_caption, strict: a tie is wrong, as in
-    SugarCrepe's official script) and their mean, in percent.
-
-    Keys: `sugarcrepe_<subset>`, `sugarcrepe_avg` (mean over subsets with items),
-    `sugarcrepe_num_<subset>` (scored) and `sugarcrepe_skipped_<subset>` (image missing).
-    An item whose image is not under `image_root` is skipped and counted.
-
-    Raises DataError when `image_root` is missing or holds none of the images.
-    """
-    subsets = load_sugarcrepe(directory)
-    if max_per_subset is not None:
-        subsets = {s: items[:max_per_subset] for s, items in subsets.items()}
-    root, present = _image_listing(image_root)
-    kept = {s: [i for i in items if i.filename in present] for s, items in subsets.items()}
-    skipped = {s: len(subsets[s]) - len(kept[s]) for s in subsets}
-    if not any(kept.values()):
-        raise DataError(
-            f"none of the {sum(skipped.values())} SugarCrepe images is under {image_root!r}; "
-            "point suites.coco_images at COCO val2017"
-        )
-    from csclip.storage import join
-
-    scheme = "s3://" if image_root.startswith("s3://") else ""
-    images = {i.filename: scheme + join(root, i.filename) for items in kept.values() for i in items}
-    texts = [t for items in kept.values() for i in items for t in (i.caption, i.negative_caption)]
-    features = encoder.features(texts, images)
-    metrics: dict[str, float] = {}
-    for subset, items in kept.items():
-        metrics[f"sugarcrepe_num_{subset}"] = float(len(items))
-        metrics[f"sugarcrepe_skipped_{subset}"] = float(skipped[subset])
-        if items:
-            ids = [i.filename for i in items]
-            metrics[f"sugarcrepe_{subset}"] = strict_accuracy(
-                features.similarity(ids, [i.caption for i in items]),
-                features.similarity(ids, [i.negative_caption for i in items]),
-            )
-    accuracies = [metrics[f"sugarcrepe_{s}"] for s in kept if f"sugarcrepe_{s}" in metrics]
-    metrics["sugarcrepe_avg"] = float(np.mean(accuracies))
-    summary = ", ".join(f"{s} {len(kept[s])} scored / {skipped[s]} skipped" for s in kept)
-    if any(skipped.values()):
-        log.warning("SugarCrepe: images missing under %s: %s", image_root, summary)
-    else:
-        log.info("SugarCrepe: %s", summary)
-    return metrics
-
-
-LAYOUT = ("the seven SugarCrepe files ({add,replace,swap}_*.json: index -> {filename, caption, "
-          "negative_caption}) and COCO val2017 images in val2017/ (or <data-root>/coco/val2017/)")
-
-
-def load_sugarcrepe_suite(data_root: str):
-    """SugarCrepe as a suite of the real-data registry (<data_root>/sugarcrepe, local or
-    s3://): caption vs negative_caption, strict (its official script counts a tie as
-    wrong); `sugarcrepe_i2t` is the mean over subsets, as the paper reports it."""
-    from csclip.eval.suites.core import (
-        BenchmarkNotFound,
-        SuiteData,
-        TextChoice,
-        exists,
-        expect,
-        join,
-        read_json,
-    )
-    from csclip.eval.suites.sugarcrepe_pp import coco_images
-
-    root = join(data_root, "sugarcrepe")
-    present = [s for s in SUGARCREPE_SUBSETS if exists(join(root, f"{s}.json"))]
-    images = coco_images(data_root, root)
-    if not present or images is None:
-        raise BenchmarkNotFound(f"sugarcrepe: not found under {root} (expects {LAYOUT})")
-    data = SuiteData("sugarcrepe", tie_rule="strict")
-    for subset in present:
-        uri = join(root, f"{subset}.json")
+def read_sugarcrepe(folder: str, images: ImageFolder, root: str) -> SuiteData:
+    """Every SugarCrepe subset file in `folder`, in index order, images from `images`; a
+    record without filename / caption / negative_caption is a counted rejection."""
+    data = SuiteData("sugarcrepe", tie_rule="strict", layout=LAYOUT, root=root)
+    for subset in SUGARCREPE_SUBSETS:
+        uri = join(folder, f"{subset}.json")
+        if not exists(uri):
+            continue
         rows = read_json(uri)
         expect(isinstance(rows, dict), uri, "an object: index -> {filename, caption, "
                "negative_caption}")
-        for _, row in sorted(rows.items(), key=lambda kv: int(kv[0])):
-            expect({"filename", "caption", "negative_caption"} <= set(row), uri,
-                   "items have filename, caption, negative_caption")
-            ref = images.ref(row["filename"])
-            if ref is None:
-                data.skip(subset)
+        for _, row in sorted(rows.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0):
+            if not (isinstance(row, dict) and FIELDS <= set(row)):
+                data.skip(subset, reason=MALFORMED_RECORD)
                 continue
-            data.images[ref] = ref
-            data.text_choices.append(TextChoice(subset, ref, (row["caption"],
-                                                              row["negative_caption"]), (0,)))
+            refs = data.resolve(subset, images, str(row["filename"]))
+            if refs is not None:
+                data.text_choices.append(TextChoice(
+                    subset, refs[0], (row["caption"], row["negative_caption"]), (0,)))
     return data
+
+
+def load_sugarcrepe_suite(data_root: str) -> SuiteData:
+    """SugarCrepe as a suite of the real-data registry (<data_root>/sugarcrepe, local or
+    s3://): caption vs negative_caption, strict (its official script counts a tie as
+    wrong); `sugarcrepe_i2t` is the mean over subsets, as the paper reports it."""
+    root = join(data_root, "sugarcrepe")
+    folder = subset_folder(root, SUGARCREPE_SUBSETS)
+    images = coco_images(data_root, root)
+    if folder is None or images is None:
+        raise BenchmarkNotFound(f"sugarcrepe: not found under {root} (expects {LAYOUT})")
+    return read_sugarcrepe(folder, images, root)
+
+
+def load_sugarcrepe_files(directory: str, image_root: str) -> SuiteData:
+    """SugarCrepe from a folder of its JSON files (or the repository's data/ under it) and
+    a COCO val2017 image folder given apart (suites.sugarcrepe_dir, suites.coco_images).
+
+    Raises DataError when the folder has no subset file or the image folder is missing.
+    """
+    folder = subset_folder(directory, SUGARCREPE_SUBSETS)
+    if folder is None:
+        raise DataError(f"{directory}: no SugarCrepe subset files ({', '.join(SUGARCREPE_SUBSETS)}"
+                        ".json); point suites.sugarcrepe_dir at the SugarCrepe data folder")
+    if not exists(image_root):
+        raise DataError(f"COCO image folder {image_root!r} does not exist; set "
+                        "suites.coco_images to the folder holding the val2017 images")
+    return read_sugarcrepe(folder, ImageFolder(image_root), directory)
+
+
+def evaluate_sugarcrepe(encoder: Encoder, directory: str, image_root: str,
+                        max_per_subset: int | None = None,
+                        allow_partial: bool = False) -> dict[str, float]:
+    """SugarCrepe from suites.sugarcrepe_dir / suites.coco_images, scored exactly as the
+    registry's `sugarcrepe` suite, with its keys: `sugarcrepe_<subset>_i2t`,
+    `sugarcrepe_i2t` (mean over subsets), `sugarcrepe_<subset>_{num,skipped,read}`.
+
+    Raises IncompleteBenchmark when an image is missing, unless allow_partial.
+    """
+    data = load_sugarcrepe_files(str(directory), image_root)
+    check_complete(data, allow_partial)
+    metrics, _ = evaluate_suite_data(encoder, data.limit(max_per_subset))
+    return metrics

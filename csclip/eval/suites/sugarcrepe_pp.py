@@ -4,53 +4,47 @@
 from __future__ import annotations
 
 from csclip.eval.suites.core import (
+    MALFORMED_RECORD,
     BenchmarkNotFound,
-    ImageFolder,
     SuiteData,
     TextChoice,
     exists,
-    expect,
-    first_existing,
     join,
     read_json,
 )
+from csclip.eval.suites.sugarcrepe import coco_images, subset_folder
 
-LAYOUT = ("{replace_att,replace_obj,replace_rel,swap_att,swap_obj}.json (lists of {id, "
-          "filename, caption, caption2, negative_caption}) and COCO val2017 images in "
-          "val2017/ (or <data-root>/coco/val2017/)")
+LAYOUT = ("the repository's data/ folder (or its files at the top): {replace_att,replace_obj,"
+          "replace_rel,swap_att,swap_obj}.json (lists of {id, filename, caption, caption2, "
+          "negative_caption}); COCO val2017 images in val2017/ or images/ beside them, or in "
+          "<data-root>/coco/val2017/")
 
 SUBSETS = ("replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
-
-
-def coco_images(data_root: str, root: str) -> ImageFolder | None:
-    """The COCO val2017 folder of a COCO-based benchmark: its own val2017/ or images/, else
-    the shared <data_root>/coco/val2017/."""
-    folder = first_existing(root, "val2017", "images") or first_existing(data_root, "coco/val2017")
-    return ImageFolder(folder) if folder else None
+FIELDS = {"filename", "caption", "caption2", "negative_caption"}
 
 
 def load_sugarcrepe_pp(data_root: str) -> SuiteData:
     """SugarCrepe++'s image-to-text task (ITT): right when BOTH positives score strictly
     above the negative (its official scripts compare with >)."""
     root = join(data_root, "sugarcrepe_pp")
-    present = [s for s in SUBSETS if exists(join(root, f"{s}.json"))]
+    folder = subset_folder(root, SUBSETS)
     images = coco_images(data_root, root)
-    if not present or images is None:
+    if folder is None or images is None:
         raise BenchmarkNotFound(f"sugarcrepe_pp: not found under {root} (expects {LAYOUT})")
-    data = SuiteData("sugarcrepe_pp", tie_rule="strict")
-    for subset in present:
-        uri = join(root, f"{subset}.json")
+    data = SuiteData("sugarcrepe_pp", tie_rule="strict", layout=LAYOUT, root=root)
+    for subset in SUBSETS:
+        uri = join(folder, f"{subset}.json")
+        if not exists(uri):
+            continue
         rows = read_json(uri)
         rows = list(rows.values()) if isinstance(rows, dict) else rows
         for row in rows:
-            expect(isinstance(row, dict) and {"filename", "caption", "caption2",
-                                              "negative_caption"} <= set(row), uri,
-                   "each item has filename, caption, caption2, negative_caption")
-            ref = images.ref(row["filename"])
-            if ref is None:
-                data.skip(subset)
+            if not (isinstance(row, dict) and FIELDS <= set(row)):
+                data.skip(subset, reason=MALFORMED_RECORD)
                 continue
-            data.images[ref] = ref
-            data.text_choices.append(TextChoice(
-                subset, ref, (row["caption"], row["caption2"], row["negative_caption"]), (0, 1)))
+            refs = data.resolve(subset, images, str(row["filename"]))
+            if refs is not None:
+                data.text_choices.append(TextChoice(
+                    subset, refs[0], (row["caption"], row["caption2"], row["negative_caption"]),
+                    (0, 1)))
     return data

@@ -4,9 +4,9 @@ asks)."""
 
 from __future__ import annotations
 
-import logging
-
 from csclip.eval.suites.core import (
+    MALFORMED_RECORD,
+    NOT_VALIDATED,
     BenchmarkNotFound,
     ImageFolder,
     SuiteData,
@@ -17,11 +17,10 @@ from csclip.eval.suites.core import (
     read_json,
 )
 
-log = logging.getLogger(__name__)
-
 LAYOUT = ("the data/*.json files of the VALSE repository (existence.json, plurals.json, "
           "counting-*.json, relations.json, action-replacement.json, actant-swap.json, "
-          "coreference-*.json, foil-it.json) and images/<image_file>")
+          "coreference-*.json, foil-it.json), at the top or in data/, and each item's image_file "
+          "from its source dataset in images/ or images/<dataset>/")
 
 FILES = ("existence", "plurals", "counting-hard", "counting-small-quant", "counting-adversarial",
          "relations", "action-replacement", "actant-swap", "coreference-standard",
@@ -38,27 +37,25 @@ def load_valse(data_root: str) -> SuiteData:
     if folder is None:
         raise BenchmarkNotFound(f"valse: not found under {root} (expects {LAYOUT})")
     images = ImageFolder(join(root, "images"))
-    data = SuiteData("valse", tie_rule="strict")
+    data = SuiteData("valse", tie_rule="strict", layout=LAYOUT, root=root)
     for name in FILES:
         uri = join(folder, f"{name}.json")
         if not exists(uri):
             continue
-        subset, invalid = name.replace("-", "_"), 0
+        subset = name.replace("-", "_")
         rows = read_json(uri)
         expect(isinstance(rows, dict), uri, "an object: id -> {image_file, caption, foil, mturk}")
         for row in rows.values():
-            expect({"image_file", "caption", "foil"} <= set(row), uri,
-                   "each item has image_file, caption, foil")
-            if row.get("mturk", {}).get("caption", 3) < 2:  # not validated by annotators
-                invalid += 1
+            if not (isinstance(row, dict) and {"image_file", "caption", "foil"} <= set(row)):
+                data.skip(subset, reason=MALFORMED_RECORD)
                 continue
-            ref = images.ref(row["image_file"])
-            if ref is None:
-                data.skip(subset)
+            if (row.get("mturk") or {}).get("caption", 3) < 2:  # its README: not a valid foil
+                data.skip(subset, reason=NOT_VALIDATED)
                 continue
-            data.images[ref] = ref
-            data.text_choices.append(TextChoice(subset, ref, (row["caption"], row["foil"]), (0,)))
-        if invalid:
-            log.info("valse %s: %d items left out (not validated: mturk caption < 2)", subset,
-                     invalid)
+            image = str(row["image_file"])
+            by_dataset = f"{row.get('dataset', '')}/{image}"
+            refs = data.resolve(subset, images, by_dataset if images.ref(by_dataset) else image)
+            if refs is not None:
+                data.text_choices.append(TextChoice(subset, refs[0], (row["caption"], row["foil"]),
+                                                    (0,)))
     return data
