@@ -446,12 +446,16 @@ def check_complete(data: SuiteData, allow_partial: bool = False) -> None:
         return
     read = sum(data.read().values())
     per_subset = ", ".join(f"{s} {n}" for s, n in image_skips.items())
-    found = listing(data.root) if data.root else "?"
+    found = [f"under {data.root}: {listing(data.root)}"] if data.root else []
+    if data.skip_examples:  # the folder the first missing image was looked for in
+        folder = posixpath.dirname(data.skip_examples[0])
+        if folder != data.root:
+            found.append(f"in {folder}: {listing(folder)}")
     raise IncompleteBenchmark(
         f"{data.benchmark}: {total} of {read} records name an image that is missing or "
         f"unreadable ({per_subset}; e.g. {', '.join(data.skip_examples)}); expects "
-        f"{data.layout or 'its published layout (docs/evaluation.md)'}; found under "
-        f"{data.root}: {found}; fix the folder, or pass --allow-partial "
+        f"{data.layout or 'its published layout (docs/evaluation.md)'}; found "
+        f"{'; '.join(found) or 'no root'}; fix the folder, or pass --allow-partial "
         "(suites.allow_partial=true) to score the rest")
 
 
