@@ -114,9 +114,9 @@ def _visual_genome(data: SuiteData, root: str, file: str, subset: str) -> None:
         expect(isinstance(row, dict) and {"image_path", "true_caption", "false_caption",
                                           "bbox_x", "bbox_y", "bbox_w", "bbox_h"} <= set(row),
                uri, "each test case has image_path, bbox_*, true_caption, false_caption")
-        ref = images.ref(row["image_path"])
-        if ref is None:
-            data.skip(subset)
+        ref, reason = images.lookup(row["image_path"])
+        if reason is not None:
+            data.skip(subset, reason=reason, example=ref or join(images.root, row["image_path"]))
             continue
         key = crop_ref(ref, row["bbox_x"], row["bbox_y"], row["bbox_w"], row["bbox_h"])
         data.images[key] = key
@@ -136,11 +136,11 @@ def _order(data: SuiteData, root: str, file: str, subset: str) -> None:
     for row in rows:
         expect(isinstance(row, dict) and "image" in row and isinstance(row.get("caption"), list),
                uri, "each entry has image and a caption list")
-        ref = images.ref(row["image"])
+        ref, reason = images.lookup(row["image"])
+        if reason is not None and row["caption"]:  # each caption would have been an item
+            data.skip(subset, len(row["caption"]), reason, example=ref or join(root, row["image"]))
+            continue
         for caption in row["caption"]:
-            if ref is None:
-                data.skip(subset)
-                continue
             data.images[ref] = ref
             foils = tuple(pre_caption(p) for p in order_perturbations(caption))
             # The true caption is first: the official argmax counts a tie as right.

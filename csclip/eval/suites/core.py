@@ -453,7 +453,8 @@ def check_complete(data: SuiteData, allow_partial: bool = False) -> None:
             found.append(f"in {folder}: {listing(folder)}")
     raise IncompleteBenchmark(
         f"{data.benchmark}: {total} of {read} records name an image that is missing or "
-        f"unreadable ({per_subset}; e.g. {', '.join(data.skip_examples)}); expects "
+        f"unreadable ({per_subset}"
+        f"{'; e.g. ' + ', '.join(data.skip_examples) if data.skip_examples else ''}); expects "
         f"{data.layout or 'its published layout (docs/evaluation.md)'}; found "
         f"{'; '.join(found) or 'no root'}; fix the folder, or pass --allow-partial "
         "(suites.allow_partial=true) to score the rest")

@@ -6,6 +6,7 @@ suite averages of the Tables 16-17 compositional columns."""
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -18,6 +19,7 @@ from csclip.eval.suites.core import (
     SuiteData,
     check_complete,
     evaluate_suite_data,
+    join,
 )
 from csclip.eval.suites.pairs import load_cola, load_colorswap
 from csclip.eval.suites.probes import load_bla, load_spec, load_svo_probes
@@ -124,6 +126,11 @@ def load_benchmarks(names: Sequence[str], data_root: str,
         except BenchmarkNotFound as err:
             log.warning("%s; skipped", err)
             continue
+        # A loader that does not say where it looked or what it expects: its folder and
+        # its module's LAYOUT, for the one-line error.
+        data.root = data.root or join(data_root, name)
+        data.layout = data.layout or getattr(sys.modules.get(BENCHMARKS[name].__module__),
+                                             "LAYOUT", "")
         check_complete(data, allow_partial)
         loaded[name] = data
     return loaded

@@ -64,11 +64,9 @@ def load_vl_checklist(data_root: str) -> SuiteData:
             expect(isinstance(row, list) and len(row) == 2 and isinstance(row[1], dict)
                    and row[1].get("POS") and row[1].get("NEG"), annotation,
                    'each entry is [image path, {"POS": [...], "NEG": [...]}]')
-            ref = images.ref(row[0])
-            if ref is None:
-                data.skip(subset)
+            refs = data.resolve(subset, images, row[0])
+            if refs is None:
                 continue
-            data.images[ref] = ref
-            data.text_choices.append(TextChoice(subset, ref, (row[1]["POS"][0], row[1]["NEG"][0]),
-                                                (0,)))
+            data.text_choices.append(TextChoice(subset, refs[0], (row[1]["POS"][0],
+                                                                  row[1]["NEG"][0]), (0,)))
     return data
