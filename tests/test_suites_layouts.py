@@ -225,3 +225,20 @@ def test_allow_partial_flag_sets_the_config_field():
 
     assert "suites.allow_partial=true" in overrides_from_args(parse_args(["--allow-partial"]))
     assert not any("allow_partial" in o for o in overrides_from_args(parse_args([])))
+
+
+def test_accounting_reaches_mlflow_with_the_benchmarks_table(tmp_path, mlflow_uri):
+    import mlflow
+
+    from csclip.eval.report import log_comparison
+
+    root = _without(tmp_path, "bla", "bla_benchmark/images/coordination_1.jpg")
+    metrics = evaluate_benchmarks(Encoder(CaptionLengthScorer()), ["bla"], root, allow_partial=True)
+    table = benchmark_tables({"m": HalfTruthReport("m", metrics, (), None)})["benchmarks"]
+    files = table.write(tmp_path, "benchmarks")
+    run_id = log_comparison({"m": HalfTruthReport("m", metrics, (), None)}, files, mlflow_uri)
+    logged = mlflow.MlflowClient(mlflow_uri).get_run(run_id).data.metrics
+    assert logged["m/bla_relative_clause_skipped_malformed_record"] == 1
+    assert logged["m/bla_coordination_skipped_missing_image"] == 1
+    assert logged["m/bla_coordination_read"] == 2 and logged["m/bla_coordination_num"] == 1
+    assert "| m | bla | coordination |" in (tmp_path / "benchmarks.md").read_text()
