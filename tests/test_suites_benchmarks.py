@@ -224,3 +224,17 @@ def test_limit_keeps_the_first_items_per_subset():
     data = load_aro(ROOT).limit(3)
     assert sum(1 for i in data.text_choices if i.subset == "vg_relation") == 3
     assert set(data.images) == {i.image for i in data.text_choices}
+
+
+def test_a_malformed_record_is_a_counted_rejection_not_a_failed_file(tmp_path):
+    import json
+    import shutil
+
+    shutil.copytree(FIXTURES / "aro", tmp_path / "aro")
+    path = tmp_path / "aro" / "visual_genome_relation.json"
+    rows = json.loads(path.read_text())
+    path.write_text(json.dumps([*rows, {"image_path": "scene.png"}]))  # no captions, no box
+    data = load_aro(str(tmp_path))
+    assert data.skip_counts[("vg_relation", "malformed_record")] == 1
+    assert data.read()["vg_relation"] == len(rows) + 1
+    assert data.scored()["vg_relation"] == len(rows)

@@ -9,6 +9,7 @@ import random
 import re
 
 from csclip.eval.suites.core import (
+    MALFORMED_RECORD,
     BenchmarkNotFound,
     ImageFolder,
     MacroRule,
@@ -111,9 +112,11 @@ def _visual_genome(data: SuiteData, root: str, file: str, subset: str) -> None:
     expect(isinstance(rows, list), uri, "a list of test cases")
     images = ImageFolder(join(root, "images"))
     for row in rows:
-        expect(isinstance(row, dict) and {"image_path", "true_caption", "false_caption",
-                                          "bbox_x", "bbox_y", "bbox_w", "bbox_h"} <= set(row),
-               uri, "each test case has image_path, bbox_*, true_caption, false_caption")
+        category_field = "relation_name" if subset == "vg_relation" else "attributes"
+        if not (isinstance(row, dict) and {"image_path", "true_caption", "false_caption", "bbox_x",
+                                           "bbox_y", "bbox_w", "bbox_h", category_field} <= set(row)):
+            data.skip(subset, reason=MALFORMED_RECORD)
+            continue
         ref, reason = images.lookup(row["image_path"])
         if reason is not None:
             data.skip(subset, reason=reason, example=ref or join(images.root, row["image_path"]))
@@ -134,8 +137,9 @@ def _order(data: SuiteData, root: str, file: str, subset: str) -> None:
     expect(isinstance(rows, list), uri, "a list of {image, caption: [...]}")
     images = ImageFolder(root)
     for row in rows:
-        expect(isinstance(row, dict) and "image" in row and isinstance(row.get("caption"), list),
-               uri, "each entry has image and a caption list")
+        if not (isinstance(row, dict) and "image" in row and isinstance(row.get("caption"), list)):
+            data.skip(subset, reason=MALFORMED_RECORD)
+            continue
         ref, reason = images.lookup(row["image"])
         if reason is not None and row["caption"]:  # each caption would have been an item
             data.skip(subset, len(row["caption"]), reason, example=ref or join(root, row["image"]))

@@ -6,6 +6,7 @@ negative, strict)."""
 from __future__ import annotations
 
 from csclip.eval.suites.core import (
+    MALFORMED_RECORD,
     BenchmarkNotFound,
     ImageFolder,
     SuiteData,
@@ -61,9 +62,10 @@ def load_vl_checklist(data_root: str) -> SuiteData:
             continue  # a corpus whose annotation file is not here: not part of this copy
         images = ImageFolder(join(root, config["IMG_ROOT"]))
         for row in read_json(annotation):
-            expect(isinstance(row, list) and len(row) == 2 and isinstance(row[1], dict)
-                   and row[1].get("POS") and row[1].get("NEG"), annotation,
-                   'each entry is [image path, {"POS": [...], "NEG": [...]}]')
+            if not (isinstance(row, list) and len(row) == 2 and isinstance(row[1], dict)
+                    and row[1].get("POS") and row[1].get("NEG")):  # [image, {POS, NEG}]
+                data.skip(subset, reason=MALFORMED_RECORD)
+                continue
             refs = data.resolve(subset, images, row[0])
             if refs is None:
                 continue
