@@ -242,3 +242,9 @@ def test_accounting_reaches_mlflow_with_the_benchmarks_table(tmp_path, mlflow_ur
     assert logged["m/bla_coordination_skipped_missing_image"] == 1
     assert logged["m/bla_coordination_read"] == 2 and logged["m/bla_coordination_num"] == 1
     assert "| m | bla | coordination |" in (tmp_path / "benchmarks.md").read_text()
+
+
+def test_a_quick_look_scores_n_items_and_still_reports_the_files_counts():
+    data = BENCHMARKS["whatsup"](ROOT).limit(1)
+    metrics, _ = evaluate_suite_data(Encoder(CaptionLengthScorer()), data)
+    assert metrics["whatsup_controlled_a_num"] == 1 and metrics["whatsup_controlled_a_read"] == 4

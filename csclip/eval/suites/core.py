@@ -114,6 +114,8 @@ class SuiteData:
     layout: str = ""
     root: str = ""
     skip_examples: list[str] = field(default_factory=list)  # the first missing image paths
+    # Set by limit(): the records read from the whole files (only N per subset are scored).
+    records_read: dict[str, int] | None = None
 
     def skip(self, subset: str, count: int = 1, reason: str = MISSING_IMAGE,
              example: str = "") -> None:
@@ -155,7 +157,10 @@ class SuiteData:
         return out
 
     def read(self) -> dict[str, int]:
-        """Records read per subset: every one is scored or skipped with a reason."""
+        """Records read per subset: every one is scored or skipped with a reason (after
+        limit(): the whole files' count)."""
+        if self.records_read is not None:
+            return dict(self.records_read)
         scored, skipped = self.scored(), self.skipped
         return {s: scored.get(s, 0) + skipped.get(s, 0) for s in self.subsets()}
 
@@ -190,7 +195,8 @@ class SuiteData:
 
         out = SuiteData(self.benchmark, self.tie_rule, skip_counts=dict(self.skip_counts),
                         macro=self.macro, pooled=self.pooled, layout=self.layout,
-                        root=self.root, skip_examples=list(self.skip_examples))
+                        root=self.root, skip_examples=list(self.skip_examples),
+                        records_read=self.read())
         out.text_choices = [i for i in self.text_choices if keep("t", i)]
         out.image_choices = [i for i in self.image_choices if keep("i", i)]
         out.pairs = [p for p in self.pairs if keep("p", p)]
@@ -293,7 +299,8 @@ def score_subsets(features: FeatureTables, data: SuiteData) -> dict[str, SubsetS
 
 def suite_metrics(benchmark: str, subsets: Mapping[str, SubsetScores],
                   skipped: Mapping[str, int], pooled: bool = False,
-                  skip_counts: Mapping[tuple[str, str], int] | None = None) -> dict[str, float]:
+                  skip_counts: Mapping[tuple[str, str], int] | None = None,
+                  read: Mapping[str, int] | None = None) -> dict[str, float]:
     """`<benchmark>_<subset>_{i2t,t2i,group}`, `<benchmark>_{i2t,t2i,group}` (unweighted
     mean over the subsets that measured it; pooled: weighted by their items), and the
     accounting per subset: `_read` (= `_num` scored + `_skipped`), `_skipped_<reason>`
@@ -312,7 +319,8 @@ def suite_metrics(benchmark: str, subsets: Mapping[str, SubsetScores],
     for subset, scores in subsets.items():
         metrics[f"{benchmark}_{subset}_num"] = float(scores.num_items)
         metrics[f"{benchmark}_{subset}_skipped"] = float(skipped.get(subset, 0))
-        metrics[f"{benchmark}_{subset}_read"] = float(scores.num_items + skipped.get(subset, 0))
+        records = (read or {}).get(subset, scores.num_items + skipped.get(subset, 0))
+        metrics[f"{benchmark}_{subset}_read"] = float(records)
     for (subset, reason), count in (skip_counts or {}).items():
         if subset in subsets and count:
             metrics[f"{benchmark}_{subset}_skipped_{reason}"] = float(count)
@@ -325,7 +333,7 @@ def evaluate_suite_data(encoder: Encoder, data: SuiteData) -> tuple[dict[str, fl
     features = encoder.features(data.texts(), data.images)
     subsets = score_subsets(features, data)
     return suite_metrics(data.benchmark, subsets, data.skipped, data.pooled,
-                         data.skip_counts), subsets
+                         data.skip_counts, data.read()), subsets
 
 
 # ---------------------------------------------------------------------------------------
