@@ -172,6 +172,16 @@ class SuiteData:
                 out[subset] = out.get(subset, 0) + count
         return out
 
+    def accounting(self) -> str:
+        """`<benchmark>: <subset> read N = scored S + skipped K (reason n, ...); ...`."""
+        scored, read, skipped = self.scored(), self.read(), self.skipped
+        parts = []
+        for subset in self.subsets():
+            reasons = ", ".join(f"{r} {n}" for (s, r), n in self.skip_counts.items() if s == subset)
+            parts.append(f"{subset} read {read.get(subset, 0)} = scored {scored.get(subset, 0)} + "
+                         f"skipped {skipped.get(subset, 0)}" + (f" ({reasons})" if reasons else ""))
+        return f"{self.benchmark}: " + "; ".join(parts)
+
     def subsets(self) -> list[str]:
         names = [i.subset for i in self.text_choices] + [i.subset for i in self.image_choices]
         names += [p.subset for p in self.pairs]

@@ -136,17 +136,6 @@ def load_benchmarks(names: Sequence[str], data_root: str,
     return loaded
 
 
-def accounting_line(name: str, data: SuiteData) -> str:
-    """`<name>: <subset> read N = scored S + skipped K (reason n, ...)`, per subset."""
-    scored, read = data.scored(), data.read()
-    parts = []
-    for subset in data.subsets():
-        reasons = ", ".join(f"{r} {n}" for (s, r), n in data.skip_counts.items() if s == subset)
-        parts.append(f"{subset} read {read[subset]} = scored {scored.get(subset, 0)} + skipped "
-                     f"{data.skipped.get(subset, 0)}" + (f" ({reasons})" if reasons else ""))
-    return f"{name}: " + "; ".join(parts)
-
-
 def evaluate_benchmarks(encoder: Encoder, names: Sequence[str], data_root: str,
                         max_per_subset: int | None = None,
                         allow_partial: bool = False) -> dict[str, float]:
@@ -154,8 +143,8 @@ def evaluate_benchmarks(encoder: Encoder, names: Sequence[str], data_root: str,
     log its accounting. Returns the benchmarks' metrics (per subset: accuracies and read /
     num / skipped / skipped_<reason>) plus the capability and suite averages."""
     metrics: dict[str, float] = {}
-    for name, data in load_benchmarks(names, data_root, allow_partial).items():
-        log.info("%s", accounting_line(name, data))
+    for data in load_benchmarks(names, data_root, allow_partial).values():
+        log.info("%s", data.accounting())
         scored, _ = evaluate_suite_data(encoder, data.limit(max_per_subset))
         metrics.update(scored)
     metrics.update(capability_metrics(metrics))

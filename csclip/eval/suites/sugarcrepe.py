@@ -5,6 +5,8 @@ with a caption and a hard negative, in seven subsets; I2T accuracy with ties cou
 
 from __future__ import annotations
 
+import logging
+
 from csclip.errors import DataError
 from csclip.eval.encoder import Encoder
 from csclip.eval.suites.core import (
@@ -21,6 +23,8 @@ from csclip.eval.suites.core import (
     join,
     read_json,
 )
+
+log = logging.getLogger(__name__)
 
 SUGARCREPE_SUBSETS: tuple[str, ...] = (
     "add_att",
@@ -113,5 +117,6 @@ def evaluate_sugarcrepe(encoder: Encoder, directory: str, image_root: str,
     """
     data = load_sugarcrepe_files(str(directory), image_root)
     check_complete(data, allow_partial)
+    log.info("%s", data.accounting())
     metrics, _ = evaluate_suite_data(encoder, data.limit(max_per_subset))
     return metrics
