@@ -227,13 +227,17 @@ def benchmark_tables(reports: Mapping[str, HalfTruthReport]) -> dict[str, Table]
                 capability_rows.append((name, capability, *values))
     if not rows:
         return {}
+    # Which scorers (suites.protocol) produced the numbers, so no table is read as the other.
+    protocols = sorted({"paper" if r.metrics.get("suite_protocol_paper") else "official"
+                        for r in reports.values()})
+    scorers = f"{' / '.join(protocols)} scorers"
     return {
-        "benchmarks": Table("Compositional benchmarks (%): I2T / T2I / Group per subset",
+        "benchmarks": Table(f"Compositional benchmarks (%, {scorers}): I2T / T2I / Group per subset",
                             ("Model", "Benchmark", "Subset", "I2T", "T2I", "Group", "Items",
                              "Skipped"), tuple(rows),
                             ("", "", "", "acc", "acc", "acc", "int", "int")),
-        "capabilities": Table("Compositional capabilities (%): mean over subsets; suite = "
-                              "mean over benchmarks", ("Model", "Capability", "I2T", "T2I",
+        "capabilities": Table(f"Compositional capabilities (%, {scorers}): mean over subsets; "
+                              "suite = mean over benchmarks", ("Model", "Capability", "I2T", "T2I",
                                                        "Group"),
                               tuple(capability_rows), ("", "", "acc", "acc", "acc")),
     }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -20,6 +21,7 @@ from csclip.eval.retrieval import (
     retrieval_set,
 )
 from csclip.eval.suites.core import first_existing, join
+from csclip.eval.suites.protocol import expand_paper_suite
 from csclip.eval.suites.registry import BENCHMARKS, evaluate_benchmarks
 from csclip.eval.suites.sugarcrepe import evaluate_sugarcrepe
 from csclip.eval.suites.world import evaluate_world_suites
@@ -33,6 +35,8 @@ log = logging.getLogger(__name__)
 RETRIEVAL_SUITES = {"coco_retrieval": "coco", "flickr30k_retrieval": "flickr30k"}
 ZEROSHOT_SUITE = "zeroshot"
 SUITE_NAMES: tuple[str, ...] = (*sorted(BENCHMARKS), *RETRIEVAL_SUITES, ZEROSHOT_SUITE)
+# `--suite paper`: the paper's sixteen benchmarks (protocol.PAPER_SUITE), scored with
+# protocol "paper" unless suites.protocol says otherwise.
 
 
 class SuitesConfig(StrictModel):
@@ -53,6 +57,13 @@ class SuitesConfig(StrictModel):
     names: tuple[str, ...] = ()
     data_root: str | None = None  # local folder or s3:// prefix
     max_items_per_subset: int | None = Field(None, ge=1)  # a quick look at large suites
+    # official: each benchmark's own scorer; paper: the CS-CLIP authors' (docs/evaluation.md)
+    protocol: Literal["official", "paper"] = "official"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _paper_suite(cls, values):
+        return expand_paper_suite(values)
 
     @field_validator("names", mode="before")
     @classmethod
@@ -108,8 +119,8 @@ def evaluate_named_suites(encoder: Encoder, config: SuitesConfig) -> dict[str, f
     """The suites of config.names under config.data_root; a missing one is one warning."""
     root = config.data_root
     benchmarks = [n for n in config.names if n in BENCHMARKS]
-    metrics = evaluate_benchmarks(encoder, benchmarks, root, config.max_items_per_subset) \
-        if benchmarks else {}
+    metrics = evaluate_benchmarks(encoder, benchmarks, root, config.max_items_per_subset,
+                                  config.protocol) if benchmarks else {}
     for name, dataset in RETRIEVAL_SUITES.items():
         if name not in config.names:
             continue

@@ -87,6 +87,9 @@ class SuiteData:
     # The benchmark's own score pools its items (Winoground's tags are a breakdown);
     # otherwise it is the unweighted mean over subsets (SugarCrepe, ARO, ...).
     pooled: bool = False
+    # A benchmark whose official number is not a per-item choice (BLA's per-sentence
+    # credit, SVO-Probes' match / no-match, MMVP's pairs) brings its own scorer.
+    scorer: Callable[[FeatureTables, SuiteData], dict[str, SubsetScores]] | None = None
 
     def skip(self, subset: str, count: int = 1) -> None:
         self.skipped[subset] = self.skipped.get(subset, 0) + count
@@ -113,7 +116,7 @@ class SuiteData:
             return seen[(kind, item.subset)] <= max_per_subset
 
         out = SuiteData(self.benchmark, self.tie_rule, skipped=dict(self.skipped),
-                        macro=self.macro, pooled=self.pooled)
+                        macro=self.macro, pooled=self.pooled, scorer=self.scorer)
         out.text_choices = [i for i in self.text_choices if keep("t", i)]
         out.image_choices = [i for i in self.image_choices if keep("i", i)]
         out.pairs = [p for p in self.pairs if keep("p", p)]
@@ -241,7 +244,7 @@ def evaluate_suite_data(encoder: Encoder, data: SuiteData) -> tuple[dict[str, fl
                                                                     dict[str, SubsetScores]]:
     """Encode a loaded benchmark through `encoder` and score it: (metrics, per subset)."""
     features = encoder.features(data.texts(), data.images)
-    subsets = score_subsets(features, data)
+    subsets = (data.scorer or score_subsets)(features, data)
     return suite_metrics(data.benchmark, subsets, data.skipped, data.pooled), subsets
 
 

@@ -12,12 +12,17 @@ import numpy as np
 
 from csclip.eval.encoder import Encoder
 from csclip.eval.suites.aro import load_aro
+from csclip.eval.suites.colorfoil import load_colorfoil
 from csclip.eval.suites.core import BenchmarkNotFound, Loader, evaluate_suite_data
+from csclip.eval.suites.mmvp import load_mmvp
+from csclip.eval.suites.negbench import load_negbench
 from csclip.eval.suites.pairs import load_cola, load_colorswap
 from csclip.eval.suites.probes import load_bla, load_spec, load_svo_probes
+from csclip.eval.suites.protocol import PAPER, load_benchmark
 from csclip.eval.suites.sugarcrepe import load_sugarcrepe_suite
 from csclip.eval.suites.sugarcrepe_pp import load_sugarcrepe_pp
 from csclip.eval.suites.valse import load_valse
+from csclip.eval.suites.vismin import load_vismin
 from csclip.eval.suites.vl_checklist import load_vl_checklist
 from csclip.eval.suites.whatsup import load_whatsup
 from csclip.eval.suites.winoground import load_coco_counterfactuals, load_winoground
@@ -38,6 +43,11 @@ BENCHMARKS: dict[str, Loader] = {
     "vl_checklist": load_vl_checklist,
     "whatsup": load_whatsup,
     "winoground": load_winoground,
+    # The rest of the paper's sixteen (protocol.PAPER_SUITE).
+    "colorfoil": load_colorfoil,
+    "mmvp": load_mmvp,
+    "negbench": load_negbench,
+    "vismin": load_vismin,
 }
 
 ENTITY, RELATIONAL, BINDING, LINGUISTIC = "entity", "relational", "binding", "linguistic"
@@ -83,6 +93,19 @@ CAPABILITY_OF: dict[tuple[str, str], str] = {
     ("whatsup", "vg_one"): RELATIONAL, ("whatsup", "vg_two"): RELATIONAL,
     ("winoground", "object"): BINDING, ("winoground", "relation"): RELATIONAL,
     ("winoground", "both"): RELATIONAL,
+    # The paper's other four benchmarks, and the subsets the paper protocol renames.
+    ("colorfoil", "all"): ENTITY,
+    ("vismin", "object"): ENTITY, ("vismin", "attribute"): BINDING,
+    ("vismin", "relation"): RELATIONAL, ("vismin", "counting"): ENTITY,
+    ("vismin", "all"): ENTITY,  # the paper pools the four (three are entity-level edits)
+    ("mmvp", "orientation_and_direction"): RELATIONAL,
+    ("mmvp", "presence_of_specific_features"): ENTITY, ("mmvp", "state_and_condition"): ENTITY,
+    ("mmvp", "quantity_and_count"): ENTITY, ("mmvp", "positional_and_relational_context"): RELATIONAL,
+    ("mmvp", "color_and_appearance"): BINDING, ("mmvp", "structural_characteristics"): ENTITY,
+    ("mmvp", "texts"): ENTITY, ("mmvp", "viewpoint_and_perspective"): RELATIONAL,
+    ("negbench", "coco_mcq"): LINGUISTIC, ("negbench", "voc2007_mcq"): LINGUISTIC,
+    ("valse", "counting"): ENTITY, ("valse", "actions"): RELATIONAL,
+    ("valse", "coreference"): LINGUISTIC, ("valse", "noun_phrases"): ENTITY,
 }  # fmt: skip
 
 DIRECTIONS: tuple[str, ...] = ("i2t", "t2i", "group")
@@ -107,14 +130,17 @@ def capability_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
 
 
 def evaluate_benchmarks(encoder: Encoder, names: Sequence[str], data_root: str,
-                        max_per_subset: int | None = None) -> dict[str, float]:
-    """Load, encode and score each named benchmark found under data_root; a benchmark
-    whose files are not there is skipped with one warning line naming what it expects.
-    Returns the benchmarks' metrics plus the capability and suite averages."""
+                        max_per_subset: int | None = None,
+                        protocol: str = "official") -> dict[str, float]:
+    """Load, encode and score each named benchmark found under data_root with the
+    protocol's scorers (protocol.py); a benchmark whose files are not there is skipped
+    with one warning line naming what it expects. Returns the benchmarks' metrics plus
+    the capability and suite averages, and `suite_protocol_paper` (1 or 0) saying which
+    protocol scored them (when one ran)."""
     metrics: dict[str, float] = {}
     for name in names:
         try:
-            data = BENCHMARKS[name](data_root).limit(max_per_subset)
+            data = load_benchmark(name, BENCHMARKS[name], data_root, protocol).limit(max_per_subset)
         except BenchmarkNotFound as err:
             log.warning("%s; skipped", err)
             continue
@@ -125,4 +151,6 @@ def evaluate_benchmarks(encoder: Encoder, names: Sequence[str], data_root: str,
                             for s, v in subsets.items())
         log.info("%s: %s", name, summary)
     metrics.update(capability_metrics(metrics))
+    if metrics:
+        metrics["suite_protocol_paper"] = float(protocol == PAPER)
     return metrics
