@@ -296,6 +296,24 @@ def test_valse_paper_pools_the_pieces_into_seven_phenomena(tmp_path):
     assert paper["valse_i2t"] == 75.0
 
 
+def test_spec_paper_is_image_to_text_only_and_strict(tmp_path):
+    folder = tmp_path / "spec/absolute_spatial"
+    write_json(folder / "image2text.json", [
+        {"query": "a.jpg", "keys": ["a red ball on the left", "a red ball on the right"], "label": 0},
+        {"query": "a.jpg", "keys": ["a blue ball", "a red ball"], "label": 1},
+    ])
+    write_json(folder / "text2image.json", [{"query": "a red ball", "keys": ["a.jpg", "b.jpg"],
+                                             "label": 0}])
+    solid(folder / "a.jpg", "red")
+    solid(folder / "b.jpg", "blue")
+    official, paper = both("spec", str(tmp_path))
+    # The first item's two texts tie: the official argmax picks the first, the label.
+    assert official["spec_absolute_spatial_i2t"] == 100.0
+    assert official["spec_absolute_spatial_t2i"] == 100.0
+    assert paper["spec_absolute_spatial_i2t"] == 50.0  # strict: the tie is wrong
+    assert "spec_t2i" not in paper
+
+
 def test_unknown_protocol_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown protocol"):
         load_benchmark("mmvp", BENCHMARKS["mmvp"], ROOT, "mine")
@@ -315,6 +333,21 @@ def test_suite_paper_names_the_papers_sixteen_with_the_paper_protocol():
     assert SuitesConfig(names="paper", data_root=ROOT, protocol="official").protocol == "official"
     extra = SuitesConfig(names=["paper", "svo_probes"], data_root=ROOT)
     assert extra.names == (*PAPER_SUITE, "svo_probes")
+    assert SuitesConfig(names="aro", data_root=ROOT).scoring_protocol == "official"
+
+
+def test_suite_paper_through_the_evaluate_config_and_a_dumped_copy():
+    from csclip.config import load_config
+    from csclip.eval.pipeline import EvalConfig
+
+    config = load_config(EvalConfig, None, ["suites.names=paper", f"suites.data_root={ROOT}"])
+    assert config.suites.scoring_protocol == "paper" and config.suites.names == PAPER_SUITE
+    config = load_config(EvalConfig, None, ["suites.names=paper", f"suites.data_root={ROOT}",
+                                            "suites.protocol=official"])
+    assert config.suites.scoring_protocol == "official"
+    # What `csclip ablate --suite paper` hands each trial keeps the protocol.
+    dumped = SuitesConfig(names="paper", data_root=ROOT).model_dump(mode="json")
+    assert SuitesConfig.model_validate(dumped).scoring_protocol == "paper"
 
 
 def test_suite_paper_runs_the_sixteen_with_the_papers_aggregation():

@@ -57,8 +57,14 @@ class SuitesConfig(StrictModel):
     names: tuple[str, ...] = ()
     data_root: str | None = None  # local folder or s3:// prefix
     max_items_per_subset: int | None = Field(None, ge=1)  # a quick look at large suites
-    # official: each benchmark's own scorer; paper: the CS-CLIP authors' (docs/evaluation.md)
-    protocol: Literal["official", "paper"] = "official"
+    # official: each benchmark's own scorer; paper: the CS-CLIP authors' (docs/evaluation.md).
+    # Unset (None): "paper" with the suite "paper" (set on validation), else "official".
+    protocol: Literal["official", "paper"] | None = None
+
+    @property
+    def scoring_protocol(self) -> str:
+        """The protocol the named suites are scored with."""
+        return self.protocol or "official"
 
     @model_validator(mode="before")
     @classmethod
@@ -120,7 +126,7 @@ def evaluate_named_suites(encoder: Encoder, config: SuitesConfig) -> dict[str, f
     root = config.data_root
     benchmarks = [n for n in config.names if n in BENCHMARKS]
     metrics = evaluate_benchmarks(encoder, benchmarks, root, config.max_items_per_subset,
-                                  config.protocol) if benchmarks else {}
+                                  config.scoring_protocol) if benchmarks else {}
     for name, dataset in RETRIEVAL_SUITES.items():
         if name not in config.names:
             continue

@@ -65,11 +65,17 @@ def svo_paper(data: SuiteData) -> SuiteData:
     return replace(data, scorer=None, tie_rule="strict")
 
 
+def spec_paper(data: SuiteData) -> SuiteData:
+    """SPEC as the CS-CLIP authors run it (their SPEC_I2T): image-to-text only, right when
+    the true text scores strictly above each other candidate (a tie is wrong)."""
+    return replace(data, image_choices=[], tie_rule="strict")
+
+
 # Benchmarks whose loader reads differently under the paper protocol (takes `protocol`).
 _PROTOCOL_LOADERS = frozenset({"aro", "vl_checklist", "vismin", "colorfoil", "mmvp", "negbench"})
 # Benchmarks whose items are rescored under the paper protocol.
 PAPER_TRANSFORMS: Mapping[str, Callable[[SuiteData], SuiteData]] = {
-    "valse": valse_paper, "bla": bla_paper, "svo_probes": svo_paper,
+    "valse": valse_paper, "bla": bla_paper, "svo_probes": svo_paper, "spec": spec_paper,
 }
 
 
@@ -86,19 +92,21 @@ def load_benchmark(name: str, loader: Callable[..., SuiteData], data_root: str,
 
 def expand_paper_suite(values: object) -> object:
     """A SuitesConfig's raw values with the suite name "paper" replaced by PAPER_SUITE
-    and, unless set, protocol "paper"."""
+    and, when the protocol is unset (None), protocol "paper"."""
     if not isinstance(values, dict):
         return values
     names = values.get("names")
     if isinstance(names, str):
         names = [n.strip() for n in names.split(",") if n.strip()]
-    if not names or PAPER not in names:
-        return values
-    expanded = []
-    for name in names:
-        for item in (PAPER_SUITE if name == PAPER else (name,)):
-            if item not in expanded:
-                expanded.append(item)
-    out = dict(values, names=tuple(expanded))
-    out.setdefault("protocol", PAPER)
+    asked = bool(names) and PAPER in names
+    out = dict(values)
+    if asked:
+        expanded: list[str] = []
+        for name in names:
+            for item in (PAPER_SUITE if name == PAPER else (name,)):
+                if item not in expanded:
+                    expanded.append(item)
+        out["names"] = tuple(expanded)
+    if asked and out.get("protocol") is None:
+        out["protocol"] = PAPER
     return out
