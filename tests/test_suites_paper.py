@@ -53,19 +53,33 @@ def write_json(path: Path, data) -> None:
 
 def test_mmvp_official_pairs_are_text_to_image_and_a_tie_picks_the_second_image():
     official, paper = both("mmvp")
-    # Color and Appearance: (red flower, blue flower) right; (dog left, dog right) has no
-    # color word: statement 1 ties, its prediction is image 2: wrong.
-    assert official["mmvp_color_and_appearance_t2i"] == 50.0
-    # Orientation: "a photo of The red car points up" picks its red image; the colourless
-    # second statement ties and so picks image 2, its own: right. (7, 8): 8.jpg missing.
-    assert official["mmvp_orientation_and_direction_t2i"] == 100.0
+    # Officially the four pairs are the first category by position. (red flower, blue
+    # flower): right. (dog left, dog right) has no color word: statement 1 ties, its
+    # prediction is image 2: wrong. ("a photo of The red car points up", "... The car
+    # points down"): the colourless second statement ties and so picks image 2, its own:
+    # right. (7, 8): 8.jpg is missing.
+    assert official["mmvp_orientation_and_direction_t2i"] == pytest.approx(200 / 3)
     assert official["mmvp_orientation_and_direction_skipped"] == 1
-    assert official["mmvp_t2i"] == 75.0 and "mmvp_i2t" not in official
-    # Paper: Winoground's strict text / image / group scores; the orientation pair's
-    # colourless statement ties both ways: wrong.
-    assert paper["mmvp_color_and_appearance_i2t"] == 50.0
-    assert paper["mmvp_orientation_and_direction_i2t"] == 0.0
+    assert "mmvp_i2t" not in official
+    # Paper: the Type column's patterns; Winoground's strict text / image / group scores;
+    # the car pair's colourless statement ties both ways: wrong.
+    assert paper["mmvp_color_i2t"] == 50.0 and paper["mmvp_color_t2i"] == 50.0
+    assert paper["mmvp_orientation_i2t"] == 0.0 and paper["mmvp_orientation_skipped"] == 1
     assert paper["mmvp_i2t"] == 25.0 and paper["mmvp_group"] == 25.0
+
+
+def test_mmvp_official_categories_follow_the_pairs_position(tmp_path):
+    folder = tmp_path / "mmvp"
+    rows = [[q, "Color", f"statement {q}"] for q in range(1, 33)]  # 16 pairs
+    folder.mkdir()
+    with (folder / "Questions.csv").open("w", newline="") as handle:
+        csv.writer(handle).writerows([["Question ID", "Type", "Statement"], *rows])
+    for q in range(1, 33):
+        solid(folder / f"MLLM_VLM Images/Color/{q}.jpg", "red")
+    subsets = [p.subset for p in BENCHMARKS["mmvp"](str(tmp_path)).pairs]
+    assert subsets == ["orientation_and_direction"] * 15 + ["presence_of_specific_features"]
+    paper = load_benchmark("mmvp", BENCHMARKS["mmvp"], str(tmp_path), "paper")
+    assert {p.subset for p in paper.pairs} == {"color"}
 
 
 def test_mmvp_official_prompt_and_pair_order():

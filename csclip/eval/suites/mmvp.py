@@ -5,9 +5,10 @@ published `Questions.csv` and `MLLM_VLM Images/<Type>/<Question ID>.jpg`.
 Official (scripts/evaluate_vlm.py): each statement, prefixed "a photo of ", picks the
 image it scores higher (softmax over the pair's two images > 0.5, so a tie picks the
 second image); a pair is right when both statements pick their own image (T2I, pair
-level), and a pattern's accuracy is over its pairs. Paper (the CS-CLIP authors'
+level), and a category's accuracy is over its pairs, the script's nine category names
+given by position (15 pairs each, in file order). Paper (the CS-CLIP authors'
 data_loading/mmvp.py): the bare statements, Winoground's strict text / image / group
-scores per pair (I2T is their reported number)."""
+scores per pair (I2T is their reported number), per the Type column's pattern."""
 
 from __future__ import annotations
 
@@ -31,6 +32,12 @@ LAYOUT = ("Questions.csv (Question ID, Type, Statement; rows 2k-1 and 2k are one
           "'MLLM_VLM Images/<Type>/<Question ID>.jpg', as in the MMVP/MMVP_VLM release")
 IMAGES = "MLLM_VLM Images"
 PROMPT = "a photo of "  # the official script's prefix
+# evaluate_vlm.py's categories, in file order: pair k belongs to CATEGORIES[k // 15].
+CATEGORIES = ("Orientation and Direction", "Presence of Specific Features",
+              "State and Condition", "Quantity and Count", "Positional and Relational Context",
+              "Color and Appearance", "Structural Characteristics", "Texts",
+              "Viewpoint and Perspective")
+PAIRS_PER_CATEGORY = 15
 
 
 def pattern_subset(pattern: str) -> str:
@@ -39,8 +46,9 @@ def pattern_subset(pattern: str) -> str:
 
 
 def load_mmvp(data_root: str, protocol: str = "official") -> SuiteData:
-    """MMVP-VLM's pairs under <data_root>/mmvp; subset = the pair's visual pattern (the
-    Type column). A pair with a missing image is skipped and counted."""
+    """MMVP-VLM's pairs under <data_root>/mmvp; subset = the official category of the
+    pair's position (official) or its Type column (paper), slugged. A pair with a
+    missing image is skipped and counted."""
     from csclip.storage import filesystem_for, read_bytes
 
     root = join(data_root, "mmvp")
@@ -55,12 +63,14 @@ def load_mmvp(data_root: str, protocol: str = "official") -> SuiteData:
     paper = protocol == "paper"
     images = ImageFolder(join(root, IMAGES))
     data = SuiteData("mmvp", tie_rule="strict", scorer=None if paper else mmvp_pair_accuracy)
-    for first, second in zip(rows[0::2], rows[1::2], strict=True):
+    for index, (first, second) in enumerate(zip(rows[0::2], rows[1::2], strict=True)):
         (qid1, pattern, statement1), (qid2, _, statement2) = first[:3], second[:3]
         expect(qid1.strip().isdigit() and qid2.strip().isdigit()
                and int(qid1) % 2 == 1 and int(qid2) == int(qid1) + 1, uri,
                "each pair is an odd Question ID followed by the next one")
-        subset = pattern_subset(pattern)
+        position = index // PAIRS_PER_CATEGORY
+        subset = pattern_subset(pattern if paper or position >= len(CATEGORIES)
+                                else CATEGORIES[position])
         # The official script opens both images under the first row's Type folder.
         refs = [images.ref(f"{pattern.strip()}/{int(q)}.jpg") for q in (qid1, qid2)]
         if None in refs:

@@ -97,12 +97,18 @@ CAPABILITY_OF: dict[tuple[str, str], str] = {
     ("colorfoil", "all"): ENTITY,
     ("vismin", "object"): ENTITY, ("vismin", "attribute"): BINDING,
     ("vismin", "relation"): RELATIONAL, ("vismin", "counting"): ENTITY,
+    ("vismin", "spatial_relation"): RELATIONAL, ("vismin", "count"): ENTITY,
     ("vismin", "all"): ENTITY,  # the paper pools the four (three are entity-level edits)
+    # MMVP: the official script's categories, then the Type column's (the paper's).
     ("mmvp", "orientation_and_direction"): RELATIONAL,
     ("mmvp", "presence_of_specific_features"): ENTITY, ("mmvp", "state_and_condition"): ENTITY,
     ("mmvp", "quantity_and_count"): ENTITY, ("mmvp", "positional_and_relational_context"): RELATIONAL,
     ("mmvp", "color_and_appearance"): BINDING, ("mmvp", "structural_characteristics"): ENTITY,
     ("mmvp", "texts"): ENTITY, ("mmvp", "viewpoint_and_perspective"): RELATIONAL,
+    ("mmvp", "orientation"): RELATIONAL, ("mmvp", "presence"): ENTITY, ("mmvp", "state"): ENTITY,
+    ("mmvp", "quantity"): ENTITY, ("mmvp", "spatial"): RELATIONAL, ("mmvp", "color"): BINDING,
+    ("mmvp", "structural_character"): ENTITY, ("mmvp", "text"): ENTITY,
+    ("mmvp", "camera_perspective"): RELATIONAL,
     ("negbench", "coco_mcq"): LINGUISTIC, ("negbench", "voc2007_mcq"): LINGUISTIC,
     ("valse", "counting"): ENTITY, ("valse", "actions"): RELATIONAL,
     ("valse", "coreference"): LINGUISTIC, ("valse", "noun_phrases"): ENTITY,

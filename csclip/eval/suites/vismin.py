@@ -15,6 +15,7 @@ import numpy as np
 
 from csclip.eval.encoder import FeatureTables
 from csclip.eval.suites.core import BenchmarkNotFound, Pair, SubsetScores, SuiteData, expect, join
+from csclip.eval.suites.mmvp import pattern_subset
 
 LAYOUT = ("the release's data/test/*.arrow (datasets' save_to_disk) or *.parquet files, "
           "columns image_0, image_1 ({bytes, path}), text_0, text_1, category")
@@ -64,7 +65,7 @@ def load_vismin(data_root: str, protocol: str = "official") -> SuiteData:
                 key = f"vismin/{file}:{row.get('id', index)}/{column}"
                 data.images[key] = image.get("bytes") if isinstance(image, dict) else image
                 keys.append(key)
-            subset = "all" if paper else str(row["category"]).strip().lower()
+            subset = "all" if paper else pattern_subset(str(row["category"]))
             data.pairs.append(Pair(subset, keys[0], keys[1], row["text_0"], row["text_1"]))
     return data
 
