@@ -87,7 +87,8 @@ class SuitesConfig(StrictModel):
             )
         unknown = [n for n in self.names if n not in SUITE_NAMES]
         if unknown:
-            raise ValueError(f"unknown suites {unknown}; choose from {', '.join(SUITE_NAMES)}")
+            raise ValueError(f"unknown suites {unknown}; choose from {', '.join(SUITE_NAMES)} "
+                             "or paper (the paper's sixteen)")
         if self.names and not self.data_root:
             raise ValueError("suites.names needs suites.data_root (--data-root): the folder "
                              "holding one sub-folder per suite")
