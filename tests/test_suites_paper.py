@@ -399,3 +399,18 @@ def test_the_benchmark_tables_say_which_protocol():
     assert "paper scorers" in tables["capabilities"].title
     metrics = evaluate_benchmarks(Encoder(ColorScorer()), ["mmvp"], ROOT)
     assert "official scorers" in benchmark_tables({"m": Report(metrics)})["benchmarks"].title
+
+
+def test_capabilities_follow_the_authors_subset_map():
+    # experiments/configs/benchmarks.json (kargibora/CS-CLIP 16276c7), top level.
+    expected = {
+        ("aro", "vg_attribution"): "binding", ("aro", "coco_order"): "linguistic",
+        ("spec", "relative_size"): "entity", ("spec", "relative_spatial"): "relational",
+        ("vl_checklist", "attribute_color"): "entity", ("vl_checklist", "relation_action"): "relational",
+        ("valse", "noun_phrases"): "linguistic", ("valse", "plurals"): "entity",
+        ("valse", "actions"): "relational", ("vismin", "attribute"): "entity",
+        ("mmvp", "state"): "relational", ("mmvp", "color"): "entity",
+        ("colorfoil", "all"): "entity", ("colorswap", "all"): "binding",
+        ("negbench", "coco_mcq"): "linguistic", ("whatsup", "controlled_a"): "relational",
+    }
+    assert {k: CAPABILITY_OF[k] for k in expected} == expected
