@@ -35,8 +35,6 @@ log = logging.getLogger(__name__)
 RETRIEVAL_SUITES = {"coco_retrieval": "coco", "flickr30k_retrieval": "flickr30k"}
 ZEROSHOT_SUITE = "zeroshot"
 SUITE_NAMES: tuple[str, ...] = (*sorted(BENCHMARKS), *RETRIEVAL_SUITES, ZEROSHOT_SUITE)
-# `--suite paper`: the paper's sixteen benchmarks (protocol.PAPER_SUITE), scored with
-# protocol "paper" unless suites.protocol says otherwise.
 
 
 class SuitesConfig(StrictModel):
@@ -51,9 +49,10 @@ class SuitesConfig(StrictModel):
     seed: int = 0
     sugarcrepe_dir: str | None = None  # the SugarCrepe JSON files; None: not run
     coco_images: str | None = None  # COCO val2017 images (local dir or s3:// URI)
-    # Real-data suites by name (SUITE_NAMES), each read from <data_root>/<name>/ in its
-    # published layout (docs/evaluation.md); a suite whose files are missing is skipped
-    # with one line saying what it expects.
+    # Real-data suites by name (SUITE_NAMES, or "paper": the paper's sixteen,
+    # protocol.PAPER_SUITE), each read from <data_root>/<name>/ in its published layout
+    # (docs/evaluation.md); a suite whose files are missing is skipped with one line
+    # saying what it expects.
     names: tuple[str, ...] = ()
     data_root: str | None = None  # local folder or s3:// prefix
     max_items_per_subset: int | None = Field(None, ge=1)  # a quick look at large suites

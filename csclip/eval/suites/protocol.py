@@ -4,9 +4,10 @@
 - "paper": the CS-CLIP authors' evaluation code (kargibora/CS-CLIP, data_loading/*.py),
   which the paper's suite average comes from.
 
-`load_benchmark(name, root, protocol)` returns a benchmark's items and scorer for either
-one; `PAPER_SUITE` is the paper's sixteen benchmarks (`--suite paper`). Where the two
-protocols differ, per benchmark, is in docs/evaluation.md ("Scorers and protocols")."""
+`load_benchmark(name, loader, root, protocol)` returns a benchmark's items and scorer for
+either one; `PAPER_SUITE` is the paper's sixteen benchmarks (`--suite paper`). Where the
+two protocols differ, per benchmark, is in docs/evaluation.md ("Scorers and
+protocols")."""
 
 from __future__ import annotations
 
