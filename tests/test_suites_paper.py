@@ -126,6 +126,18 @@ def test_colorfoil_builds_its_benchmark_from_coco_captions_as_each_protocol_does
     assert dict((r[0], r[1]) for r in paper_rows)[rider] == "Person riding a horse in Red."
 
 
+def test_colorfoil_reads_the_authors_saved_benchmark(tmp_path):
+    rows = [{"image_id": "colorfoil_000000", "image_url": "u", "caption": "A red bus.",
+             "foil": "A blue bus."},
+            {"image_id": "colorfoil_000001", "image_url": "u", "caption": "A green bus.",
+             "foil": "A red bus."}]
+    write_json(tmp_path / "colorfoil/annotations/captions_val2017.json", rows)
+    solid(tmp_path / "colorfoil/images/colorfoil_000000.jpg", "red")
+    solid(tmp_path / "colorfoil/images/colorfoil_000001.jpg", "red")
+    official, paper = both("colorfoil", str(tmp_path))
+    assert official["colorfoil_all_i2t"] == 50.0 == paper["colorfoil_all_i2t"]
+
+
 def test_colorfoil_foils_follow_each_notebook():
     # str.replace replaces inside other words too (the notebook's behaviour).
     rng = random.Random(3)

@@ -30,7 +30,9 @@ from csclip.eval.suites.core import (
 )
 
 LAYOUT = ("COCO's annotations/captions_val2017.json (or captions_val2017.json) and the "
-          "val2017/ images, under colorfoil/ (images may also be in <data-root>/coco/val2017)")
+          "val2017/ images, under colorfoil/ (images may also be in <data-root>/coco/val2017); "
+          "or the CS-CLIP authors' saved list [{image_id, caption, foil}] in that file with "
+          "images/<image_id>.jpg")
 # The notebook's foil colors, in its order.
 FOIL_COLORS = ("blue", "black", "red", "pink", "yellow", "grey", "orange", "white", "green",
                "brown")
@@ -116,7 +118,9 @@ def build_colorfoil(annotations: dict, protocol: str = "official",
 
 
 def load_colorfoil(data_root: str, protocol: str = "official") -> SuiteData:
-    """ColorFoil built from <data_root>/colorfoil's COCO captions file; one subset, all."""
+    """ColorFoil built from <data_root>/colorfoil's COCO captions file as the protocol's
+    code builds it, or read from the CS-CLIP authors' saved benchmark (the list their
+    loader writes to the same path, foils fixed); one subset, all."""
     root = join(data_root, "colorfoil")
     uri = first_existing(root, "annotations/captions_val2017.json", "captions_val2017.json")
     images_dir = first_existing(root, "val2017", "images") or first_existing(
@@ -124,11 +128,18 @@ def load_colorfoil(data_root: str, protocol: str = "official") -> SuiteData:
     if uri is None or images_dir is None:
         raise BenchmarkNotFound(f"colorfoil: not found under {root} (expects {LAYOUT})")
     annotations = read_json(uri)
-    expect(isinstance(annotations, dict) and {"images", "annotations"} <= set(annotations), uri,
-           "COCO captions: an object with images and annotations")
-    images = ImageFolder(images_dir)
     data = SuiteData("colorfoil", tie_rule="strict")
-    for name, caption, foil in build_colorfoil(annotations, protocol):
+    if isinstance(annotations, list):  # the CS-CLIP authors' saved benchmark, read as is
+        expect(all(isinstance(r, dict) and {"image_id", "caption", "foil"} <= set(r)
+                   for r in annotations), uri, "a list of {image_id, caption, foil}")
+        rows = [(f"{r['image_id']}.jpg", r["caption"], r["foil"]) for r in annotations]
+        images_dir = first_existing(root, "images") or images_dir
+    else:
+        expect(isinstance(annotations, dict) and {"images", "annotations"} <= set(annotations),
+               uri, "COCO captions: an object with images and annotations")
+        rows = build_colorfoil(annotations, protocol)
+    images = ImageFolder(images_dir)
+    for name, caption, foil in rows:
         ref = images.ref(name)
         if ref is None:
             data.skip("all")
