@@ -150,15 +150,21 @@ def test_spec_image_to_text_and_text_to_image():
 
 def test_svo_probes_is_text_to_image_only():
     _, metrics = score(BENCHMARKS["svo_probes"])
-    assert metrics["svo_probes_subj_neg_t2i"] == 100.0  # "A red girl": red over blue
-    assert metrics["svo_probes_verb_neg_t2i"] == 0.0  # colourless: tie, wrong
+    # The official match / no-match rule: the median of the unique pairs' cosines
+    # (1, 0, 0, 0) is 0, a pair matches above it. "A red girl": its red image matches,
+    # the blue one does not: 100. Colourless: the positive does not match, the negative
+    # rightly does not: (0 + 100) / 2.
+    assert metrics["svo_probes_subj_neg_t2i"] == 100.0
+    assert metrics["svo_probes_verb_neg_t2i"] == 50.0
     assert metrics["svo_probes_obj_neg_skipped"] == 1
     assert "svo_probes_i2t" not in metrics
 
 
-def test_bla_needs_both_true_sentences_above_both_false():
+def test_bla_gives_per_sentence_credit_as_its_official_script():
     _, metrics = score(BENCHMARKS["bla"])
-    assert metrics["bla_active_passive_i2t"] == 50.0
+    # Both items rank their two true sentences first (the second item's True2 ties the
+    # false ones at CLIPScore 0 and keeps its place): every sentence in its right half.
+    assert metrics["bla_active_passive_i2t"] == 100.0
 
 
 def test_vl_checklist_reads_its_corpus_configs():

@@ -243,15 +243,19 @@ def benchmark_tables(reports: Mapping[str, HalfTruthReport]) -> dict[str, Table]
     if not rows:
         return {}
     reason_headers = tuple(r.replace("_", " ").capitalize() for r in SKIP_REASONS)
+    # Which scorers (suites.protocol) produced the numbers, so no table is read as the other.
+    protocols = sorted({"paper" if r.metrics.get("suite_protocol_paper") else "official"
+                        for r in reports.values()})
+    scorers = f"{' / '.join(protocols)} scorers"
     return {
-        "benchmarks": Table("Compositional benchmarks (%): I2T / T2I / Group per subset; "
-                            "records read = scored + skipped",
+        "benchmarks": Table(f"Compositional benchmarks (%, {scorers}): I2T / T2I / Group per "
+                            "subset; records read = scored + skipped",
                             ("Model", "Benchmark", "Subset", "I2T", "T2I", "Group", "Read",
                              "Scored", "Skipped", *reason_headers), tuple(rows),
                             ("", "", "", "acc", "acc", "acc", "int", "int", "int",
                              *["int"] * len(SKIP_REASONS))),
-        "capabilities": Table("Compositional capabilities (%): mean over subsets; suite = "
-                              "mean over benchmarks", ("Model", "Capability", "I2T", "T2I",
+        "capabilities": Table(f"Compositional capabilities (%, {scorers}): mean over subsets; "
+                              "suite = mean over benchmarks", ("Model", "Capability", "I2T", "T2I",
                                                        "Group"),
                               tuple(capability_rows), ("", "", "acc", "acc", "acc")),
     }

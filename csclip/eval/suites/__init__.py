@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -20,6 +21,7 @@ from csclip.eval.retrieval import (
     retrieval_set,
 )
 from csclip.eval.suites.core import first_existing, join
+from csclip.eval.suites.protocol import expand_paper_suite
 from csclip.eval.suites.registry import BENCHMARKS, evaluate_benchmarks
 from csclip.eval.suites.sugarcrepe import evaluate_sugarcrepe
 from csclip.eval.suites.world import evaluate_world_suites
@@ -47,15 +49,29 @@ class SuitesConfig(StrictModel):
     seed: int = 0
     sugarcrepe_dir: str | None = None  # the SugarCrepe JSON files; None: not run
     coco_images: str | None = None  # COCO val2017 images (local dir or s3:// URI)
-    # Real-data suites by name (SUITE_NAMES), each read from <data_root>/<name>/ in its
-    # published layout (docs/evaluation.md); a suite whose files are missing is skipped
-    # with one line saying what it expects.
+    # Real-data suites by name (SUITE_NAMES, or "paper": the paper's sixteen,
+    # protocol.PAPER_SUITE), each read from <data_root>/<name>/ in its published layout
+    # (docs/evaluation.md); a suite whose files are missing is skipped with one line
+    # saying what it expects.
     names: tuple[str, ...] = ()
     data_root: str | None = None  # local folder or s3:// prefix
     max_items_per_subset: int | None = Field(None, ge=1)  # a quick look at large suites
     # A benchmark with a missing or unreadable image fails with one line naming its
     # layout; true scores the rest and counts those records as skipped (reported).
     allow_partial: bool = False
+    # official: each benchmark's own scorer; paper: the CS-CLIP authors' (docs/evaluation.md).
+    # Unset (None): "paper" with the suite "paper" (set on validation), else "official".
+    protocol: Literal["official", "paper"] | None = None
+
+    @property
+    def scoring_protocol(self) -> str:
+        """The protocol the named suites are scored with."""
+        return self.protocol or "official"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _paper_suite(cls, values):
+        return expand_paper_suite(values)
 
     @field_validator("names", mode="before")
     @classmethod
@@ -73,7 +89,8 @@ class SuitesConfig(StrictModel):
             )
         unknown = [n for n in self.names if n not in SUITE_NAMES]
         if unknown:
-            raise ValueError(f"unknown suites {unknown}; choose from {', '.join(SUITE_NAMES)}")
+            raise ValueError(f"unknown suites {unknown}; choose from {', '.join(SUITE_NAMES)} "
+                             "or paper (the paper's sixteen)")
         if self.names and not self.data_root:
             raise ValueError("suites.names needs suites.data_root (--data-root): the folder "
                              "holding one sub-folder per suite")
@@ -113,7 +130,8 @@ def evaluate_named_suites(encoder: Encoder, config: SuitesConfig) -> dict[str, f
     root = config.data_root
     benchmarks = [n for n in config.names if n in BENCHMARKS]
     metrics = evaluate_benchmarks(encoder, benchmarks, root, config.max_items_per_subset,
-                                  config.allow_partial) if benchmarks else {}
+                                  config.allow_partial, config.scoring_protocol
+                                  ) if benchmarks else {}
     for name, dataset in RETRIEVAL_SUITES.items():
         if name not in config.names:
             continue

@@ -159,18 +159,22 @@ SUBSETS = {
 }
 
 
-def load_aro(data_root: str) -> SuiteData:
+def load_aro(data_root: str, protocol: str = "official") -> SuiteData:
     """The ARO subsets whose file is under <data_root>/aro. VG subsets score the crop of
-    the relation's box, as the official loader does; their accuracy is the macro mean
-    over categories with >= 25 items (VG-Relation also without the official symmetric
-    relations). Ties follow the official np.argmax (first candidate wins)."""
+    the relation's box, as the official loader does. Their accuracy is a macro mean over
+    categories: officially (the ARO notebook and `VG_Attribution.evaluate_scores`),
+    VG-Relation over every relation except the notebook's symmetric ones and
+    VG-Attribution over attribute pairs with >= 25 items; with protocol "paper" (the
+    CS-CLIP authors' code) both over every category. Ties follow the official np.argmax
+    (first candidate wins)."""
     root = join(data_root, "aro")
     found = {s: f for s, (f, _) in SUBSETS.items() if exists(join(root, f))}
     if not found:
         raise BenchmarkNotFound(f"aro: not found under {root} (expects {LAYOUT})")
-    data = SuiteData("aro", tie_rule="argmax_first",
-                     macro={"vg_relation": MacroRule(25, SYMMETRIC_RELATIONS),
-                            "vg_attribution": MacroRule(25)})
+    macro = ({"vg_relation": MacroRule(1), "vg_attribution": MacroRule(1)} if protocol == "paper"
+             else {"vg_relation": MacroRule(1, SYMMETRIC_RELATIONS),
+                   "vg_attribution": MacroRule(25)})
+    data = SuiteData("aro", tie_rule="argmax_first", macro=macro)
     for subset, file in found.items():
         SUBSETS[subset][1](data, root, file, subset)
     return data

@@ -116,6 +116,9 @@ class SuiteData:
     skip_examples: list[str] = field(default_factory=list)  # the first missing image paths
     # Set by limit(): the records read from the whole files (only N per subset are scored).
     records_read: dict[str, int] | None = None
+    # A benchmark whose official number is not a per-item choice (BLA's per-sentence
+    # credit, SVO-Probes' match / no-match, MMVP's pairs) brings its own scorer.
+    scorer: Callable[[FeatureTables, SuiteData], dict[str, SubsetScores]] | None = None
 
     def skip(self, subset: str, count: int = 1, reason: str = MISSING_IMAGE,
              example: str = "") -> None:
@@ -206,7 +209,7 @@ class SuiteData:
         out = SuiteData(self.benchmark, self.tie_rule, skip_counts=dict(self.skip_counts),
                         macro=self.macro, pooled=self.pooled, layout=self.layout,
                         root=self.root, skip_examples=list(self.skip_examples),
-                        records_read=self.read())
+                        records_read=self.read(), scorer=self.scorer)
         out.text_choices = [i for i in self.text_choices if keep("t", i)]
         out.image_choices = [i for i in self.image_choices if keep("i", i)]
         out.pairs = [p for p in self.pairs if keep("p", p)]
@@ -341,7 +344,7 @@ def evaluate_suite_data(encoder: Encoder, data: SuiteData) -> tuple[dict[str, fl
                                                                     dict[str, SubsetScores]]:
     """Encode a loaded benchmark through `encoder` and score it: (metrics, per subset)."""
     features = encoder.features(data.texts(), data.images)
-    subsets = score_subsets(features, data)
+    subsets = (data.scorer or score_subsets)(features, data)
     return suite_metrics(data.benchmark, subsets, data.skipped, data.pooled,
                          data.skip_counts, data.read()), subsets
 

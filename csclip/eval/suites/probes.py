@@ -8,11 +8,15 @@ from __future__ import annotations
 import csv
 import io
 
+import numpy as np
+
+from csclip.eval.encoder import FeatureTables
 from csclip.eval.suites.core import (
     MALFORMED_RECORD,
     BenchmarkNotFound,
     ImageChoice,
     ImageFolder,
+    SubsetScores,
     SuiteData,
     TextChoice,
     exists,
@@ -74,9 +78,12 @@ def _is_spec_row(row: object) -> bool:
 
 
 def load_svo_probes(data_root: str) -> SuiteData:
-    """SVO-Probes: the sentence must score its positive image strictly above the negative
-    one (T2I only: the benchmark has no foil sentences). Subsets by what the negative
-    changes: subj_neg, verb_neg, obj_neg."""
+    """SVO-Probes, scored as its official notebook (`svo_match_accuracy`): every
+    sentence-image pair is a match / no-match decision, and a subset's accuracy is the
+    mean of its positive and negative pairs' accuracies (T2I: the benchmark has no foil
+    sentences). Subsets by what the negative changes: subj_neg, verb_neg, obj_neg. Each
+    item keeps (positive, negative), so the paper protocol's rule (the positive image
+    strictly above the negative) reads the same items."""
     from csclip.storage import filesystem_for, read_bytes
 
     root = join(data_root, "svo_probes")
@@ -88,7 +95,8 @@ def load_svo_probes(data_root: str) -> SuiteData:
     expect(bool(rows) and {"sentence", "pos_image_id", "neg_image_id"} <= set(rows[0]), uri,
            "columns sentence, pos_image_id, neg_image_id, subj_neg, verb_neg, obj_neg")
     images = ImageFolder(join(root, "images"))
-    data = SuiteData("svo_probes", tie_rule="strict", layout=SVO_LAYOUT, root=root)
+    data = SuiteData("svo_probes", tie_rule="strict", layout=SVO_LAYOUT, root=root,
+                     scorer=svo_match_accuracy)
     for row in rows:
         subset = next((k for k in ("subj_neg", "verb_neg", "obj_neg")
                        if str(row.get(k, "")).strip().lower() == "true"), "other")
@@ -111,10 +119,9 @@ def _svo_image(images: ImageFolder, image_id: str, side: str) -> str:
 
 
 def load_bla(data_root: str) -> SuiteData:
-    """BLA's three tasks: right when both True sentences score strictly above both False
-    ones. Ours: the official script ranks the four sentences and gives partial credit per
-    sentence in the right half; the all-or-nothing item rule is the paper's I2T
-    definition (SPEC §5) and has no tie ambiguity."""
+    """BLA's three tasks, scored as the official script (`bla_sentence_credit`): the
+    four sentences (True1, True2, False1, False2) of the first caption group are ranked
+    by their score and each one placed in the right half earns a quarter."""
     root = join(data_root, "bla")
     folder = next((join(root, d) for d in ("", "bla_benchmark", "BLA_benchmark")
                    if any(exists(join(root, d, "annotations", f)) for f in BLA_FILES.values())),
@@ -123,7 +130,8 @@ def load_bla(data_root: str) -> SuiteData:
         raise BenchmarkNotFound(f"bla: not found under {root} (expects {BLA_LAYOUT})")
     present = {s: f for s, f in BLA_FILES.items() if exists(join(folder, "annotations", f))}
     images = ImageFolder(join(folder, "images"))
-    data = SuiteData("bla", tie_rule="strict", layout=BLA_LAYOUT, root=root)
+    data = SuiteData("bla", tie_rule="strict", layout=BLA_LAYOUT, root=root,
+                     scorer=bla_sentence_credit)
     for subset, file in present.items():
         uri = join(folder, "annotations", file)
         rows = read_json(uri)
@@ -149,3 +157,65 @@ def _bla_group(row: object) -> dict | None:
     group = row["caption_group"][0] if row["caption_group"] else None
     keys = {"True1", "True2", "False1", "False2"}
     return group if isinstance(group, dict) and keys <= set(group) else None
+
+
+# ---------------------------------------------------------------------------------------
+# Official scorers
+# ---------------------------------------------------------------------------------------
+
+def bla_sentence_credit(features: FeatureTables, data: SuiteData) -> dict[str, SubsetScores]:
+    """BLA's official `rank_acc` (evaluation_models/clip/utils.py `rank_captions`,
+    `get_accuracy`): each item's sentences are ranked by CLIPScore 2.5 * max(cos, 0)
+    (highest first); a true sentence ranked in the top half, or a false one in the bottom
+    half, earns 1 / (number of sentences); a subset's I2T is the mean credit. Ties (any
+    two sentences with cos <= 0 tie at CLIPScore 0) keep the official sentence order,
+    true sentences first (a stable sort; the official torch.topk leaves them unspecified)."""
+    credit: dict[str, list[float]] = {}
+    for item in data.text_choices:
+        cosine = features.similarity([item.image] * len(item.texts), list(item.texts))
+        clip_score = 2.5 * np.maximum(cosine, 0.0)
+        order = np.argsort(-clip_score, kind="stable")
+        rank = np.empty(len(order), dtype=int)
+        rank[order] = np.arange(1, len(order) + 1)
+        half = len(order) / 2
+        right = [(i in item.true_indices) == (rank[i] <= half) for i in range(len(order))]
+        credit.setdefault(item.subset, []).append(float(np.mean(right)))
+    return {subset: SubsetScores(100.0 * float(np.mean(credit[subset])) if credit.get(subset)
+                                 else None, None, None, len(credit.get(subset, [])))
+            for subset in data.subsets()}
+
+
+def svo_match_accuracy(features: FeatureTables, data: SuiteData) -> dict[str, SubsetScores]:
+    """SVO-Probes' official notebook (`accuracy`): each unique (sentence, image) pair is
+    classified match / no-match; positive accuracy = matched positives, negative accuracy
+    = unmatched negatives, the subset's score their mean (its "Avg Accuracy"), as T2I.
+    The notebook reads a binary image-text-matching head; a dual encoder has none, so a
+    pair matches when its cosine is strictly above the median cosine of all the
+    benchmark's unique pairs (one threshold, set without the labels)."""
+    pairs: dict[tuple[str, str], float] = {}
+    for item in data.image_choices:
+        for image in item.images:
+            pairs[(item.text, image)] = 0.0
+    keys = list(pairs)
+    values = features.similarity([k[1] for k in keys], [k[0] for k in keys]) if keys else []
+    pairs = dict(zip(keys, map(float, values), strict=True))
+    threshold = float(np.median(list(pairs.values()))) if pairs else 0.0
+    positives: dict[str, dict[tuple[str, str], bool]] = {}
+    negatives: dict[str, dict[tuple[str, str], bool]] = {}
+    counts: dict[str, int] = {}
+    for item in data.image_choices:
+        positive = (item.text, item.images[item.true_index])
+        positives.setdefault(item.subset, {})[positive] = pairs[positive] > threshold
+        for index, image in enumerate(item.images):
+            if index != item.true_index:  # the notebook's drop_duplicates: unique pairs
+                negatives.setdefault(item.subset, {})[(item.text, image)] = \
+                    pairs[(item.text, image)] <= threshold
+        counts[item.subset] = counts.get(item.subset, 0) + 1
+    out = {}
+    for subset in data.subsets():
+        value = None
+        if positives.get(subset) and negatives.get(subset):
+            value = 50.0 * (float(np.mean(list(positives[subset].values())))
+                            + float(np.mean(list(negatives[subset].values()))))
+        out[subset] = SubsetScores(None, value, None, counts.get(subset, 0))
+    return out

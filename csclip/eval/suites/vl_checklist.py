@@ -1,14 +1,19 @@
 """VL-CheckList (Zhao et al., 2022; om-ai-lab/VL-CheckList): its corpus of YAML configs
 (ANNO_PATH, IMG_ROOT) pointing at JSON lists of [image path, {POS: [...], NEG: [...]}],
 scored as its image-text contrastive task (`itc`: the first positive against the first
-negative, strict)."""
+negative, strict, over the first 1,000 rows of each corpus), or as the CS-CLIP authors'
+code (protocol "paper": every row, the best positive against the best negative)."""
 
 from __future__ import annotations
 
+import numpy as np
+
+from csclip.eval.encoder import FeatureTables
 from csclip.eval.suites.core import (
     MALFORMED_RECORD,
     BenchmarkNotFound,
     ImageFolder,
+    SubsetScores,
     SuiteData,
     TextChoice,
     exists,
@@ -20,6 +25,10 @@ from csclip.eval.suites.core import (
 LAYOUT = ("the repository's corpus/v1/<Attribute|Object|Relation>/.../<name>.yaml (ANNO_PATH, "
           "IMG_ROOT) and the data/ JSON files they name, with the image folders (vg/, swig/, "
           "hake/) named by IMG_ROOT")
+
+# The official evaluate.py (itc) keeps d.data[name][:MAX_NUM / 2] per corpus, with the
+# repository's configs/sample.yaml MAX_NUM = 2000: the first 1,000 rows whose image exists.
+OFFICIAL_ROWS_PER_CORPUS = 1000
 
 
 def _corpus_files(root: str) -> list[str]:
@@ -34,12 +43,14 @@ def _corpus_files(root: str) -> list[str]:
                   if i.type == pafs.FileType.File and i.path.endswith(".yaml"))
 
 
-def load_vl_checklist(data_root: str) -> SuiteData:
+def load_vl_checklist(data_root: str, protocol: str = "official") -> SuiteData:
     """Every corpus config under <data_root>/vl_checklist/corpus/v1; subset =
     <type>_<category> (attribute_color, object_location, object_size, relation_action,
-    relation_spatial, ...), pooling that category's source datasets. Right when the image
-    scores its first POS text strictly above its first NEG text (the official `itc` code
-    compares with >)."""
+    relation_spatial, ...), pooling that category's corpora. Official (`itc` in
+    evaluate.py): the first 1,000 rows of each corpus whose image exists, right when the
+    image scores its first POS text strictly above its first NEG text. Paper (the CS-CLIP
+    authors' loader): every row, right when the best POS text scores strictly above the
+    best NEG text (`best_positive_above_best_negative`)."""
     import yaml
 
     from csclip.storage import filesystem_for, read_bytes
@@ -48,7 +59,9 @@ def load_vl_checklist(data_root: str) -> SuiteData:
     configs = _corpus_files(root) if exists(join(root, "corpus")) else []
     if not configs:
         raise BenchmarkNotFound(f"vl_checklist: not found under {root} (expects {LAYOUT})")
-    data = SuiteData("vl_checklist", tie_rule="strict")
+    paper = protocol == "paper"
+    data = SuiteData("vl_checklist", tie_rule="strict",
+                     scorer=best_positive_above_best_negative if paper else None)
     corpus = join(root, "corpus", "v1")
     for uri in configs:
         parts = uri[len(corpus) + 1:].split("/")
@@ -61,14 +74,35 @@ def load_vl_checklist(data_root: str) -> SuiteData:
         if not exists(annotation):
             continue  # a corpus whose annotation file is not here: not part of this copy
         images = ImageFolder(join(root, config["IMG_ROOT"]))
+        kept = 0
         for row in read_json(annotation):
             if not (isinstance(row, list) and len(row) == 2 and isinstance(row[1], dict)
                     and row[1].get("POS") and row[1].get("NEG")):  # [image, {POS, NEG}]
                 data.skip(subset, reason=MALFORMED_RECORD)
                 continue
+            if not paper and kept >= OFFICIAL_ROWS_PER_CORPUS:
+                break
             refs = data.resolve(subset, images, row[0])
             if refs is None:
                 continue
-            data.text_choices.append(TextChoice(subset, refs[0], (row[1]["POS"][0],
-                                                                  row[1]["NEG"][0]), (0,)))
+            kept += 1
+            positives, negatives = list(row[1]["POS"]), list(row[1]["NEG"])
+            texts = (*positives, *negatives) if paper else (positives[0], negatives[0])
+            data.text_choices.append(TextChoice(subset, refs[0], tuple(texts),
+                                                tuple(range(len(positives) if paper else 1))))
     return data
+
+
+def best_positive_above_best_negative(features: FeatureTables,
+                                      data: SuiteData) -> dict[str, SubsetScores]:
+    """The CS-CLIP authors' VL-CheckList rule: right when the highest-scoring POS text
+    scores strictly above the highest-scoring NEG text; a subset pools its corpora."""
+    correct: dict[str, list[bool]] = {}
+    for item in data.text_choices:
+        scores = features.similarity([item.image] * len(item.texts), list(item.texts))
+        is_true = np.zeros(len(scores), dtype=bool)
+        is_true[list(item.true_indices)] = True
+        correct.setdefault(item.subset, []).append(bool(scores[is_true].max()
+                                                        > scores[~is_true].max()))
+    return {s: SubsetScores(100.0 * float(np.mean(correct[s])) if correct.get(s) else None,
+                            None, None, len(correct.get(s, []))) for s in data.subsets()}

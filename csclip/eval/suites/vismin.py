@@ -1,0 +1,91 @@
+"""VisMin (Awal et al., NeurIPS 2024; the Hugging Face release mair-lab/vismin-bench):
+minimal-change image pairs, each with its two captions, in four categories (object,
+attribute, relation, counting), read from the release's Arrow (`save_to_disk`) or
+Parquet files with the images inline.
+
+Official (VisMin's contrastive evaluation, as the CS-CLIP authors'
+`compute_contrastive_accuracy_from_embs` restates it): Winoground's strict text, image
+and group scores per category. Paper (the authors' reported `text_contrastive_accuracy`):
+over all pairs, text_0 scoring image_0 strictly above image_1 (I2T as they name it),
+text_1 scoring image_1 above image_0 (T2I), and both (Group)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from csclip.eval.encoder import FeatureTables
+from csclip.eval.suites.core import BenchmarkNotFound, Pair, SubsetScores, SuiteData, expect, join
+from csclip.eval.suites.mmvp import pattern_subset
+
+LAYOUT = ("the release's data/test/*.arrow (datasets' save_to_disk) or *.parquet files, "
+          "columns image_0, image_1 ({bytes, path}), text_0, text_1, category")
+COLUMNS = {"image_0", "image_1", "text_0", "text_1", "category"}
+
+
+def _tables(root: str) -> list[tuple[str, object]]:
+    """(file, pyarrow Table) of every Arrow / Parquet file under root, root/data,
+    root/data/test, in sorted order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from csclip.storage import filesystem_for, list_files
+
+    out = []
+    for folder in (root, join(root, "data"), join(root, "data", "test")):
+        filesystem, path = filesystem_for(folder)
+        for file in sorted(list_files(filesystem, path, ".parquet")):
+            out.append((file, pq.read_table(file, filesystem=filesystem)))
+        for file in sorted(list_files(filesystem, path, ".arrow")):
+            with filesystem.open_input_file(file) as handle:
+                payload = handle.read()
+            try:  # datasets' save_to_disk writes the Arrow streaming format
+                table = pa.ipc.open_stream(payload).read_all()
+            except pa.ArrowInvalid:
+                table = pa.ipc.open_file(payload).read_all()
+            out.append((file, table))
+    return out
+
+
+def load_vismin(data_root: str, protocol: str = "official") -> SuiteData:
+    """VisMin's pairs under <data_root>/vismin; subset = category (official) or "all"
+    (paper)."""
+    root = join(data_root, "vismin")
+    tables = _tables(root)
+    if not tables:
+        raise BenchmarkNotFound(f"vismin: not found under {root} (expects {LAYOUT})")
+    paper = protocol == "paper"
+    data = SuiteData("vismin", tie_rule="strict", scorer=vismin_paper_scores if paper else None)
+    for file, table in tables:
+        expect(COLUMNS <= set(table.column_names), file,
+               "columns image_0, image_1, text_0, text_1, category")
+        for index, row in enumerate(table.to_pylist()):
+            keys = []
+            for column in ("image_0", "image_1"):
+                image = row[column]
+                key = f"vismin/{file}:{row.get('id', index)}/{column}"
+                data.images[key] = image.get("bytes") if isinstance(image, dict) else image
+                keys.append(key)
+            subset = "all" if paper else pattern_subset(str(row["category"]))
+            data.pairs.append(Pair(subset, keys[0], keys[1], row["text_0"], row["text_1"]))
+    return data
+
+
+def vismin_paper_scores(features: FeatureTables, data: SuiteData) -> dict[str, SubsetScores]:
+    """The CS-CLIP authors' VisMin numbers: per pair, correct_0 = s(image_0, text_0) >
+    s(image_1, text_0) and correct_1 = s(image_1, text_1) > s(image_0, text_1); their
+    `text_contrastive_accuracy` is the mean of correct_0 (here I2T), their image one of
+    correct_1 (T2I), their group one of both."""
+    rows: dict[str, list[tuple[bool, bool]]] = {}
+    for pair in data.pairs:
+        s = features.similarity([pair.image_0, pair.image_1, pair.image_1, pair.image_0],
+                                [pair.caption_0, pair.caption_0, pair.caption_1, pair.caption_1])
+        rows.setdefault(pair.subset, []).append((bool(s[0] > s[1]), bool(s[2] > s[3])))
+    out = {}
+    for subset in data.subsets():
+        values = np.array(rows.get(subset, []), dtype=bool).reshape(-1, 2)
+        if not len(values):
+            out[subset] = SubsetScores(None, None, None, 0)
+            continue
+        out[subset] = SubsetScores(100.0 * values[:, 0].mean(), 100.0 * values[:, 1].mean(),
+                                   100.0 * values.all(1).mean(), len(values))
+    return out
