@@ -56,6 +56,7 @@ class RejectReason(StrEnum):
     UNPARSED = "unparsed"
     ENTITY_NOT_IN_CAPTION = "entity_not_in_caption"  # an LLM entity the caption never says
     UNMATCHED_NEGATIVE = "unmatched_negative"  # a stored negative of no unit of its record
+    PROMPT_TOO_LONG = "prompt_too_long"  # prompt + max_tokens exceed the model's context
 
 
 MAX_ENTITIES = 12

