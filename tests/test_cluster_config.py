@@ -143,6 +143,31 @@ def test_sweep_concurrency_comes_from_the_autoscaler_not_the_empty_cluster(ray_s
     assert cluster.max_resources() == dict(ray.cluster_resources())
 
 
+def test_sweep_counts_only_the_training_nodes_gpus(prepared, tmp_path, monkeypatch):
+    # On the head, ~/ray_bootstrap_config.yaml has each node type's CPU and GPU filled in
+    # from its instance type (the AWS provider does it at `ray up`): the vLLM nodes' GPUs
+    # count in GPU too, but a training worker asks for csclip_train and never lands there.
+    filled = {"head": {}, "cpu_worker": {"CPU": 16}, "gpu_train": {"CPU": 48, "GPU": 4},
+              "vllm_worker": {"CPU": 48, "GPU": 4}}
+    config = {**prepared, "available_node_types": {
+        name: {**t, "resources": {**filled[name], **t["resources"]}}
+        for name, t in prepared["available_node_types"].items()}}
+    path = tmp_path / "ray_bootstrap_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    monkeypatch.setenv(cluster.AUTOSCALING_CONFIG_ENV, str(path))
+    total = cluster.max_resources()
+    assert total["GPU"] == 16 and total["csclip_train"] == 8
+    coco = yaml.safe_load((REPO_ROOT / "configs" / "coco.yaml").read_text())["run"]
+    workers = coco["num_workers"]
+    assert workers == 4
+    # 8 training GPUs hold 2 trials of 4 workers, not the 4 that all 16 GPUs would plan.
+    assert sweeps.max_concurrent_trials(total, workers, use_gpu=True,
+                                        worker_resources=coco["worker_resources"]) == 2
+    assert sweeps.max_concurrent_trials(total, workers, use_gpu=True) == 4
+    assert cluster.training_worker_slots(total, {}) is None
+    assert cluster.training_worker_slots(total, {"csclip_train": 2}) == 4
+
+
 def test_vllm_engines_ask_for_the_vllm_nodes_resource():
     from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineStage
 
