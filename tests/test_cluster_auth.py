@@ -5,6 +5,7 @@ no control port to 0.0.0.0 without authentication."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import secrets
@@ -155,3 +156,47 @@ def test_secrets_are_made_on_the_head_and_never_committed(raw):
                              text=True).stdout.split()
     assert not [p for p in tracked if "secret" in Path(p).name or "token" in Path(p).name
                 or Path(p).name == "auth_token"]
+
+
+@pytest.mark.slow  # an MLflow server and a client process: ~1 min on 2 busy cores
+def test_the_mlflow_server_refuses_anonymous_clients_and_takes_the_jobs_credentials(tmp_path):
+    """`mlflow server --app-name basic-auth` with cluster/mlflow_auth.ini (its database
+    moved into tmp_path) and the admin password from the environment, as the head starts
+    it: anonymous requests get 401; a client with MLFLOW_TRACKING_USERNAME / _PASSWORD in
+    its environment (what every Ray process on the cluster inherits) logs a run."""
+    ini = (harness.REPO_ROOT / "cluster" / "mlflow_auth.ini").read_text().replace(
+        "sqlite:////home/ray/mlflow/basic_auth.db", f"sqlite:///{tmp_path / 'basic_auth.db'}")
+    (tmp_path / "auth.ini").write_text(ini)
+    password = secrets.token_hex(32)
+    env = harness.isolated_env(harness.short_tmpdir("csclip-mlflow-auth-"),
+                               MLFLOW_AUTH_CONFIG_PATH=str(tmp_path / "auth.ini"),
+                               MLFLOW_AUTH_ADMIN_PASSWORD=password,
+                               MLFLOW_FLASK_SERVER_SECRET_KEY=secrets.token_hex(32))
+    port = harness.free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = harness.Service(
+        [str(harness.VENV_BIN / "mlflow"), "server", "--app-name", "basic-auth",
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+         "--artifacts-destination", str(tmp_path / "artifacts")],
+        env, tmp_path / "server.log", f"{url}/health", cwd=tmp_path)
+    client_script = (
+        "import mlflow; mlflow.set_tracking_uri('" + url + "'); "
+        "mlflow.set_experiment('auth'); "
+        "run = mlflow.start_run(); mlflow.log_metric('x', 1.0); mlflow.end_run(); print('RUN', run.info.run_id)")
+    with harness.running(server):
+        search = f"{url}/api/2.0/mlflow/experiments/search?max_results=1"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(search, timeout=10)
+        assert refused.value.code == 401
+        with pytest.raises(urllib.error.HTTPError) as refused:  # a wrong password
+            urllib.request.urlopen(urllib.request.Request(search, headers={
+                "Authorization": "Basic " + base64.b64encode(b"csclip:wrong").decode()}),
+                timeout=10)
+        assert refused.value.code == 401
+        job_env = {**env, "MLFLOW_TRACKING_USERNAME": "csclip",
+                   "MLFLOW_TRACKING_PASSWORD": password}
+        logged = subprocess.run([str(harness.VENV_BIN / "python"), "-c", client_script],
+                                env=job_env, capture_output=True, text=True, timeout=120)
+        assert logged.returncode == 0, logged.stderr[-2000:]
+        assert "RUN " in logged.stdout
