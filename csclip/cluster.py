@@ -76,3 +76,47 @@ def spans_nodes() -> bool:
     import ray
 
     return ray.is_initialized() and sum(1 for node in ray.nodes() if node.get("Alive")) > 1
+
+
+def training_worker_slots(resources: Mapping[str, float],
+                          worker_resources: Mapping[str, float]) -> int | None:
+    """How many training workers the custom resources of `run.worker_resources` admit at
+    once (each worker takes `amount` of each), None when it names none.
+
+    The GPUs of a cluster are not all training GPUs: on cluster.yaml the vLLM nodes' GPUs
+    count in `GPU` too, but a training worker (which asks for `csclip_train`) never lands
+    there; sized by `GPU` alone a sweep plans trials that wait for placement forever."""
+    slots = [resources.get(name, 0.0) // amount for name, amount in worker_resources.items()
+             if amount > 0]
+    return int(min(slots)) if slots else None
+
+
+# ---------------------------------------------------------------------------------------
+# What cluster.yaml's nodes install (cluster/requirements.txt, made from pyproject.toml)
+# ---------------------------------------------------------------------------------------
+
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+NODE_REQUIREMENTS = PYPROJECT.parent / "cluster" / "requirements.txt"
+_REQUIREMENTS_HEADER = (
+    "# What every node of cluster.yaml installs on top of its image: csclip's dependencies\n"
+    "# and its `cluster` extra, from pyproject.toml. Made by `python -m csclip.cluster`;\n"
+    "# tests/test_cluster_config.py fails when it is out of date.\n")
+
+
+def node_requirements(pyproject: Path = PYPROJECT) -> list[str]:
+    """csclip's dependencies plus the `cluster` extra (ray[default], boto3, what the
+    `ray.data.llm` stages import, MLflow's auth app), in pyproject order."""
+    import tomllib
+
+    project = tomllib.loads(pyproject.read_text())["project"]
+    return [*project["dependencies"], *project["optional-dependencies"]["cluster"]]
+
+
+def node_requirements_text(pyproject: Path = PYPROJECT) -> str:
+    """cluster/requirements.txt as it should read."""
+    return _REQUIREMENTS_HEADER + "".join(f"{line}\n" for line in node_requirements(pyproject))
+
+
+if __name__ == "__main__":  # python -m csclip.cluster: rewrite cluster/requirements.txt
+    NODE_REQUIREMENTS.write_text(node_requirements_text())
+    print(f"wrote {NODE_REQUIREMENTS}")

@@ -159,9 +159,12 @@ def mlflow_server(workdir: Path, env: dict[str, str],
     return Service(command, env, workdir / "server.log", f"{url}/health", cwd=workdir), url
 
 
-def ray_head(ray_tmp: Path, env: dict[str, str], num_cpus: int = 4) -> tuple[Service, dict]:
+def ray_head(ray_tmp: Path, env: dict[str, str], num_cpus: int = 4,
+             ready_path: str = "/api/version") -> tuple[Service, dict]:
     """`ray start --head --block` with the dashboard (and so the job server) on 127.0.0.1
     and free ports. Returns the service and {"address": GCS host:port, "dashboard": URL}.
+    ready_path: the dashboard path that answers 200 once it is up (with token
+    authentication on, only the health checks answer without the token).
     Stopped by terminating the --block process we started (its handler stops the head's
     processes), never with `ray stop`, which would stop every Ray on the machine."""
     ports = {name: free_port() for name in (
@@ -175,7 +178,7 @@ def ray_head(ray_tmp: Path, env: dict[str, str], num_cpus: int = 4) -> tuple[Ser
     dashboard = f"http://127.0.0.1:{ports['dashboard-port']}"
     # A graceful stop can take half a minute after jobs ran; this head and its session
     # directory are ours alone, so after 5 s the rest is ended process by process.
-    service = Service(command, env, ray_tmp / "head.log", f"{dashboard}/api/version",
+    service = Service(command, env, ray_tmp / "head.log", f"{dashboard}{ready_path}",
                       stop_timeout_s=5)
     return service, {"address": f"127.0.0.1:{ports['port']}", "dashboard": dashboard}
 

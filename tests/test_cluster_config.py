@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -80,31 +78,26 @@ def test_vllm_nodes_run_rays_llm_image_of_the_same_ray_and_python(raw):
     assert "vLLM 0.29.0" in text and "torch 2.13" in text and "CUDA 13" in text
 
 
-def _requirements_command(commands: list[str]) -> str:
-    [command] = [c for c in commands if "tomllib" in c]
-    return command
-
-
-def test_setup_installs_the_pinned_dependencies_of_pyproject(raw, tmp_path):
-    assert raw["file_mounts"] == {"/home/ray/csclip/pyproject.toml": "./pyproject.toml"}
+def test_setup_installs_the_pinned_dependencies_of_pyproject(raw):
+    # A directory is mounted (never a single file, which goes stale in a running
+    # container); it holds what setup reads, made from pyproject.toml.
+    assert raw["file_mounts"] == {"/home/ray/csclip": "./cluster"}
+    assert (REPO_ROOT / "cluster" / "requirements.txt").read_text() == \
+        cluster.node_requirements_text()
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
-    expected = [*project["dependencies"], *project["optional-dependencies"]["cluster"]]
+    assert cluster.node_requirements() == [*project["dependencies"],
+                                           *project["optional-dependencies"]["cluster"]]
     vllm_setup = raw["available_node_types"]["vllm_worker"]["worker_setup_commands"]
     for commands in (raw["setup_commands"], vllm_setup):
-        # Run the generator exactly as the node would, on this pyproject.toml.
-        command = _requirements_command(commands).replace(
-            "/home/ray/csclip/pyproject.toml", str(REPO_ROOT / "pyproject.toml")).replace(
-            "/home/ray/csclip/requirements.txt", str(tmp_path / "requirements.txt"))
-        command = command.replace("python -c", f"{sys.executable} -c", 1)
-        subprocess.run(command, shell=True, check=True)
-        assert (tmp_path / "requirements.txt").read_text().splitlines() == expected
         assert any(c.startswith("pip install -q -r /home/ray/csclip/requirements.txt")
                    for c in commands)
-    # On the vLLM image, pip must not replace the torch / vLLM / Ray builds it ships.
-    assert any("-c /home/ray/csclip/image-pins.txt" in c for c in vllm_setup)
+    # On the vLLM image, pip must not replace the torch / vLLM / Ray builds it ships; the
+    # pins are written under the user's home, not into the mount.
+    assert any("-c ~/csclip-setup/image-pins.txt" in c for c in vllm_setup)
+    assert not any("> /home/ray/csclip/" in c for c in [*raw["setup_commands"], *vllm_setup])
     # The old comment claimed the image ships torch; it does not (torch comes from here).
     assert "has Ray 2.60 and torch" not in CLUSTER_YAML.read_text()
-    assert any(r.startswith("torch") for r in expected)
+    assert any(r.startswith("torch") for r in cluster.node_requirements())
 
 
 def test_head_runs_an_mlflow_server_that_every_ray_process_is_pointed_at(raw):
@@ -116,7 +109,8 @@ def test_head_runs_an_mlflow_server_that_every_ray_process_is_pointed_at(raw):
     assert "-v /home/ubuntu/csclip-mlflow:/home/ray/mlflow" in raw["docker"]["head_run_options"]
     for commands in (raw["head_start_ray_commands"], raw["worker_start_ray_commands"]):
         start = [c for c in commands if "ray start" in c]
-        assert start and all(c.startswith("export MLFLOW_TRACKING_URI=http://") for c in start)
+        assert start and all(c.startswith("export ") and "MLFLOW_TRACKING_URI=http://" in c
+                             for c in start)
     assert "$RAY_HEAD_IP:5000" in " ".join(raw["worker_start_ray_commands"])
 
 
@@ -147,6 +141,31 @@ def test_sweep_concurrency_comes_from_the_autoscaler_not_the_empty_cluster(ray_s
     assert sweeps.max_concurrent_trials(cluster.max_resources(), num_workers=2, use_gpu=True) == 8
     monkeypatch.setenv(cluster.AUTOSCALING_CONFIG_ENV, str(tmp_path / "absent.yaml"))
     assert cluster.max_resources() == dict(ray.cluster_resources())
+
+
+def test_sweep_counts_only_the_training_nodes_gpus(prepared, tmp_path, monkeypatch):
+    # On the head, ~/ray_bootstrap_config.yaml has each node type's CPU and GPU filled in
+    # from its instance type (the AWS provider does it at `ray up`): the vLLM nodes' GPUs
+    # count in GPU too, but a training worker asks for csclip_train and never lands there.
+    filled = {"head": {}, "cpu_worker": {"CPU": 16}, "gpu_train": {"CPU": 48, "GPU": 4},
+              "vllm_worker": {"CPU": 48, "GPU": 4}}
+    config = {**prepared, "available_node_types": {
+        name: {**t, "resources": {**filled[name], **t["resources"]}}
+        for name, t in prepared["available_node_types"].items()}}
+    path = tmp_path / "ray_bootstrap_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    monkeypatch.setenv(cluster.AUTOSCALING_CONFIG_ENV, str(path))
+    total = cluster.max_resources()
+    assert total["GPU"] == 16 and total["csclip_train"] == 8
+    coco = yaml.safe_load((REPO_ROOT / "configs" / "coco.yaml").read_text())["run"]
+    workers = coco["num_workers"]
+    assert workers == 4
+    # 8 training GPUs hold 2 trials of 4 workers, not the 4 that all 16 GPUs would plan.
+    assert sweeps.max_concurrent_trials(total, workers, use_gpu=True,
+                                        worker_resources=coco["worker_resources"]) == 2
+    assert sweeps.max_concurrent_trials(total, workers, use_gpu=True) == 4
+    assert cluster.training_worker_slots(total, {}) is None
+    assert cluster.training_worker_slots(total, {"csclip_train": 2}) == 4
 
 
 def test_vllm_engines_ask_for_the_vllm_nodes_resource():

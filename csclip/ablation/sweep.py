@@ -65,17 +65,25 @@ def resolve_paths(config: BaseModel) -> BaseModel:
 
 
 def max_concurrent_trials(cluster: Mapping[str, float], num_workers: int, use_gpu: bool,
-                          cpus_per_worker: float = 1.0, trial_cpus: float = TRIAL_CPUS) -> int:
+                          cpus_per_worker: float = 1.0, trial_cpus: float = TRIAL_CPUS,
+                          worker_resources: Mapping[str, float] | None = None) -> int:
     """How many trials fit the cluster at once: by GPUs when training on GPUs (each trial's
-    Train run takes num_workers GPUs), else by CPUs (driver + workers per trial).
+    Train run takes num_workers GPUs), else by CPUs (driver + workers per trial); never more
+    than the training workers that `worker_resources` (run.worker_resources) admit.
 
     cluster: the cluster's resources at their largest (csclip.cluster.max_resources: on an
     autoscaling cluster, what the autoscaler may add, not the 0 GPUs present at start)."""
+    from csclip.cluster import training_worker_slots
+
     workers = max(1, num_workers)
     if use_gpu:
-        return max(1, int(cluster.get("GPU", 0) // workers))
-    per_trial = workers * cpus_per_worker + trial_cpus
-    return max(1, int(cluster.get("CPU", 1) // per_trial))
+        trials = int(cluster.get("GPU", 0) // workers)
+    else:
+        trials = int(cluster.get("CPU", 1) // (workers * cpus_per_worker + trial_cpus))
+    slots = training_worker_slots(cluster, worker_resources or {})
+    if slots is not None:  # e.g. only the training nodes' GPUs, not the vLLM nodes'
+        trials = min(trials, slots // workers)
+    return max(1, trials)
 
 
 @dataclass(frozen=True)
@@ -147,7 +155,7 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
 
         max_concurrent = max_concurrent_trials(max_resources(), base.run.num_workers,
                                                base.run.use_gpu, base.run.cpus_per_worker,
-                                               trial_cpus)
+                                               trial_cpus, base.run.worker_resources)
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, sweep=context.model_dump(mode="json"), evaluate=evaluate),
         {"cpu": trial_cpus})
