@@ -1055,6 +1055,16 @@ class BenchmarkConfig(StrictModel):
     # A saved benchmark table (.parquet / .csv from a previous run) to rescore instead of
     # building one; its images still come from the units table.
     table_uri: str | None = None
+    # A frozen benchmark file (`csclip benchmark build`, csclip.eval.benchmark_file): score
+    # exactly its items, its images from the paths it holds (relative ones under image_root).
+    file: str | None = None
+    image_root: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source_of_items(self) -> BenchmarkConfig:
+        if self.file and self.table_uri:
+            raise ValueError("set benchmark.file or benchmark.table_uri, not both")
+        return self
 
     @model_validator(mode="after")
     def _distractor_range(self) -> BenchmarkConfig:

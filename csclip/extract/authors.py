@@ -576,6 +576,23 @@ def read_authors_input(cfg: InputConfig) -> ReadResult:
     return result
 
 
+def read_authors_uri(uri: str, image_root: str | None = None,
+                     endpoint_url: str | None = None) -> ReadResult:
+    """Every record of the files `uri` names (local or s3://), all splits, relative image
+    paths joined to image_root."""
+    from csclip import storage
+
+    fs, _ = storage.filesystem_for(uri, endpoint_url)
+
+    def items() -> Iterator[_Item]:
+        for path in expand_uri(uri, endpoint_url):
+            yield from _items(posixpath.basename(path), storage.read_bytes(fs, path).decode("utf-8"))
+
+    result = ReadResult()
+    _parse_items(items(), result, image_root=image_root)
+    return result
+
+
 AUTHORS_COLUMN = "authors_json"
 
 
