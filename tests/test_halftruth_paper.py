@@ -178,3 +178,14 @@ def test_neg_is_reported_apart_from_every_average():
 def test_no_records_is_a_data_error():
     with pytest.raises(DataError, match="no records"):
         build_paper_benchmark([])
+
+
+def test_a_folder_is_read_sorted_or_as_its_combined_file(tmp_path):
+    records = json.loads((FIXTURES / "units_older.json").read_text())
+    (tmp_path / "b.json").write_text(json.dumps(records[8:]))
+    (tmp_path / "a.json").write_text(json.dumps(records[:8]))
+    whole = build_paper_benchmark(read_verbatim_records(str(FIXTURES / "units_older.json")))
+    assert build_paper_benchmark(read_verbatim_records(str(tmp_path))).items == whole.items
+    (tmp_path / "combined_data.json").write_text(json.dumps(records[:2]))
+    assert {r.sample_id for r in read_verbatim_records(str(tmp_path))} == {"coco_101_0",
+                                                                            "coco_101_1"}

@@ -177,6 +177,10 @@ def run_evaluation(config: EvalConfig) -> ComparisonReport:
         from csclip.eval.benchmark_file import prepare_frozen, read_benchmark_file
 
         frozen = read_benchmark_file(config.benchmark.file)
+        if config.benchmark.protocol not in ("auto", frozen.benchmark.protocol):
+            raise ConfigError(f"benchmark.protocol {config.benchmark.protocol!r}, but "
+                              f"{config.benchmark.file} holds {frozen.benchmark.protocol!r} "
+                              "items; drop --protocol or rebuild the file")
         # The units are read only when asked for (suites) or when the file holds no path
         # for some image (built from records that carried the bytes, e.g. the world).
         needs_units = config.data.units_uri is not None or None in frozen.images.values()

@@ -284,7 +284,8 @@ def write_outputs(
     # Every half-truth table names the protocol and the benchmark's hash (docs/evaluation.md).
     tag = f" (protocol {bench.protocol}, benchmark {bench.content_hash[:19]})"
     for stem in ("table1", "table6", "table7", "table7_ci"):
-        tables[stem] = replace(tables[stem], title=tables[stem].title + tag)
+        if stem in tables:
+            tables[stem] = replace(tables[stem], title=tables[stem].title + tag)
     for stem, table in tables.items():
         files.update(table.write(out, stem))
     files["figure3.png"] = plot_figure3(reports, out / "figure3.png")

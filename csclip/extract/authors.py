@@ -741,7 +741,8 @@ def verbatim_record(obj: dict, sample_id: str, image_root: str | None = None) ->
 def read_verbatim_records(uri: str, image_root: str | None = None,
                           endpoint_url: str | None = None) -> list[VerbatimRecord]:
     """Every record object of the unit files `uri` names (a file, directory or glob; local
-    or s3://), in file order, files sorted. Non-object entries and unparseable JSON Lines
+    or s3://; a directory's combined_data.json alone when it has one), in file order,
+    files sorted. Non-object entries and unparseable JSON Lines
     are skipped, as the authors' builder skips them; a missing file or one that is not JSON
     is a DataError; so is a file with no record."""
     from csclip import storage
@@ -749,7 +750,10 @@ def read_verbatim_records(uri: str, image_root: str | None = None,
     fs, _ = storage.filesystem_for(uri, endpoint_url)
     records: list[VerbatimRecord] = []
     seen: dict[str, str] = {}
-    for path in expand_uri(uri, endpoint_url):
+    paths = expand_uri(uri, endpoint_url)
+    # Their script, given a folder, reads only its combined_data.json when there is one.
+    combined = [p for p in paths if posixpath.basename(p) == "combined_data.json"]
+    for path in combined or paths:
         try:
             text = storage.read_bytes(fs, path).decode("utf-8")
         except (FileNotFoundError, OSError) as err:
