@@ -170,3 +170,8 @@ def test_build_flag_errors_are_one_line(tmp_path, capsys):
     assert benchmark_entry.main(["build", "--num-samples", "-3",
                                  "--out", str(tmp_path / "x.json")]) == 2
     assert "num-samples" in capsys.readouterr().err
+
+
+def test_evaluate_on_an_authors_unit_file_points_at_benchmark_build(capsys):
+    err = _one_line_error(["--units", str(UNITS), "--set", "tracking.enabled=false"], capsys)
+    assert "csclip benchmark build" in err

@@ -75,7 +75,9 @@ class SkipReason(StrEnum):
     RELATION_LACKS_FOIL = "relation_lacks_foil"
     # paper protocol only
     OVER_NUM_SAMPLES = "over_num_samples"  # the pass had num_samples images before this one
-    ANCHOR_NOT_VALID = "anchor_not_valid"  # their scorer drops a sample whose anchor fails is_valid_caption
+    ANCHOR_NOT_VALID = (
+        "anchor_not_valid"  # their scorer drops a sample whose anchor fails is_valid_caption
+    )
 
 
 @dataclass(frozen=True)
@@ -113,12 +115,15 @@ class HalfTruthBenchmark:
 
 
 def benchmark_hash(items: Sequence[HalfTruthItem], protocol: str) -> str:
-    """"sha256:<hex>" of the protocol and every item's fields in order: two benchmarks
+    """ "sha256:<hex>" of the protocol and every item's fields in order: two benchmarks
     with the same hash score any model identically."""
     import json
 
-    payload = json.dumps({"protocol": protocol, "items": [list(astuple(i)) for i in items]},
-                         ensure_ascii=False, separators=(",", ":"))
+    payload = json.dumps(
+        {"protocol": protocol, "items": [list(astuple(i)) for i in items]},
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
     return "sha256:" + hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
@@ -264,7 +269,9 @@ def _entity_items(
                 continue
         completion = _and(first.text, second.text)
         half_truth = _and(first.text, wrong)
-        out.append((slug, _item(record, slug, first.text, completion, half_truth, second.text, wrong)))
+        out.append(
+            (slug, _item(record, slug, first.text, completion, half_truth, second.text, wrong))
+        )
     return out
 
 
@@ -379,7 +386,10 @@ def _relation_items(record: UnitsRecord, seed: int) -> list[tuple[str, HalfTruth
             continue
         half_truth = stable_rng(seed, record.image_id, slug).choice(candidates[slug])
         out.append(
-            (slug, _item(record, slug, anchor, relation.text, half_truth, relation.text, half_truth))
+            (
+                slug,
+                _item(record, slug, anchor, relation.text, half_truth, relation.text, half_truth),
+            )
         )
     return out
 
@@ -477,7 +487,11 @@ def _first_entity_pair(record: VerbatimRecord) -> _EntitySample | None:
                 # Exact names: their builder does not lower-case entity change types.
                 if change_type == "object_change" and not object_foil and is_valid_caption(text):
                     object_foil = text
-                elif change_type == "attribute_change" and not attribute_foil and is_valid_caption(text):
+                elif (
+                    change_type == "attribute_change"
+                    and not attribute_foil
+                    and is_valid_caption(text)
+                ):
                     attribute_foil = text
             if not object_foil and not attribute_foil:
                 continue
@@ -488,7 +502,9 @@ def _first_entity_pair(record: VerbatimRecord) -> _EntitySample | None:
     return None
 
 
-def _predicate_foils(relation: VerbatimRelation, record: VerbatimRecord, s: str, o: str) -> tuple[str, str]:
+def _predicate_foils(
+    relation: VerbatimRelation, record: VerbatimRecord, s: str, o: str
+) -> tuple[str, str]:
     """(antonym, negation) texts: the first valid stored triple of each, from the relation's
     `negatives` (any arguments), then its `negative_relations` or else the record's
     top-level ones (same subject and object only; relation_opposite is a negation when its
@@ -496,7 +512,9 @@ def _predicate_foils(relation: VerbatimRelation, record: VerbatimRecord, s: str,
     antonym = negation = ""
 
     def parts(triple: VerbatimTriple) -> tuple[str, str, str] | None:
-        found = tuple(p.lower().strip() for p in (triple.subject, triple.relation_type, triple.object))
+        found = tuple(
+            p.lower().strip() for p in (triple.subject, triple.relation_type, triple.object)
+        )
         return found if all(is_valid_caption(p) for p in found) else None
 
     for triple in relation.negatives:
@@ -537,9 +555,7 @@ def _argument_negatives(record: VerbatimRecord, argument: str) -> tuple[tuple[st
 
 
 def _first_of(negatives: Sequence[tuple[str, str]], change_type: str) -> str:
-    return next(
-        (t.lower() for t, c in negatives if c == change_type and is_valid_caption(t)), ""
-    )
+    return next((t.lower() for t, c in negatives if c == change_type and is_valid_caption(t)), "")
 
 
 def _first_relation(record: VerbatimRecord) -> _RelationSample | None:
@@ -547,7 +563,9 @@ def _first_relation(record: VerbatimRecord) -> _RelationSample | None:
     Neg, Rel:Obj and Subj (Swap, "o r s", is valid for nearly every relation, so in effect
     one more); Rel:Attr is built but not counted."""
     for relation in record.relations:
-        s, r, o = (p.lower().strip() for p in (relation.subject, relation.relation_type, relation.object))
+        s, r, o = (
+            p.lower().strip() for p in (relation.subject, relation.relation_type, relation.object)
+        )
         if not (s and r and o):
             continue
         antonym, negation = _predicate_foils(relation, record, s, o)
@@ -557,9 +575,13 @@ def _first_relation(record: VerbatimRecord) -> _RelationSample | None:
             "swap": f"{o} {r} {s}",
             "ant": antonym,
             "neg": negation,
-            "rel_obj": f"{s} {r} {foil}" if (foil := _first_of(object_negatives, "object_change")) else "",
+            "rel_obj": f"{s} {r} {foil}"
+            if (foil := _first_of(object_negatives, "object_change"))
+            else "",
             "subj": f"{subject_foil} {r} {o}" if subject_foil else "",
-            "rel_attr": f"{s} {r} {foil}" if (foil := _first_of(object_negatives, "attribute_change")) else "",
+            "rel_attr": f"{s} {r} {foil}"
+            if (foil := _first_of(object_negatives, "attribute_change"))
+            else "",
         }
         counted = ("swap", "ant", "neg", "rel_obj", "subj")
         if sum(is_valid_caption(half_truths[slug]) for slug in counted) >= 2:
@@ -621,7 +643,9 @@ def _paper_pass(records: Sequence[VerbatimRecord], side: str, num_samples: int |
         if sample is None:
             state.note(
                 key,
-                SkipReason.NO_ENTITY_FOIL if side == "entity" else SkipReason.NO_RELATION_WITH_TWO_FOILS,
+                SkipReason.NO_ENTITY_FOIL
+                if side == "entity"
+                else SkipReason.NO_RELATION_WITH_TWO_FOILS,
             )
         else:
             state.samples.append(sample)
@@ -687,11 +711,23 @@ def build_paper_benchmark(
     made: dict[str, set[str]] = defaultdict(set)  # slug -> dedup keys with an item
     for sample, rand in zip(entity.samples, _random_foils(entity.samples, seed), strict=True):
         completion = _and(sample.anchor, sample.second)
-        for slug, foil in (("obj", sample.object_foil), ("attr", sample.attribute_foil),
-                           ("rand", rand[0] if rand else "")):
+        for slug, foil in (
+            ("obj", sample.object_foil),
+            ("attr", sample.attribute_foil),
+            ("rand", rand[0] if rand else ""),
+        ):
             if foil:
-                items.append(_item(sample.record, slug, sample.anchor, completion,
-                                   _and(sample.anchor, foil), sample.second, foil))
+                items.append(
+                    _item(
+                        sample.record,
+                        slug,
+                        sample.anchor,
+                        completion,
+                        _and(sample.anchor, foil),
+                        sample.second,
+                        foil,
+                    )
+                )
                 made[slug].add(sample.record.dedup_key)
     invalid_anchor: set[str] = set()
     for sample in relation.samples:
@@ -702,8 +738,17 @@ def build_paper_benchmark(
         for slug in _PAPER_RELATION_SLUGS:
             text = sample.half_truths[slug]
             if is_valid_caption(text):
-                items.append(_item(sample.record, slug, sample.subject, sample.full_truth, text,
-                                   sample.full_truth, text))
+                items.append(
+                    _item(
+                        sample.record,
+                        slug,
+                        sample.subject,
+                        sample.full_truth,
+                        text,
+                        sample.full_truth,
+                        text,
+                    )
+                )
                 made[slug].add(sample.record.dedup_key)
     skipped = _paper_skips(records, keys, made, entity, relation, invalid_anchor)
     return HalfTruthBenchmark(tuple(items), skipped, len(keys), len(records), Protocol.PAPER.value)
@@ -731,9 +776,12 @@ def _paper_skips(
                 continue
             if key in sampled[side]:
                 reason = (
-                    SkipReason.ANCHOR_NOT_VALID if side == "relation" and key in invalid_anchor
-                    else SkipReason.NO_RANDOM_ENTITY if slug == "rand"
-                    else SkipReason.NO_ENTITY_FOIL if side == "entity"
+                    SkipReason.ANCHOR_NOT_VALID
+                    if side == "relation" and key in invalid_anchor
+                    else SkipReason.NO_RANDOM_ENTITY
+                    if slug == "rand"
+                    else SkipReason.NO_ENTITY_FOIL
+                    if side == "entity"
                     else SkipReason.RELATION_LACKS_FOIL
                 )
             elif state.stopped_at is not None and last_index[key] > state.stopped_at:
@@ -776,7 +824,8 @@ def items_to_table(items: Sequence[HalfTruthItem]) -> pa.Table:
 def table_to_items(table: pa.Table, origin: str = "benchmark table") -> list[HalfTruthItem]:
     """Items from a benchmark table, checking columns and condition names."""
     missing = [
-        n for n in BENCHMARK_SCHEMA.names
+        n
+        for n in BENCHMARK_SCHEMA.names
         if n not in table.column_names and n not in _OPTIONAL_COLUMNS
     ]
     if missing:
@@ -1038,6 +1087,7 @@ def image_side_metrics(target: np.ndarray, distractors: Sequence[np.ndarray]) ->
 # The prepared benchmark and its scores
 # ---------------------------------------------------------------------------------------
 
+
 class BenchmarkConfig(StrictModel):
     """How the half-truth benchmark is built and bootstrapped. The seeds live here only."""
 
@@ -1142,7 +1192,9 @@ def resolve_protocol(protocol: str, records: Sequence[UnitsRecord]) -> str:
     return (Protocol.CSCLIP if is_world else Protocol.PAPER).value
 
 
-def build_for_protocol(records: Sequence[UnitsRecord], config: BenchmarkConfig) -> HalfTruthBenchmark:
+def build_for_protocol(
+    records: Sequence[UnitsRecord], config: BenchmarkConfig
+) -> HalfTruthBenchmark:
     """The half-truth benchmark of `records` under config.protocol (resolved)."""
     if resolve_protocol(config.protocol, records) == Protocol.PAPER:
         return build_paper_benchmark(

@@ -160,6 +160,13 @@ def compare_models(
 def load_records(data: EvalDataConfig) -> list[UnitsRecord]:
     """The evaluation split (csclip.data.load_split)."""
     from csclip.data import load_split
+    from csclip.errors import DataError
+    from csclip.eval.benchmark_file import is_authors_unit_file
+
+    if data.units_uri and is_authors_unit_file(data.units_uri):
+        raise DataError(f"{data.units_uri} is a unit file in the authors' format, not a units "
+                        "table: freeze it with `csclip benchmark build --units "
+                        f"{data.units_uri} --out FILE`, then evaluate --benchmark FILE")
 
     return load_split(data.units_uri, data.split, data.world)
 
