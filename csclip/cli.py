@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "extract": ("extract", "extract units and foils from captions (vllm, rules, gold, authors)"),
     "train": ("train", "fine-tune on Ray Train (csclip, clip, negclip)"),
     "evaluate": ("evaluate", "half-truth benchmark and suites for a model or checkpoint"),
+    "benchmark": ("benchmark", "write the half-truth benchmark as a frozen, hashed file"),
     "ablate": ("ablate", "Ray Tune ablations (Tables 16-17)"),
 }
 

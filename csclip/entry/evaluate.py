@@ -17,7 +17,11 @@ DESCRIPTION = """\
 Evaluate a CLIP model on the half-truth benchmark (SPEC §4), with the retrieval and
 compositional suites.
 
-Without --units the synthetic world's validation split is generated on the fly. An s3://
+Without --units the synthetic world's validation split is generated on the fly. The
+half-truth items follow benchmark.protocol: `paper` (the authors' builder, item for item;
+the default for a units table) or `csclip` (ours; the default for the world); with
+--benchmark, exactly the items of a frozen file. Every report names the protocol and the
+benchmark's content hash. An s3://
 checkpoint is copied once into the local cache (~/.cache/csclip, or $CSCLIP_CACHE_DIR).
 Writes table1/6/7, image_side, suites (retrieval, compositional, zero-shot) and, with
 --suite, benchmarks and capabilities as .md/.csv, figure3.png and benchmark.parquet to --out, prints the tables, and logs them to MLflow (tracking.uri;
@@ -26,6 +30,8 @@ Writes table1/6/7, image_side, suites (retrieval, compositional, zero-shot) and,
 
 EXAMPLES = (
     "%(prog)s --checkpoint runs/train/<run>/final --out runs/eval",
+    "%(prog)s --model ViT-B-32 --pretrained openai --benchmark coco_val_paper.json "
+    "--image-root /data/coco",
     "%(prog)s --model ViT-B-32 --pretrained openai "
     "--suite aro,sugarcrepe,winoground,coco_retrieval,zeroshot --data-root s3://bucket/bench",
 )
@@ -46,6 +52,15 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     shortcuts.add_argument("--units", metavar="URI",
                            help="units table (default: the synthetic world's val split): "
                                 "data.units_uri")
+    shortcuts.add_argument("--benchmark", metavar="FILE",
+                           help="a frozen benchmark file (csclip benchmark build): score exactly "
+                                "its items: benchmark.file")
+    shortcuts.add_argument("--image-root", metavar="DIR|URI",
+                           help="root of the benchmark file's relative image paths: "
+                                "benchmark.image_root")
+    shortcuts.add_argument("--protocol", choices=("auto", "paper", "csclip"),
+                           help="how the half-truth items are built (auto: paper for a units "
+                                "table, csclip for the synthetic world): benchmark.protocol")
     shortcuts.add_argument("--out", metavar="DIR", help="tables and figure: out_dir")
     shortcuts.add_argument("--sugarcrepe", metavar="DIR",
                            help="SugarCrepe JSON folder (also runs SugarCrepe): "
@@ -74,6 +89,8 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
     return shortcut_overrides({
         "model.name": args.model, "model.pretrained": args.pretrained,
         "checkpoint": args.checkpoint, "data.units_uri": args.units, "out_dir": args.out,
+        "benchmark.file": args.benchmark, "benchmark.image_root": args.image_root,
+        "benchmark.protocol": args.protocol,
         "suites.sugarcrepe_dir": args.sugarcrepe, "suites.coco_images": args.coco_images,
         "suites.names": args.suite, "suites.data_root": args.data_root,
         "suites.allow_partial": args.allow_partial,

@@ -1,8 +1,8 @@
-"""SPEC §4 half-truth benchmark: construction from a units table (seeded, deterministic),
-the shareable benchmark table (Parquet / CSV) and the metrics (Acc_HT, Δ, win rate,
-consistency, bootstrap CIs; image-side top-1 / MRR / margin), and its scoring from an
-Encoder's features. Every half-truth condition is defined here and nowhere else. Pure: no
-ray."""
+"""SPEC §4 half-truth benchmark: its construction under two protocols (`paper`: the
+authors' builder item for item; `csclip`: ours, seeded per image), the shareable benchmark
+table (Parquet / CSV) and the metrics (Acc_HT, Δ, win rate, consistency, bootstrap CIs;
+image-side top-1 / MRR / margin), and its scoring from an Encoder's features. Every
+half-truth condition is defined here and nowhere else. Pure: no ray."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import logging
 import random
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +23,7 @@ from pydantic import Field, model_validator
 from csclip.config import StrictModel
 from csclip.errors import DataError
 from csclip.eval.encoder import FeatureTables, ImageSource, image_sources
+from csclip.extract.authors import VerbatimRecord, VerbatimRelation, VerbatimTriple
 from csclip.units import ChangeType, Foil, Unit, UnitsRecord, normalize_text
 
 log = logging.getLogger(__name__)
@@ -46,8 +48,19 @@ CONDITIONS: tuple[Condition, ...] = (
     Condition("swap", "Swap", "relation"),
     Condition("subj", "Subj", "relation"),
 )
-CONDITION_BY_SLUG: dict[str, Condition] = {c.slug: c for c in CONDITIONS}
+# Neg (the predicate negated) is built by the authors' builder but left out of the paper's
+# tables: reported apart, never in the entity / relation / overall averages.
+EXTRA_CONDITIONS: tuple[Condition, ...] = (Condition("neg", "Neg", "negation"),)
+ALL_CONDITIONS: tuple[Condition, ...] = CONDITIONS + EXTRA_CONDITIONS
+CONDITION_BY_SLUG: dict[str, Condition] = {c.slug: c for c in ALL_CONDITIONS}
 GROUPS: tuple[str, ...] = ("entity", "relation")
+
+
+class Protocol(StrEnum):
+    """How the items are chosen from the units (docs/evaluation.md, "Protocols")."""
+
+    PAPER = "paper"  # the authors' builder, item for item (kargibora/CS-CLIP@2325a1c)
+    CSCLIP = "csclip"  # ours: every caption's pairs and foils, seeded per image
 
 
 class SkipReason(StrEnum):
@@ -60,6 +73,11 @@ class SkipReason(StrEnum):
     NO_RELATION = "no_relation"
     NO_RELATION_WITH_TWO_FOILS = "no_relation_with_two_foils"
     RELATION_LACKS_FOIL = "relation_lacks_foil"
+    # paper protocol only
+    OVER_NUM_SAMPLES = "over_num_samples"  # the pass had num_samples images before this one
+    ANCHOR_NOT_VALID = (
+        "anchor_not_valid"  # their scorer drops a sample whose anchor fails is_valid_caption
+    )
 
 
 @dataclass(frozen=True)
@@ -73,19 +91,40 @@ class HalfTruthItem:
     anchor: str
     completion: str
     half_truth: str
+    unit: str = ""  # provenance: the unit the foil edits (B, or the relation "s r o")
+    foil: str = ""  # provenance: the foil put in its place (B', X, o', s' or "s r' o")
 
 
 @dataclass(frozen=True)
 class HalfTruthBenchmark:
-    """The items plus the accounting: for every condition, items + skips == num_images."""
+    """The items plus the accounting: for every condition the protocol builds,
+    items + skips == num_images."""
 
     items: tuple[HalfTruthItem, ...]
     skipped: Mapping[tuple[str, str], int]  # (condition slug, SkipReason) -> images
     num_images: int
     num_records: int
+    protocol: str = Protocol.CSCLIP.value
 
     def num_skipped(self, condition: str) -> int:
         return sum(n for (slug, _), n in self.skipped.items() if slug == condition)
+
+    @property
+    def content_hash(self) -> str:
+        return benchmark_hash(self.items, self.protocol)
+
+
+def benchmark_hash(items: Sequence[HalfTruthItem], protocol: str) -> str:
+    """ "sha256:<hex>" of the protocol and every item's fields in order: two benchmarks
+    with the same hash score any model identically."""
+    import json
+
+    payload = json.dumps(
+        {"protocol": protocol, "items": [list(astuple(i)) for i in items]},
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
+    return "sha256:" + hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------
@@ -148,15 +187,31 @@ def build_half_truth_benchmark(records: Iterable[UnitsRecord], seed: int = 0) ->
                 skipped[(slug, outcome.value)] += 1
             else:
                 items.append(outcome)
-    return HalfTruthBenchmark(tuple(items), dict(sorted(skipped.items())), len(chosen), num_records)
+    return HalfTruthBenchmark(
+        tuple(items), dict(sorted(skipped.items())), len(chosen), num_records, Protocol.CSCLIP.value
+    )
 
 
 def _item(
-    record: UnitsRecord, slug: str, anchor: str, completion: str, half_truth: str
+    record: UnitsRecord | VerbatimRecord,
+    slug: str,
+    anchor: str,
+    completion: str,
+    half_truth: str,
+    unit: str,
+    foil: str,
 ) -> HalfTruthItem:
     condition = CONDITION_BY_SLUG[slug]
     return HalfTruthItem(
-        record.image_id, record.sample_id, slug, condition.group, anchor, completion, half_truth
+        record.image_id,
+        record.sample_id,
+        slug,
+        condition.group,
+        anchor,
+        completion,
+        half_truth,
+        unit,
+        foil,
     )
 
 
@@ -213,7 +268,10 @@ def _entity_items(
                 out.append((slug, SkipReason.NO_RANDOM_ENTITY))
                 continue
         completion = _and(first.text, second.text)
-        out.append((slug, _item(record, slug, first.text, completion, _and(first.text, wrong))))
+        half_truth = _and(first.text, wrong)
+        out.append(
+            (slug, _item(record, slug, first.text, completion, half_truth, second.text, wrong))
+        )
     return out
 
 
@@ -327,8 +385,411 @@ def _relation_items(record: UnitsRecord, seed: int) -> list[tuple[str, HalfTruth
             out.append((slug, SkipReason.RELATION_LACKS_FOIL))
             continue
         half_truth = stable_rng(seed, record.image_id, slug).choice(candidates[slug])
-        out.append((slug, _item(record, slug, anchor, relation.text, half_truth)))
+        out.append(
+            (
+                slug,
+                _item(record, slug, anchor, relation.text, half_truth, relation.text, half_truth),
+            )
+        )
     return out
+
+
+# ---------------------------------------------------------------------------------------
+# Construction, protocol `paper`: the authors' builder, item for item
+# ---------------------------------------------------------------------------------------
+# Our reading of HalfTruthSampleGenerator in kargibora/CS-CLIP@2325a1c,
+# experiments/half_truth_vulnerability.py (run by run_half_truth.sh with --num_samples 1000
+# --seed 42), and of the filters its HalfTruthEvaluator applies before scoring. Written
+# from that file, checked item for item against its output (tests/test_halftruth_paper.py).
+# Where it looks wrong we keep it, because the paper's numbers come from it; what csclip
+# does instead is the `csclip` protocol above (docs/evaluation.md, "Protocols").
+
+PAPER_NUM_SAMPLES = 1000  # run_half_truth.sh --num_samples: images per pass (entity, relation)
+PAPER_SEED = 42  # run_half_truth.sh --seed: random.seed before the +Rand draws
+_CONNECTOR_WORDS = frozenset({"and", "the", "a", "an", "on", "in", "at", "to", "of"})
+
+
+def is_valid_caption(text: str) -> bool:
+    """Their filter on every text and foil part: some word longer than two letters that is
+    not a connector. So "is on", "is in", "a" and "" are not valid (an antonym predicate
+    "is on" is dropped; so is an anchor "it")."""
+    return any(len(w) > 2 and w.lower() not in _CONNECTOR_WORDS for w in text.split())
+
+
+@dataclass(frozen=True)
+class _EntitySample:
+    record: VerbatimRecord
+    anchor: str  # A, lower-cased and stripped
+    second: str  # B, lower-cased and stripped
+    object_foil: str  # B' (object_change), lower-cased; "" when B has none
+    attribute_foil: str  # B' (attribute_change), lower-cased; "" when B has none
+
+
+@dataclass(frozen=True)
+class _RelationSample:
+    record: VerbatimRecord
+    subject: str
+    full_truth: str  # "s r o"
+    half_truths: dict[str, str]  # condition slug -> text; "" when not built
+
+
+def verbatim_from_units(record: UnitsRecord) -> VerbatimRecord:
+    """A units-table record as the authors' builder would read it: entity texts and their
+    foils as components and negatives, relation foils as stored triples."""
+    negatives = {
+        e.text: tuple((f.text, f.change_type.value) for f in e.foils)
+        for e in record.entities
+        if e.foils
+    }
+    relations = tuple(
+        VerbatimRelation(
+            r.subject or "",
+            r.predicate or "",
+            r.object or "",
+            tuple(
+                VerbatimTriple(f.subject or "", f.predicate or "", f.object or "", f.change_type)
+                for f in r.foils
+            ),
+        )
+        for r in record.relations
+    )
+    return VerbatimRecord(
+        sample_id=record.sample_id,
+        image_id=record.image_id,
+        image_key=record.sample_id,
+        image_path=record.image_path,
+        caption=record.caption,
+        components=tuple(e.text for e in record.entities),
+        component_negatives=negatives,
+        relations=relations,
+        negative_relations=(),
+        dedup_key=record.image_id,
+        image_bytes=record.image_bytes,
+    )
+
+
+def _has_image(record: VerbatimRecord) -> bool:
+    # Their builder also skips a record whose image file does not exist; we keep it, and
+    # the evaluation refuses a missing image by name (never a silent drop).
+    return bool(record.image_path) or record.image_bytes is not None
+
+
+def _first_entity_pair(record: VerbatimRecord) -> _EntitySample | None:
+    """The first ordered pair (A, B), i != j in component order, where B has a valid
+    object_change or attribute_change negative; the first valid one of each type."""
+    negatives = record.component_negatives
+    for i, first in enumerate(record.components):
+        for j, second in enumerate(record.components):
+            if i == j or not negatives.get(second):
+                continue
+            object_foil = attribute_foil = ""
+            for text, change_type in negatives[second]:
+                # Exact names: their builder does not lower-case entity change types.
+                if change_type == "object_change" and not object_foil and is_valid_caption(text):
+                    object_foil = text
+                elif (
+                    change_type == "attribute_change"
+                    and not attribute_foil
+                    and is_valid_caption(text)
+                ):
+                    attribute_foil = text
+            if not object_foil and not attribute_foil:
+                continue
+            anchor, truth = first.lower().strip(), second.lower().strip()
+            if not is_valid_caption(anchor) or not is_valid_caption(truth):
+                continue
+            return _EntitySample(record, anchor, truth, object_foil.lower(), attribute_foil.lower())
+    return None
+
+
+def _predicate_foils(
+    relation: VerbatimRelation, record: VerbatimRecord, s: str, o: str
+) -> tuple[str, str]:
+    """(antonym, negation) texts: the first valid stored triple of each, from the relation's
+    `negatives` (any arguments), then its `negative_relations` or else the record's
+    top-level ones (same subject and object only; relation_opposite is a negation when its
+    predicate contains "not")."""
+    antonym = negation = ""
+
+    def parts(triple: VerbatimTriple) -> tuple[str, str, str] | None:
+        found = tuple(
+            p.lower().strip() for p in (triple.subject, triple.relation_type, triple.object)
+        )
+        return found if all(is_valid_caption(p) for p in found) else None
+
+    for triple in relation.negatives:
+        change, found = triple.change_type.lower(), parts(triple)
+        if found is None:
+            continue
+        if change == "antonym" and not antonym:
+            antonym = " ".join(found)
+        elif change == "negation" and not negation:
+            negation = " ".join(found)
+    for triple in relation.negative_relations or record.negative_relations:
+        change, found = triple.change_type.lower(), parts(triple)
+        if found is None or (found[0], found[2]) != (s, o):
+            continue
+        text = " ".join(found)
+        if change == "relation_opposite":
+            if "not" in found[1]:
+                negation = negation or text
+            else:
+                antonym = antonym or text
+        elif change == "antonym" and not antonym:
+            antonym = text
+        elif change == "negation" and not negation:
+            negation = text
+        # A stored subject_object_swap is never used: their swap text is always built.
+    return antonym, negation
+
+
+def _argument_negatives(record: VerbatimRecord, argument: str) -> tuple[tuple[str, str], ...]:
+    """Negatives of a relation argument: its own key, else those of the first component
+    that contains it as a substring ("horse" -> "brown horse", also "man" -> "woman")."""
+    found = record.component_negatives.get(argument, ())
+    if not found:
+        for component in record.components:
+            if argument in component.lower():
+                return record.component_negatives.get(component, ())
+    return found
+
+
+def _first_of(negatives: Sequence[tuple[str, str]], change_type: str) -> str:
+    return next((t.lower() for t, c in negatives if c == change_type and is_valid_caption(t)), "")
+
+
+def _first_relation(record: VerbatimRecord) -> _RelationSample | None:
+    """The first relation in list order with at least two valid foils among Swap, Ant,
+    Neg, Rel:Obj and Subj (Swap, "o r s", is valid for nearly every relation, so in effect
+    one more); Rel:Attr is built but not counted."""
+    for relation in record.relations:
+        s, r, o = (
+            p.lower().strip() for p in (relation.subject, relation.relation_type, relation.object)
+        )
+        if not (s and r and o):
+            continue
+        antonym, negation = _predicate_foils(relation, record, s, o)
+        object_negatives = _argument_negatives(record, o)
+        subject_foil = _first_of(_argument_negatives(record, s), "object_change")
+        half_truths = {
+            "swap": f"{o} {r} {s}",
+            "ant": antonym,
+            "neg": negation,
+            "rel_obj": f"{s} {r} {foil}"
+            if (foil := _first_of(object_negatives, "object_change"))
+            else "",
+            "subj": f"{subject_foil} {r} {o}" if subject_foil else "",
+            "rel_attr": f"{s} {r} {foil}"
+            if (foil := _first_of(object_negatives, "attribute_change"))
+            else "",
+        }
+        counted = ("swap", "ant", "neg", "rel_obj", "subj")
+        if sum(is_valid_caption(half_truths[slug]) for slug in counted) >= 2:
+            return _RelationSample(record, s, f"{s} {r} {o}", half_truths)
+    return None
+
+
+_ENTITY_SLUGS = ("obj", "attr", "rand")
+# Their scorer's order of the relation conditions (HalfTruthEvaluator.evaluate_relation_sample).
+_PAPER_RELATION_SLUGS = ("swap", "ant", "neg", "rel_obj", "subj", "rel_attr")
+
+
+@dataclass
+class _Pass:
+    """One pass over the records (entity or relation side): the samples in order, and why
+    each image without one has none."""
+
+    samples: list = field(default_factory=list)
+    reasons: dict[str, SkipReason] = field(default_factory=dict)  # dedup key -> best reason
+    stopped_at: int | None = None  # index of the record after which num_samples was reached
+
+    def note(self, key: str, reason: SkipReason) -> None:
+        # An image's reason is the furthest any of its captions got.
+        order = _REASON_ORDER
+        if key not in self.reasons or order.index(reason) > order.index(self.reasons[key]):
+            self.reasons[key] = reason
+
+
+_REASON_ORDER = (
+    SkipReason.NO_ENTITY_PAIR,
+    SkipReason.NO_RELATION,
+    SkipReason.MISSING_IMAGE,
+    SkipReason.NO_ENTITY_FOIL,
+    SkipReason.NO_RELATION_WITH_TWO_FOILS,
+)
+
+
+def _paper_pass(records: Sequence[VerbatimRecord], side: str, num_samples: int | None) -> _Pass:
+    """Their generate_component_samples / generate_relation_samples: records in file order,
+    one sample per dedup key (the first caption that qualifies, so each side may pick a
+    different caption), stopping once num_samples samples exist (None: never)."""
+    state = _Pass()
+    used: set[str] = set()
+    for index, record in enumerate(records):
+        key = record.dedup_key
+        if side == "entity":
+            if len(record.components) < 2 or not record.component_negatives:
+                state.note(key, SkipReason.NO_ENTITY_PAIR)
+                continue
+        elif not record.relations or not record.components:
+            state.note(key, SkipReason.NO_RELATION)
+            continue
+        if not _has_image(record):
+            state.note(key, SkipReason.MISSING_IMAGE)
+            continue
+        if key in used:
+            continue
+        sample = _first_entity_pair(record) if side == "entity" else _first_relation(record)
+        if sample is None:
+            state.note(
+                key,
+                SkipReason.NO_ENTITY_FOIL
+                if side == "entity"
+                else SkipReason.NO_RELATION_WITH_TWO_FOILS,
+            )
+        else:
+            state.samples.append(sample)
+            used.add(key)
+        # Their check sits after every record that got this far, sample or not.
+        if num_samples is not None and len(state.samples) >= num_samples:
+            state.stopped_at = index
+            break
+    return state
+
+
+def _random_foils(samples: Sequence[_EntitySample], seed: int) -> list[tuple[str, str] | None]:
+    """Their add_random_component_foils: random.seed(seed), then for each sample in order
+    random.choice over the pool of every sample's B whose sample_id differs. The pool is the
+    capped entity samples, so X can still be true of the image (another image's "man")."""
+    pool = [(s.second, s.record.image_key) for s in samples if is_valid_caption(s.second)]
+    if len(pool) < 2:
+        return [None] * len(samples)
+    positions: dict[str, list[int]] = defaultdict(list)
+    for position, (_, key) in enumerate(pool):
+        positions[key].append(position)
+    rng = random.Random(seed)
+    drawn: list[tuple[str, str] | None] = []
+    for sample in samples:
+        own = positions.get(sample.record.image_key, [])
+        size = len(pool) - len(own)
+        if size == 0:
+            drawn.append(None)
+            continue
+        # rng.choice(others) without building `others` for every sample: the same draw
+        # (one _randbelow(len(others))), mapped back past this sample's own entries.
+        index = rng.choice(range(size))
+        for position in own:
+            if position <= index:
+                index += 1
+        drawn.append(pool[index])
+    return drawn
+
+
+def build_paper_benchmark(
+    records: Iterable[VerbatimRecord],
+    num_samples: int | None = PAPER_NUM_SAMPLES,
+    seed: int = PAPER_SEED,
+) -> HalfTruthBenchmark:
+    """The authors' items for `records` (in file order): +Obj, +Attr, +Rand from one entity
+    pair per image, Rel:Attr, Rel:Obj, Ant, Swap, Subj and Neg from one relation per image.
+
+    num_samples: images per pass, as their --num_samples (None: all; their -1 gives one
+    image, a bug we do not copy); seed: their --seed, for +Rand. Items appear in their
+    order: entity samples (obj, attr, rand each), then relation samples. Raises DataError
+    when there are no records.
+    """
+    records = list(records)
+    if not records:
+        raise DataError(
+            "half-truth benchmark: no records; pass the validation split of a non-empty "
+            "units table or unit file"
+        )
+    entity = _paper_pass(records, "entity", num_samples)
+    relation = _paper_pass(records, "relation", num_samples)
+    keys = list(dict.fromkeys(r.dedup_key for r in records))
+    items: list[HalfTruthItem] = []
+    made: dict[str, set[str]] = defaultdict(set)  # slug -> dedup keys with an item
+    for sample, rand in zip(entity.samples, _random_foils(entity.samples, seed), strict=True):
+        completion = _and(sample.anchor, sample.second)
+        for slug, foil in (
+            ("obj", sample.object_foil),
+            ("attr", sample.attribute_foil),
+            ("rand", rand[0] if rand else ""),
+        ):
+            if foil:
+                items.append(
+                    _item(
+                        sample.record,
+                        slug,
+                        sample.anchor,
+                        completion,
+                        _and(sample.anchor, foil),
+                        sample.second,
+                        foil,
+                    )
+                )
+                made[slug].add(sample.record.dedup_key)
+    invalid_anchor: set[str] = set()
+    for sample in relation.samples:
+        # Their scorer skips a sample whose anchor or full truth fails is_valid_caption.
+        if not (is_valid_caption(sample.subject) and is_valid_caption(sample.full_truth)):
+            invalid_anchor.add(sample.record.dedup_key)
+            continue
+        for slug in _PAPER_RELATION_SLUGS:
+            text = sample.half_truths[slug]
+            if is_valid_caption(text):
+                items.append(
+                    _item(
+                        sample.record,
+                        slug,
+                        sample.subject,
+                        sample.full_truth,
+                        text,
+                        sample.full_truth,
+                        text,
+                    )
+                )
+                made[slug].add(sample.record.dedup_key)
+    skipped = _paper_skips(records, keys, made, entity, relation, invalid_anchor)
+    return HalfTruthBenchmark(tuple(items), skipped, len(keys), len(records), Protocol.PAPER.value)
+
+
+def _paper_skips(
+    records: Sequence[VerbatimRecord],
+    keys: Sequence[str],
+    made: Mapping[str, set[str]],
+    entity: _Pass,
+    relation: _Pass,
+    invalid_anchor: set[str],
+) -> dict[tuple[str, str], int]:
+    """(condition, reason) -> images, so that items + skips == images for each condition."""
+    last_index = {r.dedup_key: i for i, r in enumerate(records)}
+    sampled = {
+        "entity": {s.record.dedup_key for s in entity.samples},
+        "relation": {s.record.dedup_key for s in relation.samples},
+    }
+    skipped: Counter[tuple[str, str]] = Counter()
+    for slug in _ENTITY_SLUGS + _PAPER_RELATION_SLUGS:
+        side, state = ("entity", entity) if slug in _ENTITY_SLUGS else ("relation", relation)
+        for key in keys:
+            if key in made[slug]:
+                continue
+            if key in sampled[side]:
+                reason = (
+                    SkipReason.ANCHOR_NOT_VALID
+                    if side == "relation" and key in invalid_anchor
+                    else SkipReason.NO_RANDOM_ENTITY
+                    if slug == "rand"
+                    else SkipReason.NO_ENTITY_FOIL
+                    if side == "entity"
+                    else SkipReason.RELATION_LACKS_FOIL
+                )
+            elif state.stopped_at is not None and last_index[key] > state.stopped_at:
+                reason = SkipReason.OVER_NUM_SAMPLES
+            else:
+                reason = state.reasons[key]
+            skipped[(slug, reason.value)] += 1
+    return dict(sorted(skipped.items()))
 
 
 # ---------------------------------------------------------------------------------------
@@ -346,9 +807,13 @@ BENCHMARK_SCHEMA = pa.schema(
             "anchor",
             "completion",
             "half_truth",
+            "unit",
+            "foil",
         )
     ]
 )
+# Tables written before the provenance columns existed lack these two: read as "".
+_OPTIONAL_COLUMNS = ("unit", "foil")
 
 
 def items_to_table(items: Sequence[HalfTruthItem]) -> pa.Table:
@@ -358,12 +823,17 @@ def items_to_table(items: Sequence[HalfTruthItem]) -> pa.Table:
 
 def table_to_items(table: pa.Table, origin: str = "benchmark table") -> list[HalfTruthItem]:
     """Items from a benchmark table, checking columns and condition names."""
-    missing = [n for n in BENCHMARK_SCHEMA.names if n not in table.column_names]
+    missing = [
+        n
+        for n in BENCHMARK_SCHEMA.names
+        if n not in table.column_names and n not in _OPTIONAL_COLUMNS
+    ]
     if missing:
         raise DataError(f"{origin}: missing columns {missing}; expected {BENCHMARK_SCHEMA.names}")
+    names = [n for n in BENCHMARK_SCHEMA.names if n in table.column_names]
     items = [
-        HalfTruthItem(**{n: str(row[n]) for n in BENCHMARK_SCHEMA.names})
-        for row in table.select(BENCHMARK_SCHEMA.names).to_pylist()
+        HalfTruthItem(**{n: "" if row[n] is None else str(row[n]) for n in names})
+        for row in table.select(names).to_pylist()
     ]
     for item in items:
         condition = CONDITION_BY_SLUG.get(item.condition)
@@ -371,7 +841,7 @@ def table_to_items(table: pa.Table, origin: str = "benchmark table") -> list[Hal
             raise DataError(
                 f"{origin}: row for image {item.image_id!r} has condition "
                 f"{item.condition!r} / group {item.group!r}; conditions are "
-                f"{[(c.slug, c.group) for c in CONDITIONS]}"
+                f"{[(c.slug, c.group) for c in ALL_CONDITIONS]}"
             )
     return items
 
@@ -406,7 +876,8 @@ def load_benchmark(path: str | Path) -> list[HalfTruthItem]:
     elif path.suffix == ".csv":
         # Every column is text: stop pyarrow from guessing numbers in ids.
         options = pacsv.ConvertOptions(
-            column_types={n: pa.string() for n in BENCHMARK_SCHEMA.names}
+            column_types={n: pa.string() for n in BENCHMARK_SCHEMA.names},
+            strings_can_be_null=False,
         )
         table = pacsv.read_csv(path, convert_options=options)
     else:
@@ -463,7 +934,8 @@ def half_truth_metrics(
 ) -> dict[str, float]:
     """SPEC §4 metrics, micro-averaged over items; accuracies in percent.
 
-    Keys, for scope in all / entity / relation / each condition slug:
+    Keys, for scope in all (the paper's eight conditions) / entity / relation / each
+    condition slug (neg included, outside every average):
       ht_<scope>            Acc_HT = 100 * mean[s(A) > s(A-)]
       ht_gap_<scope>        Δ = mean[s(A) - s(A-)]   (`ht_gap` for all)
       winrate_<scope>       100 * mean[s(A+) > s(A-)]   (Table 7)
@@ -480,9 +952,10 @@ def half_truth_metrics(
     gap = scores.anchor - scores.half_truth
     wins = (scores.completion > scores.half_truth).astype(np.float64) * 100
     consistent = (scores.completion > scores.anchor).astype(np.float64) * 100
-    scopes = [("all", np.ones(len(items), dtype=bool))]
+    # "all" is the paper's eight conditions: Neg (group "negation") only on its own.
+    scopes = [("all", np.isin(groups, GROUPS))]
     scopes += [(g, groups == g) for g in GROUPS] + [
-        (c.slug, conditions == c.slug) for c in CONDITIONS
+        (c.slug, conditions == c.slug) for c in ALL_CONDITIONS
     ]
     metrics: dict[str, float] = {}
     for offset, (scope, mask) in enumerate(scopes):
@@ -614,10 +1087,17 @@ def image_side_metrics(target: np.ndarray, distractors: Sequence[np.ndarray]) ->
 # The prepared benchmark and its scores
 # ---------------------------------------------------------------------------------------
 
-class BenchmarkConfig(StrictModel):
-    """How the half-truth benchmark is built and bootstrapped. The seed lives here only."""
 
-    seed: int = 0  # every choice of the builder is seeded from (seed, image_id)
+class BenchmarkConfig(StrictModel):
+    """How the half-truth benchmark is built and bootstrapped. The seeds live here only."""
+
+    # paper: the authors' builder item for item; csclip: ours; auto: paper for real data,
+    # csclip for the synthetic world (records with source "gold"). docs/evaluation.md.
+    protocol: Literal["auto", "paper", "csclip"] = "auto"
+    seed: int = 0  # csclip: every choice is seeded from (seed, image_id); also the bootstrap's
+    # paper: images per pass (their --num_samples 1000); null: every image
+    num_samples: int | None = Field(PAPER_NUM_SAMPLES, ge=1)
+    paper_seed: int = PAPER_SEED  # paper: their --seed, for the +Rand draws
     num_bootstrap: int = Field(1000, ge=0)  # SPEC §4: 1000 resamples
     image_side: bool = True
     min_distractors: int = Field(2, ge=1)
@@ -625,6 +1105,16 @@ class BenchmarkConfig(StrictModel):
     # A saved benchmark table (.parquet / .csv from a previous run) to rescore instead of
     # building one; its images still come from the units table.
     table_uri: str | None = None
+    # A frozen benchmark file (`csclip benchmark build`, csclip.eval.benchmark_file): score
+    # exactly its items, its images from the paths it holds (relative ones under image_root).
+    file: str | None = None
+    image_root: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source_of_items(self) -> BenchmarkConfig:
+        if self.file and self.table_uri:
+            raise ValueError("set benchmark.file or benchmark.table_uri, not both")
+        return self
 
     @model_validator(mode="after")
     def _distractor_range(self) -> BenchmarkConfig:
@@ -662,9 +1152,10 @@ def prepare_benchmark(
     if config.table_uri:
         items = tuple(load_benchmark(config.table_uri))
         num_images = len({item.image_id for item in items})
-        benchmark = HalfTruthBenchmark(items, {}, num_images, len(records))
+        protocol = resolve_protocol(config.protocol, records)
+        benchmark = HalfTruthBenchmark(items, {}, num_images, len(records), protocol)
     else:
-        benchmark = build_half_truth_benchmark(records, seed)
+        benchmark = build_for_protocol(records, config)
     if not benchmark.items:
         reasons = ", ".join(f"{c}/{r}: {n}" for (c, r), n in benchmark.skipped.items())
         raise DataError(
@@ -680,13 +1171,36 @@ def prepare_benchmark(
     image_ids += [image_id for item in side for image_id in (item.image_id, *item.distractors)]
     images = image_sources(records, image_ids)
     log.info(
-        "half-truth benchmark: %d images, %d items, %d image-side items, skips %s",
+        "half-truth benchmark (protocol %s, %s): %d images, %d items, %d image-side items, "
+        "skips %s",
+        benchmark.protocol,
+        benchmark.content_hash,
         benchmark.num_images,
         len(benchmark.items),
         len(side),
         dict(benchmark.skipped),
     )
     return PreparedBenchmark(benchmark, tuple(side), images)
+
+
+def resolve_protocol(protocol: str, records: Sequence[UnitsRecord]) -> str:
+    """`auto` -> csclip when every record is the synthetic world's (source "gold"), else
+    paper; `paper` and `csclip` as given."""
+    if protocol != "auto":
+        return Protocol(protocol).value
+    is_world = bool(records) and all(r.source == "gold" for r in records)
+    return (Protocol.CSCLIP if is_world else Protocol.PAPER).value
+
+
+def build_for_protocol(
+    records: Sequence[UnitsRecord], config: BenchmarkConfig
+) -> HalfTruthBenchmark:
+    """The half-truth benchmark of `records` under config.protocol (resolved)."""
+    if resolve_protocol(config.protocol, records) == Protocol.PAPER:
+        return build_paper_benchmark(
+            [verbatim_from_units(r) for r in records], config.num_samples, config.paper_seed
+        )
+    return build_half_truth_benchmark(records, config.seed)
 
 
 def benchmark_texts(

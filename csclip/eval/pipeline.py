@@ -132,15 +132,17 @@ def compare_models(
     scoring: ScoringConfig | None = None,
     params: Mapping[str, object] | None = None,
     suites: SuitesConfig | None = None,
+    prepared: PreparedBenchmark | None = None,
 ) -> ComparisonReport:
-    """Evaluate several models on one benchmark built from `records`, plus the `suites`
-    (retrieval, compositional); write table1/6/7 (.md/.csv), image_side (.md/.csv), suites
-    (.md/.csv, when measured), figure3.png, benchmark.parquet, scores.parquet and
-    halftruth.md to out_dir; log them to MLflow when tracking_uri is given."""
+    """Evaluate several models on one benchmark built from `records` (or on `prepared`,
+    e.g. a frozen benchmark file), plus the `suites` (retrieval, compositional); write
+    table1/6/7 (.md/.csv), image_side (.md/.csv), suites (.md/.csv, when measured),
+    figure3.png, benchmark.parquet, scores.parquet and halftruth.md to out_dir; log them to
+    MLflow when tracking_uri is given."""
     if not bundles:
         raise ConfigError("compare_models: no models given; pass at least one ClipBundle")
     benchmark = benchmark or BenchmarkConfig()
-    prepared = prepare_benchmark(records, benchmark)
+    prepared = prepared or prepare_benchmark(records, benchmark)
     reports = {}
     for name, bundle in bundles.items():
         log.info("scoring %s", name)
@@ -149,7 +151,8 @@ def compare_models(
     markdown, files = write_outputs(reports, prepared, out_dir)
     run_id = None
     if tracking_uri:
-        run_params = {"seed": benchmark.seed, **(params or {})}
+        run_params = {"seed": benchmark.seed, "benchmark_protocol": prepared.benchmark.protocol,
+                      "benchmark_hash": prepared.benchmark.content_hash, **(params or {})}
         run_id = log_comparison(reports, files, tracking_uri, experiment, run_params)
     return ComparisonReport(reports, markdown, files, run_id)
 
@@ -157,6 +160,13 @@ def compare_models(
 def load_records(data: EvalDataConfig) -> list[UnitsRecord]:
     """The evaluation split (csclip.data.load_split)."""
     from csclip.data import load_split
+    from csclip.errors import DataError
+    from csclip.eval.benchmark_file import is_authors_unit_file
+
+    if data.units_uri and is_authors_unit_file(data.units_uri):
+        raise DataError(f"{data.units_uri} is a unit file in the authors' format, not a units "
+                        "table: freeze it with `csclip benchmark build --units "
+                        f"{data.units_uri} --out FILE`, then evaluate --benchmark FILE")
 
     return load_split(data.units_uri, data.split, data.world)
 
@@ -168,7 +178,23 @@ def run_evaluation(config: EvalConfig) -> ComparisonReport:
 
     # Inside a Ray job a relative out_dir is the job's temporary copy: refused there.
     out_dir = resolve_output(config.out_dir, "out_dir")
-    records = load_records(config.data)  # first: a bad table fails before a model loads
+    # First: a bad table or benchmark file fails before a model loads.
+    prepared = None
+    if config.benchmark.file:
+        from csclip.eval.benchmark_file import prepare_frozen, read_benchmark_file
+
+        frozen = read_benchmark_file(config.benchmark.file)
+        if config.benchmark.protocol not in ("auto", frozen.benchmark.protocol):
+            raise ConfigError(f"benchmark.protocol {config.benchmark.protocol!r}, but "
+                              f"{config.benchmark.file} holds {frozen.benchmark.protocol!r} "
+                              "items; drop --protocol or rebuild the file")
+        # The units are read only when asked for (suites) or when the file holds no path
+        # for some image (built from records that carried the bytes, e.g. the world).
+        needs_units = config.data.units_uri is not None or None in frozen.images.values()
+        records = load_records(config.data) if needs_units else []
+        prepared = prepare_frozen(frozen, records, config.benchmark.image_root)
+    else:
+        records = load_records(config.data)
     if config.checkpoint:
         bundle = load_bundle(config.checkpoint, device=config.scoring.device)
     else:
@@ -184,4 +210,5 @@ def run_evaluation(config: EvalConfig) -> ComparisonReport:
         scoring=config.scoring,
         params=flatten(config),
         suites=config.suites,
+        prepared=prepared,
     )

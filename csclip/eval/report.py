@@ -8,11 +8,12 @@ import logging
 import re
 import textwrap
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from csclip.eval.halftruth import (
     CONDITIONS,
+    EXTRA_CONDITIONS,
     HalfTruthItem,
     ItemScores,
     PreparedBenchmark,
@@ -301,6 +302,12 @@ def write_outputs(
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}
     tables = paper_tables(reports)
+    bench = prepared.benchmark
+    # Every half-truth table names the protocol and the benchmark's hash (docs/evaluation.md).
+    tag = f" (protocol {bench.protocol}, benchmark {bench.content_hash[:19]})"
+    for stem in ("table1", "table6", "table7", "table7_ci"):
+        if stem in tables:
+            tables[stem] = replace(tables[stem], title=tables[stem].title + tag)
     for stem, table in tables.items():
         files.update(table.write(out, stem))
     files["figure3.png"] = plot_figure3(reports, out / "figure3.png")
@@ -308,13 +315,20 @@ def write_outputs(
     files["scores.parquet"] = write_item_scores(
         reports, prepared.benchmark.items, out / "scores.parquet"
     )
-    bench = prepared.benchmark
     skips = "".join(f"| {c} | {r} | {n} |\n" for (c, r), n in bench.skipped.items())
     markdown = "\n".join(t.to_markdown() for t in tables.values())
     markdown += (
-        f"\nBenchmark: {bench.num_images} images, {len(bench.items)} items, "
-        f"{len(prepared.image_side)} image-side items.\n"
+        f"\nBenchmark: protocol {bench.protocol}, {bench.content_hash}; {bench.num_images} "
+        f"images, {len(bench.items)} items, {len(prepared.image_side)} image-side items.\n"
     )
+    for condition in EXTRA_CONDITIONS:  # built, but outside the paper's tables and averages
+        for name, report in reports.items():
+            if report.metrics.get(f"num_items_{condition.slug}"):
+                markdown += (
+                    f"{condition.label} (not in the paper's tables), {name}: Acc_HT "
+                    f"{report.metrics[f'ht_{condition.slug}']:.1f} over "
+                    f"{int(report.metrics[f'num_items_{condition.slug}'])} items.\n"
+                )
     if skips:
         markdown += "\n| Condition | Skip reason | Images |\n|---|---|---|\n" + skips
     (out / "halftruth.md").write_text(markdown)

@@ -576,6 +576,23 @@ def read_authors_input(cfg: InputConfig) -> ReadResult:
     return result
 
 
+def read_authors_uri(uri: str, image_root: str | None = None,
+                     endpoint_url: str | None = None) -> ReadResult:
+    """Every record of the files `uri` names (local or s3://), all splits, relative image
+    paths joined to image_root."""
+    from csclip import storage
+
+    fs, _ = storage.filesystem_for(uri, endpoint_url)
+
+    def items() -> Iterator[_Item]:
+        for path in expand_uri(uri, endpoint_url):
+            yield from _items(posixpath.basename(path), storage.read_bytes(fs, path).decode("utf-8"))
+
+    result = ReadResult()
+    _parse_items(items(), result, image_root=image_root)
+    return result
+
+
 AUTHORS_COLUMN = "authors_json"
 
 
@@ -612,3 +629,146 @@ def authors_caption_table(cfg: InputConfig) -> pa.Table:
         rows = rows[: cfg.limit]
     schema = CAPTION_SCHEMA.append(pa.field(AUTHORS_COLUMN, pa.string()))
     return pa.Table.from_pylist(rows, schema=schema)
+
+
+# ---------------------------------------------------------------------------------------
+# Verbatim records: what the authors' half-truth builder reads, nothing validated
+# ---------------------------------------------------------------------------------------
+# The paper protocol (csclip.eval.halftruth) must see every negative the authors' builder
+# (experiments/half_truth_vulnerability.py at kargibora/CS-CLIP@2325a1c) sees, spelled as
+# stored: our reader above maps change-type names, fills relation foils from their unit
+# and drops what SPEC §2 rejects, each of which changes which items their builder makes.
+
+
+@dataclass(frozen=True)
+class VerbatimTriple:
+    """A stored relation negative as written (non-strings read as "")."""
+
+    subject: str
+    relation_type: str
+    object: str
+    change_type: str
+
+
+@dataclass(frozen=True)
+class VerbatimRelation:
+    """A stored relation with its own `negatives` and `negative_relations` lists."""
+
+    subject: str
+    relation_type: str
+    object: str
+    negatives: tuple[VerbatimTriple, ...] = ()
+    negative_relations: tuple[VerbatimTriple, ...] = ()
+
+
+@dataclass(frozen=True)
+class VerbatimRecord:
+    """One record as the authors' builder reads it.
+
+    components: the string entries of positive_components (or `entities`), in order and
+    unstripped; component_negatives: every key of negative_components (or
+    `negative_entities`), each with its dict entries as (negative, change_type) strings;
+    image_key: the record's own sample_id ("" when it has none: their +Rand tells images
+    apart by it); dedup_key: one sample per value, their sample_id.rsplit("_", 1)[0]
+    (else the image id: their builder, given no sample_id, does not deduplicate at all).
+    """
+
+    sample_id: str
+    image_id: str
+    image_key: str
+    image_path: str | None
+    caption: str
+    components: tuple[str, ...]
+    component_negatives: dict[str, tuple[tuple[str, str], ...]]
+    relations: tuple[VerbatimRelation, ...]
+    negative_relations: tuple[VerbatimTriple, ...]
+    dedup_key: str
+    image_bytes: bytes | None = None
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _triples(items: object) -> tuple[VerbatimTriple, ...]:
+    if not isinstance(items, list):
+        return ()
+    return tuple(VerbatimTriple(_text(i.get("subject")), _text(i.get("relation_type")),
+                                _text(i.get("object")), _text(i.get("change_type")))
+                 for i in items if isinstance(i, dict))
+
+
+def verbatim_record(obj: dict, sample_id: str, image_root: str | None = None) -> VerbatimRecord:
+    """A record of either key schema, read as the authors' builder reads the older one
+    (`positive_components`, `negative_components`, `relations`, `negative_relations`);
+    the training schema's `entities` / `negative_entities` stand in for the first two
+    (their builder reads only the older names: it makes no item from a training-schema
+    file, which is a key spelling, not a construction)."""
+    older = "positive_components" in obj or "negative_components" in obj
+    names_key, negatives_key = (("positive_components", "negative_components") if older
+                                else ("entities", "negative_entities"))
+    names = obj.get(names_key) if isinstance(obj.get(names_key), list) else []
+    raw_negatives = obj.get(negatives_key) if isinstance(obj.get(negatives_key), dict) else {}
+    # A bare-string entry is kept as ("", ""): never a foil, but it makes the list
+    # non-empty, which decides whether their relation lookup falls back to a substring match.
+    negatives = {
+        str(key): tuple((_text(n.get("negative")), _text(n.get("change_type")))
+                        if isinstance(n, dict) else ("", "")
+                        for n in (items if isinstance(items, list) else []))
+        for key, items in raw_negatives.items()}
+    relations = tuple(
+        VerbatimRelation(_text(r.get("subject")), _text(r.get("relation_type")), _text(r.get("object")),
+                         _triples(r.get("negatives")), _triples(r.get("negative_relations")))
+        for r in (obj.get("relations") if isinstance(obj.get("relations"), list) else [])
+        if isinstance(r, dict))
+    image_path = _text(obj.get("image_path")) or None
+    image_id = obj.get("image_id")
+    image_id = str(image_id) if image_id is not None else (
+        posixpath.splitext(posixpath.basename(image_path))[0] if image_path else sample_id)
+    if image_path and image_root and not _is_absolute(image_path):
+        image_path = posixpath.join(image_root, image_path)
+    image_key = str(obj["sample_id"]) if obj.get("sample_id") is not None else ""
+    caption = _text(obj.get("original_caption", obj.get("caption")))
+    return VerbatimRecord(
+        sample_id=sample_id, image_id=image_id, image_key=image_key,
+        dedup_key=image_key.rsplit("_", 1)[0] if image_key else image_id,
+        image_path=image_path, caption=caption,
+        components=tuple(n for n in names if isinstance(n, str)),
+        component_negatives=negatives, relations=relations,
+        negative_relations=_triples(obj.get("negative_relations")))
+
+
+def read_verbatim_records(uri: str, image_root: str | None = None,
+                          endpoint_url: str | None = None) -> list[VerbatimRecord]:
+    """Every record object of the unit files `uri` names (a file, directory or glob; local
+    or s3://; a directory's combined_data.json alone when it has one), in file order,
+    files sorted. Non-object entries and unparseable JSON Lines
+    are skipped, as the authors' builder skips them; a missing file or one that is not JSON
+    is a DataError; so is a file with no record."""
+    from csclip import storage
+
+    fs, _ = storage.filesystem_for(uri, endpoint_url)
+    records: list[VerbatimRecord] = []
+    seen: dict[str, str] = {}
+    paths = expand_uri(uri, endpoint_url)
+    # Their script, given a folder, reads only its combined_data.json when there is one.
+    combined = [p for p in paths if posixpath.basename(p) == "combined_data.json"]
+    for path in combined or paths:
+        try:
+            text = storage.read_bytes(fs, path).decode("utf-8")
+        except (FileNotFoundError, OSError) as err:
+            raise DataError(f"unit file not found or unreadable: {path} ({err})") from err
+        except UnicodeDecodeError as err:
+            raise DataError(f"{path}: not UTF-8 text, so not a unit file ({err.reason})") from err
+        for item in _items(posixpath.basename(path), text):
+            if not isinstance(item.raw, dict):
+                continue
+            if item.sample_id in seen:
+                raise DataError(f"sample_id {item.sample_id!r} occurs twice ({seen[item.sample_id]} "
+                                f"and {item.position}); give records unique sample_id values")
+            seen[item.sample_id] = item.position
+            records.append(verbatim_record(item.raw, item.sample_id, image_root))
+    if not records:
+        raise DataError(f"{uri}: no unit records found (expected the authors' unit JSON: a list "
+                        "of objects with positive_components or entities)")
+    return records
