@@ -31,9 +31,7 @@ Writes table1/6/7, image_side, suites (retrieval, compositional, zero-shot) and,
 EXAMPLES = (
     "%(prog)s --checkpoint runs/train/<run>/final --out runs/eval",
     "%(prog)s --model ViT-B-32 --pretrained openai --benchmark coco_val_paper.json "
-    "--image-root /data/coco",
-    "%(prog)s --model ViT-B-32 --pretrained openai "
-    "--suite aro,sugarcrepe,winoground,coco_retrieval,zeroshot --data-root s3://bucket/bench",
+    "--image-root /data/coco --suite paper --data-root s3://bucket/bench",
 )
 
 
