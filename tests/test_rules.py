@@ -376,3 +376,49 @@ def test_world_foils_are_never_true_of_the_scene():
 def test_rules_module_does_not_import_ray():
     code = "import sys, csclip.extract.rules; assert 'ray' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- absence -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("caption", "present", "absent"), [
+    ("A rowboat with paddles and no passengers is on the beach.", ["paddles", "beach"],
+     ["passengers"]),
+    ("A young girl without a green jacket eating a piece of pepperoni pizza.", ["young girl"],
+     ["green jacket"]),
+    ("A bathroom with no toilets and a red and green bucket.", ["bathroom"], ["toilets"]),
+    ("A pizza with a slice missing is sitting on a pizza stand.", ["pizza"], ["slice"]),
+    ("A messy bedroom doesn't have any red brick walls.", ["messy bedroom"],
+     ["red brick walls"]),
+    ("A plate without a banana and slices of cheese.", ["plate"], ["banana", "slices of cheese"]),
+    ("A No bicycles, skates or skateboards sign on a pole.", ["sign", "pole"],
+     ["bicycles", "skates", "skateboards"]),
+    ("The shirtless men are riding horses through the lake.", ["shirtless men", "horses"],
+     ["shirt"]),
+])
+def test_what_the_caption_says_is_absent_is_never_a_unit(caption, present, absent):
+    result = extract_units(caption)
+    names = texts(result.entities)
+    assert set(present) <= set(names), names
+    assert list(result.absent) == absent
+    absent_heads = {a.split()[-1] for a in absent}
+    for unit in result.entities:
+        assert unit.text.split()[-1] not in absent_heads, unit.text
+    for relation in result.relations:
+        assert relation.subject not in absent and relation.object not in absent
+
+
+def test_absence_reads_the_rest_as_if_it_were_not_written():
+    result = extract_units("A person without a rainbow umbrella looking at the ocean.")
+    assert texts(result.relations) == ["person is looking at ocean"]
+    # "No" before one conjunct does not reach a later one with its own determiner.
+    result = extract_units("A bathroom with no toilets and a red bucket.")
+    assert "bathroom has red bucket" in texts(result.relations)
+    # "with and without food": there is food.
+    assert "food" in texts(extract_units("plates, with and without food").entities)
+
+
+def test_absence_is_kept_in_the_record_meta():
+    record = UnitsRecord("s", "i", "A train at the station with no passengers around.", "val")
+    extracted, _ = extract_record(record)
+    assert json.loads(extracted.meta["absent"]) == ["passengers"]
+    assert "passengers" not in texts(extracted.entities)

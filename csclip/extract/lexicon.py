@@ -28,19 +28,33 @@ _NOUN_TABLE: dict[str, str] = {
     # COCO supercategory person, split by kind so "man" is foiled by "woman", not "player".
     "person_gendered": "man/men woman/women boy girl lady/ladies guy gentleman/gentlemen",
     "person_age": "child/children kid baby/babies toddler adult teenager",
-    "person_role": (
-        "person/people player skier surfer skateboarder snowboarder rider chef cook worker "
-        "tourist soldier officer policeman/policemen umpire catcher batter pitcher "
-        "businessman/businessmen student couple family/families crowd bride groom "
-        "mother father friend pedestrian passenger spectator audience biker cyclist "
-        "vendor customer husband wife/wives photographer user"
+    # Roles split by kind, so a foil stays a person of the same sort: a passenger is
+    # foiled by a pedestrian, never by an umpire.
+    "person_sport": (
+        "player skier surfer skateboarder snowboarder rider umpire catcher batter pitcher "
+        "biker cyclist athlete referee jockey motorcyclist boarder"
     ),
-    # COCO vehicle
+    "person_work": (
+        "chef cook worker soldier officer policeman/policemen businessman/businessmen vendor "
+        "photographer instructor driver coach employee waiter waitress/waitresses "
+        "farmer cowboy clown"
+    ),
+    "person_other": (
+        "person/people tourist student couple family/families crowd bride groom mother "
+        "father friend pedestrian passenger spectator audience customer husband wife/wives "
+        "user guest owner opponent teen youth/youths son daughter commuter team army/armies "
+        "trio"
+    ),
+    # COCO vehicle, split by kind: a cart is foiled by a wagon, never by a school bus.
     "vehicle": (
-        "bicycle car motorcycle airplane bus/buses train truck boat bike motorbike plane "
-        "jet van taxi/taxis tractor trolley scooter ship jeep suv cart vehicle engine "
-        "trailer carriage locomotive fire_truck pickup_truck school_bus wagon wheel"
+        "car motorcycle bus/buses truck motorbike van taxi/taxis tractor scooter jeep suv "
+        "vehicle fire_truck pickup_truck school_bus cab semi"
     ),
+    "vehicle_rail": "train trolley locomotive subway tram engine",
+    "vehicle_air": "airplane plane jet airliner jetliner biplane helicopter",
+    "vehicle_water": "boat ship canoe rowboat raft kayak yacht barge sailboat",
+    "vehicle_small": "bicycle bike cart wagon carriage trailer buggy/buggies stroller",
+    "vehicle_part": "wheel tire paddle oar sail",
     # COCO outdoor
     "outdoor": (
         "traffic_light fire_hydrant stop_sign parking_meter bench/benches hydrant "
@@ -129,6 +143,77 @@ _NOUN_TABLE: dict[str, str] = {
     ),
     "fixture": "wall window door floor counter shower bathtub tub curtain fireplace tile "
     "sink_counter countertop lights/lights doorway",
+    # More caption nouns, by kind (seen in COCO captions; their own categories so that
+    # object foils stay within the kind).
+    "outdoor_more": (
+        "billboard barrier tent booth cage hole skyscraper tunnel dock bin feeder vane "
+        "meter parking_meter hose fire_hose bleachers/bleachers scaffolding kiosk mailbox "
+        "dumpster lamppost canopy"
+    ),
+    "animal_more": (
+        "bull cub bunny/bunnies rooster llama husky/huskies ostrich hippo penguin parakeet "
+        "ox/oxen mule donkey squirrel monkey lion tiger wolf/wolves fox/foxes owl parrot "
+        "hawk eagle swan goose/geese turkey rabbit"
+    ),
+    "kitchen_more": (
+        "skillet ladle strainer teapot kettle colander grill bucket crate silverware/silverware "
+        "dinnerware/dinnerware tablecloth thermos chopsticks/chopsticks whisk "
+        "spatula tongs/tongs"
+    ),
+    "food_more": (
+        "grape pancake toast/toast crust pepperoni/pepperoni spinach/spinach parsley/parsley "
+        "mustard/mustard olive lemon cherry/cherries tart pickle macaroni/macaroni "
+        "marshmallow sprinkles/sprinkles peanut chili/chili salmon/salmon snack treat "
+        "beverage garnish condiment ingredient greens/greens broth/broth cream/cream "
+        "casserole stuffing/stuffing liquid kale/kale cereal/cereal yogurt/yogurt "
+        "oatmeal/oatmeal avocado cucumber zucchini/zucchini corn/corn garlic/garlic "
+        "shrimp/shrimp seafood/seafood nut cinnamon/cinnamon icing/icing "
+        "cheesecake brownie pretzel taco burrito omelet slice"
+    ),
+    "furniture_more": (
+        "hammock vanity/vanities cupboard cubicle footstool ottoman crib nightstand "
+        "headboard futon bunk_bed loveseat"
+    ),
+    "electronic_more": (
+        "console telephone disc disk fan dryer hair_dryer freezer machine vending_machine "
+        "projector router modem charger"
+    ),
+    "indoor_more": (
+        "notebook map sticker tag ribbon string cloth soap magazine newspaper frame "
+        "ornament decoration balloon marker cane chain coin arrangement collage urinal "
+        "extinguisher fire_extinguisher briefcase pin ring necklace bracelet wallet "
+        "garbage/garbage trash/trash item equipment/equipment accessory "
+        "stuffed_animal doll image "
+        "wallpaper/wallpaper comforter quilt bedding/bedding canvas easel stand "
+        "unit piercing"
+    ),
+    "nature_more": (
+        "meadow pond sea shrub vine vegetation/vegetation sunset sunlight/sunlight fog/fog "
+        "ice/ice stone island landscape countryside grassland grasslands/grasslands "
+        "weeds/weeds moss/moss mud/mud palm_tree palm"
+    ),
+    "clothing_more": (
+        "snowsuit wetsuit blazer sneaker lapel bandana robe gown tuxedo overalls/overalls "
+        "mittens/mittens socks/socks sock goggles/goggles bikini swimsuit "
+        "trunks/trunks kimono"
+    ),
+    "body_more": (
+        "beard foot/feet shoulder chin chest lip tail wing beak toe limb mane horn knee "
+        "wrist elbow thumb cheek forehead mustache"
+    ),
+    "fixture_more": (
+        "faucet sill windowsill flooring/flooring pipe cable outlet stairs/stairs staircase "
+        "step/steps column pillar beam archway cabinetry/cabinetry"
+    ),
+    "room_more": (
+        "garage bakery cafe eatery deli pantry museum hall suite apartment closet factory "
+        "lobby kitchenette cafeteria gym library/libraries studio warehouse"
+    ),
+    "outdoor_place_more": (
+        "backyard neighborhood avenue pavement freeway corral habitat coast mill "
+        "lot sandy_lot plaza alley alleyway driveway crosswalk harbor marina pier lane "
+        "terminal campus village"
+    ),
     # Body parts: what people hold things in or with.
     "body": "hand head mouth neck leg arm eye tooth/teeth tongue paw finger hair/hair face "
     "lap nose ear back",
@@ -144,6 +229,8 @@ _NOUN_TABLE: dict[str, str] = {
 def _build_nouns() -> dict[str, Noun]:
     nouns: dict[str, Noun] = {}
     for category, spec in _NOUN_TABLE.items():
+        # "food_more" is more food: the suffix only keeps the table readable.
+        category = category.removesuffix("_more")
         for item in spec.split():
             singular, _, plural = item.partition("/")
             singular = singular.replace("_", " ")
@@ -189,6 +276,15 @@ _SAME_THING = (
     "rider player skier surfer skateboarder snowboarder", "chef cook",
     "officer policeman soldier", "rock stone", "counter countertop sink_counter", "grass field", "food meat",
     "fruit apple banana orange", "vegetable broccoli carrot", "meat sausage hot_dog",
+    "boat ship yacht sailboat barge", "canoe kayak", "airplane plane jet airliner jetliner biplane",
+    "train locomotive engine subway", "trolley tram", "cart wagon", "carriage buggy",
+    "car cab", "truck semi pickup_truck fire_truck", "cow bull ox", "dog husky",
+    "rabbit bunny", "bear cub", "rock stone", "cupboard cabinet", "closet cabinet",
+    "couch loveseat futon", "dryer hair_dryer hair_drier", "telephone phone",
+    "drink beverage", "treat snack dessert", "grass grassland grasslands meadow",
+    "sea ocean", "pond lake", "backyard yard", "avenue street road", "pavement sidewalk",
+    "garbage trash", "sneaker shoe", "mustache beard", "foot feet", "pipe cable",
+    "toast bread", "cream frosting icing", "image picture painting poster",
 )
 SAME_THING_GROUPS: dict[str, frozenset[str]] = {}
 for _group in _SAME_THING:
@@ -202,7 +298,9 @@ NOT_FOILS = frozenset(
     "toy fruit vegetable dessert bag ball glass building room water plant screen computer "
     "phone dish pastry area furniture meal game ground corner match user home seat tower "
     "post case holder container gear outfit friend lunch dinner breakfast veggies topping "
-    "frosting student mother father device electronics appliance".split()
+    "frosting student mother father device electronics appliance item equipment accessory "
+    "machine unit decoration treat snack beverage ingredient condiment vegetation garbage "
+    "trash team trio youth guest owner opponent army boat image lot".split()
 ) | {"body of water"}
 
 # Where object foils of a generic noun come from: "people" could be skiers or fathers (so
@@ -210,7 +308,9 @@ NOT_FOILS = frozenset(
 FOIL_CATEGORY_OF_GENERIC: dict[str, str] = {
     "person": "animal", "people": "animal", "adult": "animal", "crowd": "animal",
     "family": "animal", "couple": "animal", "friend": "animal", "mother": "animal",
-    "father": "animal", "student": "animal", "worker": "animal",
+    "father": "animal", "student": "animal", "worker": "animal", "team": "animal",
+    "guest": "animal", "owner": "animal", "opponent": "animal", "youth": "animal",
+    "teen": "animal",
 }
 
 
@@ -294,6 +394,8 @@ OTHER_ADJECTIVES = frozenset(
     "single plain tasty wide low mixed blurry crowded professional historic neon "
     "electronic personal residential homeless pregnant blonde floral flowered stainless "
     "shaded fenced enclosed healthy delicious uncooked unmade light "
+    "shirtless sleeveless headless hatless shoeless leafless hairless toothless topless "
+    "strapless armless legless "
     "several many few half smaller larger bigger taller older younger".split()
 )
 # Quantity words kept in the entity text; no count foil, since they are vague.
@@ -421,5 +523,13 @@ ADVERBIAL_PHRASES: tuple[list[str], ...] = tuple(
 )
 AUXILIARIES = frozenset({"is", "are", "was", "were", "be", "being", "been"})
 RELATIVE_WORDS = frozenset({"that", "which", "who", "while", "whilst"})
+# Adjectives that say a thing is not there: the noun goes to the record's absent list.
+LESS_ADJECTIVES: dict[str, str] = {
+    "shirtless": "shirt", "sleeveless": "sleeves", "headless": "head", "hatless": "hat",
+    "shoeless": "shoes", "leafless": "leaves", "hairless": "hair", "toothless": "teeth",
+    "topless": "top", "strapless": "straps", "armless": "arms", "legless": "legs",
+}
+# Signs named by what they forbid ("a no bicycles sign"): the sign is there.
+SIGN_NOUNS = frozenset({"sign", "street sign", "stop sign"})
 # Existential openings: "There is a cat on a mat" describes a cat.
 EXISTENTIAL = ("there is", "there are", "there's", "here is", "here are")
