@@ -77,7 +77,7 @@ _NOUN_TABLE: dict[str, str] = {
     ),
     # COCO kitchen
     "kitchen": (
-        "bottle wine_glass cup fork knife/knives spoon bowl plate mug glass/glasses pan pot "
+        "serving_tray serving_plate serving_bowl bottle wine_glass cup fork knife/knives spoon bowl plate mug glass/glasses pan pot "
         "tray dish/dishes napkin lid utensil basket container jar can platter cutting_board"
     ),
     # COCO food
@@ -168,7 +168,7 @@ _NOUN_TABLE: dict[str, str] = {
         "casserole stuffing/stuffing liquid kale/kale cereal/cereal yogurt/yogurt "
         "oatmeal/oatmeal avocado cucumber zucchini/zucchini corn/corn garlic/garlic "
         "shrimp/shrimp seafood/seafood nut cinnamon/cinnamon icing/icing "
-        "cheesecake brownie pretzel taco burrito omelet slice"
+        "cheesecake brownie pretzel taco burrito omelet slice wedding_cake birthday_cake"
     ),
     "furniture_more": (
         "hammock vanity/vanities cupboard cubicle footstool ottoman crib nightstand "
@@ -340,7 +340,7 @@ COLLECTIVE_BASES = COLLECTIVES
 COLLECTIVES = COLLECTIVES | frozenset(_plural(w) for w in COLLECTIVES)
 PLURAL_COLLECTIVES = frozenset({"couple", "pair", "few"})
 # Vague amounts dropped from the entity text: "a lot of girls" is "girls".
-QUANTITY_PREFIXES = frozenset({"lot", "lots", "number", "plenty"})
+QUANTITY_PREFIXES = frozenset({"lot", "lots", "number", "plenty", "rest"})
 
 # ------------------------------------------------------------------------------------------
 # Attributes: kind -> values. An attribute foil changes one value within its kind.
@@ -429,8 +429,13 @@ PREPOSITION_ANTONYMS: dict[str, str | None] = {
     "on the edge of": None, "at the edge of": None, "in the shade of": None,
     "on the back of": None, "at the end of": None, "on the front of": None,
     "in the corner of": None, "on the top of": "at the bottom of", "in the back of": None,
-    "on either side of": None, "on both sides of": None,
+    "on either side of": None, "on both sides of": None, "full with": None,
+    "at the back of": None,
+    "on the other side of": None, "at the side of": None, "by the side of": None,
 }
+# Nouns that are part of a preposition ("in the back of"): not entities there.
+PREPOSITION_NOUNS = frozenset(w.split()[2] for w in PREPOSITION_ANTONYMS
+                              if len(w.split()) == 4 and w.split()[1] == "the")
 PREPOSITIONS: tuple[str, ...] = tuple(sorted(PREPOSITION_ANTONYMS, key=lambda p: -len(p.split())))
 MAX_PREPOSITION_WORDS = max(len(p.split()) for p in PREPOSITIONS)
 # Relations that hold both ways: swapping their arguments gives a true sentence, never a foil.
@@ -490,7 +495,8 @@ PARTICIPLES = frozenset(
     "made set arranged gathered shown seen pictured positioned embedded served propped "
     "suspended grouped planted leaned curled huddled hooked stopped tucked wrapped stored "
     "kept framed hung installed strapped taped chained docked reflected located situated "
-    "lit".split()
+    "lit posed littered illuminated crowded "
+    "strewn scattered cluttered packed".split()
 )
 # Verb-level antonyms: predicates whose opposite is another verb, not another preposition.
 VERB_ANTONYMS: dict[str, str] = {
@@ -504,6 +510,7 @@ VERB_ANTONYMS: dict[str, str] = {
 IRREGULAR_FORMS: dict[str, str] = {
     "sat": "sit", "stood": "stand", "ate": "eat", "held": "hold", "rode": "ride",
     "flew": "fly", "lies": "lie", "ran": "run", "took": "take", "goes": "go", "has": "have",
+    "travelling": "travel", "gets": "get",
 }
 # Adverbs skipped between a verb and its preposition ("napping together on").
 SKIPPABLE_ADVERBS = frozenset(

@@ -137,6 +137,7 @@ class _Connector:
     is_relative: bool = False  # "that is ...": attaches to the phrase just before
     aux_plural: bool | None = None  # number the caption's own auxiliary gives the subject
     is_bare_with: bool = False
+    needs_verb: bool = False  # "from a bottle": only as part of the verb before it
 
 
 @dataclass
@@ -391,13 +392,49 @@ def _find_phrases(tokens: list[str], rejections: list[Rejection]) -> list[_Phras
         if skip:
             i += skip
             continue
+        if _is_not_an_entity(tokens, i):
+            i += 1
+            continue
         phrase, next_i, rejected = _match_phrase(tokens, i)
         if rejected:
             rejections.append(Rejection(RejectReason.UNPARSED, rejected))
         if phrase is not None:
+            if phrase.head.category == "sport" and len(phrase.words) == 1 + phrase.head_start:
+                # "playing soccer", "the baseball game": an activity, not a thing in view.
+                i = max(next_i, i + 1)
+                continue
             phrases.append(phrase)
         i = max(next_i, i + 1)
     return phrases
+
+
+def _is_not_an_entity(tokens: list[str], i: int) -> bool:
+    """Nouns that name no thing in view: "in the back of" (a preposition), "can be seen"
+    (a verb), "to take a picture" (an act)."""
+    word = tokens[i]
+    if word in lx.PREPOSITION_NOUNS and 2 <= i and tokens[i - 1] == "the" and (
+            i + 1 < len(tokens) and tokens[i + 1] == "of"):
+        return f"{tokens[i - 2]} the {word} of" in lx.PREPOSITION_ANTONYMS
+    if word == "can" and i + 1 < len(tokens) and tokens[i + 1] in ("be", "see", "not"):
+        return True
+    if word in lx.FRAME_WORDS and i >= 2 and tokens[i - 1] in ("a", "the") and tokens[i - 2] in (
+            "take", "taking", "takes", "for"):
+        return True
+    return False
+
+
+def _is_inner_modifier(tokens: list[str], j: int) -> bool:
+    """Whether token j, after a determiner or an attribute, is a modifier of the noun right
+    after it: an unknown word, a possessive of a known noun ("man's"), or an -ing / -ed
+    word that is not a verb of the lexicon."""
+    if j + 1 >= len(tokens) or _noun_at(tokens, j + 1) is None:
+        return False
+    word = tokens[j]
+    if word.endswith("'s"):
+        return word[:-2] in lx.NOUNS
+    if not word.isalpha() or word in _FUNCTION_WORDS or word in _PREPOSITION_WORDS:
+        return False
+    return word not in lx.NOUNS and _verb_ing(word) is None and word not in lx.PARTICIPLES
 
 
 def _skip_frames(tokens: list[str]) -> list[str]:
@@ -485,6 +522,11 @@ def _match_phrase(tokens: list[str], i: int) -> tuple[_Phrase | None, int, str |
             if (j + 1 < len(tokens) and tokens[j] == "and" and kind == "color"
                     and lx.ATTRIBUTE_KIND.get(tokens[j + 1]) == "color"):
                 j += 1  # "white and yellow vase"
+            continue
+        if noun is None and j > i and _is_inner_modifier(tokens, j):
+            # "a wedding cake", "an old rusty blender", "the man's lap": a modifier the
+            # lexicon does not know, kept in the text (it gets no foil).
+            j += 1
             continue
         if noun is not None:
             if (j == i and i > 0 and tokens[i - 1] in lx.NOUNS
@@ -616,6 +658,9 @@ class _RelationReader:
     clause_subjects: list[int] = field(default_factory=list)
     # The last relation read, as (subjects, predicate); its object is the current phrase.
     last: tuple[list[int], _Predicate] | None = None
+    # After "a kitchen with a teapot on the stove": the kitchen, which also has what comes
+    # next in the list ("and books on a shelf").
+    with_holders: list[int] | None = None
 
     def __post_init__(self) -> None:
         has_preamble = _has_preamble(self.tokens[: self.parse.phrases[0].lead])
@@ -625,6 +670,12 @@ class _RelationReader:
         """Phrase i+1 follows phrase i after "and" / ",": it shares phrase i's role."""
         nxt = i + 1
         phrases = self.parse.phrases
+        if self.with_holders and _preposition_follows(self.tokens, phrases[nxt].end):
+            has = _Predicate("has", None)
+            for h in self.with_holders:
+                self.parse.relations.append((h, has, nxt))
+            self.last = (list(self.with_holders), has)
+            return
         starts_clause = (_starts_clause(self.tokens, phrases, nxt) or (
             # "a girl in a blue apron and a girl in a red apron": a person after an object
             # that is not one starts a new subject, it is not worn.
@@ -642,6 +693,7 @@ class _RelationReader:
     def connect(self, i: int, gap: list[str]) -> None:
         """Read the gap between phrases i and i+1 as a predicate and attach it."""
         phrases, nxt = self.parse.phrases, i + 1
+        self.with_holders = None
         connector, problem = _read_connector(gap)
         if connector is None:
             self._reject(f"no relation between {phrases[i].text!r} and "
@@ -653,15 +705,43 @@ class _RelationReader:
                 # "... with toothbrushes in their mouths": what follows describes the object.
                 self.last = ([], _Predicate("has", None))
             return
-        subjects = self._subjects(i, connector, gap)
+        if connector.needs_verb:
+            if self.last is None or self.last[1].verb in (None, "has") or not self.last[0]:
+                self._reject(f"no relation between {phrases[i].text!r} and "
+                             f"{phrases[nxt].text!r}: preposition "
+                             f"{connector.predicate.preposition!r} without a verb")
+                self.last, self.clause_subjects = None, []
+                return
+            connector = replace(connector, predicate=_Predicate(
+                self.last[1].verb, connector.predicate.preposition), needs_verb=False)
+            subjects = list(self.last[0])
+        else:
+            subjects = self._subjects(i, connector, gap)
         if subjects is None:
             return
         if connector.is_bare_with and (i not in subjects or _pronoun_relation_follows(
                 self.tokens, phrases, nxt) or _describes_scenery(self.tokens, phrases[nxt].end)):
             # "a field with logs" after "zebra playing on": whose logs is unclear, so no
             # relation; "a blue square, with a red circle to its left": the pronoun says it.
-            self.last = ([], connector.predicate)
+            holders: list[int] = []
+            if i in subjects and _on_pronoun_follows(self.tokens, phrases, nxt):
+                holders = [i]  # "a table with dishes on it": the table has them too
+            elif (i not in subjects and subjects and phrases[nxt].head.category in _HANDHELD
+                  and all(_is_agent(phrases[s]) for s in subjects)
+                  and not _describes_scenery(self.tokens, phrases[nxt].end)):
+                holders = list(subjects)  # "a woman standing on a court with a racquet"
+            for s in holders:
+                self.parse.relations.append((s, connector.predicate, nxt))
+            self.last = (holders, connector.predicate)
             return
+        prev = self.last
+        if (prev is not None and connector.predicate.verb is None and prev[1].verb not in (
+                None, "has") and prev[1].preposition is None
+                and connector.predicate.preposition in _PATH_PREPOSITIONS
+                and list(subjects) == list(prev[0])):
+            # "riding a horse down a street": the path goes with the verb.
+            connector = replace(connector, predicate=_Predicate(
+                prev[1].verb, connector.predicate.preposition))
         if not subjects:
             self._reject(f"no readable subject for {_gap_text(gap)!r} {phrases[nxt].text!r}")
             self.last = None
@@ -692,6 +772,13 @@ class _RelationReader:
         if after_with and connector.predicate.verb is None:
             is_body = self.parse.phrases[nxt].head.category == "body"
             if self.last[1].verb == "has" and not is_body:
+                holders = self.last[0]
+                if holders and not any(_is_place(self.parse.phrases[h]) for h in holders):
+                    # "a toilet with a black seat next to a shower": the toilet is.
+                    return list(holders)
+                if holders and connector.predicate.preposition in _PLACING:
+                    self.with_holders = list(holders)
+                    return [i]  # "a kitchen with a teapot on the stove": the teapot is
                 self._reject(f"ambiguous attachment of {_gap_text(gap)!r} "
                              f"{self.parse.phrases[nxt].text!r}")
                 self.last, self.clause_subjects = None, []
@@ -740,6 +827,42 @@ _WORN = frozenset({"clothing", "body", "accessory"})
 
 def _is_person(phrase: _Phrase) -> bool:
     return phrase.head.category.startswith("person")
+
+
+def _is_agent(phrase: _Phrase) -> bool:
+    return _is_person(phrase) or phrase.head.category == "animal"
+
+
+def _is_place(phrase: _Phrase) -> bool:
+    return phrase.head.category in ("room", "outdoor_place")
+
+
+def _preposition_follows(tokens: list[str], end: int) -> bool:
+    return end < len(tokens) and tokens[end] in _PREPOSITION_WORDS and tokens[end] != "of"
+
+
+def _on_pronoun_follows(tokens: list[str], phrases: list[_Phrase], index: int) -> bool:
+    """Whether "on it" / "in it" (not "to its left") follows phrase `index`."""
+    end = phrases[index].end
+    for n in (1, 3):
+        if " ".join(tokens[end : end + n]) in _ON_IT and tokens[end + n : end + n + 1] in (
+                ["it"], ["them"]):
+            return True
+    return False
+
+
+# Things held or carried: "a woman on a court with a racquet" has it.
+_HANDHELD = frozenset({"sports", "accessory", "electronic", "kitchen", "food", "indoor"})
+# Prepositions that place a thing: after "a kitchen with a teapot", "on the stove" is the
+# teapot's place, not the kitchen's.
+_PLACING = frozenset({"on", "on top of", "in", "inside", "at", "under", "near", "next to",
+                      "by", "beside", "above", "below", "over"})
+# "A with B on it": B is on A, and A has B ("above it", "to its left" only place B).
+_ON_IT = frozenset({"on", "on top of", "in", "inside"})
+# Prepositions of a path: "riding a horse down a street" keeps its verb.
+_PATH_PREPOSITIONS = frozenset({"down", "up", "along", "through", "across", "past", "into",
+                                "toward", "around", "onto", "off", "from", "out of",
+                                "away from", "to"})
 
 
 def _gap_text(gap: list[str]) -> str:
@@ -846,6 +969,9 @@ def _read_connector(gap: list[str]) -> tuple[_Connector | None, str]:
     words = _drop_unknown_modifiers(
         [w for w in _drop_adverbials(gap) if w not in lx.SKIPPABLE_ADVERBS
          and not _is_unknown_adverb(w)])
+    if len(words) > 2 and words[0] == "in" and words[1] in lx.ATTRIBUTE_KIND and (
+            lx.ATTRIBUTE_KIND[words[1]] == "color"):
+        words = words[2:]  # "a girl in pink is playing": what she wears, not a relation
     if not words and gap:
         return None, f"{_gap_text(gap)!r} not in lexicon"
     is_relative = False
@@ -868,6 +994,7 @@ def _read_connector(gap: list[str]) -> tuple[_Connector | None, str]:
             words = words[1:]
             if len(words) > 1 and words[0] in lx.PARTICLES and _preposition_at(words, 1):
                 verb, words = f"{verb} {words[0]}", words[1:]  # "lying down in"
+        verb, words = _infinitive(verb, words)
     preposition = None
     for n in range(min(lx.MAX_PREPOSITION_WORDS, len(words)), 0, -1):
         candidate = " ".join(words[:n])
@@ -879,7 +1006,9 @@ def _read_connector(gap: list[str]) -> tuple[_Connector | None, str]:
     if verb is None and preposition is None:
         return None, "no verb or preposition" if gap else "nothing between them"
     if verb is None and preposition in _NEEDS_VERB:
-        return None, f"preposition {preposition!r} without a verb"
+        # "drinking water from a bottle": the verb before the object carries it.
+        return _Connector(_Predicate(None, preposition), is_relative, aux_plural,
+                          needs_verb=True), ""
     if preposition == "with" and verb is None:
         return _Connector(_Predicate("has", None), is_relative, aux_plural, True), ""
     if verb == "has" and preposition is not None:
@@ -888,6 +1017,18 @@ def _read_connector(gap: list[str]) -> tuple[_Connector | None, str]:
         # "a snow covered forest": a participle without its preposition is an adjective.
         return None, f"participle {verb!r} without a preposition"
     return _Connector(_Predicate(verb, preposition), is_relative, aux_plural), ""
+
+
+def _infinitive(verb: str | None, words: list[str]) -> tuple[str | None, list[str]]:
+    """Read "trying to hit", "reaching up to grab", "about to catch", "getting ready to
+    hit" as one verb: the relation is what the subject is doing to the object."""
+    if words[:1] == ["ready"] and words[1:2] == ["to"]:
+        verb, words = f"{verb} ready" if verb else "ready", words[1:]
+    elif verb is None and words[:2] == ["about", "to"]:
+        verb, words = "about", words[1:]
+    if verb is not None and len(words) > 1 and words[0] == "to" and words[1] in lx.VERB_ING:
+        return f"{verb} to {words[1]}", words[2:]
+    return verb, words
 
 
 def _is_unknown_adverb(word: str) -> bool:
