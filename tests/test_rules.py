@@ -118,6 +118,15 @@ def test_infinitives_paths_and_verbs_after_an_object_keep_the_subject():
     assert "male tennis player is preparing to hit ball" in texts(result.relations)
 
 
+def test_agentive_passive_is_read_as_active_and_stative_one_is_kept():
+    result = extract_units("A trolley that is being pulled by a white horse.")
+    assert texts(result.relations) == ["white horse is pulling trolley"]
+    result = extract_units("Men on bikes are getting pulled by a group of dogs.")
+    assert "group of dogs is pulling men" in texts(result.relations)
+    result = extract_units("A lush green valley surrounded by tall mountains.")
+    assert texts(result.relations) == ["lush green valley is surrounded by tall mountains"]
+
+
 def test_clothing_goes_to_the_nearest_person_and_surfaces_are_not_guessed():
     result = extract_units("A girl in a floral dress sitting next to a boy in a blue shirt.")
     assert "boy is in blue shirt" in texts(result.relations)

@@ -71,7 +71,7 @@ _NOUN_TABLE: dict[str, str] = {
     "accessory": "backpack umbrella handbag tie suitcase purse bag luggage/luggage",
     # COCO sports
     "sports": (
-        "frisbee skis/skis snowboard sports_ball kite baseball_bat baseball_glove skateboard "
+        "frisbee snowboard sports_ball kite baseball_bat baseball_glove skateboard "
         "surfboard tennis_racket racket racquet ball bat glove ski skate_board net "
         "tennis_ball soccer_ball snow_board surf_board"
     ),
@@ -498,6 +498,17 @@ PARTICIPLES = frozenset(
     "lit posed littered illuminated crowded "
     "strewn scattered cluttered packed".split()
 )
+# Past participles of actions, with the active -ing form: "pulled by a horse" is read as
+# "horse is pulling" (the agent is the subject). Stative ones ("covered by snow") stay.
+AGENT_PARTICIPLES: dict[str, str] = {
+    "pulled": "pulling", "followed": "following", "ridden": "riding", "held": "holding",
+    "pushed": "pushing", "carried": "carrying", "chased": "chasing", "watched": "watching",
+    "driven": "driving", "led": "leading", "fed": "feeding", "towed": "towing",
+    "herded": "herding", "eaten": "eating", "thrown": "throwing", "caught": "catching",
+    "petted": "petting", "guided": "guiding", "walked": "walking", "hugged": "hugging",
+    "kicked": "kicking", "hit": "hitting", "flown": "flying", "worn": "wearing",
+    "used": "using", "cut": "cutting", "served": "serving", "played": "playing",
+}
 # Verb-level antonyms: predicates whose opposite is another verb, not another preposition.
 VERB_ANTONYMS: dict[str, str] = {
     "sitting": "standing", "standing": "sitting", "entering": "leaving", "leaving": "entering",

@@ -138,6 +138,7 @@ class _Connector:
     aux_plural: bool | None = None  # number the caption's own auxiliary gives the subject
     is_bare_with: bool = False
     needs_verb: bool = False  # "from a bottle": only as part of the verb before it
+    is_passive: bool = False  # "pulled by a horse": the next phrase is the subject
 
 
 @dataclass
@@ -746,6 +747,11 @@ class _RelationReader:
             self._reject(f"no readable subject for {_gap_text(gap)!r} {phrases[nxt].text!r}")
             self.last = None
             return
+        if connector.is_passive:
+            for s in subjects:
+                self.parse.relations.append((nxt, connector.predicate, s))
+            self.last = None
+            return
         if connector.aux_plural is not None and len(subjects) == 1:
             # "the sheep are grazing": the caption's auxiliary settles the number; with two
             # subjects ("a zebra and two elephants are") it is the pair's, not each one's.
@@ -983,8 +989,14 @@ def _read_connector(gap: list[str]) -> tuple[_Connector | None, str]:
     if words and words[0] in lx.AUXILIARIES:
         aux_plural = {"is": False, "was": False, "are": True, "were": True}.get(words[0])
         words = words[1:]
+    while words and words[0] in lx.AUXILIARIES | {"getting", "gets", "got"}:
+        words = words[1:]  # "is being pulled by", "are getting pulled by"
     if words and words[0] == "not":
         return None, "negated predicate"
+    if len(words) == 2 and words[0] in lx.AGENT_PARTICIPLES and words[1] == "by":
+        # "a trolley that is being pulled by a horse" is "horse is pulling trolley".
+        return _Connector(_Predicate(lx.AGENT_PARTICIPLES[words[0]], None), is_relative,
+                          None, is_passive=True), ""
     verb = None
     if words and words[0] in ("has", "have", "had"):
         verb, words = "has", words[1:]
