@@ -12,10 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from csclip.errors import DataError
+from csclip.extract import lexicon as lx
 from csclip.extract.rules import (
     RulesResult,
     extract_record,
     extract_units,
+    foil_category,
     score_against_gold,
 )
 from csclip.units import (
@@ -449,3 +451,137 @@ def test_absence_is_kept_in_the_record_meta():
     extracted, _ = extract_record(record)
     assert json.loads(extracted.meta["absent"]) == ["passengers"]
     assert "passengers" not in texts(extracted.entities)
+
+
+# --- foils a person would write: the property over every caption of the shared data -------
+
+def _shared_captions(sugarcrepe_dir) -> list[str]:
+    """Every distinct caption of the SugarCrepe files: the human captions and their
+    edited negatives (15,022 strings, 8,554 distinct)."""
+    captions: dict[str, None] = {}
+    for path in sorted(sugarcrepe_dir.glob("*.json")):
+        data = json.loads(path.read_text())
+        for key in sorted(data, key=int):
+            captions[data[key]["caption"]] = None
+            captions[data[key]["negative_caption"]] = None
+    return list(captions)
+
+
+def _head_noun(text: str):
+    words = text.split()
+    for n in range(min(lx.MAX_NOUN_WORDS, len(words)), 0, -1):
+        noun = lx.NOUNS.get(" ".join(words[-n:]))
+        if noun is not None:
+            return noun
+    return None
+
+
+def _slots(text: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """An entity text's attribute slots (word, kind) and the rest (its noun group, the head
+    noun's words last)."""
+    words = text.split()
+    noun = _head_noun(text)
+    size = len((noun.plural if text.endswith(noun.plural) else noun.singular).split()) if (
+        noun) else 1
+    modifiers, head = words[:-size], words[-size:]
+    attributes = [(w, lx.ATTRIBUTE_KIND[w]) for w in modifiers if w in lx.ATTRIBUTE_KIND]
+    rest = [w for w in modifiers if w not in lx.ATTRIBUTE_KIND] + [" ".join(head)]
+    return attributes, rest
+
+
+def _is_plural(text: str) -> bool | None:
+    """The number of an entity text: its collective's ("boxes of pizza", "bunch of items"),
+    else its head noun's; None when the form says nothing ("sheep")."""
+    words = text.split()
+    if "of" in words[1:-1]:
+        collective = words[words.index("of") - 1]
+        if collective in lx.COLLECTIVES:
+            return collective in lx.PLURAL_COLLECTIVES or collective not in lx.COLLECTIVE_BASES
+    noun = _head_noun(text)
+    if noun is None or noun.singular == noun.plural:
+        return None
+    return text.endswith(noun.plural)
+
+
+def _agrees(predicate: str, subject: str) -> bool:
+    first = predicate.split()[0]
+    plural = _is_plural(subject)
+    if first not in ("is", "are", "has", "have", "does", "do") or plural is None:
+        return True
+    return (first in ("are", "have", "do")) == plural
+
+
+def _foil_problem(unit, foil, entities) -> str | None:
+    """Why `foil` is not a foil a person would write for `unit`, or None."""
+    kind = foil.change_type
+    if unit.kind == "entity":
+        unit_attributes, unit_rest = _slots(unit.text)
+        foil_attributes, foil_rest = _slots(foil.text)
+        if kind == ChangeType.ATTRIBUTE_CHANGE:
+            changed = [(a, b) for a, b in zip(unit_attributes, foil_attributes, strict=False)
+                       if a != b]
+            if foil_rest != unit_rest or len(unit_attributes) != len(foil_attributes):
+                return "an attribute change touched more than one attribute"
+            if len(changed) != 1 or changed[0][0][1] != changed[0][1][1]:
+                return "an attribute change must change one attribute within its kind"
+            return None
+        head, new_head = _head_noun(unit.text), _head_noun(foil.text)
+        if foil_attributes != unit_attributes:
+            return "an object change must keep the attributes"
+        if new_head is None or head is None or new_head.category != foil_category(head):
+            return "an object change must stay in the noun's category"
+        portable = lx.COLLECTIVES | lx.OTHER_ADJECTIVES | lx.QUANTITIES | lx.INTENSIFIERS
+        if any(w in lx.HEAD_BOUND_ADJECTIVES or w.endswith("'s") or (
+                w in lx.NOUNS and w not in portable) for w in foil_rest[:-1]):
+            return "an object change kept a word bound to the old noun"
+        return None
+    if kind in (ChangeType.ANTONYM, ChangeType.NEGATION):
+        ok = (foil.subject, foil.object) == (unit.subject, unit.object)
+        return None if ok and foil.predicate != unit.predicate else "predicate change moved args"
+    if kind == ChangeType.SUBJECT_OBJECT_SWAP:
+        if (foil.subject, foil.object) != (unit.object, unit.subject):
+            return "a swap must exchange subject and object"
+        return None if _agrees(foil.predicate, foil.subject) else "swap disagrees in number"
+    replaced, kept = ((foil.subject, unit.subject), (foil.object, unit.object)) if (
+        kind == ChangeType.SUBJECT_REPLACE) else ((foil.object, unit.object),
+                                                  (foil.subject, unit.subject))
+    if kept[0] != kept[1] or foil.predicate.split()[1:] != unit.predicate.split()[1:]:
+        return "a replacement changed more than its argument"
+    if replaced[0] not in {f.text for f in entities[replaced[1]].foils}:
+        return "a replacement must be one of the argument's entity foils"
+    if kind == ChangeType.OBJECT_REPLACE:
+        return None if foil.predicate == unit.predicate else "object replace changed the verb"
+    return None if _agrees(foil.predicate, foil.subject) else "replacement disagrees in number"
+
+
+def test_every_foil_changes_one_slot_within_its_category_on_every_shared_caption(
+        sugarcrepe_dir):
+    problems, foils = [], 0
+    for caption in _shared_captions(sugarcrepe_dir):
+        result = extract_units(caption)
+        entities = {u.text: u for u in result.entities}
+        for unit in result.entities + result.relations:
+            for foil in unit.foils:
+                foils += 1
+                problem = _foil_problem(unit, foil, entities)
+                if problem:
+                    problems.append((caption, unit.text, foil.text, problem))
+    assert foils > 40_000
+    assert not problems, problems[:20]
+
+
+def test_foils_keep_kind_and_sense():
+    result = extract_units("A tennis player trying to hit a tennis ball.")
+    player = result.entities[0]
+    # The compound goes with its head: never "tennis groom".
+    assert all(not f.text.startswith("tennis ") for f in player.foils_of(ChangeType.OBJECT_CHANGE))
+    result = extract_units("An elderly man and a young man on a bench.")
+    for unit in result.entities[:2]:
+        for foil in unit.foils_of(ChangeType.OBJECT_CHANGE):
+            assert _head_noun(foil.text).singular not in lx.AGE_BOUND_NOUNS, foil.text
+    cart = extract_units("A donkey is pulling a blue cart.").entities[1]
+    assert all(_head_noun(f.text).category == "vehicle_small"
+               for f in cart.foils_of(ChangeType.OBJECT_CHANGE))
+    swap = extract_units("Two people wearing skis.").relations[0].foils_of(
+        ChangeType.SUBJECT_OBJECT_SWAP)
+    assert [f.text for f in swap] == ["skis are wearing two people"]

@@ -128,12 +128,22 @@ _NOUN_TABLE: dict[str, str] = {
         "parking_lot corner market ground/ground pen side_walk porch paddock valley "
         "wilderness/wilderness shore obelisk home"
     ),
-    "nature": (
-        "grass/grass water/water snow/snow sand/sand dirt/dirt sky/skies tree ocean lake "
-        "river mountain hill forest wave rock beach_sand flower plant bush/bushes "
-        "leaf/leaves sun rain/rain smoke/smoke rainbow log branch/branches tulip "
-        "puddle woods/woods hay/hay greenery/greenery cloud "
-    "body_of_water/bodies_of_water"
+    # Nature, split by kind: water is foiled by a lake, never by a hill.
+    "ground": (
+        "grass/grass snow/snow sand/sand dirt/dirt rock beach_sand hay/hay greenery/greenery "
+        "mud/mud moss/moss ice/ice stone weeds/weeds vegetation/vegetation"
+    ),
+    "water": "water/water ocean lake river wave puddle body_of_water/bodies_of_water pond sea",
+    "land": (
+        "mountain hill forest woods/woods meadow island landscape countryside grassland "
+        "grasslands/grasslands"
+    ),
+    "plant_life": (
+        "tree flower plant bush/bushes leaf/leaves log branch/branches tulip shrub vine "
+        "palm_tree palm"
+    ),
+    "sky_and_weather": (
+        "sky/skies sun rain/rain smoke/smoke rainbow cloud sunset sunlight/sunlight fog/fog"
     ),
     "clothing": (
         "shirt hat jacket dress/dresses helmet coat suit uniform sweater cap scarf/scarves "
@@ -186,11 +196,6 @@ _NOUN_TABLE: dict[str, str] = {
         "stuffed_animal doll image "
         "wallpaper/wallpaper comforter quilt bedding/bedding canvas easel stand "
         "unit piercing"
-    ),
-    "nature_more": (
-        "meadow pond sea shrub vine vegetation/vegetation sunset sunlight/sunlight fog/fog "
-        "ice/ice stone island landscape countryside grassland grasslands/grasslands "
-        "weeds/weeds moss/moss mud/mud palm_tree palm"
     ),
     "clothing_more": (
         "snowsuit wetsuit blazer sneaker lapel bandana robe gown tuxedo overalls/overalls "
@@ -339,6 +344,13 @@ COLLECTIVES = frozenset(
 COLLECTIVE_BASES = COLLECTIVES
 COLLECTIVES = COLLECTIVES | frozenset(_plural(w) for w in COLLECTIVES)
 PLURAL_COLLECTIVES = frozenset({"couple", "pair", "few"})
+# Collectives of many members ("a group of children", "a pair of scissors"), unlike
+# containers ("a bottle of milk"): an object foil's new member noun is plural.
+GROUP_COLLECTIVES = frozenset(
+    "group bunch couple pair herd flock few pile stack row line set crowd team variety "
+    "assortment collection".split()
+)
+GROUP_COLLECTIVES = GROUP_COLLECTIVES | frozenset(_plural(w) for w in GROUP_COLLECTIVES)
 # Vague amounts dropped from the entity text: "a lot of girls" is "girls".
 QUANTITY_PREFIXES = frozenset({"lot", "lots", "number", "plenty", "rest"})
 
@@ -397,6 +409,21 @@ OTHER_ADJECTIVES = frozenset(
     "shirtless sleeveless headless hatless shoeless leafless hairless toothless topless "
     "strapless armless legless "
     "several many few half smaller larger bigger taller older younger".split()
+)
+# Adjectives that only fit the noun they came with: an object foil drops them with it
+# ("polar bear" -> "zebra", not "polar zebra"; "glazed donut" -> "cake", not "glazed cake").
+HEAD_BOUND_ADJECTIVES = frozenset(
+    "stuffed double decker parked baby polar passenger commercial electric glazed grilled "
+    "fried frosted uncooked unmade homeless pregnant blonde elderly male female tiled grassy "
+    "snowy sandy rocky wooded lush cloudy sunny fenced enclosed residential stainless "
+    "smiling flowered floral historic professional public neon digital".split()
+)
+# Age words, and the nouns that carry an age of their own: with an age word, an object foil
+# of a person keeps the kind of noun ("young man" -> "young woman", "little girl" ->
+# "little boy"; never "elderly boy").
+AGE_WORDS = frozenset("young younger old older elderly little baby adult teenage aged".split())
+AGE_BOUND_NOUNS = frozenset(
+    "boy girl child kid baby toddler teenager adult teen youth son daughter".split()
 )
 # Quantity words kept in the entity text; no count foil, since they are vague.
 QUANTITIES = frozenset({"several", "many", "multiple", "numerous", "various", "few"})

@@ -513,7 +513,9 @@ def _match_phrase(tokens: list[str], i: int) -> tuple[_Phrase | None, int, str |
             j += 2
             continue
         is_modifier = word in lx.ATTRIBUTE_KIND or word in lx.OTHER_ADJECTIVES
-        if is_modifier and (noun is None or _starts_phrase_body(tokens, j + 1)):
+        if is_modifier and (noun is None or (" " not in noun[0]
+                                             and _starts_phrase_body(tokens, j + 1))):
+            # "orange cat": a color here, not the fruit; but "hot dog" is a noun.
             # "orange cat": a color here, not the fruit.
             kind = lx.ATTRIBUTE_KIND.get(word)
             if kind is not None:
@@ -1176,27 +1178,68 @@ def _entity_foil_candidates(phrase: _Phrase, heads: Sequence[lx.Noun],
     next count, material -> another material."""
     words = list(phrase.words)
     candidates: list[Foil] = []
-    category = lx.FOIL_CATEGORY_OF_GENERIC.get(phrase.head.singular, phrase.head.category)
-    nouns = _CATEGORY_NOUNS[category]
+    nouns = _CATEGORY_NOUNS[foil_category(phrase.head)]
     # Walk the category from a seeded start and stop at three usable nouns: checking every
     # noun of the category for every phrase was most of the extractor's time.
     start = rng.randrange(len(nouns))
     others: list[lx.Noun] = []
+    # "young man" -> "young woman", never "young boy": with an age word, the new noun must
+    # say as much about age as the old one.
+    age_bound = (phrase.head.singular in lx.AGE_BOUND_NOUNS
+                 if any(w in lx.AGE_WORDS for w in words[: phrase.head_start]) else None)
     for noun in nouns[start:] + nouns[:start]:
         if (noun.singular not in lx.NOT_FOILS and not _mentions(caption_words, noun)
+                and (age_bound is None or (noun.singular in lx.AGE_BOUND_NOUNS) == age_bound)
                 and not any(lx.same_thing(noun, head) for head in heads)):
             others.append(noun)
             if len(others) == 3:
                 break
+    kept = _object_foil_modifiers(phrase)
+    head_text = " ".join(words[phrase.head_start :])
+    # The new noun takes the old one's number: "group of small children" -> "group of
+    # small teenagers" (the group is one, its members many).
+    if phrase.head.plural != phrase.head.singular:
+        plural_form = head_text == phrase.head.plural
+    elif "of" in words[: phrase.head_start]:  # "herd of sheep" are many, "plate of rice" is not
+        collective = words[words.index("of") - 1]
+        plural_form = (collective in lx.GROUP_COLLECTIVES
+                       or phrase.head.category in ("animal", "person_other"))
+    else:
+        plural_form = phrase.is_plural
     for noun in others:
-        form = noun.plural if phrase.is_plural else noun.singular
-        text = " ".join(words[: phrase.head_start] + [form])
-        candidates.append(Foil(text, ChangeType.OBJECT_CHANGE))
+        form = noun.plural if plural_form else noun.singular
+        candidates.append(Foil(" ".join(kept + [form]), ChangeType.OBJECT_CHANGE))
     for index, kind in phrase.attributes:
-        for value in _attribute_values(words[index], kind, caption_words, rng)[:2]:
+        values = [v for v in _attribute_values(words[index], kind, caption_words, rng)
+                  if " ".join([v, *words[index + 1 : index + 2]]) not in lx.NOUNS]
+        for value in values[:2]:  # never "cold dog" -> "hot dog"
             edited = words[:index] + [value] + words[index + 1 :]
             candidates.append(Foil(" ".join(edited), ChangeType.ATTRIBUTE_CHANGE))
     return candidates
+
+
+def _object_foil_modifiers(phrase: _Phrase) -> list[str]:
+    """The words an object foil keeps before its new noun: attributes (color, size, count,
+    ...), adjectives that fit any noun, collectives ("group of"). Noun modifiers, unknown
+    words, possessives and adjectives bound to the old noun go with it: "tennis player" ->
+    "chef", never "tennis chef"; "polar bear" -> "zebra", never "polar zebra"."""
+    attribute_at = {index for index, _ in phrase.attributes}
+    kept = []
+    for index, word in enumerate(phrase.words[: phrase.head_start]):
+        if index in attribute_at or word in lx.QUANTITIES or word in lx.INTENSIFIERS or (
+                word in lx.OTHER_ADJECTIVES and word not in lx.HEAD_BOUND_ADJECTIVES):
+            kept.append(word)
+        elif word in ("of", "and") or word in lx.COLLECTIVES:
+            kept.append(word)
+    while kept and kept[-1] == "and":
+        kept.pop()
+    return kept
+
+
+def foil_category(noun: lx.Noun) -> str:
+    """The category an object foil of `noun` is drawn from (its own, or animals for a
+    person noun so vague that any other person might be true of it)."""
+    return lx.FOIL_CATEGORY_OF_GENERIC.get(noun.singular, noun.category)
 
 
 def _mentions(caption_words: set[str], noun: lx.Noun) -> bool:
@@ -1301,6 +1344,11 @@ def _is_plural_text(text: str, default: bool) -> bool:
     """Whether an entity text's head noun is plural, by its lexicon form (`default` when
     the form says nothing, as for "sheep")."""
     words = text.split()
+    if "of" in words[1:-1]:
+        # "group of roosters is": the collective's number, not its members'.
+        collective = words[words.index("of") - 1]
+        if collective in lx.COLLECTIVES:
+            return collective in lx.PLURAL_COLLECTIVES or collective not in lx.COLLECTIVE_BASES
     for n in range(min(lx.MAX_NOUN_WORDS, len(words)), 0, -1):
         noun = lx.NOUNS.get(" ".join(words[-n:]))
         if noun is not None and noun.singular != noun.plural:
