@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -453,6 +452,8 @@ def _skip_frames(tokens: list[str]) -> list[str]:
 
 def _frame_length(tokens: list[str], i: int) -> int:
     """Tokens of a framing phrase at i ("a close up of", "an image of"), else 0."""
+    if tokens[i] not in _FRAME_STARTS:
+        return 0  # most tokens: no frame can start here
     j = i
     while j < len(tokens) and tokens[j] in ("a", "an", "the"):
         j += 1
@@ -474,11 +475,20 @@ def _frame_length(tokens: list[str], i: int) -> int:
 
 def _noun_at(tokens: list[str], i: int) -> tuple[str, lx.Noun] | None:
     """The longest lexicon noun starting at token i."""
+    if tokens[i] not in _MULTIWORD_NOUN_STARTS:
+        noun = lx.NOUNS.get(tokens[i])
+        return (tokens[i], noun) if noun is not None else None
     for n in range(min(lx.MAX_NOUN_WORDS, len(tokens) - i), 0, -1):
         form = " ".join(tokens[i : i + n])
         if form in lx.NOUNS:
             return form, lx.NOUNS[form]
     return None
+
+
+_MULTIWORD_NOUN_STARTS = frozenset(form.split()[0] for form in lx.NOUNS if " " in form)
+_FRAME_STARTS = (frozenset({"a", "an", "the", "and"}) | frozenset(lx.ATTRIBUTE_KIND)
+                 | lx.OTHER_ADJECTIVES | lx.FRAME_WORDS
+                 | frozenset(p.split()[0] for p in lx.FRAME_PHRASES))
 
 
 def _match_phrase(tokens: list[str], i: int) -> tuple[_Phrase | None, int, str | None]:
@@ -1059,6 +1069,8 @@ def _preposition_at(words: list[str], i: int) -> bool:
 
 def _drop_adverbials(gap: list[str]) -> list[str]:
     """`gap` without fixed adverbial phrases ("in the background", "each other")."""
+    if _ADVERBIAL_STARTS.isdisjoint(gap):
+        return gap
     kept, i = [], 0
     while i < len(gap):
         for phrase in lx.ADVERBIAL_PHRASES:
@@ -1069,6 +1081,9 @@ def _drop_adverbials(gap: list[str]) -> list[str]:
             kept.append(gap[i])
             i += 1
     return kept
+
+
+_ADVERBIAL_STARTS = frozenset(p[0] for p in lx.ADVERBIAL_PHRASES)
 
 
 def _drop_unknown_modifiers(words: list[str]) -> list[str]:
@@ -1157,12 +1172,15 @@ def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed:
         texts = texts[:MAX_ENTITIES]
     caption_words = set(tokens)
     heads = [p.head for p in phrases]
+    # Nouns no object foil may use: the caption's own, their synonyms and hypernyms.
+    taboo = frozenset(h.singular for h in heads).union(
+        *(lx.SAME_THING_GROUPS.get(h.singular, ()) for h in heads))
     units: dict[str, Unit] = {}
     for phrase in phrases:
         if phrase.text in units or phrase.text not in texts:
             continue
-        rng = random.Random(seed ^ _stable_seed(phrase.text))
-        candidates = _entity_foil_candidates(phrase, heads, caption_words, rng)
+        salt = seed ^ _stable_seed(phrase.text)
+        candidates = _entity_foil_candidates(phrase, taboo, caption_words, salt)
         unit = Unit.entity(phrase.text)
         # SPEC §2 asks for 2-3 foils: an entity without attributes gets two object changes.
         max_object = 1 if phrase.attributes else 2
@@ -1171,26 +1189,26 @@ def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed:
     return units
 
 
-def _entity_foil_candidates(phrase: _Phrase, heads: Sequence[lx.Noun],
-                            caption_words: set[str], rng: random.Random) -> list[Foil]:
+def _entity_foil_candidates(phrase: _Phrase, taboo: frozenset[str],
+                            caption_words: set[str], salt: int) -> list[Foil]:
     """Object change (same category, not in the caption) first, then one attribute change
     per attribute word: color -> another color, size/state -> its opposite, count -> the
     next count, material -> another material."""
     words = list(phrase.words)
     candidates: list[Foil] = []
-    nouns = _CATEGORY_NOUNS[foil_category(phrase.head)]
+    nouns = _CATEGORY_NOUNS.get(foil_category(phrase.head), ())
     # Walk the category from a seeded start and stop at three usable nouns: checking every
     # noun of the category for every phrase was most of the extractor's time.
-    start = rng.randrange(len(nouns))
+    start = salt % len(nouns) if nouns else 0
     others: list[lx.Noun] = []
     # "young man" -> "young woman", never "young boy": with an age word, the new noun must
     # say as much about age as the old one.
     age_bound = (phrase.head.singular in lx.AGE_BOUND_NOUNS
                  if any(w in lx.AGE_WORDS for w in words[: phrase.head_start]) else None)
-    for noun in nouns[start:] + nouns[:start]:
-        if (noun.singular not in lx.NOT_FOILS and not _mentions(caption_words, noun)
-                and (age_bound is None or (noun.singular in lx.AGE_BOUND_NOUNS) == age_bound)
-                and not any(lx.same_thing(noun, head) for head in heads)):
+    for step in range(len(nouns)):
+        noun = nouns[(start + step) % len(nouns)]
+        if (noun.singular not in taboo and not _mentions(caption_words, noun)
+                and (age_bound is None or (noun.singular in lx.AGE_BOUND_NOUNS) == age_bound)):
             others.append(noun)
             if len(others) == 3:
                 break
@@ -1210,7 +1228,8 @@ def _entity_foil_candidates(phrase: _Phrase, heads: Sequence[lx.Noun],
         form = noun.plural if plural_form else noun.singular
         candidates.append(Foil(" ".join(kept + [form]), ChangeType.OBJECT_CHANGE))
     for index, kind in phrase.attributes:
-        values = [v for v in _attribute_values(words[index], kind, caption_words, rng)
+        values = [v for v in _attribute_values(words[index], kind, caption_words,
+                                               salt >> (8 + index))
                   if " ".join([v, *words[index + 1 : index + 2]]) not in lx.NOUNS]
         for value in values[:2]:  # never "cold dog" -> "hot dog"
             edited = words[:index] + [value] + words[index + 1 :]
@@ -1244,11 +1263,12 @@ def foil_category(noun: lx.Noun) -> str:
 
 def _mentions(caption_words: set[str], noun: lx.Noun) -> bool:
     # "cats" in the caption rules out "cat" and "cats"; "cell phone" is ruled out by "phone".
-    return any(form.split()[-1] in caption_words for form in (noun.singular, noun.plural))
+    last_singular, last_plural = _LAST_WORDS[noun.singular]
+    return last_singular in caption_words or last_plural in caption_words
 
 
 def _attribute_values(word: str, kind: str, caption_words: set[str],
-                      rng: random.Random) -> list[str]:
+                      salt: int) -> list[str]:
     if word in lx.ATTRIBUTE_ANTONYMS and kind in ("size", "state"):
         return [lx.ATTRIBUTE_ANTONYMS[word]]
     if kind == "count":
@@ -1258,15 +1278,22 @@ def _attribute_values(word: str, kind: str, caption_words: set[str],
     taboo = lx.COLOR_SYNONYMS.get(word, frozenset()) | caption_words
     values = [v for v in pool if v != word and v not in taboo
               and word not in lx.COLOR_SYNONYMS.get(v, frozenset())]
-    rng.shuffle(values)
+    if values:  # a seeded rotation: as varied as a shuffle, without a generator per phrase
+        turn = salt % len(values)
+        values = values[turn:] + values[:turn]
     return values
 
 
 def _build_category_nouns() -> dict[str, list[lx.Noun]]:
     by_category: dict[str, list[lx.Noun]] = {}
     for noun in dict.fromkeys(lx.NOUNS.values()):
-        by_category.setdefault(noun.category, []).append(noun)
+        if noun.singular not in lx.NOT_FOILS:  # generic nouns are never foils
+            by_category.setdefault(noun.category, []).append(noun)
     return by_category
+
+
+_LAST_WORDS = {noun.singular: (noun.singular.split()[-1], noun.plural.split()[-1])
+               for noun in lx.NOUNS.values()}
 
 
 _CATEGORY_NOUNS = _build_category_nouns()
