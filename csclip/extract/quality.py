@@ -213,7 +213,7 @@ def rules_prediction(caption: str) -> Prediction:
     from csclip.extract.rules import extract_units
 
     result = extract_units(caption)
-    return Prediction(result.entities, result.relations, getattr(result, "absent", ()))
+    return Prediction(result.entities, result.relations, result.absent)
 
 
 def markdown_table(scores: dict[str, GoldScores]) -> str:

@@ -283,9 +283,6 @@ def _coordinated_absent(tokens: list[str], end: int, absent: list[str],
         if span_end is None and j < len(tokens) and tokens[j].isalpha() and (
                 tokens[j] not in _FUNCTION_WORDS and tokens[j] not in _PREPOSITION_WORDS):
             # "skates" reads as a verb, but between commas after "no" it is a noun.
-            phrase = _absent_phrase(tokens, j + 1)
-            if phrase is not None and phrase.lead == j + 1 and tokens[j + 1] in (",", "or"):
-                pass
             absent.append(tokens[j])
             span_end = j + 1
         if span_end is None:
