@@ -384,8 +384,9 @@ def _parse(tokens: list[str]) -> _Parse:
 def _find_phrases(tokens: list[str], rejections: list[Rejection]) -> list[_Phrase]:
     phrases: list[_Phrase] = []
     i = 0
+    has_frames = not _FRAME_CUES.isdisjoint(tokens)
     while i < len(tokens):
-        skip = _frame_length(tokens, i)
+        skip = _frame_length(tokens, i) if has_frames else 0
         if skip:
             i += skip
             continue
@@ -436,6 +437,8 @@ def _is_inner_modifier(tokens: list[str], j: int) -> bool:
 
 def _skip_frames(tokens: list[str]) -> list[str]:
     """`tokens` without framing phrases ("a close up of")."""
+    if _FRAME_CUES.isdisjoint(tokens):
+        return tokens
     kept, i = [], 0
     while i < len(tokens):
         skip = _frame_length(tokens, i)
@@ -482,6 +485,9 @@ def _noun_at(tokens: list[str], i: int) -> tuple[str, lx.Noun] | None:
     return None
 
 
+# A frame needs one of these words ("photo", "close", "view", ...).
+_FRAME_CUES = lx.FRAME_WORDS | frozenset(w for p in lx.FRAME_PHRASES for w in p.split()
+                                         if w not in ("of", "with", "up"))
 _MULTIWORD_NOUN_STARTS = frozenset(form.split()[0] for form in lx.NOUNS if " " in form)
 _FRAME_STARTS = (frozenset({"a", "an", "the", "and"}) | frozenset(lx.ATTRIBUTE_KIND)
                  | lx.OTHER_ADJECTIVES | lx.FRAME_WORDS
@@ -900,10 +906,15 @@ def _has_preamble(tokens: list[str]) -> bool:
     """Whether words before the first phrase may hide the real subject ("an older man
     downhill skiing down a slope"): anything beyond frames, "there is", collectives and
     one unknown modifier ("an attractive young woman")."""
+    if all(w in lx.DETERMINERS for w in tokens):
+        return False  # "A man ...": the common case, nothing to look at
     words = _drop_unknown_modifiers(_skip_frames(tokens))
-    ignorable = lx.COLLECTIVES | lx.QUANTITY_PREFIXES | lx.OTHER_ADJECTIVES | lx.INTENSIFIERS
-    return any(w not in ignorable and w != "of" and w not in lx.ATTRIBUTE_KIND
+    return any(w not in _IGNORABLE_PREAMBLE and w not in lx.ATTRIBUTE_KIND
                for w in _content_words(words))
+
+
+_IGNORABLE_PREAMBLE = (lx.COLLECTIVES | lx.QUANTITY_PREFIXES | lx.OTHER_ADJECTIVES
+                       | lx.INTENSIFIERS | frozenset({"of"}))
 
 
 def _content_words(tokens: list[str]) -> list[str]:
@@ -1181,8 +1192,9 @@ def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed:
         unit = Unit.entity(phrase.text)
         # SPEC §2 asks for 2-3 foils: an entity without attributes gets two object changes.
         max_object = 1 if phrase.attributes else 2
-        foils = _valid_foils(unit, candidates, caption, texts, rejections, max_object)
-        units[phrase.text] = Unit.entity(phrase.text, foils[:_MAX_ENTITY_FOILS])
+        foils = _valid_foils(unit, candidates, caption, texts, rejections, max_object,
+                             limit=_MAX_ENTITY_FOILS)
+        units[phrase.text] = Unit.entity(phrase.text, foils)
     return units
 
 
@@ -1298,19 +1310,23 @@ _CATEGORY_NOUNS = _build_category_nouns()
 
 def _valid_foils(unit: Unit, candidates: Sequence[Foil], caption: str,
                  entity_texts: Sequence[str], rejections: list[Rejection],
-                 max_object_changes: int = 1) -> list[Foil]:
-    """Candidates that pass `foil_rejection`, recording the rejected ones. Object changes
-    beyond `max_object_changes` were back-ups and are skipped."""
+                 max_object_changes: int = 1, limit: int | None = None) -> list[Foil]:
+    """Candidates that pass `foil_rejection`, recording the rejected ones, up to `limit`.
+    Object changes beyond `max_object_changes` were back-ups and are skipped."""
     kept: list[Foil] = []
+    object_changes = 0
     for foil in candidates:
-        if foil.change_type == ChangeType.OBJECT_CHANGE and unit.kind == "entity" and sum(
-                k.change_type == ChangeType.OBJECT_CHANGE for k in kept) >= max_object_changes:
+        if limit is not None and len(kept) == limit:
+            break
+        is_object_change = foil.change_type == ChangeType.OBJECT_CHANGE and unit.kind == "entity"
+        if is_object_change and object_changes >= max_object_changes:
             continue
         if foil in kept:
             continue
         reason = foil_rejection(unit, foil, caption, entity_texts)
         if reason is None:
             kept.append(foil)
+            object_changes += is_object_change
         else:
             rejections.append(Rejection(
                 reason, f"{unit.kind} {unit.text!r} -> {foil.text!r} ({foil.change_type})"))
