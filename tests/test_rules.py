@@ -565,6 +565,7 @@ def _foil_problem(unit, foil, entities) -> str | None:
     return None if _agrees(foil.predicate, foil.subject) else "replacement disagrees in number"
 
 
+@pytest.mark.slow  # all 8,554 distinct captions: ~20 s on an idle core
 def test_every_foil_changes_one_slot_within_its_category_on_every_shared_caption(
         sugarcrepe_dir):
     problems, foils = [], 0
