@@ -165,8 +165,12 @@ def test_body_parts_and_participles_are_not_misread():
     result = extract_units("A woman holding hands over their heads.")
     assert "hands are over heads" in texts(result.relations)
     assert "woman is over heads" not in texts(result.relations)
+    result = extract_units("A man with a shirt and a tie posing near a car.")
+    assert "man is posing near car" in texts(result.relations)
+    # "posing for a picture": the picture is being taken, it is not a thing in view.
     result = extract_units("A man with a shirt and a tie posing for a picture.")
-    assert "man is posing for picture" in texts(result.relations)
+    assert "picture" not in texts(result.entities)
+    assert not any(r.subject == "tie" for r in result.relations)
     # "snow covered" is an adjective here, not "woman is covered forest".
     result = extract_units("A young woman skiing through a snow covered forest.")
     assert texts(result.relations) == ["young woman is skiing through snow"]

@@ -194,7 +194,7 @@ _NOUN_TABLE: dict[str, str] = {
         "extinguisher fire_extinguisher briefcase pin ring necklace bracelet wallet "
         "garbage/garbage trash/trash item equipment/equipment accessory "
         "stuffed_animal doll image "
-        "wallpaper/wallpaper comforter quilt bedding/bedding canvas easel stand "
+        "wallpaper/wallpaper comforter quilt bedding/bedding canvas easel pizza_stand fruit_stand cake_stand tv_stand "
         "unit piercing"
     ),
     "clothing_more": (

@@ -409,6 +409,8 @@ def _find_phrases(tokens: list[str], rejections: list[Rejection]) -> list[_Phras
 def _is_not_an_entity(tokens: list[str], i: int) -> bool:
     """Nouns that name no thing in view: "in the back of" (a preposition), "can be seen"
     (a verb), "to take a picture" (an act)."""
+    while i + 1 < len(tokens) and tokens[i] in lx.DETERMINERS:
+        i += 1  # the phrase's noun, after its determiners
     word = tokens[i]
     if word in lx.PREPOSITION_NOUNS and 2 <= i and tokens[i - 1] == "the" and (
             i + 1 < len(tokens) and tokens[i + 1] == "of"):
