@@ -1,9 +1,11 @@
-"""The rules backend (issue 5, part 3): entity and relation units with foils from caption
+"""The rules backend: entity and relation units with foils from caption
 English, by lexicon lookup and a few patterns, on CPU, with no model.
 
 It only claims what its lexicon covers. An object noun it does not know, a verb it does not
 know, or a connecting phrase it cannot read gives a `Rejection` with the reason instead of
-a guess. Same caption, same output: foil choices are seeded from a hash of the caption.
+a guess. What the caption says is absent ("no passengers", "without a kite") is never a
+unit: it is cut out before reading and kept in `RulesResult.absent`. Same caption, same
+output: foil choices are seeded from a hash of the caption.
 """
 
 from __future__ import annotations
