@@ -1,11 +1,14 @@
-"""Quality numbers of the rules backend (issue 5, part 6), as in docs/extraction.md:
+"""Quality numbers of the rules backend, as in docs/extraction.md:
 
+- entity / relation precision, recall and F1, predicate exact rate and negation errors on
+  the hand-annotated gold set of real SugarCrepe captions (tests/gold/), per split;
 - entity / relation precision, recall and F1 against the synthetic world's gold units;
 - coverage on the SugarCrepe captions (share with >= 1 entity, relation, foil) and the
   rejection reasons;
 - a fixed-seed sample of captions with their units, as a markdown table to hand-check.
 
     .venv/bin/python benchmarks/extraction_quality.py --world 1000 --sample 50 --seed 0
+    .venv/bin/python benchmarks/extraction_quality.py --gold-only --errors   # gold set only
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ import random
 import sys
 from pathlib import Path
 
+from csclip.extract.quality import load_gold, markdown_table, rules_prediction, score_gold
 from csclip.extract.rules import extract_record, extract_units, score_against_gold
 from csclip.world import WorldConfig, WorldLanguageError, iter_world, scene_from_record
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "sugarcrepe"
+DEFAULT_GOLD = Path(__file__).resolve().parents[1] / "tests" / "gold" / "sugarcrepe_gold.jsonl"
 
 
 def load_sugarcrepe(directory: Path) -> list[str]:
@@ -84,15 +89,50 @@ def sample_table(captions: list[str], size: int, seed: int) -> str:
     return "\n".join(rows)
 
 
+def gold_report(path: Path, show_errors: bool) -> None:
+    """The gold-set table; with `show_errors`, every missed and spurious unit per caption."""
+    gold = load_gold(path)
+    scores = score_gold(gold, rules_prediction)
+    print(f"## Gold set ({path.name}, {len(gold)} captions)\n")
+    print(markdown_table(scores))
+    errors = scores["all"].negation_errors
+    print(f"\nNegation errors: {errors if errors else 'none'}")
+    if not show_errors:
+        return
+    from csclip.extract.quality import _relation_pairs, entity_head
+
+    for item in gold:
+        predicted = rules_prediction(item.caption)
+        found = {entity_head(u.text) for u in predicted.entities}
+        wanted = {entity_head(t) for t in item.entities}
+        pairs = _relation_pairs((u.subject, u.predicate, u.object) for u in predicted.relations)
+        gold_pairs = _relation_pairs(item.relations)
+        lines = [f"entity missed {sorted(wanted - found)}" if wanted - found else "",
+                 f"entity spurious {sorted(found - wanted)}" if found - wanted else "",
+                 f"relation missed {sorted(set(gold_pairs) - set(pairs))}"
+                 if set(gold_pairs) - set(pairs) else "",
+                 f"relation spurious {sorted(set(pairs) - set(gold_pairs))}"
+                 if set(pairs) - set(gold_pairs) else ""]
+        if any(lines):
+            print(f"\n[{item.split}] {item.sample_id}: {item.caption}")
+            print("\n".join("    " + line for line in lines if line))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--gold", type=Path, default=DEFAULT_GOLD)
+    parser.add_argument("--gold-only", action="store_true", help="only the gold-set scores")
+    parser.add_argument("--errors", action="store_true", help="list the gold set's errors")
     parser.add_argument("--world", type=int, default=1000, help="world val records to score")
     parser.add_argument("--sample", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    print(f"## World ({args.world} val records, seed {args.seed})")
+    gold_report(args.gold, args.errors)
+    if args.gold_only:
+        return 0
+    print(f"\n## World ({args.world} val records, seed {args.seed})")
     for key, value in world_scores(args.world, args.seed).items():
         print(f"- {key}: {value:.4f}")
     captions = load_sugarcrepe(args.data)

@@ -3,6 +3,7 @@ validation, the JSON schemas of LLM answers and the Arrow schema of the units ta
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -111,11 +112,14 @@ SYNONYM_SETS: tuple[frozenset[str], ...] = tuple(
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def normalize_text(text: str) -> str:
     """Lower-case, collapse whitespace, strip surrounding punctuation."""
+    # Cached: foil validation normalises the same caption and unit texts many times over.
     return " ".join(_WORD.findall(text.lower()))
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _stem(word: str) -> str:
     # Crude number/inflection folding, enough to catch "horse"/"horses", "rides"/"riding".
     for suffix in ("ing", "es", "ed", "s"):
@@ -125,12 +129,20 @@ def _stem(word: str) -> str:
     return word[:-1] if len(word) > 3 and word.endswith("e") else word
 
 
-def _stems(text: str) -> list[str]:
-    return [_stem(w) for w in normalize_text(text).split() if w not in {"a", "an", "the", "is", "are"}]
+@functools.lru_cache(maxsize=1 << 16)
+def _stems(text: str) -> tuple[str, ...]:
+    return tuple(_stem(w) for w in normalize_text(text).split()
+                 if w not in {"a", "an", "the", "is", "are"})
+
+
+_SYNONYMS_OF: dict[str, frozenset[str]] = {}
+for _synonyms in SYNONYM_SETS:
+    for _word in _synonyms:
+        _SYNONYMS_OF[_word] = _SYNONYMS_OF.get(_word, frozenset()) | _synonyms
 
 
 def _are_synonyms(a: str, b: str) -> bool:
-    return a != b and any(a in s and b in s for s in SYNONYM_SETS)
+    return a != b and b in _SYNONYMS_OF.get(a, ())
 
 
 @dataclass(frozen=True)
@@ -214,6 +226,7 @@ def contains_phrase(text: str, phrase: str) -> bool:
     return bool(needle) and f" {needle} " in f" {haystack} "
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def is_placeholder(text: str) -> bool:
     return bool(PLACEHOLDER_PATTERN.match(text.strip()))
 

@@ -6,16 +6,29 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from csclip.errors import DataError
+from csclip.extract import lexicon as lx
+from csclip.extract.quality import (
+    GoldCaption,
+    GoldScores,
+    Prediction,
+    entity_head,
+    load_gold,
+    rules_prediction,
+    score_caption,
+    score_gold,
+)
 from csclip.extract.rules import (
     RulesResult,
     extract_record,
     extract_units,
+    foil_category,
     score_against_gold,
 )
 from csclip.units import (
@@ -94,10 +107,37 @@ def test_pronoun_refers_to_the_phrase_before_its_subject():
     assert "fruit is on desktop" in texts(result.relations)
 
 
-def test_ambiguous_attachment_after_with_object_is_not_guessed():
+def test_place_after_a_with_object_goes_to_the_object_in_a_room_else_to_the_holder():
+    # A room does not stand on a table: what is placed is the thing the room has.
     result = extract_units("a bright kitchen with tulips on the table and plants by the window")
-    assert texts(result.relations) == ["bright kitchen has tulips"]
-    assert any("ambiguous attachment" in r.detail for r in result.rejections)
+    assert texts(result.relations) == ["bright kitchen has tulips", "tulips are on table",
+                                       "bright kitchen has plants", "plants are by window"]
+    # A toilet is next to the shower, not its seat.
+    result = extract_units("A toilet with a black seat next to a shower.")
+    assert texts(result.relations) == ["toilet has black seat", "toilet is next to shower"]
+    # "A with B on it": both.
+    result = extract_units("A table with several dishes on it.")
+    assert texts(result.relations) == ["table has several dishes", "several dishes are on table"]
+
+
+def test_infinitives_paths_and_verbs_after_an_object_keep_the_subject():
+    result = extract_units("A tennis player trying to hit a tennis ball.")
+    assert texts(result.relations) == ["tennis player is trying to hit tennis ball"]
+    result = extract_units("A man in uniform rides a horse down the street.")
+    assert "man is riding down street" in texts(result.relations)
+    result = extract_units("A man is drinking water from a red bottle.")
+    assert texts(result.relations) == ["man is drinking water", "man is drinking from red bottle"]
+    result = extract_units("A male tennis player stands on court and prepares to hit the ball.")
+    assert "male tennis player is preparing to hit ball" in texts(result.relations)
+
+
+def test_agentive_passive_is_read_as_active_and_stative_one_is_kept():
+    result = extract_units("A trolley that is being pulled by a white horse.")
+    assert texts(result.relations) == ["white horse is pulling trolley"]
+    result = extract_units("Men on bikes are getting pulled by a group of dogs.")
+    assert "group of dogs is pulling men" in texts(result.relations)
+    result = extract_units("A lush green valley surrounded by tall mountains.")
+    assert texts(result.relations) == ["lush green valley is surrounded by tall mountains"]
 
 
 def test_clothing_goes_to_the_nearest_person_and_surfaces_are_not_guessed():
@@ -125,8 +165,12 @@ def test_body_parts_and_participles_are_not_misread():
     result = extract_units("A woman holding hands over their heads.")
     assert "hands are over heads" in texts(result.relations)
     assert "woman is over heads" not in texts(result.relations)
+    result = extract_units("A man with a shirt and a tie posing near a car.")
+    assert "man is posing near car" in texts(result.relations)
+    # "posing for a picture": the picture is being taken, it is not a thing in view.
     result = extract_units("A man with a shirt and a tie posing for a picture.")
-    assert "man is posing for picture" in texts(result.relations)
+    assert "picture" not in texts(result.entities)
+    assert not any(r.subject == "tie" for r in result.relations)
     # "snow covered" is an adjective here, not "woman is covered forest".
     result = extract_units("A young woman skiing through a snow covered forest.")
     assert texts(result.relations) == ["young woman is skiing through snow"]
@@ -153,7 +197,7 @@ def test_unreadable_subject_gives_no_relations():
     # The subject ("woman model") is unknown: nothing may be pinned on the chair.
     result = extract_units("a young Asian woman model sitting on a folding chair in a "
                            "sleeveless dress, high heels and holding an umbrella")
-    assert "chair" in texts(result.entities)
+    assert "folding chair" in texts(result.entities)
     assert result.relations == ()
 
 
@@ -376,3 +420,233 @@ def test_world_foils_are_never_true_of_the_scene():
 def test_rules_module_does_not_import_ray():
     code = "import sys, csclip.extract.rules; assert 'ray' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- absence -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("caption", "present", "absent"), [
+    ("A rowboat with paddles and no passengers is on the beach.", ["paddles", "beach"],
+     ["passengers"]),
+    ("A young girl without a green jacket eating a piece of pepperoni pizza.", ["young girl"],
+     ["green jacket"]),
+    ("A bathroom with no toilets and a red and green bucket.", ["bathroom"], ["toilets"]),
+    ("A pizza with a slice missing is sitting on a pizza stand.", ["pizza"], ["slice"]),
+    ("A messy bedroom doesn't have any red brick walls.", ["messy bedroom"],
+     ["red brick walls"]),
+    ("A plate without a banana and slices of cheese.", ["plate"], ["banana", "slices of cheese"]),
+    ("A No bicycles, skates or skateboards sign on a pole.", ["sign", "pole"],
+     ["bicycles", "skates", "skateboards"]),
+    ("The shirtless men are riding horses through the lake.", ["shirtless men", "horses"],
+     ["shirt"]),
+])
+def test_what_the_caption_says_is_absent_is_never_a_unit(caption, present, absent):
+    result = extract_units(caption)
+    names = texts(result.entities)
+    assert set(present) <= set(names), names
+    assert list(result.absent) == absent
+    absent_heads = {a.split()[-1] for a in absent}
+    for unit in result.entities:
+        assert unit.text.split()[-1] not in absent_heads, unit.text
+    for relation in result.relations:
+        assert relation.subject not in absent and relation.object not in absent
+
+
+def test_absence_reads_the_rest_as_if_it_were_not_written():
+    result = extract_units("A person without a rainbow umbrella looking at the ocean.")
+    assert texts(result.relations) == ["person is looking at ocean"]
+    # "No" before one conjunct does not reach a later one with its own determiner.
+    result = extract_units("A bathroom with no toilets and a red bucket.")
+    assert "bathroom has red bucket" in texts(result.relations)
+    # "with and without food": there is food.
+    assert "food" in texts(extract_units("plates, with and without food").entities)
+
+
+def test_absence_is_kept_in_the_record_meta():
+    record = UnitsRecord("s", "i", "A train at the station with no passengers around.", "val")
+    extracted, _ = extract_record(record)
+    assert json.loads(extracted.meta["absent"]) == ["passengers"]
+    assert "passengers" not in texts(extracted.entities)
+
+
+# --- foils a person would write: the property over every caption of the shared data -------
+
+def _shared_captions(sugarcrepe_dir) -> list[str]:
+    """Every distinct caption of the SugarCrepe files: the human captions and their
+    edited negatives (15,022 strings, 8,554 distinct)."""
+    captions: dict[str, None] = {}
+    for path in sorted(sugarcrepe_dir.glob("*.json")):
+        data = json.loads(path.read_text())
+        for key in sorted(data, key=int):
+            captions[data[key]["caption"]] = None
+            captions[data[key]["negative_caption"]] = None
+    return list(captions)
+
+
+def _head_noun(text: str):
+    words = text.split()
+    for n in range(min(lx.MAX_NOUN_WORDS, len(words)), 0, -1):
+        noun = lx.NOUNS.get(" ".join(words[-n:]))
+        if noun is not None:
+            return noun
+    return None
+
+
+def _slots(text: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """An entity text's attribute slots (word, kind) and the rest (its noun group, the head
+    noun's words last)."""
+    words = text.split()
+    noun = _head_noun(text)
+    size = len((noun.plural if text.endswith(noun.plural) else noun.singular).split()) if (
+        noun) else 1
+    modifiers, head = words[:-size], words[-size:]
+    attributes = [(w, lx.ATTRIBUTE_KIND[w]) for w in modifiers if w in lx.ATTRIBUTE_KIND]
+    rest = [w for w in modifiers if w not in lx.ATTRIBUTE_KIND] + [" ".join(head)]
+    return attributes, rest
+
+
+def _is_plural(text: str) -> bool | None:
+    """The number of an entity text: its collective's ("boxes of pizza", "bunch of items"),
+    else its head noun's; None when the form says nothing ("sheep")."""
+    words = text.split()
+    if "of" in words[1:-1]:
+        collective = words[words.index("of") - 1]
+        if collective in lx.COLLECTIVES:
+            return collective in lx.PLURAL_COLLECTIVES or collective not in lx.COLLECTIVE_BASES
+    noun = _head_noun(text)
+    if noun is None or noun.singular == noun.plural:
+        return None
+    return text.endswith(noun.plural)
+
+
+def _agrees(predicate: str, subject: str) -> bool:
+    first = predicate.split()[0]
+    plural = _is_plural(subject)
+    if first not in ("is", "are", "has", "have", "does", "do") or plural is None:
+        return True
+    return (first in ("are", "have", "do")) == plural
+
+
+def _foil_problem(unit, foil, entities) -> str | None:
+    """Why `foil` is not a foil a person would write for `unit`, or None."""
+    kind = foil.change_type
+    if unit.kind == "entity":
+        unit_attributes, unit_rest = _slots(unit.text)
+        foil_attributes, foil_rest = _slots(foil.text)
+        if kind == ChangeType.ATTRIBUTE_CHANGE:
+            changed = [(a, b) for a, b in zip(unit_attributes, foil_attributes, strict=False)
+                       if a != b]
+            if foil_rest != unit_rest or len(unit_attributes) != len(foil_attributes):
+                return "an attribute change touched more than one attribute"
+            if len(changed) != 1 or changed[0][0][1] != changed[0][1][1]:
+                return "an attribute change must change one attribute within its kind"
+            return None
+        head, new_head = _head_noun(unit.text), _head_noun(foil.text)
+        if foil_attributes != unit_attributes:
+            return "an object change must keep the attributes"
+        if new_head is None or head is None or new_head.category != foil_category(head):
+            return "an object change must stay in the noun's category"
+        portable = lx.COLLECTIVES | lx.OTHER_ADJECTIVES | lx.QUANTITIES | lx.INTENSIFIERS
+        if any(w in lx.HEAD_BOUND_ADJECTIVES or w.endswith("'s") or (
+                w in lx.NOUNS and w not in portable) for w in foil_rest[:-1]):
+            return "an object change kept a word bound to the old noun"
+        return None
+    if kind in (ChangeType.ANTONYM, ChangeType.NEGATION):
+        ok = (foil.subject, foil.object) == (unit.subject, unit.object)
+        return None if ok and foil.predicate != unit.predicate else "predicate change moved args"
+    if kind == ChangeType.SUBJECT_OBJECT_SWAP:
+        if (foil.subject, foil.object) != (unit.object, unit.subject):
+            return "a swap must exchange subject and object"
+        return None if _agrees(foil.predicate, foil.subject) else "swap disagrees in number"
+    replaced, kept = ((foil.subject, unit.subject), (foil.object, unit.object)) if (
+        kind == ChangeType.SUBJECT_REPLACE) else ((foil.object, unit.object),
+                                                  (foil.subject, unit.subject))
+    if kept[0] != kept[1] or foil.predicate.split()[1:] != unit.predicate.split()[1:]:
+        return "a replacement changed more than its argument"
+    if replaced[0] not in {f.text for f in entities[replaced[1]].foils}:
+        return "a replacement must be one of the argument's entity foils"
+    if kind == ChangeType.OBJECT_REPLACE:
+        return None if foil.predicate == unit.predicate else "object replace changed the verb"
+    return None if _agrees(foil.predicate, foil.subject) else "replacement disagrees in number"
+
+
+@pytest.mark.slow  # all 8,554 distinct captions: ~20 s on an idle core
+def test_every_foil_changes_one_slot_within_its_category_on_every_shared_caption(
+        sugarcrepe_dir):
+    problems, foils = [], 0
+    for caption in _shared_captions(sugarcrepe_dir):
+        result = extract_units(caption)
+        entities = {u.text: u for u in result.entities}
+        for unit in result.entities + result.relations:
+            for foil in unit.foils:
+                foils += 1
+                problem = _foil_problem(unit, foil, entities)
+                if problem:
+                    problems.append((caption, unit.text, foil.text, problem))
+    assert foils > 40_000
+    assert not problems, problems[:20]
+
+
+def test_foils_keep_kind_and_sense():
+    result = extract_units("A tennis player trying to hit a tennis ball.")
+    player = result.entities[0]
+    # The compound goes with its head: never "tennis groom".
+    assert all(not f.text.startswith("tennis ") for f in player.foils_of(ChangeType.OBJECT_CHANGE))
+    result = extract_units("An elderly man and a young man on a bench.")
+    for unit in result.entities[:2]:
+        for foil in unit.foils_of(ChangeType.OBJECT_CHANGE):
+            assert _head_noun(foil.text).singular not in lx.AGE_BOUND_NOUNS, foil.text
+    cart = extract_units("A donkey is pulling a blue cart.").entities[1]
+    assert all(_head_noun(f.text).category == "vehicle_small"
+               for f in cart.foils_of(ChangeType.OBJECT_CHANGE))
+    swap = extract_units("Two people wearing skis.").relations[0].foils_of(
+        ChangeType.SUBJECT_OBJECT_SWAP)
+    assert [f.text for f in swap] == ["skis are wearing two people"]
+
+
+# --- the hand-annotated gold set of real captions ---------------------------------------
+
+GOLD = Path(__file__).parent / "gold" / "sugarcrepe_gold.jsonl"
+
+
+def test_gold_scores_do_not_fall():
+    # docs/extraction.md reports these numbers; the floors sit just under them. The
+    # held-out third was never looked at while the rules were tuned.
+    scores = {k: v.as_dict() for k, v in score_gold(load_gold(GOLD), rules_prediction).items()}
+    assert scores["all"]["captions"] == 230
+    assert scores["all"]["entity_f1"] >= 0.97, scores["all"]
+    assert scores["all"]["relation_f1"] >= 0.82, scores["all"]
+    assert scores["heldout"]["entity_f1"] >= 0.95, scores["heldout"]
+    assert scores["heldout"]["relation_f1"] >= 0.77, scores["heldout"]
+    assert scores["all"]["predicate_exact"] >= 0.95, scores["all"]
+    assert scores["all"]["negation_error_captions"] == 0, scores["all"]
+    assert scores["all"]["captions_with_absent"] == 39
+
+
+def test_gold_scorer_compares_head_nouns():
+    assert entity_head("three boxes of pizza") == "box"
+    assert entity_head("group of small children") == "child"
+    assert entity_head("woman's head") == "head"
+    assert entity_head("different types of couches") == "couch"
+    gold = GoldCaption("x", "tune", "A man riding a brown horse without a saddle.",
+                       ("man", "brown horse"), (("man", "is riding", "brown horse"),),
+                       ("saddle",))
+    scores = GoldScores()
+    predicted = Prediction((Unit.entity("man"), Unit.entity("horse"), Unit.entity("saddle")),
+                           (Unit.relation("man", "is on", "horse"),))
+    score_caption(gold, predicted, scores)
+    flat = scores.as_dict()
+    assert (flat["entity_precision"], flat["entity_recall"]) == (pytest.approx(2 / 3), 1.0)
+    assert flat["relation_f1"] == 1.0 and flat["predicate_exact"] == 0.0
+    assert flat["attribute_exact"] == 0.5
+    assert scores.negation_errors == [("x", "saddle")]
+
+
+def test_gold_file_errors_are_one_clear_line(tmp_path):
+    bad = tmp_path / "gold.jsonl"
+    bad.write_text('{"sample_id": "a", "split": "tune", "caption": "c", "entities": ["cat"], '
+                   '"relations": [{"subject": "dog", "predicate": "is on", "object": "cat"}]}\n')
+    with pytest.raises(DataError, match="gold.jsonl:1: relation argument"):
+        load_gold(bad)
+    bad.write_text("not json\n")
+    with pytest.raises(DataError, match="not a gold caption"):
+        load_gold(bad)

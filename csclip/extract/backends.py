@@ -129,13 +129,15 @@ def gold_outcome(row: dict) -> Outcome:
 
 def rules_outcome(row: dict) -> Outcome:
     """Units from the lexicon + pattern extractor (CPU, no model)."""
-    from csclip.extract.rules import extract_units
+    from csclip.extract.rules import ABSENT_META_KEY, extract_units
 
     empty = _empty_caption(row)
     if empty:
         return empty
     result = extract_units(row["caption"])
     record = _base_record(row, "rules", result.entities, result.relations)
+    if result.absent:  # what the caption says is not there: a true negative for later use
+        record.meta[ABSENT_META_KEY] = json.dumps(list(result.absent))
     return finish(record, extra_rejections=list(result.rejections))
 
 

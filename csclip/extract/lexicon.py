@@ -28,19 +28,33 @@ _NOUN_TABLE: dict[str, str] = {
     # COCO supercategory person, split by kind so "man" is foiled by "woman", not "player".
     "person_gendered": "man/men woman/women boy girl lady/ladies guy gentleman/gentlemen",
     "person_age": "child/children kid baby/babies toddler adult teenager",
-    "person_role": (
-        "person/people player skier surfer skateboarder snowboarder rider chef cook worker "
-        "tourist soldier officer policeman/policemen umpire catcher batter pitcher "
-        "businessman/businessmen student couple family/families crowd bride groom "
-        "mother father friend pedestrian passenger spectator audience biker cyclist "
-        "vendor customer husband wife/wives photographer user"
+    # Roles split by kind, so a foil stays a person of the same sort: a passenger is
+    # foiled by a pedestrian, never by an umpire.
+    "person_sport": (
+        "player skier surfer skateboarder snowboarder rider umpire catcher batter pitcher "
+        "biker cyclist athlete referee jockey motorcyclist boarder"
     ),
-    # COCO vehicle
+    "person_work": (
+        "chef cook worker soldier officer policeman/policemen businessman/businessmen vendor "
+        "photographer instructor driver coach employee waiter waitress/waitresses "
+        "farmer cowboy clown"
+    ),
+    "person_other": (
+        "person/people tourist student couple family/families crowd bride groom mother "
+        "father friend pedestrian passenger spectator audience customer husband wife/wives "
+        "user guest owner opponent teen youth/youths son daughter commuter team army/armies "
+        "trio"
+    ),
+    # COCO vehicle, split by kind: a cart is foiled by a wagon, never by a school bus.
     "vehicle": (
-        "bicycle car motorcycle airplane bus/buses train truck boat bike motorbike plane "
-        "jet van taxi/taxis tractor trolley scooter ship jeep suv cart vehicle engine "
-        "trailer carriage locomotive fire_truck pickup_truck school_bus wagon wheel"
+        "car motorcycle bus/buses truck motorbike van taxi/taxis tractor scooter jeep suv "
+        "vehicle fire_truck pickup_truck school_bus cab semi"
     ),
+    "vehicle_rail": "train trolley locomotive subway tram engine",
+    "vehicle_air": "airplane plane jet airliner jetliner biplane helicopter",
+    "vehicle_water": "boat ship canoe rowboat raft kayak yacht barge sailboat",
+    "vehicle_small": "bicycle bike cart wagon carriage trailer buggy/buggies stroller",
+    "vehicle_part": "wheel tire paddle oar sail",
     # COCO outdoor
     "outdoor": (
         "traffic_light fire_hydrant stop_sign parking_meter bench/benches hydrant "
@@ -57,13 +71,13 @@ _NOUN_TABLE: dict[str, str] = {
     "accessory": "backpack umbrella handbag tie suitcase purse bag luggage/luggage",
     # COCO sports
     "sports": (
-        "frisbee skis/skis snowboard sports_ball kite baseball_bat baseball_glove skateboard "
+        "frisbee snowboard sports_ball kite baseball_bat baseball_glove skateboard "
         "surfboard tennis_racket racket racquet ball bat glove ski skate_board net "
         "tennis_ball soccer_ball snow_board surf_board"
     ),
     # COCO kitchen
     "kitchen": (
-        "bottle wine_glass cup fork knife/knives spoon bowl plate mug glass/glasses pan pot "
+        "serving_tray serving_plate serving_bowl bottle wine_glass cup fork knife/knives spoon bowl plate mug glass/glasses pan pot "
         "tray dish/dishes napkin lid utensil basket container jar can platter cutting_board"
     ),
     # COCO food
@@ -114,12 +128,22 @@ _NOUN_TABLE: dict[str, str] = {
         "parking_lot corner market ground/ground pen side_walk porch paddock valley "
         "wilderness/wilderness shore obelisk home"
     ),
-    "nature": (
-        "grass/grass water/water snow/snow sand/sand dirt/dirt sky/skies tree ocean lake "
-        "river mountain hill forest wave rock beach_sand flower plant bush/bushes "
-        "leaf/leaves sun rain/rain smoke/smoke rainbow log branch/branches tulip "
-        "puddle woods/woods hay/hay greenery/greenery cloud "
-    "body_of_water/bodies_of_water"
+    # Nature, split by kind: water is foiled by a lake, never by a hill.
+    "ground": (
+        "grass/grass snow/snow sand/sand dirt/dirt rock beach_sand hay/hay greenery/greenery "
+        "mud/mud moss/moss ice/ice stone weeds/weeds vegetation/vegetation"
+    ),
+    "water": "water/water ocean lake river wave puddle body_of_water/bodies_of_water pond sea",
+    "land": (
+        "mountain hill forest woods/woods meadow island landscape countryside grassland "
+        "grasslands/grasslands"
+    ),
+    "plant_life": (
+        "tree flower plant bush/bushes leaf/leaves log branch/branches tulip shrub vine "
+        "palm_tree palm"
+    ),
+    "sky_and_weather": (
+        "sky/skies sun rain/rain smoke/smoke rainbow cloud sunset sunlight/sunlight fog/fog"
     ),
     "clothing": (
         "shirt hat jacket dress/dresses helmet coat suit uniform sweater cap scarf/scarves "
@@ -129,6 +153,72 @@ _NOUN_TABLE: dict[str, str] = {
     ),
     "fixture": "wall window door floor counter shower bathtub tub curtain fireplace tile "
     "sink_counter countertop lights/lights doorway",
+    # More caption nouns, by kind (seen in COCO captions; their own categories so that
+    # object foils stay within the kind).
+    "outdoor_more": (
+        "billboard barrier tent booth cage hole skyscraper tunnel dock bin feeder vane "
+        "meter parking_meter hose fire_hose bleachers/bleachers scaffolding kiosk mailbox "
+        "dumpster lamppost canopy"
+    ),
+    "animal_more": (
+        "bull cub bunny/bunnies rooster llama husky/huskies ostrich hippo penguin parakeet "
+        "ox/oxen mule donkey squirrel monkey lion tiger wolf/wolves fox/foxes owl parrot "
+        "hawk eagle swan goose/geese turkey rabbit"
+    ),
+    "kitchen_more": (
+        "skillet ladle strainer teapot kettle colander grill bucket crate silverware/silverware "
+        "dinnerware/dinnerware tablecloth thermos chopsticks/chopsticks whisk "
+        "spatula tongs/tongs"
+    ),
+    "food_more": (
+        "grape pancake toast/toast crust pepperoni/pepperoni spinach/spinach parsley/parsley "
+        "mustard/mustard olive lemon cherry/cherries tart pickle macaroni/macaroni "
+        "marshmallow sprinkles/sprinkles peanut chili/chili salmon/salmon snack treat "
+        "beverage garnish condiment ingredient greens/greens broth/broth cream/cream "
+        "casserole stuffing/stuffing liquid kale/kale cereal/cereal yogurt/yogurt "
+        "oatmeal/oatmeal avocado cucumber zucchini/zucchini corn/corn garlic/garlic "
+        "shrimp/shrimp seafood/seafood nut cinnamon/cinnamon icing/icing "
+        "cheesecake brownie pretzel taco burrito omelet slice wedding_cake birthday_cake"
+    ),
+    "furniture_more": (
+        "hammock vanity/vanities cupboard cubicle footstool ottoman crib nightstand "
+        "headboard futon bunk_bed loveseat"
+    ),
+    "electronic_more": (
+        "console telephone disc disk fan dryer hair_dryer freezer machine vending_machine "
+        "projector router modem charger"
+    ),
+    "indoor_more": (
+        "notebook map sticker tag ribbon string cloth soap magazine newspaper frame "
+        "ornament decoration balloon marker cane chain coin arrangement collage urinal "
+        "extinguisher fire_extinguisher briefcase pin ring necklace bracelet wallet "
+        "garbage/garbage trash/trash item equipment/equipment accessory "
+        "stuffed_animal doll image "
+        "wallpaper/wallpaper comforter quilt bedding/bedding canvas easel pizza_stand fruit_stand cake_stand tv_stand "
+        "unit piercing"
+    ),
+    "clothing_more": (
+        "snowsuit wetsuit blazer sneaker lapel bandana robe gown tuxedo overalls/overalls "
+        "mittens/mittens socks/socks sock goggles/goggles bikini swimsuit "
+        "trunks/trunks kimono"
+    ),
+    "body_more": (
+        "beard foot/feet shoulder chin chest lip tail wing beak toe limb mane horn knee "
+        "wrist elbow thumb cheek forehead mustache"
+    ),
+    "fixture_more": (
+        "faucet sill windowsill flooring/flooring pipe cable outlet stairs/stairs staircase "
+        "step/steps column pillar beam archway cabinetry/cabinetry"
+    ),
+    "room_more": (
+        "garage bakery cafe eatery deli pantry museum hall suite apartment closet factory "
+        "lobby kitchenette cafeteria gym library/libraries studio warehouse"
+    ),
+    "outdoor_place_more": (
+        "backyard neighborhood avenue pavement freeway corral habitat coast mill "
+        "lot sandy_lot plaza alley alleyway driveway crosswalk harbor marina pier lane "
+        "terminal campus village"
+    ),
     # Body parts: what people hold things in or with.
     "body": "hand head mouth neck leg arm eye tooth/teeth tongue paw finger hair/hair face "
     "lap nose ear back",
@@ -144,6 +234,8 @@ _NOUN_TABLE: dict[str, str] = {
 def _build_nouns() -> dict[str, Noun]:
     nouns: dict[str, Noun] = {}
     for category, spec in _NOUN_TABLE.items():
+        # "food_more" is more food: the suffix only keeps the table readable.
+        category = category.removesuffix("_more")
         for item in spec.split():
             singular, _, plural = item.partition("/")
             singular = singular.replace("_", " ")
@@ -189,6 +281,15 @@ _SAME_THING = (
     "rider player skier surfer skateboarder snowboarder", "chef cook",
     "officer policeman soldier", "rock stone", "counter countertop sink_counter", "grass field", "food meat",
     "fruit apple banana orange", "vegetable broccoli carrot", "meat sausage hot_dog",
+    "boat ship yacht sailboat barge", "canoe kayak", "airplane plane jet airliner jetliner biplane",
+    "train locomotive engine subway", "trolley tram", "cart wagon", "carriage buggy",
+    "car cab", "truck semi pickup_truck fire_truck", "cow bull ox", "dog husky",
+    "rabbit bunny", "bear cub", "rock stone", "cupboard cabinet", "closet cabinet",
+    "couch loveseat futon", "dryer hair_dryer hair_drier", "telephone phone",
+    "drink beverage", "treat snack dessert", "grass grassland grasslands meadow",
+    "sea ocean", "pond lake", "backyard yard", "avenue street road", "pavement sidewalk",
+    "garbage trash", "sneaker shoe", "mustache beard", "foot feet", "pipe cable",
+    "toast bread", "cream frosting icing", "image picture painting poster",
 )
 SAME_THING_GROUPS: dict[str, frozenset[str]] = {}
 for _group in _SAME_THING:
@@ -202,7 +303,9 @@ NOT_FOILS = frozenset(
     "toy fruit vegetable dessert bag ball glass building room water plant screen computer "
     "phone dish pastry area furniture meal game ground corner match user home seat tower "
     "post case holder container gear outfit friend lunch dinner breakfast veggies topping "
-    "frosting student mother father device electronics appliance".split()
+    "frosting student mother father device electronics appliance item equipment accessory "
+    "machine unit decoration treat snack beverage ingredient condiment vegetation garbage "
+    "trash team trio youth guest owner opponent army boat image lot".split()
 ) | {"body of water"}
 
 # Where object foils of a generic noun come from: "people" could be skiers or fathers (so
@@ -210,7 +313,9 @@ NOT_FOILS = frozenset(
 FOIL_CATEGORY_OF_GENERIC: dict[str, str] = {
     "person": "animal", "people": "animal", "adult": "animal", "crowd": "animal",
     "family": "animal", "couple": "animal", "friend": "animal", "mother": "animal",
-    "father": "animal", "student": "animal", "worker": "animal",
+    "father": "animal", "student": "animal", "worker": "animal", "team": "animal",
+    "guest": "animal", "owner": "animal", "opponent": "animal", "youth": "animal",
+    "teen": "animal",
 }
 
 
@@ -239,8 +344,15 @@ COLLECTIVES = frozenset(
 COLLECTIVE_BASES = COLLECTIVES
 COLLECTIVES = COLLECTIVES | frozenset(_plural(w) for w in COLLECTIVES)
 PLURAL_COLLECTIVES = frozenset({"couple", "pair", "few"})
+# Collectives of many members ("a group of children", "a pair of scissors"), unlike
+# containers ("a bottle of milk"): an object foil's new member noun is plural.
+GROUP_COLLECTIVES = frozenset(
+    "group bunch couple pair herd flock few pile stack row line set crowd team variety "
+    "assortment collection".split()
+)
+GROUP_COLLECTIVES = GROUP_COLLECTIVES | frozenset(_plural(w) for w in GROUP_COLLECTIVES)
 # Vague amounts dropped from the entity text: "a lot of girls" is "girls".
-QUANTITY_PREFIXES = frozenset({"lot", "lots", "number", "plenty"})
+QUANTITY_PREFIXES = frozenset({"lot", "lots", "number", "plenty", "rest"})
 
 # ------------------------------------------------------------------------------------------
 # Attributes: kind -> values. An attribute foil changes one value within its kind.
@@ -294,7 +406,24 @@ OTHER_ADJECTIVES = frozenset(
     "single plain tasty wide low mixed blurry crowded professional historic neon "
     "electronic personal residential homeless pregnant blonde floral flowered stainless "
     "shaded fenced enclosed healthy delicious uncooked unmade light "
+    "shirtless sleeveless headless hatless shoeless leafless hairless toothless topless "
+    "strapless armless legless "
     "several many few half smaller larger bigger taller older younger".split()
+)
+# Adjectives that only fit the noun they came with: an object foil drops them with it
+# ("polar bear" -> "zebra", not "polar zebra"; "glazed donut" -> "cake", not "glazed cake").
+HEAD_BOUND_ADJECTIVES = frozenset(
+    "stuffed double decker parked baby polar passenger commercial electric glazed grilled "
+    "fried frosted uncooked unmade homeless pregnant blonde elderly male female tiled grassy "
+    "snowy sandy rocky wooded lush cloudy sunny fenced enclosed residential stainless "
+    "smiling flowered floral historic professional public neon digital".split()
+)
+# Age words, and the nouns that carry an age of their own: with an age word, an object foil
+# of a person keeps the kind of noun ("young man" -> "young woman", "little girl" ->
+# "little boy"; never "elderly boy").
+AGE_WORDS = frozenset("young younger old older elderly little baby adult teenage aged".split())
+AGE_BOUND_NOUNS = frozenset(
+    "boy girl child kid baby toddler teenager adult teen youth son daughter".split()
 )
 # Quantity words kept in the entity text; no count foil, since they are vague.
 QUANTITIES = frozenset({"several", "many", "multiple", "numerous", "various", "few"})
@@ -327,8 +456,13 @@ PREPOSITION_ANTONYMS: dict[str, str | None] = {
     "on the edge of": None, "at the edge of": None, "in the shade of": None,
     "on the back of": None, "at the end of": None, "on the front of": None,
     "in the corner of": None, "on the top of": "at the bottom of", "in the back of": None,
-    "on either side of": None, "on both sides of": None,
+    "on either side of": None, "on both sides of": None, "full with": None,
+    "at the back of": None,
+    "on the other side of": None, "at the side of": None, "by the side of": None,
 }
+# Nouns that are part of a preposition ("in the back of"): not entities there.
+PREPOSITION_NOUNS = frozenset(w.split()[2] for w in PREPOSITION_ANTONYMS
+                              if len(w.split()) == 4 and w.split()[1] == "the")
 PREPOSITIONS: tuple[str, ...] = tuple(sorted(PREPOSITION_ANTONYMS, key=lambda p: -len(p.split())))
 MAX_PREPOSITION_WORDS = max(len(p.split()) for p in PREPOSITIONS)
 # Relations that hold both ways: swapping their arguments gives a true sentence, never a foil.
@@ -388,8 +522,20 @@ PARTICIPLES = frozenset(
     "made set arranged gathered shown seen pictured positioned embedded served propped "
     "suspended grouped planted leaned curled huddled hooked stopped tucked wrapped stored "
     "kept framed hung installed strapped taped chained docked reflected located situated "
-    "lit".split()
+    "lit posed littered illuminated crowded "
+    "strewn scattered cluttered packed".split()
 )
+# Past participles of actions, with the active -ing form: "pulled by a horse" is read as
+# "horse is pulling" (the agent is the subject). Stative ones ("covered by snow") stay.
+AGENT_PARTICIPLES: dict[str, str] = {
+    "pulled": "pulling", "followed": "following", "ridden": "riding", "held": "holding",
+    "pushed": "pushing", "carried": "carrying", "chased": "chasing", "watched": "watching",
+    "driven": "driving", "led": "leading", "fed": "feeding", "towed": "towing",
+    "herded": "herding", "eaten": "eating", "thrown": "throwing", "caught": "catching",
+    "petted": "petting", "guided": "guiding", "walked": "walking", "hugged": "hugging",
+    "kicked": "kicking", "hit": "hitting", "flown": "flying", "worn": "wearing",
+    "used": "using", "cut": "cutting", "served": "serving", "played": "playing",
+}
 # Verb-level antonyms: predicates whose opposite is another verb, not another preposition.
 VERB_ANTONYMS: dict[str, str] = {
     "sitting": "standing", "standing": "sitting", "entering": "leaving", "leaving": "entering",
@@ -402,6 +548,7 @@ VERB_ANTONYMS: dict[str, str] = {
 IRREGULAR_FORMS: dict[str, str] = {
     "sat": "sit", "stood": "stand", "ate": "eat", "held": "hold", "rode": "ride",
     "flew": "fly", "lies": "lie", "ran": "run", "took": "take", "goes": "go", "has": "have",
+    "travelling": "travel", "gets": "get",
 }
 # Adverbs skipped between a verb and its preposition ("napping together on").
 SKIPPABLE_ADVERBS = frozenset(
@@ -421,5 +568,13 @@ ADVERBIAL_PHRASES: tuple[list[str], ...] = tuple(
 )
 AUXILIARIES = frozenset({"is", "are", "was", "were", "be", "being", "been"})
 RELATIVE_WORDS = frozenset({"that", "which", "who", "while", "whilst"})
+# Adjectives that say a thing is not there: the noun goes to the record's absent list.
+LESS_ADJECTIVES: dict[str, str] = {
+    "shirtless": "shirt", "sleeveless": "sleeves", "headless": "head", "hatless": "hat",
+    "shoeless": "shoes", "leafless": "leaves", "hairless": "hair", "toothless": "teeth",
+    "topless": "top", "strapless": "straps", "armless": "arms", "legless": "legs",
+}
+# Signs named by what they forbid ("a no bicycles sign"): the sign is there.
+SIGN_NOUNS = frozenset({"sign", "street sign", "stop sign"})
 # Existential openings: "There is a cat on a mat" describes a cat.
 EXISTENTIAL = ("there is", "there are", "there's", "here is", "here are")

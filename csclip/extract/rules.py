@@ -1,15 +1,17 @@
-"""The rules backend (issue 5, part 3): entity and relation units with foils from caption
+"""The rules backend: entity and relation units with foils from caption
 English, by lexicon lookup and a few patterns, on CPU, with no model.
 
 It only claims what its lexicon covers. An object noun it does not know, a verb it does not
 know, or a connecting phrase it cannot read gives a `Rejection` with the reason instead of
-a guess. Same caption, same output: foil choices are seeded from a hash of the caption.
+a guess. What the caption says is absent ("no passengers", "without a kite") is never a
+unit: it is cut out before reading and kept in `RulesResult.absent`. Same caption, same
+output: foil choices are seeded from a hash of the caption.
 """
 
 from __future__ import annotations
 
 import hashlib
-import random
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -48,6 +50,8 @@ _CANONICAL_PREPOSITION = {"to the left of": "left of", "to the right of": "right
                           "inside of": "inside", "outside of": "outside",
                           "towards": "toward", "underneath": "under", "beneath": "under"}
 _MAX_ENTITY_FOILS = 3
+# The record's meta key for what the caption says is absent: a JSON list of entity texts.
+ABSENT_META_KEY = "absent"
 # Prepositions that say nothing spatial on their own ("holding a slice to her face").
 _NEEDS_VERB = frozenset({"to", "for", "from", "up", "down", "off", "of"})
 
@@ -64,6 +68,9 @@ class RulesResult:
     entities: tuple[Unit, ...]
     relations: tuple[Unit, ...]
     rejections: tuple[Rejection, ...]
+    # What the caption says is not there ("no passengers", "without a kite", "shirtless"):
+    # never an entity or a relation argument; kept so a sampler can use it as a true negative.
+    absent: tuple[str, ...] = ()
 
     @property
     def is_empty(self) -> bool:
@@ -131,6 +138,8 @@ class _Connector:
     is_relative: bool = False  # "that is ...": attaches to the phrase just before
     aux_plural: bool | None = None  # number the caption's own auxiliary gives the subject
     is_bare_with: bool = False
+    needs_verb: bool = False  # "from a bottle": only as part of the verb before it
+    is_passive: bool = False  # "pulled by a horse": the next phrase is the subject
 
 
 @dataclass
@@ -153,29 +162,210 @@ def extract_units(caption: str) -> RulesResult:
     """
     if not caption or not caption.strip():
         return RulesResult((), (), (Rejection(RejectReason.EMPTY_CAPTION, "caption is empty"),))
-    tokens = tokenize(caption)
+    tokens, absent = _cut_absent(tokenize(caption))
     parse = _parse(tokens)
     if not parse.phrases:
         reason = "no known object noun" + _unknown_hint(tokens)
-        return RulesResult((), (), (*parse.rejections, Rejection(RejectReason.UNPARSED, reason)))
+        return RulesResult((), (), (*parse.rejections, Rejection(RejectReason.UNPARSED, reason)),
+                           absent)
     rng_seed = _stable_seed(normalize_text(caption))
     rejections = list(parse.rejections)
     entities = _entity_units(parse.phrases, caption, tokens, rng_seed, rejections)
     relations = _relation_units(parse, entities, caption, rejections)
-    return RulesResult(tuple(entities.values()), tuple(relations), tuple(rejections))
+    return RulesResult(tuple(entities.values()), tuple(relations), tuple(rejections), absent)
 
 
 def extract_record(record: UnitsRecord) -> tuple[UnitsRecord, tuple[Rejection, ...]]:
     """A copy of `record` whose units are the rules backend's reading of its caption
     (`source="rules"`, image and meta kept), and the rejections of that reading."""
     result = extract_units(record.caption)
+    meta = dict(record.meta)
+    if result.absent:
+        meta[ABSENT_META_KEY] = json.dumps(list(result.absent))
     return replace(record, entities=result.entities, relations=result.relations,
-                   source="rules", meta=dict(record.meta)), result.rejections
+                   source="rules", meta=meta), result.rejections
 
 
 def tokenize(caption: str) -> list[str]:
     """Lower-case word and punctuation tokens of a caption."""
     return _TOKEN.findall(caption.lower())
+
+
+# ------------------------------------------------------------------------------------------
+# Absence: "no X", "without X", "missing (its) X", "not ... any X", "X-less"
+# ------------------------------------------------------------------------------------------
+
+def _cut_absent(tokens: list[str]) -> tuple[list[str], tuple[str, ...]]:
+    """`tokens` with what the caption says is absent cut out (with the word that says so),
+    and the absent noun phrases' texts.
+
+    The rest is then read as if the absent things had never been written: "a young girl
+    without a green jacket eating pizza" is "a young girl eating pizza", "a bathroom with no
+    toilets and a red bucket" is "a bathroom with a red bucket".
+    """
+    absent: list[str] = [lx.LESS_ADJECTIVES[t] for t in tokens if t in lx.LESS_ADJECTIVES]
+    if not (_NEGATION_CUES.intersection(tokens) or any(t.endswith("n't") for t in tokens)):
+        return tokens, tuple(dict.fromkeys(absent))
+    cut: set[int] = set()
+    for i, word in enumerate(tokens):
+        if i in cut:
+            continue
+        span = None
+        if word == "no":
+            span = _cut_after_no(tokens, i, absent)
+        elif word == "without":
+            span = _cut_after_without(tokens, i, absent)
+        elif word == "missing":
+            span = _cut_missing(tokens, i, absent)
+        elif word in _NOT_WORDS or word.endswith("n't"):
+            span = _cut_not_any(tokens, i, absent)
+        if span is not None:
+            cut.update(range(*span))
+    if not cut:
+        return tokens, tuple(dict.fromkeys(absent))
+    return [t for i, t in enumerate(tokens) if i not in cut], tuple(dict.fromkeys(absent))
+
+
+def _absent_phrase(tokens: list[str], i: int) -> _Phrase | None:
+    phrase, _, _ = _match_phrase(tokens, i)
+    return phrase
+
+
+def _absent_span(tokens: list[str], i: int, absent: list[str]) -> int | None:
+    """Record the noun phrase at i (after its determiners) as absent and return where it
+    ends, or None when no noun phrase starts there. A phrase the lexicon cannot read
+    ("euro money sign", "older style furnishings") runs to the next known noun phrase or
+    to its last unknown word; a noun followed by a participle and another phrase ("a wall
+    mounted sink") is that phrase's modifier."""
+    j = i
+    while j < len(tokens) and tokens[j] in lx.DETERMINERS:
+        j += 1
+    k = j
+    while k < len(tokens) and k - j < 4:
+        phrase = _absent_phrase(tokens, k)
+        if phrase is not None and phrase.start == k or (
+                phrase is not None and k == j and phrase.lead == k):
+            end = phrase.end
+            if end + 1 < len(tokens) and (tokens[end] in lx.PARTICIPLES or (
+                    tokens[end].endswith("ed") and _is_unknown_word(tokens[end]))):
+                following = _absent_phrase(tokens, end + 1)
+                if following is not None and following.lead == end + 1:
+                    absent.append(" ".join(tokens[phrase.start : following.end]))
+                    return following.end
+                last = end + 1
+                while last < len(tokens) and _is_unknown_word(tokens[last]):
+                    last += 1
+                if last > end + 1:  # "orange decorated wallpaper": an unknown head
+                    absent.append(" ".join(tokens[phrase.start : last]))
+                    return last
+            return _record_absent(phrase, absent)
+        if not (_is_unknown_word(tokens[k]) or tokens[k] in lx.OTHER_ADJECTIVES
+                or tokens[k] in lx.ATTRIBUTE_KIND or tokens[k].endswith(("ed", "ing"))):
+            break
+        k += 1
+    if k > j and _is_unknown_word(tokens[k - 1]):
+        absent.append(" ".join(tokens[j:k]))  # "face piercings": an unknown noun
+        return k
+    return None
+
+
+def _coordinated_absent(tokens: list[str], end: int, absent: list[str],
+                        own_determiner_stops: bool) -> int:
+    """Extend an absent phrase ending at `end` over the phrases coordinated with it ("no
+    bicycles, skates or skateboards"). After "no", a conjunct with its own determiner is
+    not negated ("no toilets and a red bucket"); after "without", every conjunct is."""
+    while end < len(tokens) and tokens[end] in (",", "and", "or"):
+        j = end
+        while j < len(tokens) and tokens[j] in (",", "and", "or"):
+            j += 1
+        if j >= len(tokens) or (own_determiner_stops and tokens[j] in lx.DETERMINERS):
+            break
+        before = len(absent)
+        span_end = _absent_span(tokens, j, absent)
+        if span_end is None and j < len(tokens) and tokens[j].isalpha() and (
+                tokens[j] not in _FUNCTION_WORDS and tokens[j] not in _PREPOSITION_WORDS):
+            # "skates" reads as a verb, but between commas after "no" it is a noun.
+            absent.append(tokens[j])
+            span_end = j + 1
+        if span_end is None:
+            break
+        end = span_end
+        if len(absent) > before and absent[-1] != " ".join(tokens[j:end]).strip() and (
+                end < len(tokens) and tokens[end] in lx.SIGN_NOUNS):
+            break  # a sign's name: the sign itself is there
+    return end
+
+
+def _record_absent(phrase: _Phrase, absent: list[str]) -> int:
+    """Record `phrase` as absent and return where the cut ends: a sign named by what it
+    forbids ("a no bicycles sign") is itself there, so only its modifiers are absent."""
+    if phrase.head.singular in lx.SIGN_NOUNS and phrase.head_start > 0:
+        absent.append(" ".join(phrase.words[: phrase.head_start]))
+        return phrase.start + phrase.head_start
+    absent.append(phrase.text)
+    return phrase.end
+
+
+def _cut_after_no(tokens: list[str], i: int, absent: list[str]) -> tuple[int, int] | None:
+    if i + 1 >= len(tokens) or tokens[i + 1] in ("one", "longer", "doubt"):
+        return None
+    phrase = _absent_phrase(tokens, i + 1)
+    if phrase is None or phrase.lead != i + 1:
+        return None  # "no parking sign": the sign is there
+    end = _coordinated_absent(tokens, _record_absent(phrase, absent), absent, True)
+    start = i
+    before = tokens[i - 1] if i else ""
+    if before in ("and", ",") or _verb_ing(before) or before in ("has", "have", "had"):
+        start = i - 1  # "paddles and no passengers", "wearing no shoes"
+    elif before == "with":
+        following = tokens[end + 1] if end + 1 < len(tokens) else ""
+        if end < len(tokens) and tokens[end] in ("and", ",") and (
+                following in lx.DETERMINERS or _absent_phrase(tokens, end + 1) is not None):
+            end += 1  # "with no toilets and a red bucket": the bucket is with it
+        else:
+            start = i - 1
+    return start, end
+
+
+def _cut_after_without(tokens: list[str], i: int, absent: list[str]) -> tuple[int, int] | None:
+    if i >= 2 and tokens[i - 1] == "and" and tokens[i - 2] == "with":
+        return None  # "plates, with and without food": there is food
+    phrase = _absent_phrase(tokens, i + 1)
+    if phrase is not None and any(w in lx.QUANTITY_PREFIXES or w == "much"
+                                  for w in tokens[i + 1 : phrase.start]):
+        return i, phrase.end  # "without a lot of broth": some broth, so neither
+    end = _absent_span(tokens, i + 1, absent)
+    if end is None:
+        return i, i + 1
+    return i, _coordinated_absent(tokens, end, absent, False)
+
+
+def _cut_missing(tokens: list[str], i: int, absent: list[str]) -> tuple[int, int] | None:
+    phrase = _absent_phrase(tokens, i + 1) if i + 1 < len(tokens) else None
+    if phrase is not None and phrase.lead == i + 1:
+        return i, _record_absent(phrase, absent)  # "missing its tail"
+    for start in range(max(0, i - 6), i):  # "a pizza with a slice missing"
+        phrase = _absent_phrase(tokens, start)
+        if phrase is not None and phrase.end == i and phrase.lead == start:
+            _record_absent(phrase, absent)
+            return (start - 1 if start and tokens[start - 1] == "with" else start), i + 1
+    return None
+
+
+def _cut_not_any(tokens: list[str], i: int, absent: list[str]) -> tuple[int, int] | None:
+    for j in range(i + 1, min(i + 5, len(tokens))):
+        if tokens[j] in _SENTENCE_END or tokens[j] == ",":
+            return None
+        if tokens[j] == "any":
+            end = _absent_span(tokens, j, absent)
+            if end is None:
+                return None
+            return i, _coordinated_absent(tokens, end, absent, False)
+    return None
+
+
+_NOT_WORDS = frozenset({"not", "never", "doesnt", "dont", "isnt", "arent", "hasnt", "havent"})
+_NEGATION_CUES = frozenset({"no", "without", "missing"}) | _NOT_WORDS
 
 
 # ------------------------------------------------------------------------------------------
@@ -196,22 +386,63 @@ def _parse(tokens: list[str]) -> _Parse:
 def _find_phrases(tokens: list[str], rejections: list[Rejection]) -> list[_Phrase]:
     phrases: list[_Phrase] = []
     i = 0
+    has_frames = not _FRAME_CUES.isdisjoint(tokens)
     while i < len(tokens):
-        skip = _frame_length(tokens, i)
+        skip = _frame_length(tokens, i) if has_frames else 0
         if skip:
             i += skip
+            continue
+        if _is_not_an_entity(tokens, i):
+            i += 1
             continue
         phrase, next_i, rejected = _match_phrase(tokens, i)
         if rejected:
             rejections.append(Rejection(RejectReason.UNPARSED, rejected))
         if phrase is not None:
+            if phrase.head.category == "sport" and len(phrase.words) == 1 + phrase.head_start:
+                # "playing soccer", "the baseball game": an activity, not a thing in view.
+                i = max(next_i, i + 1)
+                continue
             phrases.append(phrase)
         i = max(next_i, i + 1)
     return phrases
 
 
+def _is_not_an_entity(tokens: list[str], i: int) -> bool:
+    """Nouns that name no thing in view: "in the back of" (a preposition), "can be seen"
+    (a verb), "to take a picture" (an act)."""
+    while i + 1 < len(tokens) and tokens[i] in lx.DETERMINERS:
+        i += 1  # the phrase's noun, after its determiners
+    word = tokens[i]
+    if word in lx.PREPOSITION_NOUNS and 2 <= i and tokens[i - 1] == "the" and (
+            i + 1 < len(tokens) and tokens[i + 1] == "of"):
+        return f"{tokens[i - 2]} the {word} of" in lx.PREPOSITION_ANTONYMS
+    if word == "can" and i + 1 < len(tokens) and tokens[i + 1] in ("be", "see", "not"):
+        return True
+    if word in lx.FRAME_WORDS and i >= 2 and tokens[i - 1] in ("a", "the") and tokens[i - 2] in (
+            "take", "taking", "takes", "for"):
+        return True
+    return False
+
+
+def _is_inner_modifier(tokens: list[str], j: int) -> bool:
+    """Whether token j, after a determiner or an attribute, is a modifier of the noun right
+    after it: an unknown word, a possessive of a known noun ("man's"), or an -ing / -ed
+    word that is not a verb of the lexicon."""
+    if j + 1 >= len(tokens) or _noun_at(tokens, j + 1) is None:
+        return False
+    word = tokens[j]
+    if word.endswith("'s"):
+        return word[:-2] in lx.NOUNS
+    if not word.isalpha() or word in _FUNCTION_WORDS or word in _PREPOSITION_WORDS:
+        return False
+    return word not in lx.NOUNS and _verb_ing(word) is None and word not in lx.PARTICIPLES
+
+
 def _skip_frames(tokens: list[str]) -> list[str]:
     """`tokens` without framing phrases ("a close up of")."""
+    if _FRAME_CUES.isdisjoint(tokens):
+        return tokens
     kept, i = [], 0
     while i < len(tokens):
         skip = _frame_length(tokens, i)
@@ -225,6 +456,8 @@ def _skip_frames(tokens: list[str]) -> list[str]:
 
 def _frame_length(tokens: list[str], i: int) -> int:
     """Tokens of a framing phrase at i ("a close up of", "an image of"), else 0."""
+    if tokens[i] not in _FRAME_STARTS:
+        return 0  # most tokens: no frame can start here
     j = i
     while j < len(tokens) and tokens[j] in ("a", "an", "the"):
         j += 1
@@ -246,11 +479,23 @@ def _frame_length(tokens: list[str], i: int) -> int:
 
 def _noun_at(tokens: list[str], i: int) -> tuple[str, lx.Noun] | None:
     """The longest lexicon noun starting at token i."""
+    if tokens[i] not in _MULTIWORD_NOUN_STARTS:
+        noun = lx.NOUNS.get(tokens[i])
+        return (tokens[i], noun) if noun is not None else None
     for n in range(min(lx.MAX_NOUN_WORDS, len(tokens) - i), 0, -1):
         form = " ".join(tokens[i : i + n])
         if form in lx.NOUNS:
             return form, lx.NOUNS[form]
     return None
+
+
+# A frame needs one of these words ("photo", "close", "view", ...).
+_FRAME_CUES = lx.FRAME_WORDS | frozenset(w for p in lx.FRAME_PHRASES for w in p.split()
+                                         if w not in ("of", "with", "up"))
+_MULTIWORD_NOUN_STARTS = frozenset(form.split()[0] for form in lx.NOUNS if " " in form)
+_FRAME_STARTS = (frozenset({"a", "an", "the", "and"}) | frozenset(lx.ATTRIBUTE_KIND)
+                 | lx.OTHER_ADJECTIVES | lx.FRAME_WORDS
+                 | frozenset(p.split()[0] for p in lx.FRAME_PHRASES))
 
 
 def _match_phrase(tokens: list[str], i: int) -> tuple[_Phrase | None, int, str | None]:
@@ -285,7 +530,9 @@ def _match_phrase(tokens: list[str], i: int) -> tuple[_Phrase | None, int, str |
             j += 2
             continue
         is_modifier = word in lx.ATTRIBUTE_KIND or word in lx.OTHER_ADJECTIVES
-        if is_modifier and (noun is None or _starts_phrase_body(tokens, j + 1)):
+        if is_modifier and (noun is None or (" " not in noun[0]
+                                             and _starts_phrase_body(tokens, j + 1))):
+            # "orange cat": a color here, not the fruit; but "hot dog" is a noun.
             # "orange cat": a color here, not the fruit.
             kind = lx.ATTRIBUTE_KIND.get(word)
             if kind is not None:
@@ -296,7 +543,16 @@ def _match_phrase(tokens: list[str], i: int) -> tuple[_Phrase | None, int, str |
                     and lx.ATTRIBUTE_KIND.get(tokens[j + 1]) == "color"):
                 j += 1  # "white and yellow vase"
             continue
+        if noun is None and j > i and _is_inner_modifier(tokens, j):
+            # "a wedding cake", "an old rusty blender", "the man's lap": a modifier the
+            # lexicon does not know, kept in the text (it gets no foil).
+            j += 1
+            continue
         if noun is not None:
+            if (j == i and i > 0 and tokens[i - 1] in lx.NOUNS
+                    and tokens[i - 1] not in _OPENS_PHRASE
+                    and _reads_as_verb(tokens, j, noun[0])):
+                break  # "a sheep with short hair stands under a fence": a verb
             head = (j, *noun)
             j += len(noun[0].split())
             continue
@@ -357,6 +613,8 @@ _FUNCTION_WORDS = (
                              "itself", "someone", "something", "everyone", "anyone"})
 )
 _PREPOSITION_WORDS = frozenset(w for p in lx.PREPOSITIONS for w in p.split())
+# Words after which a noun starts a phrase even when it could be a verb ("with paddles").
+_OPENS_PHRASE = lx.DETERMINERS | _PREPOSITION_WORDS | frozenset({",", "and", "or", "of"})
 
 
 def _is_bare_verb_noun(word: str) -> bool:
@@ -420,6 +678,9 @@ class _RelationReader:
     clause_subjects: list[int] = field(default_factory=list)
     # The last relation read, as (subjects, predicate); its object is the current phrase.
     last: tuple[list[int], _Predicate] | None = None
+    # After "a kitchen with a teapot on the stove": the kitchen, which also has what comes
+    # next in the list ("and books on a shelf").
+    with_holders: list[int] | None = None
 
     def __post_init__(self) -> None:
         has_preamble = _has_preamble(self.tokens[: self.parse.phrases[0].lead])
@@ -429,6 +690,12 @@ class _RelationReader:
         """Phrase i+1 follows phrase i after "and" / ",": it shares phrase i's role."""
         nxt = i + 1
         phrases = self.parse.phrases
+        if self.with_holders and _preposition_follows(self.tokens, phrases[nxt].end):
+            has = _Predicate("has", None)
+            for h in self.with_holders:
+                self.parse.relations.append((h, has, nxt))
+            self.last = (list(self.with_holders), has)
+            return
         starts_clause = (_starts_clause(self.tokens, phrases, nxt) or (
             # "a girl in a blue apron and a girl in a red apron": a person after an object
             # that is not one starts a new subject, it is not worn.
@@ -446,6 +713,7 @@ class _RelationReader:
     def connect(self, i: int, gap: list[str]) -> None:
         """Read the gap between phrases i and i+1 as a predicate and attach it."""
         phrases, nxt = self.parse.phrases, i + 1
+        self.with_holders = None
         connector, problem = _read_connector(gap)
         if connector is None:
             self._reject(f"no relation between {phrases[i].text!r} and "
@@ -457,17 +725,50 @@ class _RelationReader:
                 # "... with toothbrushes in their mouths": what follows describes the object.
                 self.last = ([], _Predicate("has", None))
             return
-        subjects = self._subjects(i, connector, gap)
+        if connector.needs_verb:
+            if self.last is None or self.last[1].verb in (None, "has") or not self.last[0]:
+                self._reject(f"no relation between {phrases[i].text!r} and "
+                             f"{phrases[nxt].text!r}: preposition "
+                             f"{connector.predicate.preposition!r} without a verb")
+                self.last, self.clause_subjects = None, []
+                return
+            connector = replace(connector, predicate=_Predicate(
+                self.last[1].verb, connector.predicate.preposition), needs_verb=False)
+            subjects = list(self.last[0])
+        else:
+            subjects = self._subjects(i, connector, gap)
         if subjects is None:
             return
         if connector.is_bare_with and (i not in subjects or _pronoun_relation_follows(
                 self.tokens, phrases, nxt) or _describes_scenery(self.tokens, phrases[nxt].end)):
             # "a field with logs" after "zebra playing on": whose logs is unclear, so no
             # relation; "a blue square, with a red circle to its left": the pronoun says it.
-            self.last = ([], connector.predicate)
+            holders: list[int] = []
+            if i in subjects and _on_pronoun_follows(self.tokens, phrases, nxt):
+                holders = [i]  # "a table with dishes on it": the table has them too
+            elif (i not in subjects and subjects and phrases[nxt].head.category in _HANDHELD
+                  and all(_is_agent(phrases[s]) for s in subjects)
+                  and not _describes_scenery(self.tokens, phrases[nxt].end)):
+                holders = list(subjects)  # "a woman standing on a court with a racquet"
+            for s in holders:
+                self.parse.relations.append((s, connector.predicate, nxt))
+            self.last = (holders, connector.predicate)
             return
+        prev = self.last
+        if (prev is not None and connector.predicate.verb is None and prev[1].verb not in (
+                None, "has") and prev[1].preposition is None
+                and connector.predicate.preposition in _PATH_PREPOSITIONS
+                and list(subjects) == list(prev[0])):
+            # "riding a horse down a street": the path goes with the verb.
+            connector = replace(connector, predicate=_Predicate(
+                prev[1].verb, connector.predicate.preposition))
         if not subjects:
             self._reject(f"no readable subject for {_gap_text(gap)!r} {phrases[nxt].text!r}")
+            self.last = None
+            return
+        if connector.is_passive:
+            for s in subjects:
+                self.parse.relations.append((nxt, connector.predicate, s))
             self.last = None
             return
         if connector.aux_plural is not None and len(subjects) == 1:
@@ -496,6 +797,13 @@ class _RelationReader:
         if after_with and connector.predicate.verb is None:
             is_body = self.parse.phrases[nxt].head.category == "body"
             if self.last[1].verb == "has" and not is_body:
+                holders = self.last[0]
+                if holders and not any(_is_place(self.parse.phrases[h]) for h in holders):
+                    # "a toilet with a black seat next to a shower": the toilet is.
+                    return list(holders)
+                if holders and connector.predicate.preposition in _PLACING:
+                    self.with_holders = list(holders)
+                    return [i]  # "a kitchen with a teapot on the stove": the teapot is
                 self._reject(f"ambiguous attachment of {_gap_text(gap)!r} "
                              f"{self.parse.phrases[nxt].text!r}")
                 self.last, self.clause_subjects = None, []
@@ -546,6 +854,42 @@ def _is_person(phrase: _Phrase) -> bool:
     return phrase.head.category.startswith("person")
 
 
+def _is_agent(phrase: _Phrase) -> bool:
+    return _is_person(phrase) or phrase.head.category == "animal"
+
+
+def _is_place(phrase: _Phrase) -> bool:
+    return phrase.head.category in ("room", "outdoor_place")
+
+
+def _preposition_follows(tokens: list[str], end: int) -> bool:
+    return end < len(tokens) and tokens[end] in _PREPOSITION_WORDS and tokens[end] != "of"
+
+
+def _on_pronoun_follows(tokens: list[str], phrases: list[_Phrase], index: int) -> bool:
+    """Whether "on it" / "in it" (not "to its left") follows phrase `index`."""
+    end = phrases[index].end
+    for n in (1, 3):
+        if " ".join(tokens[end : end + n]) in _ON_IT and tokens[end + n : end + n + 1] in (
+                ["it"], ["them"]):
+            return True
+    return False
+
+
+# Things held or carried: "a woman on a court with a racquet" has it.
+_HANDHELD = frozenset({"sports", "accessory", "electronic", "kitchen", "food", "indoor"})
+# Prepositions that place a thing: after "a kitchen with a teapot", "on the stove" is the
+# teapot's place, not the kitchen's.
+_PLACING = frozenset({"on", "on top of", "in", "inside", "at", "under", "near", "next to",
+                      "by", "beside", "above", "below", "over"})
+# "A with B on it": B is on A, and A has B ("above it", "to its left" only place B).
+_ON_IT = frozenset({"on", "on top of", "in", "inside"})
+# Prepositions of a path: "riding a horse down a street" keeps its verb.
+_PATH_PREPOSITIONS = frozenset({"down", "up", "along", "through", "across", "past", "into",
+                                "toward", "around", "onto", "off", "from", "out of",
+                                "away from", "to"})
+
+
 def _gap_text(gap: list[str]) -> str:
     return " ".join(gap)
 
@@ -566,10 +910,15 @@ def _has_preamble(tokens: list[str]) -> bool:
     """Whether words before the first phrase may hide the real subject ("an older man
     downhill skiing down a slope"): anything beyond frames, "there is", collectives and
     one unknown modifier ("an attractive young woman")."""
+    if all(w in lx.DETERMINERS for w in tokens):
+        return False  # "A man ...": the common case, nothing to look at
     words = _drop_unknown_modifiers(_skip_frames(tokens))
-    ignorable = lx.COLLECTIVES | lx.QUANTITY_PREFIXES | lx.OTHER_ADJECTIVES | lx.INTENSIFIERS
-    return any(w not in ignorable and w != "of" and w not in lx.ATTRIBUTE_KIND
+    return any(w not in _IGNORABLE_PREAMBLE and w not in lx.ATTRIBUTE_KIND
                for w in _content_words(words))
+
+
+_IGNORABLE_PREAMBLE = (lx.COLLECTIVES | lx.QUANTITY_PREFIXES | lx.OTHER_ADJECTIVES
+                       | lx.INTENSIFIERS | frozenset({"of"}))
 
 
 def _content_words(tokens: list[str]) -> list[str]:
@@ -650,6 +999,9 @@ def _read_connector(gap: list[str]) -> tuple[_Connector | None, str]:
     words = _drop_unknown_modifiers(
         [w for w in _drop_adverbials(gap) if w not in lx.SKIPPABLE_ADVERBS
          and not _is_unknown_adverb(w)])
+    if len(words) > 2 and words[0] == "in" and words[1] in lx.ATTRIBUTE_KIND and (
+            lx.ATTRIBUTE_KIND[words[1]] == "color"):
+        words = words[2:]  # "a girl in pink is playing": what she wears, not a relation
     if not words and gap:
         return None, f"{_gap_text(gap)!r} not in lexicon"
     is_relative = False
@@ -661,8 +1013,14 @@ def _read_connector(gap: list[str]) -> tuple[_Connector | None, str]:
     if words and words[0] in lx.AUXILIARIES:
         aux_plural = {"is": False, "was": False, "are": True, "were": True}.get(words[0])
         words = words[1:]
+    while words and words[0] in lx.AUXILIARIES | {"getting", "gets", "got"}:
+        words = words[1:]  # "is being pulled by", "are getting pulled by"
     if words and words[0] == "not":
         return None, "negated predicate"
+    if len(words) == 2 and words[0] in lx.AGENT_PARTICIPLES and words[1] == "by":
+        # "a trolley that is being pulled by a horse" is "horse is pulling trolley".
+        return _Connector(_Predicate(lx.AGENT_PARTICIPLES[words[0]], None), is_relative,
+                          None, is_passive=True), ""
     verb = None
     if words and words[0] in ("has", "have", "had"):
         verb, words = "has", words[1:]
@@ -672,6 +1030,7 @@ def _read_connector(gap: list[str]) -> tuple[_Connector | None, str]:
             words = words[1:]
             if len(words) > 1 and words[0] in lx.PARTICLES and _preposition_at(words, 1):
                 verb, words = f"{verb} {words[0]}", words[1:]  # "lying down in"
+        verb, words = _infinitive(verb, words)
     preposition = None
     for n in range(min(lx.MAX_PREPOSITION_WORDS, len(words)), 0, -1):
         candidate = " ".join(words[:n])
@@ -683,7 +1042,9 @@ def _read_connector(gap: list[str]) -> tuple[_Connector | None, str]:
     if verb is None and preposition is None:
         return None, "no verb or preposition" if gap else "nothing between them"
     if verb is None and preposition in _NEEDS_VERB:
-        return None, f"preposition {preposition!r} without a verb"
+        # "drinking water from a bottle": the verb before the object carries it.
+        return _Connector(_Predicate(None, preposition), is_relative, aux_plural,
+                          needs_verb=True), ""
     if preposition == "with" and verb is None:
         return _Connector(_Predicate("has", None), is_relative, aux_plural, True), ""
     if verb == "has" and preposition is not None:
@@ -692,6 +1053,18 @@ def _read_connector(gap: list[str]) -> tuple[_Connector | None, str]:
         # "a snow covered forest": a participle without its preposition is an adjective.
         return None, f"participle {verb!r} without a preposition"
     return _Connector(_Predicate(verb, preposition), is_relative, aux_plural), ""
+
+
+def _infinitive(verb: str | None, words: list[str]) -> tuple[str | None, list[str]]:
+    """Read "trying to hit", "reaching up to grab", "about to catch", "getting ready to
+    hit" as one verb: the relation is what the subject is doing to the object."""
+    if words[:1] == ["ready"] and words[1:2] == ["to"]:
+        verb, words = f"{verb} ready" if verb else "ready", words[1:]
+    elif verb is None and words[:2] == ["about", "to"]:
+        verb, words = "about", words[1:]
+    if verb is not None and len(words) > 1 and words[0] == "to" and words[1] in lx.VERB_ING:
+        return f"{verb} to {words[1]}", words[2:]
+    return verb, words
 
 
 def _is_unknown_adverb(word: str) -> bool:
@@ -708,6 +1081,8 @@ def _preposition_at(words: list[str], i: int) -> bool:
 
 def _drop_adverbials(gap: list[str]) -> list[str]:
     """`gap` without fixed adverbial phrases ("in the background", "each other")."""
+    if _ADVERBIAL_STARTS.isdisjoint(gap):
+        return gap
     kept, i = [], 0
     while i < len(gap):
         for phrase in lx.ADVERBIAL_PHRASES:
@@ -718,6 +1093,9 @@ def _drop_adverbials(gap: list[str]) -> list[str]:
             kept.append(gap[i])
             i += 1
     return kept
+
+
+_ADVERBIAL_STARTS = frozenset(p[0] for p in lx.ADVERBIAL_PHRASES)
 
 
 def _drop_unknown_modifiers(words: list[str]) -> list[str]:
@@ -806,57 +1184,104 @@ def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed:
         texts = texts[:MAX_ENTITIES]
     caption_words = set(tokens)
     heads = [p.head for p in phrases]
+    # Nouns no object foil may use: the caption's own, their synonyms and hypernyms.
+    taboo = frozenset(h.singular for h in heads).union(
+        *(lx.SAME_THING_GROUPS.get(h.singular, ()) for h in heads))
     units: dict[str, Unit] = {}
     for phrase in phrases:
         if phrase.text in units or phrase.text not in texts:
             continue
-        rng = random.Random(seed ^ _stable_seed(phrase.text))
-        candidates = _entity_foil_candidates(phrase, heads, caption_words, rng)
+        salt = seed ^ _stable_seed(phrase.text)
+        candidates = _entity_foil_candidates(phrase, taboo, caption_words, salt)
         unit = Unit.entity(phrase.text)
         # SPEC §2 asks for 2-3 foils: an entity without attributes gets two object changes.
         max_object = 1 if phrase.attributes else 2
-        foils = _valid_foils(unit, candidates, caption, texts, rejections, max_object)
-        units[phrase.text] = Unit.entity(phrase.text, foils[:_MAX_ENTITY_FOILS])
+        foils = _valid_foils(unit, candidates, caption, texts, rejections, max_object,
+                             limit=_MAX_ENTITY_FOILS)
+        units[phrase.text] = Unit.entity(phrase.text, foils)
     return units
 
 
-def _entity_foil_candidates(phrase: _Phrase, heads: Sequence[lx.Noun],
-                            caption_words: set[str], rng: random.Random) -> list[Foil]:
+def _entity_foil_candidates(phrase: _Phrase, taboo: frozenset[str],
+                            caption_words: set[str], salt: int) -> list[Foil]:
     """Object change (same category, not in the caption) first, then one attribute change
     per attribute word: color -> another color, size/state -> its opposite, count -> the
     next count, material -> another material."""
     words = list(phrase.words)
     candidates: list[Foil] = []
-    category = lx.FOIL_CATEGORY_OF_GENERIC.get(phrase.head.singular, phrase.head.category)
-    nouns = _CATEGORY_NOUNS[category]
+    nouns = _CATEGORY_NOUNS.get(foil_category(phrase.head), ())
     # Walk the category from a seeded start and stop at three usable nouns: checking every
     # noun of the category for every phrase was most of the extractor's time.
-    start = rng.randrange(len(nouns))
+    start = salt % len(nouns) if nouns else 0
     others: list[lx.Noun] = []
-    for noun in nouns[start:] + nouns[:start]:
-        if (noun.singular not in lx.NOT_FOILS and not _mentions(caption_words, noun)
-                and not any(lx.same_thing(noun, head) for head in heads)):
+    # "young man" -> "young woman", never "young boy": with an age word, the new noun must
+    # say as much about age as the old one.
+    age_bound = (phrase.head.singular in lx.AGE_BOUND_NOUNS
+                 if any(w in lx.AGE_WORDS for w in words[: phrase.head_start]) else None)
+    for step in range(len(nouns)):
+        noun = nouns[(start + step) % len(nouns)]
+        if (noun.singular not in taboo and not _mentions(caption_words, noun)
+                and (age_bound is None or (noun.singular in lx.AGE_BOUND_NOUNS) == age_bound)):
             others.append(noun)
             if len(others) == 3:
                 break
+    kept = _object_foil_modifiers(phrase)
+    head_text = " ".join(words[phrase.head_start :])
+    # The new noun takes the old one's number: "group of small children" -> "group of
+    # small teenagers" (the group is one, its members many).
+    if phrase.head.plural != phrase.head.singular:
+        plural_form = head_text == phrase.head.plural
+    elif "of" in words[: phrase.head_start]:  # "herd of sheep" are many, "plate of rice" is not
+        collective = words[words.index("of") - 1]
+        plural_form = (collective in lx.GROUP_COLLECTIVES
+                       or phrase.head.category in ("animal", "person_other"))
+    else:
+        plural_form = phrase.is_plural
     for noun in others:
-        form = noun.plural if phrase.is_plural else noun.singular
-        text = " ".join(words[: phrase.head_start] + [form])
-        candidates.append(Foil(text, ChangeType.OBJECT_CHANGE))
+        form = noun.plural if plural_form else noun.singular
+        candidates.append(Foil(" ".join(kept + [form]), ChangeType.OBJECT_CHANGE))
     for index, kind in phrase.attributes:
-        for value in _attribute_values(words[index], kind, caption_words, rng)[:2]:
+        values = [v for v in _attribute_values(words[index], kind, caption_words,
+                                               salt >> (8 + index))
+                  if " ".join([v, *words[index + 1 : index + 2]]) not in lx.NOUNS]
+        for value in values[:2]:  # never "cold dog" -> "hot dog"
             edited = words[:index] + [value] + words[index + 1 :]
             candidates.append(Foil(" ".join(edited), ChangeType.ATTRIBUTE_CHANGE))
     return candidates
 
 
+def _object_foil_modifiers(phrase: _Phrase) -> list[str]:
+    """The words an object foil keeps before its new noun: attributes (color, size, count,
+    ...), adjectives that fit any noun, collectives ("group of"). Noun modifiers, unknown
+    words, possessives and adjectives bound to the old noun go with it: "tennis player" ->
+    "chef", never "tennis chef"; "polar bear" -> "zebra", never "polar zebra"."""
+    attribute_at = {index for index, _ in phrase.attributes}
+    kept = []
+    for index, word in enumerate(phrase.words[: phrase.head_start]):
+        if index in attribute_at or word in lx.QUANTITIES or word in lx.INTENSIFIERS or (
+                word in lx.OTHER_ADJECTIVES and word not in lx.HEAD_BOUND_ADJECTIVES):
+            kept.append(word)
+        elif word in ("of", "and") or word in lx.COLLECTIVES:
+            kept.append(word)
+    while kept and kept[-1] == "and":
+        kept.pop()
+    return kept
+
+
+def foil_category(noun: lx.Noun) -> str:
+    """The category an object foil of `noun` is drawn from (its own, or animals for a
+    person noun so vague that any other person might be true of it)."""
+    return lx.FOIL_CATEGORY_OF_GENERIC.get(noun.singular, noun.category)
+
+
 def _mentions(caption_words: set[str], noun: lx.Noun) -> bool:
     # "cats" in the caption rules out "cat" and "cats"; "cell phone" is ruled out by "phone".
-    return any(form.split()[-1] in caption_words for form in (noun.singular, noun.plural))
+    last_singular, last_plural = _LAST_WORDS[noun.singular]
+    return last_singular in caption_words or last_plural in caption_words
 
 
 def _attribute_values(word: str, kind: str, caption_words: set[str],
-                      rng: random.Random) -> list[str]:
+                      salt: int) -> list[str]:
     if word in lx.ATTRIBUTE_ANTONYMS and kind in ("size", "state"):
         return [lx.ATTRIBUTE_ANTONYMS[word]]
     if kind == "count":
@@ -866,15 +1291,22 @@ def _attribute_values(word: str, kind: str, caption_words: set[str],
     taboo = lx.COLOR_SYNONYMS.get(word, frozenset()) | caption_words
     values = [v for v in pool if v != word and v not in taboo
               and word not in lx.COLOR_SYNONYMS.get(v, frozenset())]
-    rng.shuffle(values)
+    if values:  # a seeded rotation: as varied as a shuffle, without a generator per phrase
+        turn = salt % len(values)
+        values = values[turn:] + values[:turn]
     return values
 
 
 def _build_category_nouns() -> dict[str, list[lx.Noun]]:
     by_category: dict[str, list[lx.Noun]] = {}
     for noun in dict.fromkeys(lx.NOUNS.values()):
-        by_category.setdefault(noun.category, []).append(noun)
+        if noun.singular not in lx.NOT_FOILS:  # generic nouns are never foils
+            by_category.setdefault(noun.category, []).append(noun)
     return by_category
+
+
+_LAST_WORDS = {noun.singular: (noun.singular.split()[-1], noun.plural.split()[-1])
+               for noun in lx.NOUNS.values()}
 
 
 _CATEGORY_NOUNS = _build_category_nouns()
@@ -882,19 +1314,23 @@ _CATEGORY_NOUNS = _build_category_nouns()
 
 def _valid_foils(unit: Unit, candidates: Sequence[Foil], caption: str,
                  entity_texts: Sequence[str], rejections: list[Rejection],
-                 max_object_changes: int = 1) -> list[Foil]:
-    """Candidates that pass `foil_rejection`, recording the rejected ones. Object changes
-    beyond `max_object_changes` were back-ups and are skipped."""
+                 max_object_changes: int = 1, limit: int | None = None) -> list[Foil]:
+    """Candidates that pass `foil_rejection`, recording the rejected ones, up to `limit`.
+    Object changes beyond `max_object_changes` were back-ups and are skipped."""
     kept: list[Foil] = []
+    object_changes = 0
     for foil in candidates:
-        if foil.change_type == ChangeType.OBJECT_CHANGE and unit.kind == "entity" and sum(
-                k.change_type == ChangeType.OBJECT_CHANGE for k in kept) >= max_object_changes:
+        if limit is not None and len(kept) == limit:
+            break
+        is_object_change = foil.change_type == ChangeType.OBJECT_CHANGE and unit.kind == "entity"
+        if is_object_change and object_changes >= max_object_changes:
             continue
         if foil in kept:
             continue
         reason = foil_rejection(unit, foil, caption, entity_texts)
         if reason is None:
             kept.append(foil)
+            object_changes += is_object_change
         else:
             rejections.append(Rejection(
                 reason, f"{unit.kind} {unit.text!r} -> {foil.text!r} ({foil.change_type})"))
@@ -952,6 +1388,11 @@ def _is_plural_text(text: str, default: bool) -> bool:
     """Whether an entity text's head noun is plural, by its lexicon form (`default` when
     the form says nothing, as for "sheep")."""
     words = text.split()
+    if "of" in words[1:-1]:
+        # "group of roosters is": the collective's number, not its members'.
+        collective = words[words.index("of") - 1]
+        if collective in lx.COLLECTIVES:
+            return collective in lx.PLURAL_COLLECTIVES or collective not in lx.COLLECTIVE_BASES
     for n in range(min(lx.MAX_NOUN_WORDS, len(words)), 0, -1):
         noun = lx.NOUNS.get(" ".join(words[-n:]))
         if noun is not None and noun.singular != noun.plural:
