@@ -16,8 +16,6 @@ from pydantic import BaseModel
 from csclip import tracking
 from csclip.ablation.grid import (
     Grid,
-    axis_values,
-    format_value,
     get_field,
     slugify,
     sweep_name,
@@ -131,8 +129,7 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
     parent_tags = {"csclip_sweep": name, "csclip_role": "sweep"}
     parent_id = tracking.find_or_create_run(client, experiment_id, parent_tags, run_name=name)
     tracking.log_params(client, parent_id, {
-        "grid": " ".join(f"{s.axis}={','.join(map(format_value, axis_values(s, base)))}"
-                         for s in grid.axes),
+        "grid": grid.describe(base),
         "full_grid": grid.full, "num_trials": len(grid.settings),
         **{f"base.{k}": v for k, v in flatten(base).items()
            if k not in ("tracking.uri", "run.storage_path", "run.name")},

@@ -27,6 +27,8 @@ directory is shipped to its workers (docs/cluster.md)."""
 
 EXAMPLES = (
     "%(prog)s --grid lr,units                        # the paper's values, default config",
+    "%(prog)s --config configs/coco.yaml --grid paper   # the rows the authors trained",
+    "%(prog)s --grid paper=wd,units-1                # their weight-decay rows and N=1",
     "%(prog)s --config configs/coco.yaml --grid lr=1e-6,5e-6 units=1,2 --full-grid",
 )
 
@@ -38,10 +40,15 @@ def _axes_help() -> str:
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    from csclip.ablation.grid import paper_rows_help
+
     parser = make_parser(prog, DESCRIPTION, EXAMPLES, default_config_path("default.yaml"))
+    parser.epilog = f"{parser.epilog}\n\n{paper_rows_help()}"
     parser.add_argument("--grid", nargs="+", required=True, metavar="AXIS[=V1,V2]",
                         help="axes to vary: names (the paper's values) or name=v1,v2 "
-                             f"(explicit). Axes: {_axes_help()}")
+                             f"(explicit). Axes: {_axes_help()}. Or `paper`: the rows the "
+                             "authors trained (paper=<groups or row ids> selects some; "
+                             "listed below)")
     parser.add_argument("--full-grid", action="store_true",
                         help="cross product of the axes (default: one axis at a time)")
     parser.add_argument("--address", default=None, metavar="HOST:PORT",
@@ -85,13 +92,23 @@ def _ablate(args: argparse.Namespace, command: str) -> int:
     from csclip.ablation import report, sweep
     from csclip.config import load_config
     from csclip.entry.ray_init import init_ray
+    from csclip.errors import ConfigError
 
     overrides = shortcut_overrides({
         "loss.method": args.method, "optim.max_steps": args.max_steps,
         "data.units_uri": args.units, "run.storage_path": args.out,
     }, args.overrides)
     base = load_config(train.TrainConfig, args.config, overrides)
-    grid = grids.expand_grid(base, grids.parse_grid(args.grid), full=args.full_grid)
+    if grids.is_paper_grid(args.grid):
+        if args.full_grid:
+            raise ConfigError("--full-grid: the authors' rows (--grid paper) are one-at-a-time; "
+                              "drop --full-grid")
+        grid = grids.expand_paper_grid(base, grids.parse_paper_grid(args.grid))
+        for row in grid.rows:
+            if row.unavailable:
+                print(f"row {row.label} not run: {row.unavailable}", file=sys.stderr)
+    else:
+        grid = grids.expand_grid(base, grids.parse_grid(args.grid), full=args.full_grid)
     suites = None
     if args.suite:  # checked before Ray starts; the root made absolute for the trials
         from csclip.config import validate_config
