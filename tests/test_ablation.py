@@ -7,6 +7,7 @@ import csv
 import io
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -336,13 +337,46 @@ def test_ablate_help_lists_the_authors_rows_with_sources():
         assert text in out, text
 
 
+@dataclass(frozen=True)
+class FakeReport:
+    """What a trial's evaluation returns, as far as the selection reads it."""
+
+    metrics: dict
+
+
+def test_trial_selection_paper_evaluates_every_kept_step(tmp_path):
+    from csclip.ablation.trial import evaluate_selected
+
+    run = tmp_path / "run"
+    for folder, step in (("checkpoint_000000", 1), ("checkpoint_000001", 2), ("final", 2)):
+        (run / folder).mkdir(parents=True)
+        (run / folder / "model_spec.json").write_text("{}")
+        (run / folder / "metrics.json").write_text(f'{{"step": {step}}}')
+    i2t = {"checkpoint_000000": 70.0, "checkpoint_000001": 40.0, "final": 40.0}
+    seen = []
+
+    def evaluate(config, uri, seed):
+        seen.append(Path(uri).name)
+        return FakeReport({"comp_i2t": i2t[Path(uri).name], "ht_all": 50.0})
+
+    final = evaluate_selected(None, str(run / "final"), 0, evaluate, "final")
+    assert seen == ["final"] and "selected_step" not in final.metrics
+    seen.clear()
+    picked = evaluate_selected(None, str(run / "final"), 0, evaluate, "paper")
+    assert seen == ["checkpoint_000000", "checkpoint_000001"]  # final/ is step 2 again
+    assert picked.metrics["selected_step"] == 1 and picked.metrics["comp_i2t"] == 70.0
+
+
 @pytest.mark.slow
 def test_two_paper_rows_train_and_fill_the_table(tmp_path, mlflow_uri, ray_session):
-    base = tiny_config(tmp_path, mlflow_uri)
+    # Two checkpoints per trial, and the authors' selection among them.
+    base = grids.with_values(tiny_config(tmp_path, mlflow_uri),
+                             {"run.checkpoint_every": 1, "run.num_to_keep": 4}, origin="test")
     grid = grids.expand_paper_grid(base, grids.parse_paper_grid(["paper=wd-1e-3,units-1"]))
     assert [s.key for s in grid.settings] == ["wd=1e-3", "units=1"]
-    result = sweeps.run_sweep(base, grid, max_concurrent=2)
+    result = sweeps.run_sweep(base, grid, max_concurrent=2, select="paper")
     assert not result.errors and result.name.startswith("ablate-paper-")
+    assert result.name != grids.sweep_name(base, grid)  # the selection is part of the name
     client, children = _child_runs(mlflow_uri, result.parent_run_id)
     assert set(children) == {"wd=1e-3", "units=1"}
     assert children["wd=1e-3"].data.params["optim.weight_decay"] == "0.001"
@@ -352,6 +386,9 @@ def test_two_paper_rows_train_and_fill_the_table(tmp_path, mlflow_uri, ray_sessi
     for row, key in zip(rows, ("wd=1e-3", "units=1"), strict=True):
         assert float(row["HT All"]) == pytest.approx(children[key].data.metrics["ht_all"],
                                                      abs=0.006)
+    for key in ("wd=1e-3", "units=1"):
+        assert children[key].data.metrics["selected_step"] in (1.0, 2.0)
     markdown = result.report.markdown.read_text()
     assert "ablation_weight_decay.ipynb@16276c7" in markdown
+    assert "selected on the test benchmarks" in markdown.splitlines()[0]
     assert client.get_run(result.parent_run_id).data.params["grid"] == "paper: wd=1e-3, units=1"

@@ -237,12 +237,15 @@ def check_setting(base: BaseModel, setting: Setting) -> BaseModel:
     return with_values(base, values, origin=f"--grid {setting.key}")
 
 
-def sweep_name(base: BaseModel, grid: Grid) -> str:
-    """Deterministic experiment name: the axes plus a hash of the base config and the
-    settings, so the same command finds (and resumes) the same sweep."""
-    payload = json.dumps({"base": base.model_dump(mode="json"),
-                          "settings": [s.key for s in grid.settings], "full": grid.full},
-                         sort_keys=True)
+def sweep_name(base: BaseModel, grid: Grid, select: str = "final") -> str:
+    """Deterministic experiment name: the axes plus a hash of the base config, the
+    settings and the checkpoint selection, so the same command finds (and resumes) the
+    same sweep."""
+    content: dict[str, Any] = {"base": base.model_dump(mode="json"),
+                               "settings": [s.key for s in grid.settings], "full": grid.full}
+    if select != "final":  # the default keeps the names (and resumes) of earlier sweeps
+        content["select"] = select
+    payload = json.dumps(content, sort_keys=True)
     digest = hashlib.sha256(payload.encode()).hexdigest()[:8]
     axes = grid.label or "-".join(s.axis for s in grid.axes)
     return f"ablate-{axes}{'-full' if grid.full else ''}-{digest}"

@@ -65,6 +65,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                              "as `csclip evaluate --suite`); with --reevaluate, no retraining")
     parser.add_argument("--data-root", default=None, metavar="PATH",
                         help="folder or s3:// prefix holding the --suite data")
+    parser.add_argument("--select", choices=["final", "paper"], default="final",
+                        help="which checkpoint of each trial is evaluated: final (default) or "
+                             "paper: the saved step with the highest mean I2T on the benchmarks "
+                             "evaluated, as the authors select (the report says 'selected on "
+                             "the test benchmarks'; compares the run.num_to_keep steps kept)")
     parser.add_argument("--results-doc", default=None, metavar="PATH",
                         help="also write the table into the ablation section of this file")
     shortcuts = parser.add_argument_group("shortcuts for the base config (each sets one field)")
@@ -125,8 +130,13 @@ def _ablate(args: argparse.Namespace, command: str) -> int:
         max_concurrent = sweep.max_concurrent_trials(
             {"CPU": os.cpu_count() or 1}, base.run.num_workers, base.run.use_gpu,
             base.run.cpus_per_worker)
+    if args.select == "paper":
+        print(f"--select paper: each trial's kept checkpoints (run.num_to_keep="
+              f"{base.run.num_to_keep}, one every run.checkpoint_every="
+              f"{base.run.checkpoint_every} steps) are evaluated; the best by mean I2T is "
+              "reported, selected on the test benchmarks", file=sys.stderr)
     result = sweep.run_sweep(base, grid, max_concurrent=max_concurrent,
-                             reevaluate=args.reevaluate, suites=suites)
+                             reevaluate=args.reevaluate, suites=suites, select=args.select)
     if args.results_doc:
         report.update_results_doc(args.results_doc, result, command=command)
     print(result.table.markdown())
