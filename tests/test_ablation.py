@@ -390,5 +390,8 @@ def test_two_paper_rows_train_and_fill_the_table(tmp_path, mlflow_uri, ray_sessi
         assert children[key].data.metrics["selected_step"] in (1.0, 2.0)
     markdown = result.report.markdown.read_text()
     assert "ablation_weight_decay.ipynb@16276c7" in markdown
-    assert "selected on the test benchmarks" in markdown.splitlines()[0]
+    assert "Checkpoints selected on the test benchmarks" in result.table.markdown().splitlines()[0]
+    assert "Checkpoints selected on the test benchmarks" in markdown
+    trial_md = client.download_artifacts(children["units=1"].info.run_id, "trial.md", str(tmp_path))
+    assert "Checkpoint selected on the test benchmarks: step" in Path(trial_md).read_text()
     assert client.get_run(result.parent_run_id).data.params["grid"] == "paper: wd=1e-3, units=1"

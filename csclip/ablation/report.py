@@ -57,10 +57,12 @@ class AblationTable:
     rows: tuple[Row, ...]
     values: tuple[tuple[float | None, ...], ...]  # per row, per TABLE_COLUMNS entry
     status: tuple[str, ...]  # per row: "done" or why the row has no numbers
+    caption: str = ""  # a line above the table (e.g. how the checkpoints were selected)
 
     def markdown(self) -> str:
         header = ["setting", *(name for name, _ in TABLE_COLUMNS)]
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines = [self.caption, ""] if self.caption else []
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for row, values, status in zip(self.rows, self.values, self.status, strict=True):
             label = f"**{row.label}** (base)" if row.is_base else row.label
             if status != "done":
@@ -83,7 +85,8 @@ class AblationTable:
 
 
 def build_table(grid: Grid, metrics_by_setting: Mapping[str, Mapping[str, Any] | None],
-                status_by_setting: Mapping[str, str] | None = None) -> AblationTable:
+                status_by_setting: Mapping[str, str] | None = None,
+                caption: str = "") -> AblationTable:
     """Fill the grid's rows with each setting's metrics (missing settings stay empty)."""
     values, status = [], []
     for row in grid.rows:
@@ -95,7 +98,7 @@ def build_table(grid: Grid, metrics_by_setting: Mapping[str, Mapping[str, Any] |
         values.append(tuple(column_value(metrics, keys) for _, keys in TABLE_COLUMNS))
         default = "done" if metrics is not None else "not run"
         status.append((status_by_setting or {}).get(row.setting.key, default))
-    return AblationTable(grid.rows, tuple(values), tuple(status))
+    return AblationTable(grid.rows, tuple(values), tuple(status), caption)
 
 
 HT_COLUMNS = ("HT All", "HT Ent", "HT Rel")

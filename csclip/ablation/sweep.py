@@ -181,13 +181,14 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
         reevaluate_trials(base, grid, name, metrics, client, eval_seed, report_uri, suites,
                           select)
     metrics = {k: {**m, **_stored_evaluations(report_uri).get(k, {})} for k, m in metrics.items()}
-    table = build_table(grid, metrics, status)
-    title = f"Ablation {name}"
+    caption = ""
     if select == "paper":
         from csclip.eval.selection import SELECTION_LABEL
 
-        title += f" (checkpoints {SELECTION_LABEL}: each trial's best saved step by mean I2T)"
-    report = publish_report(table, report_uri, title=title)
+        caption = (f"Checkpoints {SELECTION_LABEL}: each trial at its kept step with the "
+                   "highest mean I2T on the benchmarks below (the authors' selection).")
+    table = build_table(grid, metrics, status, caption=caption)
+    report = publish_report(table, report_uri, title=f"Ablation {name}")
     for artifact in (report.markdown, report.csv, report.png):
         client.log_artifact(parent_id, str(artifact))
     tracking.log_metrics(client, parent_id, {"num_trials_done": len(metrics),

@@ -178,7 +178,12 @@ def _log_trial_files(client, run_id: str, setting: Setting, report,
     from csclip.eval.report import paper_tables, plot_figure3
 
     grid = Grid((), False, (setting,), (Row(setting.key, "trial", None, setting, False),))
-    table = build_table(grid, {setting.key: report.metrics})
+    caption = ""
+    if "selected_step" in report.metrics:
+        from csclip.eval.selection import SELECTION_LABEL
+
+        caption = f"Checkpoint {SELECTION_LABEL}: step {report.metrics['selected_step']:.0f}."
+    table = build_table(grid, {setting.key: report.metrics}, caption=caption)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         (out / "trial.md").write_text(f"# trial {setting.key}\n\n{TABLE_CAPTION}\n\n"
