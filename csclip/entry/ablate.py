@@ -27,9 +27,7 @@ directory is shipped to its workers (docs/cluster.md)."""
 
 EXAMPLES = (
     "%(prog)s --grid lr,units                        # the paper's values, default config",
-    "%(prog)s --config configs/coco.yaml --grid paper   # the rows the authors trained",
-    "%(prog)s --grid paper=wd,units-1                # their weight-decay rows and N=1",
-    "%(prog)s --config configs/coco.yaml --grid lr=1e-6,5e-6 units=1,2 --full-grid",
+    "%(prog)s --config configs/coco.yaml --grid paper   # the rows the authors trained (below)",
 )
 
 
@@ -42,8 +40,8 @@ def _axes_help() -> str:
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     from csclip.ablation.grid import paper_rows_help
 
-    parser = make_parser(prog, DESCRIPTION, EXAMPLES, default_config_path("default.yaml"))
-    parser.epilog = f"{parser.epilog}\n\n{paper_rows_help()}"
+    parser = make_parser(prog, f"{DESCRIPTION}\n\n{paper_rows_help()}", EXAMPLES,
+                         default_config_path("default.yaml"))
     parser.add_argument("--grid", nargs="+", required=True, metavar="AXIS[=V1,V2]",
                         help="axes to vary: names (the paper's values) or name=v1,v2 "
                              f"(explicit). Axes: {_axes_help()}. Or `paper`: the rows the "
