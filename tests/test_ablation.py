@@ -7,6 +7,7 @@ import csv
 import io
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -274,3 +275,123 @@ def check_table_matches_runs(result, children) -> None:
         # world's zero-shot suite (shape, color, shape + color).
         assert all(row[column] != "" for column in PAPER_COLUMNS), row
         assert float(row["ZS"]) == pytest.approx(measured["zs_world_avg"], abs=0.006)
+
+
+# ---------------------------------------------------------------------------------------
+# The authors' rows (--grid paper)
+# ---------------------------------------------------------------------------------------
+
+def _coco_base():
+    from csclip.config import load_config
+    from csclip.train import TrainConfig
+
+    return load_config(TrainConfig, REPO_ROOT / "configs" / "coco.yaml", [])
+
+
+def test_paper_grid_on_the_authors_base_is_their_runs():
+    grid = grids.expand_paper_grid(_coco_base())
+    assert grid.label == "paper"
+    # Their launcher's values (run_ablations.sh), batch-size rows with its linearly scaled
+    # lr printed with '.1e' (32 -> 1.3e-6), the base run shared by every group.
+    assert [s.key for s in grid.settings] == [
+        "base", "lr=1e-6", "lr=2e-6", "lr=1e-5", "lr=2e-5", "bs=32,lr=1.3e-6",
+        "bs=64,lr=2.5e-6", "wd=1e-3", "wd=5e-3", "wd=0.02", "wd=0.05", "units=1", "units=3",
+        "units=4", "relfrac=0", "relfrac=0.25", "relfrac=0.5", "relfrac=0.75"]
+    assert [r.label for r in grid.rows if r.is_base] == [
+        "lr 5e-6", "bs 128 lr 5e-6", "wd 0.01", "N 2", "rel 1", "swap 1"]
+    assert all(r.source for r in grid.rows)
+    # The swap-fraction runs added a ranking loss we do not have: listed, not trained.
+    unavailable = [r for r in grid.rows if r.unavailable]
+    assert [r.label for r in unavailable] == ["swap 0", "swap 0.25", "swap 0.5", "swap 0.75"]
+    assert all("ranking loss" in r.unavailable for r in unavailable)
+    assert not any(s.key.startswith("swapfrac") for s in grid.settings)
+    table = reports.build_table(grid, {"base": {"ht_all": 69.3}})
+    line = next(x for x in table.markdown().splitlines() if x.startswith("| swap 0 "))
+    assert "not run: their run added a ranking loss" in line and "69.3" not in line
+    assert grids.sweep_name(_coco_base(), grid).startswith("ablate-paper-")
+
+
+def test_paper_grid_selection_and_relative_rows(tmp_path, mlflow_uri):
+    base = tiny_config(tmp_path, mlflow_uri)  # lr 1e-4, batch 8
+    rows = grids.parse_paper_grid(["paper=bs,wd-1e-3"])
+    assert [r.id for r in rows] == ["bs-32", "bs-64", "bs-128", "wd-1e-3"]
+    grid = grids.expand_paper_grid(base, rows)
+    # The paper's batch ratios to 128 on batch 8, lr scaled linearly as their launcher does.
+    assert [s.key for s in grid.settings] == ["base", "bs=2,lr=2.5e-5", "bs=4,lr=5e-5",
+                                              "wd=1e-3"]
+    for tokens, message in ((["paper=foo"], "'foo' is neither a group"),
+                            (["paper", "lr"], "'paper' is a grid of its own"),
+                            (["paper="], "empty value")):
+        with pytest.raises(ConfigError, match=message):
+            grids.parse_paper_grid(tokens)
+    with pytest.raises(ConfigError, match="every selected row is unavailable"):
+        grids.expand_paper_grid(base, grids.parse_paper_grid(["paper=swapfrac-0"]))
+
+
+def test_ablate_help_lists_the_authors_rows_with_sources():
+    out = subprocess.run([sys.executable, str(REPO_ROOT / "tune" / "ablate.py"), "--grid",
+                          "paper", "--help"], capture_output=True, text=True, check=True).stdout
+    for text in ("lr-1e-6", "bs-32 lr 1.3e-6", "wd-5e-3", "units-4", "relfrac-0.25",
+                 "swapfrac-0.5 (NOT RUN)", "run_ablations.sh@16276c7",
+                 "ablation_weight_decay.ipynb@16276c7", "ranking loss"):
+        assert text in out, text
+
+
+@dataclass(frozen=True)
+class FakeReport:
+    """What a trial's evaluation returns, as far as the selection reads it."""
+
+    metrics: dict
+
+
+def test_trial_selection_paper_evaluates_every_kept_step(tmp_path):
+    from csclip.ablation.trial import evaluate_selected
+
+    run = tmp_path / "run"
+    for folder, step in (("checkpoint_000000", 1), ("checkpoint_000001", 2), ("final", 2)):
+        (run / folder).mkdir(parents=True)
+        (run / folder / "model_spec.json").write_text("{}")
+        (run / folder / "metrics.json").write_text(f'{{"step": {step}}}')
+    i2t = {"checkpoint_000000": 70.0, "checkpoint_000001": 40.0, "final": 40.0}
+    seen = []
+
+    def evaluate(config, uri, seed):
+        seen.append(Path(uri).name)
+        return FakeReport({"comp_i2t": i2t[Path(uri).name], "ht_all": 50.0})
+
+    final = evaluate_selected(None, str(run / "final"), 0, evaluate, "final")
+    assert seen == ["final"] and "selected_step" not in final.metrics
+    seen.clear()
+    picked = evaluate_selected(None, str(run / "final"), 0, evaluate, "paper")
+    assert seen == ["checkpoint_000000", "checkpoint_000001"]  # final/ is step 2 again
+    assert picked.metrics["selected_step"] == 1 and picked.metrics["comp_i2t"] == 70.0
+
+
+@pytest.mark.slow
+def test_two_paper_rows_train_and_fill_the_table(tmp_path, mlflow_uri, ray_session):
+    # Two checkpoints per trial, and the authors' selection among them.
+    base = grids.with_values(tiny_config(tmp_path, mlflow_uri),
+                             {"run.checkpoint_every": 1, "run.num_to_keep": 4}, origin="test")
+    grid = grids.expand_paper_grid(base, grids.parse_paper_grid(["paper=wd-1e-3,units-1"]))
+    assert [s.key for s in grid.settings] == ["wd=1e-3", "units=1"]
+    result = sweeps.run_sweep(base, grid, max_concurrent=2, select="paper")
+    assert not result.errors and result.name.startswith("ablate-paper-")
+    assert result.name != grids.sweep_name(base, grid)  # the selection is part of the name
+    client, children = _child_runs(mlflow_uri, result.parent_run_id)
+    assert set(children) == {"wd=1e-3", "units=1"}
+    assert children["wd=1e-3"].data.params["optim.weight_decay"] == "0.001"
+    assert children["units=1"].data.params["sampling.num_unit_slots"] == "1"
+    rows = list(csv.DictReader(io.StringIO(result.report.csv.read_text())))
+    assert [(r["setting"], r["status"]) for r in rows] == [("wd 1e-3", "done"), ("N 1", "done")]
+    for row, key in zip(rows, ("wd=1e-3", "units=1"), strict=True):
+        assert float(row["HT All"]) == pytest.approx(children[key].data.metrics["ht_all"],
+                                                     abs=0.006)
+    for key in ("wd=1e-3", "units=1"):
+        assert children[key].data.metrics["selected_step"] in (1.0, 2.0)
+    markdown = result.report.markdown.read_text()
+    assert "ablation_weight_decay.ipynb@16276c7" in markdown
+    assert "Checkpoints selected on the test benchmarks" in result.table.markdown().splitlines()[0]
+    assert "Checkpoints selected on the test benchmarks" in markdown
+    trial_md = client.download_artifacts(children["units=1"].info.run_id, "trial.md", str(tmp_path))
+    assert "Checkpoint selected on the test benchmarks: step" in Path(trial_md).read_text()
+    assert client.get_run(result.parent_run_id).data.params["grid"] == "paper: wd=1e-3, units=1"

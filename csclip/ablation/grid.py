@@ -113,13 +113,18 @@ def slugify(key: str) -> str:
 
 @dataclass(frozen=True)
 class Row:
-    """A table row: which axis and value it shows, and the setting that produced it."""
+    """A table row: which axis and value it shows, and the setting that produced it.
+
+    source: where the row comes from (the paper grid's rows name the authors' file and
+    commit); unavailable: why the row is listed but not trained (None: it is trained)."""
 
     label: str
     axis: str
     value: Any
     setting: Setting
     is_base: bool
+    source: str = ""
+    unavailable: str | None = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,15 @@ class Grid:
     settings: tuple[Setting, ...]
     rows: tuple[Row, ...]
     base_values: dict[str, Any] = field(default_factory=dict)
+    # A named grid ("paper"): its name stands for the axes in the sweep's name and params.
+    label: str = ""
+
+    def describe(self, base: BaseModel) -> str:
+        """The grid as the sweep's `grid` parameter: "units=1,2", or the named grid's rows."""
+        if self.label:
+            return f"{self.label}: " + ", ".join(s.key for s in self.settings)
+        return " ".join(f"{s.axis}={','.join(map(format_value, axis_values(s, base)))}"
+                        for s in self.axes)
 
 
 def format_value(value: Any) -> str:
@@ -223,12 +237,196 @@ def check_setting(base: BaseModel, setting: Setting) -> BaseModel:
     return with_values(base, values, origin=f"--grid {setting.key}")
 
 
-def sweep_name(base: BaseModel, grid: Grid) -> str:
-    """Deterministic experiment name: the axes plus a hash of the base config and the
-    settings, so the same command finds (and resumes) the same sweep."""
-    payload = json.dumps({"base": base.model_dump(mode="json"),
-                          "settings": [s.key for s in grid.settings], "full": grid.full},
-                         sort_keys=True)
+def sweep_name(base: BaseModel, grid: Grid, select: str = "final") -> str:
+    """Deterministic experiment name: the axes plus a hash of the base config, the
+    settings and the checkpoint selection, so the same command finds (and resumes) the
+    same sweep."""
+    content: dict[str, Any] = {"base": base.model_dump(mode="json"),
+                               "settings": [s.key for s in grid.settings], "full": grid.full}
+    if select != "final":  # the default keeps the names (and resumes) of earlier sweeps
+        content["select"] = select
+    payload = json.dumps(content, sort_keys=True)
     digest = hashlib.sha256(payload.encode()).hexdigest()[:8]
-    axes = "-".join(s.axis for s in grid.axes)
+    axes = grid.label or "-".join(s.axis for s in grid.axes)
     return f"ablate-{axes}{'-full' if grid.full else ''}-{digest}"
+
+
+# ---------------------------------------------------------------------------------------
+# The authors' rows (`--grid paper`): the runs behind the paper's Tables 16-17
+# ---------------------------------------------------------------------------------------
+
+# Everything below is read from kargibora/CS-CLIP at commit 16276c7 (2026-02-11), the last
+# commit that holds the ablation launcher, the ablation configs and the notebooks that make
+# the tables (0bce1fb removed them; 3ee9d84, 2325a1c and HEAD do not have them).
+AUTHORS_COMMIT = "16276c7"
+LAUNCHER = f"run_ablations.sh@{AUTHORS_COMMIT}"
+
+
+def _notebook(name: str) -> str:
+    return f"experiments/ablations/ablation_{name}.ipynb@{AUTHORS_COMMIT}"
+
+
+def _runs(name: str) -> str:
+    return f"experiments/configs/ablations/abl_{name}.json@{AUTHORS_COMMIT}"
+
+
+# The values of the authors' base run (train_structured.sh@16276c7 defaults, the
+# `csclip-negclip-hard-new_cleaned` run every notebook compares against).
+PAPER_BASE: dict[str, float | int] = {"lr": 5e-6, "bs": 128, "wd": 1e-2, "units": 2,
+                                      "relfrac": 1.0, "swapfrac": 1.0}
+
+# Their swap-fraction runs (27-Dec; "lf1.0_lc0.5_lr0.2" in the run name, which
+# train_structured.sh writes only for LAMBDA_RANK > 0) added a ranking loss, weight 0.2,
+# margin 0.1 (s(full) > s(unit) + margin). csclip has no such loss: the rows are listed, not
+# approximated by a run without it.
+RANK_LOSS = "their run added a ranking loss (lambda_rank 0.2, margin 0.1) csclip does not have"
+
+
+@dataclass(frozen=True)
+class PaperRow:
+    """One row the authors trained: its values on their base (lr 5e-6, batch 128, wd 1e-2,
+    N 2, relation and swap fraction 1), where it comes from, and why it is not trained here
+    when it is not (unavailable)."""
+
+    id: str  # "lr-1e-6": what `--grid paper=<id>` selects
+    group: str  # the axis the row varies (its table panel)
+    values: tuple[tuple[str, float | int], ...]
+    source: str
+    unavailable: str | None = None
+
+    @property
+    def is_paper_base(self) -> bool:
+        return all(_same(v, PAPER_BASE[a]) for a, v in self.values)
+
+
+def _row(group: str, value: float | int, source: str, unavailable: str | None = None,
+         **extra: float | int) -> PaperRow:
+    values = ((group, value), *extra.items())
+    return PaperRow(f"{group}-{format_value(value)}", group, values, source, unavailable)
+
+
+_LR = f"{LAUNCHER} (LR in 1e-6 2e-6 5e-6 1e-5 2e-5); {_notebook('learning_rate')}; " \
+      f"{_runs('learning_rate')}"
+_BS = f"{LAUNCHER} (BS in 32 64 128, LR = 5e-6 x BS / 128 printed with '.1e'); " \
+      f"{_notebook('batch_size')}; {_runs('learning_rate')}"
+_WD = f"{LAUNCHER} (WD in 1e-3 5e-3 1e-2 2e-2 5e-2); {_notebook('weight_decay')}; " \
+      f"{_runs('weight_decay')}"
+_N = f"{LAUNCHER} (NUM_COMPONENT_CAPTIONS in 1 3 4); {_notebook('num_comp_captions')} " \
+     "(its 17-Jan runs, without the ranking loss of the earlier 25-Dec runs in " \
+     f"{_runs('num_comp_captions')})"
+_REL = f"{LAUNCHER} (STRUCTURED_RELATION_PROB in 0 0.25 0.5 0.75 1, BINDING_NEGATIVE_PROB " \
+       f"0); {_notebook('relation_prob')} (0: run ablation_components_only); {_runs('rel_prob')}"
+_SWAP = f"{LAUNCHER} (SWAP_NEGATIVE_PROB in 0 0.25 0.5 0.75, INPLACE_REPLACEMENT_PROB 1); " \
+        f"{_notebook('swap_prob')} (0, 0.5); {_runs('swap_inplace_grid')} (0.25, 0.75)"
+_BASE = f"the base run csclip-negclip-hard-new_cleaned (19-Dec), every {_notebook('*')} row " \
+        "'CS-CLIP (...)'"
+
+# Group order and rows as in the authors' notebooks; the base value's row is the base run.
+PAPER_ROWS: tuple[PaperRow, ...] = (
+    _row("lr", 1e-6, _LR), _row("lr", 2e-6, _LR), _row("lr", 5e-6, _BASE),
+    _row("lr", 1e-5, _LR), _row("lr", 2e-5, _LR),
+    _row("bs", 32, _BS, lr=1.3e-6), _row("bs", 64, _BS, lr=2.5e-6),
+    _row("bs", 128, _BASE, lr=5e-6),
+    _row("wd", 1e-3, _WD), _row("wd", 5e-3, _WD), _row("wd", 1e-2, _BASE),
+    _row("wd", 2e-2, _WD), _row("wd", 5e-2, _WD),
+    _row("units", 1, _N), _row("units", 2, _BASE), _row("units", 3, _N), _row("units", 4, _N),
+    _row("relfrac", 0.0, _REL), _row("relfrac", 0.25, _REL), _row("relfrac", 0.5, _REL),
+    _row("relfrac", 0.75, _REL), _row("relfrac", 1.0, _BASE),
+    _row("swapfrac", 0.0, _SWAP, RANK_LOSS), _row("swapfrac", 0.25, _SWAP, RANK_LOSS),
+    _row("swapfrac", 0.5, _SWAP, RANK_LOSS), _row("swapfrac", 0.75, _SWAP, RANK_LOSS),
+    _row("swapfrac", 1.0, _BASE),
+)
+PAPER_GROUPS: tuple[str, ...] = tuple(dict.fromkeys(r.group for r in PAPER_ROWS))
+
+
+def is_paper_grid(tokens: Sequence[str]) -> bool:
+    """Whether `--grid` names the authors' rows (`paper` or `paper=<groups or row ids>`)."""
+    return any(t.strip().split("=", 1)[0] == "paper" for t in tokens)
+
+
+def parse_paper_grid(tokens: Sequence[str]) -> tuple[PaperRow, ...]:
+    """The authors' rows `--grid` selects: `paper` (all), `paper=lr,bs` (groups),
+    `paper=wd-1e-3,units-1` (rows by id), or a mix. Raises ConfigError naming a bad token."""
+    if len(tokens) != 1:
+        raise ConfigError(f"--grid {' '.join(tokens)}: 'paper' is a grid of its own; give "
+                          "it alone, e.g. --grid paper or --grid paper=lr,wd-1e-3")
+    _, sep, raw = tokens[0].partition("=")
+    if not sep:
+        return PAPER_ROWS
+    wanted = [w.strip() for w in raw.split(",")]
+    if not raw.strip() or any(not w for w in wanted):
+        raise ConfigError(f"--grid {tokens[0]!r}: empty value; write e.g. paper=lr,wd-1e-3")
+    ids = {r.id: r for r in PAPER_ROWS}
+    chosen: dict[str, PaperRow] = {}
+    for name in wanted:
+        if name in PAPER_GROUPS:
+            chosen.update((r.id, r) for r in PAPER_ROWS if r.group == name)
+        elif name in ids:
+            chosen[name] = ids[name]
+        else:
+            raise ConfigError(f"--grid {tokens[0]!r}: {name!r} is neither a group "
+                              f"({', '.join(PAPER_GROUPS)}) nor a row id (e.g. lr-1e-6, "
+                              "bs-32, swapfrac-0.5; `--help` lists them)")
+    return tuple(r for r in PAPER_ROWS if r.id in chosen)
+
+
+def paper_values(base: BaseModel, row: PaperRow) -> tuple[tuple[str, Any], ...]:
+    """A row's values on `base`. On the authors' base (configs/coco.yaml: lr 5e-6, batch
+    128) they are theirs exactly. Learning rates are the paper's ratios to its 5e-6 (as
+    the `lr` axis), so on another base they bracket its lr the same way; a batch-size row
+    keeps the paper's ratio to 128 with the learning rate scaled linearly by their formula
+    (`f"{lr * bs / base_bs:.1e}"`, so 32 gets 1.3e-6 on 5e-6, not 1.25e-6); weight decay,
+    N and the fractions are absolute."""
+    base_lr, base_bs = get_field(base, AXES["lr"].field), get_field(base, AXES["bs"].field)
+    if row.group == "lr":
+        return (("lr", float(f"{base_lr * row.values[0][1] / PAPER_BASE['lr']:.6g}")),)
+    if row.group == "bs":
+        batch = max(1, round(base_bs * row.values[0][1] / PAPER_BASE["bs"]))
+        return (("bs", batch), ("lr", float(f"{base_lr * batch / base_bs:.1e}")))
+    return row.values
+
+
+def expand_paper_grid(base: BaseModel, rows: Sequence[PaperRow] = PAPER_ROWS) -> Grid:
+    """The authors' rows around `base`, one table row each (in their notebooks' order);
+    the rows equal to `base` share its trial, rows csclip cannot train are kept in the
+    table as unavailable (with the reason) and get no trial. Every trained setting is
+    validated through the config model here, before any Ray work."""
+    settings: dict[str, Setting] = {}
+    out: list[Row] = []
+    for row in rows:
+        values = paper_values(base, row)
+        differs = tuple((a, v) for a, v in values if not _same(v, get_field(base, AXES[a].field)))
+        setting = Setting(differs)
+        label = " ".join(f"{AXES[a].label} {format_value(v)}" for a, v in values)
+        if row.unavailable is None:
+            check_setting(base, setting)
+            settings.setdefault(setting.key, setting)
+        out.append(Row(label, row.group, values[0][1], setting,
+                       not differs and row.unavailable is None, row.source,
+                       row.unavailable))
+    if not settings:
+        raise ConfigError("--grid paper: every selected row is unavailable ("
+                          f"{'; '.join(sorted({r.unavailable or '' for r in rows}))}); "
+                          "select rows csclip can train")
+    ordered = tuple(sorted(settings.values(), key=lambda s: s.key != "base"))
+    return Grid((), False, ordered, tuple(out), {}, label="paper")
+
+
+def paper_rows_help() -> str:
+    """The authors' rows by group with their sources, for `--help`."""
+    sources = {"lr": _LR, "bs": _BS, "wd": _WD, "units": _N, "relfrac": _REL, "swapfrac": _SWAP}
+    lines = [f"the authors' rows (`--grid paper`, kargibora/CS-CLIP@{AUTHORS_COMMIT}; "
+             "values on their base; docs/ablation.md):"]
+    for group in PAPER_GROUPS:
+        rows = [r for r in PAPER_ROWS if r.group == group]
+        names = []
+        for row in rows:
+            extra = "".join(f" {a} {format_value(v)}" for a, v in row.values[1:])
+            mark = " (base run)" if row.is_paper_base else " (NOT RUN)" if row.unavailable else ""
+            names.append(f"{row.id}{extra}{mark}")
+        lines.append(f"  {group}: {', '.join(names)}")
+        lines.append(f"      source: {sources[group]}")
+        for reason in dict.fromkeys(r.unavailable for r in rows if r.unavailable):
+            lines.append(f"      NOT RUN: {reason}")
+    lines.append(f"  base run: {_BASE}")
+    return "\n".join(lines)

@@ -57,10 +57,12 @@ class AblationTable:
     rows: tuple[Row, ...]
     values: tuple[tuple[float | None, ...], ...]  # per row, per TABLE_COLUMNS entry
     status: tuple[str, ...]  # per row: "done" or why the row has no numbers
+    caption: str = ""  # a line above the table (e.g. how the checkpoints were selected)
 
     def markdown(self) -> str:
         header = ["setting", *(name for name, _ in TABLE_COLUMNS)]
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines = [self.caption, ""] if self.caption else []
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for row, values, status in zip(self.rows, self.values, self.status, strict=True):
             label = f"**{row.label}** (base)" if row.is_base else row.label
             if status != "done":
@@ -83,15 +85,20 @@ class AblationTable:
 
 
 def build_table(grid: Grid, metrics_by_setting: Mapping[str, Mapping[str, Any] | None],
-                status_by_setting: Mapping[str, str] | None = None) -> AblationTable:
+                status_by_setting: Mapping[str, str] | None = None,
+                caption: str = "") -> AblationTable:
     """Fill the grid's rows with each setting's metrics (missing settings stay empty)."""
     values, status = [], []
     for row in grid.rows:
+        if row.unavailable:  # listed with its reason, never filled from another trial
+            values.append(tuple(None for _ in TABLE_COLUMNS))
+            status.append(f"not run: {row.unavailable}")
+            continue
         metrics = metrics_by_setting.get(row.setting.key)
         values.append(tuple(column_value(metrics, keys) for _, keys in TABLE_COLUMNS))
         default = "done" if metrics is not None else "not run"
         status.append((status_by_setting or {}).get(row.setting.key, default))
-    return AblationTable(grid.rows, tuple(values), tuple(status))
+    return AblationTable(grid.rows, tuple(values), tuple(status), caption)
 
 
 HT_COLUMNS = ("HT All", "HT Ent", "HT Rel")
@@ -151,10 +158,17 @@ def write_report(table: AblationTable, out_dir: str | Path, title: str) -> Repor
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md_path, csv_path = out / "ablation.md", out / "ablation.csv"
-    md_path.write_text(f"# {title}\n\n{TABLE_CAPTION}\n\n{table.markdown()}")
+    md_path.write_text(f"# {title}\n\n{TABLE_CAPTION}\n\n{table.markdown()}{sources(table)}")
     csv_path.write_text(table.csv())
     png_path = plot_table(table, out / "ablation.png")
     return ReportFiles(md_path, csv_path, png_path)
+
+
+def sources(table: AblationTable) -> str:
+    """Where each row comes from (the authors' rows name their file and commit), as a
+    list under the table; empty for rows without a source."""
+    lines = [f"- {row.label}: {row.source}" for row in table.rows if row.source]
+    return "\nSources:\n\n" + "\n".join(lines) + "\n" if lines else ""
 
 
 TABLE_CAPTION = ("Columns as in the paper's Tables 16-17: compositionality (I2T, T2I, Grp), "

@@ -16,15 +16,19 @@ from pydantic import BaseModel
 from csclip import tracking
 from csclip.ablation.grid import (
     Grid,
-    axis_values,
-    format_value,
     get_field,
     slugify,
     sweep_name,
     with_values,
 )
 from csclip.ablation.report import AblationTable, ReportFiles, build_table, publish_report
-from csclip.ablation.trial import SweepContext, evaluate_trial, run_trial, trial_config
+from csclip.ablation.trial import (
+    SweepContext,
+    evaluate_selected,
+    evaluate_trial,
+    run_trial,
+    trial_config,
+)
 from csclip.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -108,7 +112,8 @@ def tune_storage(config: BaseModel) -> str:
 
 def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
               trial_cpus: float = TRIAL_CPUS, eval_seed: int = 0, reevaluate: bool = False,
-              evaluate: Callable | None = None, suites: dict | None = None) -> SweepResult:
+              evaluate: Callable | None = None, suites: dict | None = None,
+              select: str = "final") -> SweepResult:
     """Run (or resume) a sweep: one Tune trial per setting of `grid`, each a Ray Train
     fine-tune plus evaluation; then the table, plot and MLflow parent run.
 
@@ -119,6 +124,9 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
     `(config, checkpoint_uri, seed) -> report` (default evaluate_trial; see run_trial).
     suites: the evaluation's suites (a SuitesConfig as a dict; default the world's), e.g.
     real-data suites with --reevaluate, which rewrites the report with their columns.
+    select: "final" (default) evaluates each trial's final checkpoint; "paper" the saved
+    step with the highest mean I2T on the evaluated benchmarks (the authors' selection,
+    csclip.eval.selection), and the report says so.
     Ray must be initialised by the caller.
     """
     import time
@@ -130,7 +138,7 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
     started = time.time()
     if suites and evaluate is None:
         evaluate = functools.partial(evaluate_trial, suites=suites)
-    name = sweep_name(base, grid)
+    name = sweep_name(base, grid, select)
     base = resolve_paths(base)
     tracking.check_shared_store(base.tracking.uri, "the sweep's trials")
     storage = tune_storage(base)
@@ -139,9 +147,9 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
     parent_tags = {"csclip_sweep": name, "csclip_role": "sweep"}
     parent_id = tracking.find_or_create_run(client, experiment_id, parent_tags, run_name=name)
     tracking.log_params(client, parent_id, {
-        "grid": " ".join(f"{s.axis}={','.join(map(format_value, axis_values(s, base)))}"
-                         for s in grid.axes),
+        "grid": grid.describe(base),
         "full_grid": grid.full, "num_trials": len(grid.settings),
+        "checkpoint_selection": select,
         **{f"base.{k}": v for k, v in flatten(base).items()
            if k not in ("tracking.uri", "run.storage_path", "run.name")},
     })
@@ -149,7 +157,8 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
                            settings={s.key: [[a, v] for a, v in s.values] for s in grid.settings},
                            parent_run_id=parent_id,
                            tracking_uri=base.tracking.uri,
-                           mlflow_experiment=base.tracking.experiment, eval_seed=eval_seed)
+                           mlflow_experiment=base.tracking.experiment, eval_seed=eval_seed,
+                           select=select)
     if max_concurrent is None:
         from csclip.cluster import max_resources
 
@@ -177,9 +186,16 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
     metrics, status, errors = collect_results(tuner.fit())
     report_uri = f"{storage}/{name}-report"
     if reevaluate:
-        reevaluate_trials(base, grid, name, metrics, client, eval_seed, report_uri, suites)
+        reevaluate_trials(base, grid, name, metrics, client, eval_seed, report_uri, suites,
+                          select)
     metrics = {k: {**m, **_stored_evaluations(report_uri).get(k, {})} for k, m in metrics.items()}
-    table = build_table(grid, metrics, status)
+    caption = ""
+    if select == "paper":
+        from csclip.eval.selection import SELECTION_LABEL
+
+        caption = (f"Checkpoints {SELECTION_LABEL}: each trial at its kept step with the "
+                   "highest mean I2T on the benchmarks below (the authors' selection).")
+    table = build_table(grid, metrics, status, caption=caption)
     report = publish_report(table, report_uri, title=f"Ablation {name}")
     for artifact in (report.markdown, report.csv, report.png):
         client.log_artifact(parent_id, str(artifact))
@@ -195,7 +211,7 @@ EVALUATIONS_FILE = "evaluations.json"  # re-evaluated metrics, by setting key
 
 def reevaluate_trials(base: BaseModel, grid: Grid, sweep: str, metrics: Mapping[str, dict],
                       client, eval_seed: int, report_uri: str,
-                      suites: dict | None = None) -> None:
+                      suites: dict | None = None, select: str = "final") -> None:
     """Evaluate each finished trial's checkpoint again (the evaluation grew a suite, or was
     fixed, after the trials trained). The new metrics go to the trial's child run (tag
     csclip_reevaluated) and to <report>/evaluations.json, which later reruns read too."""
@@ -208,7 +224,8 @@ def reevaluate_trials(base: BaseModel, grid: Grid, sweep: str, metrics: Mapping[
     for key, old in metrics.items():
         started = time.time()
         config = trial_config(base, settings[key], sweep)
-        report = evaluate_trial(config, old["checkpoint_uri"], eval_seed, suites)
+        report = evaluate_selected(config, old["checkpoint_uri"], eval_seed,
+                                   functools.partial(evaluate_trial, suites=suites), select)
         new = {k: float(v) for k, v in report.metrics.items()
                if isinstance(v, int | float) and not isinstance(v, bool)}
         stored[key] = new

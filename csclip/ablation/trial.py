@@ -31,6 +31,9 @@ class SweepContext(BaseModel):
     tracking_uri: str
     mlflow_experiment: str
     eval_seed: int = 0
+    # Which checkpoint of each trial is evaluated: its final one, or "paper": the saved
+    # step with the highest mean I2T on the evaluated benchmarks (csclip.eval.selection).
+    select: str = "final"
 
     def setting(self, key: str) -> Setting:
         return Setting(tuple((str(a), v) for a, v in self.settings[key]))
@@ -99,7 +102,8 @@ def _train_and_evaluate(config: BaseModel, setting: Setting, context: SweepConte
     started = time.time()
     result = train.run(config, callbacks=[TuneReportCallback()])
     trained = time.time()
-    report = evaluate(config, result.checkpoint_uri, context.eval_seed)
+    report = evaluate_selected(config, result.checkpoint_uri, context.eval_seed, evaluate,
+                               context.select)
     metrics = {k: float(v) for k, v in report.metrics.items()
                if isinstance(v, int | float) and not isinstance(v, bool)}
     metrics["trial_train_seconds"] = trained - started
@@ -143,6 +147,27 @@ def evaluate_trial(config: BaseModel, checkpoint_uri: str, seed: int, suites: di
                            suites=SuitesConfig.model_validate(suites or {}))
 
 
+def evaluate_selected(config: BaseModel, checkpoint_uri: str, seed: int, evaluate: Callable,
+                      select: str = "final"):
+    """The trial's evaluation report. select "final": `evaluate` on the final checkpoint;
+    "paper": `evaluate` on every checkpoint the Train run kept (the final checkpoint's
+    run directory), and the report of the step the authors' rule picks, with
+    `selected_step` in its metrics (csclip.eval.selection)."""
+    if select == "final":
+        return evaluate(config, checkpoint_uri, seed)
+    from dataclasses import replace
+
+    from csclip.eval.selection import saved_checkpoints, select_paper
+
+    run_dir = checkpoint_uri.rstrip("/").rsplit("/", 1)[0]
+    reports = {c.step: evaluate(config, c.uri, seed) for c in saved_checkpoints(run_dir)}
+    selection = select_paper({step: r.metrics for step, r in reports.items()})
+    chosen = reports[selection.step]
+    logger.info("%s: step %d selected on the test benchmarks (mean I2T by step %s)", run_dir,
+                selection.step, selection.mean_i2t)
+    return replace(chosen, metrics={**chosen.metrics, "selected_step": float(selection.step)})
+
+
 def _log_trial_files(client, run_id: str, setting: Setting, report,
                      curves: Mapping[str, list[tuple[int, float]]]) -> None:
     """The trial's own tables (its row in the Tables 16-17 layout; the evaluation's
@@ -153,7 +178,12 @@ def _log_trial_files(client, run_id: str, setting: Setting, report,
     from csclip.eval.report import paper_tables, plot_figure3
 
     grid = Grid((), False, (setting,), (Row(setting.key, "trial", None, setting, False),))
-    table = build_table(grid, {setting.key: report.metrics})
+    caption = ""
+    if "selected_step" in report.metrics:
+        from csclip.eval.selection import SELECTION_LABEL
+
+        caption = f"Checkpoint {SELECTION_LABEL}: step {report.metrics['selected_step']:.0f}."
+    table = build_table(grid, {setting.key: report.metrics}, caption=caption)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         (out / "trial.md").write_text(f"# trial {setting.key}\n\n{TABLE_CAPTION}\n\n"

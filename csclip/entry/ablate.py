@@ -27,7 +27,7 @@ directory is shipped to its workers (docs/cluster.md)."""
 
 EXAMPLES = (
     "%(prog)s --grid lr,units                        # the paper's values, default config",
-    "%(prog)s --config configs/coco.yaml --grid lr=1e-6,5e-6 units=1,2 --full-grid",
+    "%(prog)s --config configs/coco.yaml --grid paper   # the rows the authors trained (below)",
 )
 
 
@@ -38,10 +38,15 @@ def _axes_help() -> str:
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    parser = make_parser(prog, DESCRIPTION, EXAMPLES, default_config_path("default.yaml"))
+    from csclip.ablation.grid import paper_rows_help
+
+    parser = make_parser(prog, f"{DESCRIPTION}\n\n{paper_rows_help()}", EXAMPLES,
+                         default_config_path("default.yaml"))
     parser.add_argument("--grid", nargs="+", required=True, metavar="AXIS[=V1,V2]",
                         help="axes to vary: names (the paper's values) or name=v1,v2 "
-                             f"(explicit). Axes: {_axes_help()}")
+                             f"(explicit). Axes: {_axes_help()}. Or `paper`: the rows the "
+                             "authors trained (paper=<groups or row ids> selects some; "
+                             "listed below)")
     parser.add_argument("--full-grid", action="store_true",
                         help="cross product of the axes (default: one axis at a time)")
     parser.add_argument("--address", default=None, metavar="HOST:PORT",
@@ -58,6 +63,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                              "as `csclip evaluate --suite`); with --reevaluate, no retraining")
     parser.add_argument("--data-root", default=None, metavar="PATH",
                         help="folder or s3:// prefix holding the --suite data")
+    parser.add_argument("--select", choices=["final", "paper"], default="final",
+                        help="which checkpoint of each trial is evaluated: final (default) or "
+                             "paper: the saved step with the highest mean I2T on the benchmarks "
+                             "evaluated, as the authors select (the report says 'selected on "
+                             "the test benchmarks'; compares the run.num_to_keep steps kept)")
     parser.add_argument("--results-doc", default=None, metavar="PATH",
                         help="also write the table into the ablation section of this file")
     shortcuts = parser.add_argument_group("shortcuts for the base config (each sets one field)")
@@ -85,13 +95,23 @@ def _ablate(args: argparse.Namespace, command: str) -> int:
     from csclip.ablation import report, sweep
     from csclip.config import load_config
     from csclip.entry.ray_init import init_ray
+    from csclip.errors import ConfigError
 
     overrides = shortcut_overrides({
         "loss.method": args.method, "optim.max_steps": args.max_steps,
         "data.units_uri": args.units, "run.storage_path": args.out,
     }, args.overrides)
     base = load_config(train.TrainConfig, args.config, overrides)
-    grid = grids.expand_grid(base, grids.parse_grid(args.grid), full=args.full_grid)
+    if grids.is_paper_grid(args.grid):
+        if args.full_grid:
+            raise ConfigError("--full-grid: the authors' rows (--grid paper) are one-at-a-time; "
+                              "drop --full-grid")
+        grid = grids.expand_paper_grid(base, grids.parse_paper_grid(args.grid))
+        for row in grid.rows:
+            if row.unavailable:
+                print(f"row {row.label} not run: {row.unavailable}", file=sys.stderr)
+    else:
+        grid = grids.expand_grid(base, grids.parse_grid(args.grid), full=args.full_grid)
     suites = None
     if args.suite:  # checked before Ray starts; the root made absolute for the trials
         from csclip.config import validate_config
@@ -108,8 +128,13 @@ def _ablate(args: argparse.Namespace, command: str) -> int:
         max_concurrent = sweep.max_concurrent_trials(
             {"CPU": os.cpu_count() or 1}, base.run.num_workers, base.run.use_gpu,
             base.run.cpus_per_worker)
+    if args.select == "paper":
+        print(f"--select paper: each trial's kept checkpoints (run.num_to_keep="
+              f"{base.run.num_to_keep}, one every run.checkpoint_every="
+              f"{base.run.checkpoint_every} steps) are evaluated; the best by mean I2T is "
+              "reported, selected on the test benchmarks", file=sys.stderr)
     result = sweep.run_sweep(base, grid, max_concurrent=max_concurrent,
-                             reevaluate=args.reevaluate, suites=suites)
+                             reevaluate=args.reevaluate, suites=suites, select=args.select)
     if args.results_doc:
         report.update_results_doc(args.results_doc, result, command=command)
     print(result.table.markdown())

@@ -75,6 +75,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     shortcuts.add_argument("--allow-partial", action="store_const", const=True, default=None,
                            help="score a benchmark whose images are partly missing, counting "
                                 "those records as skipped: suites.allow_partial")
+    parser.add_argument("--select", choices=["final", "paper"], default="final",
+                        help="which checkpoint of a run: final (default: --checkpoint as given) "
+                             "or paper (--checkpoint is the run's directory; the saved step "
+                             "with the highest mean I2T on the benchmarks evaluated, as the "
+                             "authors select: labelled 'selected on the test benchmarks')")
     return parser
 
 
@@ -106,6 +111,16 @@ def _evaluate(args: argparse.Namespace) -> int:
     from csclip.eval.pipeline import EvalConfig, run_evaluation
 
     config = load_config(EvalConfig, args.config, overrides_from_args(args))
+    if args.select == "paper":  # csclip.eval.selection: every saved step, the authors' pick
+        from csclip.eval.selection import run_selected_evaluation
+
+        selected = run_selected_evaluation(config)
+        print(selected.report.markdown)
+        print(f"step {selected.selection.step} ({selected.checkpoint.uri}) selected on the "
+              f"test benchmarks; tables and selection.md written to {config.out_dir}")
+        if selected.report.mlflow_run_id:
+            print(mlflow_line(selected.report.mlflow_run_id, config.tracking))
+        return 0
     report = run_evaluation(config)
     print(report.markdown)
     print(f"tables and figure written to {config.out_dir}")

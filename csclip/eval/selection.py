@@ -1,0 +1,224 @@
+"""Checkpoint selection as the authors report it (`--select paper`): of a run's saved
+steps, the one with the highest mean I2T over the evaluation benchmarks themselves.
+
+The authors' tables pick, per run, the step whose mean `text_contrastive_accuracy` (I2T)
+over every (dataset, subset) row of their evaluation CSV is highest, among the steps that
+measured the most datasets (kargibora/CS-CLIP@16276c7,
+experiments/ablations/ablation_utils.py `select_checkpoint`, used by every ablation notebook
+with CHECKPOINT_STEP = None), step 0 left out when other steps exist
+(experiments/evalviz/io.py `load_results_from_runs`, the main tables). The benchmarks that
+choose the step are the ones then reported: a selection on the test set. csclip's default
+stays the final checkpoint; this rule is offered to compare with the paper, and every
+table it produces is labelled "selected on the test benchmarks"."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from csclip.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+SELECTION_LABEL = "selected on the test benchmarks"
+SELECTIONS: tuple[str, ...] = ("final", "paper")
+# The synthetic world's compositional suites, the rows when no real benchmark was run.
+WORLD_ROWS: tuple[str, ...] = ("comp_i2t", "comp_i2t_replace")
+
+
+def i2t_rows(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The I2T value of every (benchmark, subset) row measured, as the rows of the
+    authors' evaluation CSV: `<benchmark>_<subset>_i2t` of the real-data suites (a
+    benchmark's own average `<benchmark>_i2t` is not a row), else the world's suites."""
+    from csclip.eval.suites.registry import BENCHMARKS
+
+    # Longest name first, so sugarcrepe_pp_<subset> is not read as a sugarcrepe subset.
+    names = sorted(BENCHMARKS, key=len, reverse=True)
+    rows: dict[str, float] = {}
+    for key, value in metrics.items():
+        if not key.endswith("_i2t") or not _finite(value):
+            continue
+        benchmark = next((b for b in names if key.startswith(f"{b}_")), None)
+        if benchmark is not None and key != f"{benchmark}_i2t":
+            rows[key] = float(value)
+    if rows:
+        return rows
+    return {k: float(metrics[k]) for k in WORLD_ROWS if _finite(metrics.get(k))}
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The chosen step and, per saved step, its mean I2T and how many rows it measured."""
+
+    step: int
+    mean_i2t: dict[int, float | None]
+    num_rows: dict[int, int]
+
+    def markdown(self) -> str:
+        lines = [f"Checkpoint {SELECTION_LABEL}: the saved step with the highest mean I2T "
+                 "over the evaluation benchmarks' rows (the authors' rule).", "",
+                 "| step | mean I2T | rows | selected |", "|---|---|---|---|"]
+        for step in sorted(self.mean_i2t):
+            mean = self.mean_i2t[step]
+            cell = "—" if mean is None else f"{mean:.2f}"
+            lines.append(f"| {step} | {cell} | {self.num_rows[step]} | "
+                         f"{'yes' if step == self.step else ''} |")
+        return "\n".join(lines) + "\n"
+
+    def csv(self) -> str:
+        lines = ["step,mean_i2t,num_rows,selected"]
+        for step in sorted(self.mean_i2t):
+            mean = self.mean_i2t[step]
+            lines.append(f"{step},{'' if mean is None else f'{mean:.4f}'},"
+                         f"{self.num_rows[step]},{step == self.step}")
+        return "\n".join(lines) + "\n"
+
+
+def select_paper(metrics_by_step: Mapping[int, Mapping[str, float]]) -> Selection:
+    """The authors' choice among saved steps: step 0 left out when others exist; of the
+    steps that measured the most rows, the highest mean I2T; a tie goes to the earliest
+    step (pandas' idxmax over steps in order, as their code). Raises ConfigError when no
+    step measured an I2T row (there is nothing to select on)."""
+    if not metrics_by_step:
+        raise ConfigError("--select paper: the run has no saved checkpoints to choose from")
+    rows = {step: i2t_rows(m) for step, m in metrics_by_step.items()}
+    means = {step: (sum(r.values()) / len(r) if r else None) for step, r in rows.items()}
+    counts = {step: len(r) for step, r in rows.items()}
+    candidates = [s for s in sorted(rows) if s != 0] or sorted(rows)
+    most = max(counts[s] for s in candidates)
+    if most == 0:
+        raise ConfigError("--select paper: no compositional benchmark was measured (no I2T "
+                          "row), so no step can be selected; add --suite, or evaluate the "
+                          "world's records")
+    best = max((s for s in candidates if counts[s] == most), key=lambda s: (means[s], -s))
+    return Selection(best, means, counts)
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    step: int
+    uri: str
+
+
+STEP_FILE = "metrics.json"  # each checkpoint's metrics (csclip.train), with its step
+
+
+def saved_checkpoints(run_dir: str) -> list[SavedCheckpoint]:
+    """The checkpoints a training run saved (its checkpoint_* folders, final/ and best/),
+    one per step, in step order. `run_dir` is <run.storage_path>/<run name>, local or
+    s3://. Raises ConfigError when it holds none (e.g. it is a single checkpoint)."""
+    import pyarrow.fs as pafs
+
+    from csclip.model import SPEC_FILE
+    from csclip.storage import exists, filesystem_for, read_bytes
+
+    fs, path = filesystem_for(run_dir)
+    if exists(fs, f"{path}/{SPEC_FILE}"):
+        raise ConfigError(f"--select paper: {run_dir} is one checkpoint; give the run's "
+                          "directory (<run.storage_path>/<run name>), whose saved steps are "
+                          "compared")
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=False, allow_not_found=True))
+    found: dict[int, SavedCheckpoint] = {}
+    # checkpoint_* first: final/ and best/ copy one of them (or a step they no longer keep).
+    for info in sorted(infos, key=lambda i: (not i.base_name.startswith("checkpoint_"),
+                                             i.base_name)):
+        if info.type != pafs.FileType.Directory:
+            continue
+        step_file = f"{info.path}/{STEP_FILE}"
+        if not (exists(fs, f"{info.path}/{SPEC_FILE}") and exists(fs, step_file)):
+            continue
+        step = json.loads(read_bytes(fs, step_file)).get("step")
+        if isinstance(step, int) and step not in found:
+            uri = info.path if "://" not in run_dir else \
+                f"{run_dir.split('://', 1)[0]}://{info.path}"
+            found[step] = SavedCheckpoint(step, uri)
+    if not found:
+        raise ConfigError(f"--select paper: {run_dir} holds no saved checkpoints (folders "
+                          f"with {SPEC_FILE} and {STEP_FILE}); give a training run's directory")
+    return [found[s] for s in sorted(found)]
+
+
+@dataclass(frozen=True)
+class SelectedEvaluation:
+    """The selected checkpoint's evaluation (its report is labelled with the selection)."""
+
+    selection: Selection
+    checkpoint: SavedCheckpoint
+    report: object  # csclip.eval.report.ComparisonReport
+    files: dict[str, Path]
+
+
+def selected_label(model_label: str, step: int) -> str:
+    """The model's name in every table: which step, and that the test benchmarks chose it
+    (only characters MLflow accepts in metric keys)."""
+    return f"{model_label} step {step} - {SELECTION_LABEL}"
+
+
+def evaluate_checkpoints(config, checkpoints: Sequence[SavedCheckpoint]):
+    """Evaluate each saved checkpoint on one benchmark built from the config's records:
+    (records, prepared benchmark, {step: HalfTruthReport})."""
+    from csclip.eval.encoder import Encoder
+    from csclip.eval.halftruth import prepare_benchmark
+    from csclip.eval.pipeline import evaluate_encoder, load_records, model_label
+    from csclip.model import load_bundle
+
+    records = load_records(config.data)
+    prepared = prepare_benchmark(records, config.benchmark)
+    reports = {}
+    for saved in checkpoints:
+        bundle = load_bundle(saved.uri, device=config.scoring.device)
+        reports[saved.step] = evaluate_encoder(
+            model_label(bundle), Encoder.for_bundle(bundle, config.scoring), prepared, records,
+            config.benchmark, config.suites)
+        log.info("step %d: mean I2T %s", saved.step,
+                 _mean_text(i2t_rows(reports[saved.step].metrics)))
+    return records, prepared, reports
+
+
+def _mean_text(rows: Mapping[str, float]) -> str:
+    return f"{sum(rows.values()) / len(rows):.2f} over {len(rows)} rows" if rows else "n/a"
+
+
+def run_selected_evaluation(config) -> SelectedEvaluation:
+    """`csclip evaluate --checkpoint <run dir> --select paper`: evaluate every saved step
+    of the run, keep the one the authors' rule picks, and write its tables (the model
+    named "<model> step <S> - selected on the test benchmarks") plus selection.md/.csv
+    (every step's mean I2T) to config.out_dir; log them to MLflow when tracking is on."""
+    from dataclasses import replace
+
+    from csclip.config import flatten
+    from csclip.eval.report import ComparisonReport, log_comparison, write_outputs
+    from csclip.storage import resolve_output
+    from csclip.tracking import resolve_uri
+
+    if not config.checkpoint:
+        raise ConfigError("--select paper: give the run's directory with --checkpoint")
+    out_dir = Path(resolve_output(config.out_dir, "out_dir"))
+    checkpoints = saved_checkpoints(config.checkpoint)
+    _, prepared, reports = evaluate_checkpoints(config, checkpoints)
+    selection = select_paper({step: r.metrics for step, r in reports.items()})
+    chosen = next(c for c in checkpoints if c.step == selection.step)
+    label = selected_label(reports[selection.step].name, selection.step)
+    selected = {label: replace(reports[selection.step], name=label)}
+    markdown, files = write_outputs(selected, prepared, out_dir)
+    for name, text in (("selection.md", selection.markdown()), ("selection.csv", selection.csv())):
+        (out_dir / name).write_text(text)
+        files[name] = out_dir / name
+    markdown = f"{selection.markdown()}\n{markdown}"
+    run_id = None
+    if config.tracking.enabled:
+        params = {"seed": config.benchmark.seed, **flatten(config),
+                  "checkpoint_selection": f"paper ({SELECTION_LABEL})",
+                  "selected_step": selection.step, "selected_checkpoint": chosen.uri}
+        run_id = log_comparison(selected, files, resolve_uri(config.tracking.uri),
+                                config.tracking.experiment, params)
+    return SelectedEvaluation(selection, chosen, ComparisonReport(selected, markdown, files, run_id),
+                              files)
