@@ -88,9 +88,15 @@ def data_path_costs(rows: int = 512, epochs: int = 3) -> list[tuple[str, float, 
     """CPU microseconds per sample per epoch of the data preparation, in this process:
     (objective, streamed = prepare_batch on the PNG rows, cached = sample_batch on rows
     decode_batch made once), for the CLIP (pretraining, CLIP-FT) and CS-CLIP columns."""
-    from csclip.data import decode_batch, image_shape, prepare_batch, preprocess_key, sample_batch
     from csclip.model import create_bundle, spec_of
-    from csclip.sampling import SamplingConfig
+    from csclip.train.sampling import SamplingConfig
+    from csclip.train.stream import (
+        decode_batch,
+        image_shape,
+        prepare_batch,
+        preprocess_key,
+        sample_batch,
+    )
     from csclip.units import records_to_table
     from csclip.world import WorldConfig, world_record
 
@@ -234,10 +240,10 @@ def main(argv: list[str] | None = None) -> int:
 def time_evaluation(demo, pretrained_uri: str, storage: Path) -> tuple[float, float]:
     """Wall and CPU seconds of the demo's evaluation (three models; here the pretrained
     checkpoint three times: the cost does not depend on the weights)."""
-    from csclip.data import load_split
     from csclip.eval.halftruth import BenchmarkConfig
     from csclip.eval.pipeline import compare_models
     from csclip.model import load_bundle
+    from csclip.records import load_split
 
     records = load_split(None, "val", demo.train.data.world)
     bundles = {name: load_bundle(pretrained_uri) for name in ("a", "b", "c")}

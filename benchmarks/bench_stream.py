@@ -2,7 +2,7 @@
 
     python benchmarks/bench_stream.py [--rows 2000] [--epochs 4] [--repeats 2] [--write-docs]
 
-Consumes csclip.data.training_stream over the synthetic world (csclip-tiny, 64 px, CS-CLIP
+Consumes csclip.train.stream.training_stream over the synthetic world (csclip-tiny, 64 px, CS-CLIP
 columns) with and without `epoch_order` (the baseline keeps the source order), interleaved
 in one Ray session after a warm-up pass, and prints the ratio.
 """
@@ -39,10 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     from ray.data import DataContext
 
     DataContext.get_current().enable_progress_bars = False
-    import csclip.data as data
+    import csclip.train.stream as data
     from csclip.loss import LossConfig, objective_for
     from csclip.model import ModelConfig, spec_from_config
-    from csclip.sampling import SamplingConfig
+    from csclip.train.sampling import SamplingConfig
     from csclip.world.config import WorldConfig
     from csclip.world.ray_source import world_dataset
 

@@ -10,7 +10,7 @@ Shares are counted over records x epochs with the sampler's own seeding. "eligib
 only records that have both an entity and a relation with a foil: there `relation_prob`
 should be the share of relation slots. Relation-foil types are read off the drawn text (a
 stored antonym / negation / swap foil, or a subject / object replaced by one of its
-entity's foils), so the script measures any version of csclip.sampling alike.
+entity's foils), so the script measures any version of csclip.train.sampling alike.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from extraction_quality import DEFAULT_DATA, load_sugarcrepe  # noqa: E402
 from perfdoc import write_section  # noqa: E402
 
-from csclip.sampling import (  # noqa: E402
+from csclip.train.sampling import (  # noqa: E402
     SamplingConfig,
     draw_caption_negative,
     draw_unit_slots,

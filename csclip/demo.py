@@ -18,8 +18,8 @@ from pydantic import Field
 
 from csclip.config import StrictModel
 from csclip.loss import LossConfig
-from csclip.optim import OptimConfig
 from csclip.train import TrainConfig, TrainResult, finished_result, run
+from csclip.train.optim import OptimConfig
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class DemoConfig(StrictModel):
     # relations"). Without a warm start (pretrain.layout_steps 0) nothing is locked.
     lock_image: bool = True
     # Ours (issue 10): CS-CLIP's image-side counterfactual foils in the demo (the scene
-    # re-rendered with a relation's two objects exchanged; csclip.image_foils), with this
+    # re-rendered with a relation's two objects exchanged; csclip.train.image_foils), with this
     # weight μ; they override train.loss.image_foils / image_foil_weight for CS-CLIP.
     # null: train.loss decides. CLIP-FT, the paper's baseline, never has them.
     image_foil_weight: float | None = Field(2.0, ge=0)
@@ -382,10 +382,10 @@ def write_results_doc(demo: DemoConfig, pretrained: TrainResult, finetuned: dict
 
 def evaluate(demo: DemoConfig, pretrained: TrainResult, finetuned: dict[str, TrainResult]) -> str:
     """Compare the three models on the world's validation split; return the markdown."""
-    from csclip.data import load_split
     from csclip.eval.halftruth import BenchmarkConfig
     from csclip.eval.pipeline import compare_models
     from csclip.model import load_bundle
+    from csclip.records import load_split
     from csclip.tracking import resolve_uri
 
     records = load_split(None, "val", demo.train.data.world)

@@ -40,7 +40,7 @@ class LossConfig(StrictModel):
     # in-batch negatives per image whatever the number of GPUs).
     gather: bool = True
     # Ours, beyond the paper (off in every paper preset): image-side counterfactual foils.
-    # Each sample's image with one relation made false (csclip.image_foils) joins the batch
+    # Each sample's image with one relation made false (csclip.train.image_foils) joins the batch
     # with the unit true of it; a relation unit must prefer its own image over the foil,
     # and the image its unit over the foil's: L = L_full + λ·L_unit + μ·L_image_foil.
     image_foils: bool = False

@@ -11,7 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from csclip.data import (
+from csclip.train.sampling import SamplingConfig
+from csclip.train.stream import (
     DataConfig,
     decode_batch,
     image_cache_fits,
@@ -20,7 +21,6 @@ from csclip.data import (
     preprocess_key,
     sample_batch,
 )
-from csclip.sampling import SamplingConfig
 from csclip.units import records_to_table
 from csclip.world import WorldConfig, world_record
 from tests.conftest import REPO_ROOT
@@ -86,8 +86,8 @@ def test_image_cache_fits_by_size():
 
 
 def test_cached_stream_gives_the_streamed_batches(ray_session, preprocess):
-    from csclip.data import training_stream
     from csclip.loss import LossConfig, objective_for
+    from csclip.train.stream import training_stream
 
     source = ray_session.data.from_arrow(_table(12, broken=(2,)))
     kwargs = {"sampling": SamplingConfig(relation_prob=0.5), "preprocess_cfg": preprocess,

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from csclip.config import validate_config
 from csclip.errors import ConfigError
-from csclip.sampling import (
+from csclip.train.sampling import (
     FoilCandidate,
     NegativeKind,
     SamplingConfig,
@@ -112,7 +112,7 @@ def test_texts_do_not_depend_on_the_process_hash_seed():
     # Python's hash() is salted per process; our seeding must not be.
     code = ("import json, sys; sys.path.insert(0, 'tests'); "
             "from test_sampling import horse_record; "
-            "from csclip.sampling import SamplingConfig, sample_texts; "
+            "from csclip.train.sampling import SamplingConfig, sample_texts; "
             "print(json.dumps([sample_texts(horse_record(f's{i}'), SamplingConfig(), 7, 1).units "
             "for i in range(20)]))")
     outputs = []

@@ -10,18 +10,18 @@ import pytest
 import torch
 
 from csclip.config import load_config
-from csclip.data import DataConfig, plan_data, prepare_batch, preprocess_key
 from csclip.errors import ConfigError, CsclipError, DataError
 from csclip.loss import LossConfig, objective_for
 from csclip.model import WEIGHTS_FILE, create_bundle, register_small_models, spec_of
-from csclip.sampling import SamplingConfig
-from csclip.train import (
+from csclip.train.loop import (
     TrainConfig,
     compute_loss,
     finished_result,
     run,
     run_name,
 )
+from csclip.train.sampling import SamplingConfig
+from csclip.train.stream import DataConfig, plan_data, prepare_batch, preprocess_key
 from csclip.units import records_to_table
 from csclip.world import WorldConfig, world_record
 
@@ -182,7 +182,7 @@ def test_killed_run_resumes_and_finishes_with_same_step_count(ray_session, tmp_p
 def test_reused_run_name_with_other_config_is_refused(tmp_path, mlflow_uri):
     import json
 
-    from csclip.train import _final_uri, storage_root
+    from csclip.train.loop import _final_uri, storage_root
 
     config = tiny_config(tmp_path, mlflow_uri, "run.name=fixed")
     final = tmp_path / "runs" / "fixed" / "final"

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from csclip.config import load_config
-from csclip.data import DataConfig, prepare_batch, preprocess_key
 from csclip.errors import CheckpointMismatch, ConfigError
 from csclip.loss import LossConfig, LossParts, objective_for
 from csclip.model import (
@@ -25,16 +24,7 @@ from csclip.model import (
     spec_of,
     unwrap,
 )
-from csclip.optim import OptimConfig, build_optimizer
-from csclip.sampling import SamplingConfig
-from csclip.step import (
-    StepMetrics,
-    StepOptions,
-    build_training,
-    compute_loss,
-    train_step,
-)
-from csclip.train import (
+from csclip.train.loop import (
     TrainConfig,
     _publish,
     _Window,
@@ -44,6 +34,16 @@ from csclip.train import (
     run_name,
     step_options,
 )
+from csclip.train.optim import OptimConfig, build_optimizer
+from csclip.train.sampling import SamplingConfig
+from csclip.train.step import (
+    StepMetrics,
+    StepOptions,
+    build_training,
+    compute_loss,
+    train_step,
+)
+from csclip.train.stream import DataConfig, prepare_batch, preprocess_key
 from csclip.units import records_to_table
 from csclip.world import WorldConfig, world_record
 
@@ -267,7 +267,7 @@ def test_resume_from_is_checked_before_training(tmp_path):
 def test_worker_restores_its_own_checkpoint_before_resume_from(tmp_path, monkeypatch):
     import ray.train
 
-    from csclip.train import _checkpoint_dir
+    from csclip.train.loop import _checkpoint_dir
 
     own = tmp_path / "own"
     own.mkdir()
@@ -353,10 +353,10 @@ def test_pure_bf16_runs_in_bf16_and_steps_fp32_master_weights():
 
 class _SyncCounter:
     """Counts tensor-to-host reads (.item(), .tolist(), bool(), float(), int(), .numpy())
-    called from csclip.step or csclip.train."""
+    called from csclip.train.step or csclip.train."""
 
     METHODS = ("item", "tolist", "__bool__", "__float__", "__int__", "numpy")
-    FILES = ("csclip/step.py", "csclip/train.py")
+    FILES = ("csclip/train/step.py", "csclip/train/loop.py")
 
     def __init__(self, monkeypatch):
         self.calls: list[str] = []

@@ -155,8 +155,8 @@ def compare_models(
 
 
 def load_records(data: EvalDataConfig) -> list[UnitsRecord]:
-    """The evaluation split (csclip.data.load_split)."""
-    from csclip.data import load_split
+    """The evaluation split (csclip.records.load_split)."""
+    from csclip.records import load_split
 
     return load_split(data.units_uri, data.split, data.world)
 

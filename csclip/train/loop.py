@@ -3,7 +3,7 @@
 The driver (`run`) validates the config, checks the data, opens the MLflow run and starts
 the trainer; each worker (`train_loop_per_worker`) builds the model, restores the last
 checkpoint if there is one (or `run.resume_from`), and steps through its Ray Data shard
-with `csclip.step.train_step`. Rerunning the same config resumes: the run name is a hash of
+with `csclip.train.step.train_step`. Rerunning the same config resumes: the run name is a hash of
 the resolved config (or `run.name`).
 """
 
@@ -25,7 +25,6 @@ import torch
 from pydantic import Field, field_validator, model_validator
 
 from csclip.config import StrictModel, flatten
-from csclip.data import DataConfig
 from csclip.errors import CheckpointMismatch, ConfigError, CsclipError
 from csclip.loss import LossConfig, objective_for
 from csclip.model import (
@@ -46,20 +45,21 @@ from csclip.model import (
     save_checkpoint,
     spec_of,
 )
-from csclip.optim import OptimConfig, lr_at
-from csclip.sampling import SamplingConfig
-from csclip.step import (
+from csclip.tracking import TrackingConfig
+from csclip.train.optim import OptimConfig, lr_at
+from csclip.train.sampling import SamplingConfig
+from csclip.train.step import (
     CompileMode,
     Precision,
     StepMetrics,
     StepOptions,
     Training,
-    autocast_dtype,  # noqa: F401  (re-exported: defined here before csclip.step)
+    autocast_dtype,  # noqa: F401  (re-exported: defined here before csclip.train.step)
     build_training,
     compute_loss,  # noqa: F401  (re-exported)
     train_step,
 )
-from csclip.tracking import TrackingConfig
+from csclip.train.stream import DataConfig
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class RunSection(StrictModel):
     use_gpu: bool = False
     # auto: bf16 autocast on GPU, fp32 on CPU. fp16 adds a gradient scaler. bf16_pure:
     # the model runs in bf16 (no autocast casts), AdamW steps fp32 master weights, the
-    # loss stays fp32 (csclip.step.Bf16Shadow).
+    # loss stays fp32 (csclip.train.step.Bf16Shadow).
     precision: Precision = "auto"
     compile: bool = False  # torch.compile the model (the DDP-wrapped one, as open_clip_train)
     compile_mode: CompileMode = "default"
@@ -104,7 +104,7 @@ class RunSection(StrictModel):
     # For tests of resumption: raise after this step's checkpoint on a fresh (not restored)
     # attempt, as a killed job would. Not part of the run name.
     fail_after_step: int | None = Field(None, ge=1)
-    # Evaluation during training (csclip.eval.periodic), rank 0: every eval_every steps the
+    # Evaluation during training (csclip.train.periodic), rank 0: every eval_every steps the
     # half-truth and retrieval metrics of the first eval_max_images validation images are
     # logged as val_<key>, and the weights with the best `best_metric` (a report key such
     # as ht_all, ret_i2t; best_mode max or min) are kept in <storage>/<run>/best/.
@@ -204,7 +204,7 @@ def storage_root(config: TrainConfig) -> str:
 # ---------------------------------------------------------------------------------------
 
 def step_options(config: TrainConfig) -> StepOptions:
-    """The csclip.step options of `config`."""
+    """The csclip.train.step options of `config`."""
     return StepOptions(objective=objective_for(config.loss, config.sampling.num_unit_slots),
                        precision=config.run.precision, accum_freq=config.optim.accum_freq,
                        grad_clip=config.optim.grad_clip, channels_last=config.run.channels_last,
@@ -386,15 +386,15 @@ def _publish(metrics: StepMetrics, window: _Window, step_logger, steps_per_epoch
     return rows[-1]
 
 
-# -- evaluation during training (run.eval_every; the logic lives in csclip.eval.periodic) --
+# -- evaluation during training (run.eval_every; the logic lives in csclip.train.periodic) --
 
 def _periodic_evaluator(config: TrainConfig, plan: dict):
     """Rank 0's PeriodicEvaluator over the capped validation split, or None when
     run.eval_every is off."""
     if config.run.eval_every is None:
         return None
-    from csclip.data import load_split
-    from csclip.eval.periodic import PeriodicEvaluator, capped_records
+    from csclip.records import load_split
+    from csclip.train.periodic import PeriodicEvaluator, capped_records
 
     records = capped_records(load_split(config.data.units_uri, "val", config.data.world),
                              config.run.eval_max_images)
@@ -405,8 +405,8 @@ def _periodic_evaluator(config: TrainConfig, plan: dict):
 def _evaluate_during_training(evaluator, setup: WorkerSetup, config: TrainConfig, step: int,
                               step_logger, device: str) -> None:
     """Score the live model, log val_<key> against the step, keep best/ when it improved."""
-    from csclip.eval.periodic import LOGGED_KEYS
     from csclip.model import ClipBundle
+    from csclip.train.periodic import LOGGED_KEYS
 
     bundle, model = setup.bundle, setup.training.model  # the fp32 weights AdamW steps
     live = ClipBundle(model, bundle.preprocess, bundle.tokenizer, bundle.name, bundle.pretrained)
@@ -479,9 +479,9 @@ def run(config: TrainConfig, callbacks: Sequence = ()) -> TrainResult:
     if cached is not None:
         logger.info("run %s already finished: %s", name, cached.checkpoint_uri)
         return cached
-    from csclip.data import image_cache_fits, plan_data, source_dataset, training_stream
     from csclip.model import spec_from_config
     from csclip.tracking import check_shared_store, finish_run, open_run, resolve_uri
+    from csclip.train.stream import image_cache_fits, plan_data, source_dataset, training_stream
 
     spec = spec_from_config(config.model)  # a bad model name fails here, before Ray
     if config.tracking.enabled:  # rank 0 logs every step from wherever it runs

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from csclip.loss import LossParts, Objective
-from csclip.optim import OptimConfig, build_optimizer
+from csclip.train.optim import OptimConfig, build_optimizer
 
 # auto: bf16 autocast on GPU, fp32 on CPU. fp16 adds a gradient scaler. bf16_pure: bf16
 # weights, activations and gradients with fp32 master weights in the optimizer.
