@@ -103,7 +103,7 @@ def test_world_gpu_is_a_demo_yaml_with_image_foils_for_cs_clip_only():
         ["--config", str(CONFIGS / "world_gpu.yaml"), "--set", "train.optim.lr=1e-4"]))
     assert config.train.model.name == "csclip-small" and config.train.run.use_gpu
     assert config.train.optim.lr == 1e-4 and config.train.optim.max_steps == 5000
-    assert config.pretrain.optim.max_steps == 5000 and config.results_doc is None
+    assert config.pretrain.optim.max_steps == 5000 and config.out_dir == "runs/world_gpu"
     cs_clip, clip_ft = (finetune_config(config, method, "ckpt") for method in ("csclip", "clip"))
     assert cs_clip.loss.image_foils and cs_clip.loss.image_foil_weight == 2.0
     assert not clip_ft.loss.image_foils
@@ -131,17 +131,3 @@ def test_demo_takes_a_fine_tuning_yaml_as_its_train_section():
     config = demo_config(build_parser().parse_args(
         ["--config", str(CONFIGS / "default.yaml"), "--max-steps", "7"]))
     assert config.train.optim.max_steps == 7 and config.train.model.name == "csclip-tiny"
-
-
-def test_spatial_study_fine_tunes_with_the_demo_sampler():
-    # benchmarks/spatial_runs.py's `finetune` stage stands for the demo's fine-tuning: its
-    # sampler is configs/default.yaml's (it once had TrainConfig's, the authors').
-    import sys
-
-    sys.path.insert(0, str(CONFIGS.parent / "benchmarks"))
-    try:
-        from spatial_runs import STAGES
-    finally:
-        sys.path.pop(0)
-    stage = load_config(TrainConfig, None, STAGES["finetune"])
-    assert stage.sampling == load_config(TrainConfig, CONFIGS / "default.yaml").sampling

@@ -265,19 +265,37 @@ def test_demo_fine_tunings_lock_the_warm_image_tower_and_give_cs_clip_image_foil
         load_config(DemoConfig, None, ["image_foil_weight=-1"])
 
 
-def test_demo_results_keep_other_sections_of_the_shared_doc(tmp_path):
-    from csclip.demo import DemoConfig, write_results_doc
+def test_publish_copies_the_demo_sections_and_keeps_the_other_sections(tmp_path):
+    from csclip.demo import (
+        RESULTS_SECTION,
+        STAGES_SECTION,
+        DemoConfig,
+        StageTime,
+        publish,
+        results_section,
+        stages_section,
+    )
     from csclip.train import TrainResult
 
-    doc = tmp_path / "results.md"
-    doc.write_text("# Results\n\n<!-- BEGIN ablation -->\nablation table\n<!-- END ablation -->\n")
-    demo = DemoConfig(results_doc=str(doc))
-    fake = TrainResult("r", "/ckpt")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "results.md").write_text(
+        "# Results\n\n<!-- BEGIN ablation -->\nablation table\n<!-- END ablation -->\n")
+    out = tmp_path / "runs" / "demo"
+    with pytest.raises(DataError, match="run the demo first"):
+        publish(str(out), root=tmp_path)
+    out.mkdir(parents=True)
+    fake = TrainResult("csclip-0123", str(tmp_path / "runs" / "train" / "csclip-0123" / "final"))
+    (out / STAGES_SECTION).write_text(stages_section([StageTime("pretrain", 9.0)], 9.0, "make demo"))
     for table in ("| first |", "| second |"):
-        write_results_doc(demo, fake, {"CS-CLIP": fake}, table, "make demo", 60.0)
-    text = doc.read_text()
+        (out / RESULTS_SECTION).write_text(
+            results_section(DemoConfig(), fake, {"CS-CLIP": fake}, table, "make demo", 60.0))
+        publish(str(out), root=tmp_path)
+    text = (docs / "results.md").read_text()
     assert "ablation table" in text and "| second |" in text and "| first |" not in text
-    assert "`make demo`" in text and "every stage run" in text
-    write_results_doc(demo, fake, {"CS-CLIP": fake}, "| third |", "make demo", 60.0,
-                      reused=["pretrain"])
-    assert "pretrain reused from an earlier run" in doc.read_text()
+    assert "`make demo`" in text and "every stage run" in text and "`csclip-0123`" in text
+    assert str(tmp_path) not in text  # runs are named, not located on this machine
+    assert "| pretrain | 9 |" in (docs / "performance.md").read_text()
+    reused = results_section(DemoConfig(), fake, {"CS-CLIP": fake}, "| third |", "make demo",
+                             60.0, reused=["pretrain"])
+    assert "pretrain reused from an earlier run" in reused
