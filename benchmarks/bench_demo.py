@@ -1,4 +1,4 @@
-"""The demo's data path before issue 14 (every epoch decodes and transforms the world's
+"""The demo's data path without the image cache (every epoch decodes and transforms the world's
 PNGs again: `streamed`) against the image cache (`cached`), in one process.
 
     python benchmarks/bench_demo.py [--steps 60] [--rows 640] [--stages pretrain,CS-CLIP]
@@ -150,7 +150,7 @@ def stage_configs(steps: int, rows: int, storage: Path, uri: str):
         "train.optim.warmup_steps=5", "pretrain.optim.warmup_steps=5",
         f"train.data.world.num_train={rows}", f"pretrain.num_train={rows}",
         f"train.tracking.uri={uri}", f"train.run.checkpoint_every={steps}",
-        # The image cache's benchmark: without image foils (issue 10, ours), which stream
+        # The image cache's benchmark: without image foils (ours), which stream
         # every epoch by design; they would make both paths the streamed one.
         "pretrain.image_foil_weight=0", "image_foil_weight=null"])
     demo = validate_config(DemoConfig, data)
@@ -260,7 +260,7 @@ def report(runs: list[StageRun], evaluation: tuple[float, float] | None,
              f"Command: `python benchmarks/bench_demo.py {' '.join(sys.argv[1:])}`".replace(
                  " --write-docs", "") + " "
              f"({load_note()} at the end). streamed: every epoch decodes and transforms the "
-             "images again (data.image_cache_mb=0, the path before issue 14); cached: decoded "
+             "images again (data.image_cache_mb=0); cached: decoded "
              f"once, torch_threads {threads}. CPU s: this process and every descendant (the "
              "local Ray), from /proc. samples/s and data wait: medians over the worker's "
              "steps.", "",

@@ -36,20 +36,20 @@ class PretrainConfig(StrictModel):
     batch_size: int = Field(64, ge=1)
     # `--set pretrain.optim.max_steps=300` keeps the other fields of this default
     # (csclip.config.with_section_defaults). 1000 steps (16 epochs): 1500 cost a third more
-    # for no difference the benchmark resolves (issue 14; docs/training.md, "The demo").
+    # for no difference the benchmark resolves (docs/training.md, "The demo").
     optim: OptimConfig = OptimConfig(lr=1e-3, weight_decay=0.1, warmup_steps=50, max_steps=1000)
     storage_path: str = "runs/pretrain"
-    # Ours (issue 10): before pretraining, the image tower answers the world's layout
+    # Ours: before pretraining, the image tower answers the world's layout
     # question (which object kind is in which grid cell; csclip.train.warm_start) for this
     # many steps, on the pretraining scenes; 0: CLIP pretraining from random weights.
     # 2000 steps put 74% of held-out objects in their cell (1000: 54%; chance ~11%).
     # Contrastive pretraining alone never makes the image tower encode layout, and then
     # no fine-tuning objective can teach "left of" (docs/training.md, spatial relations).
     layout_steps: int = Field(2000, ge=0)
-    # Ours (issue 10): image-side foils in the pretraining too (loss.image_foils with this
+    # Ours: image-side foils in the pretraining too (loss.image_foils with this
     # μ; 0: none), so the text tower starts fine-tuning already reading the locked image
     # tower's layout. Without them CS-CLIP's image foils did not take from one of two
-    # pretrainings (docs/training.md, "Spatial relations", third round).
+    # pretrainings (docs/training.md, "Spatial relations"; docs/research/spatial.md, study C).
     image_foil_weight: float = Field(2.0, ge=0)
 
 
@@ -59,14 +59,14 @@ class DemoConfig(StrictModel):
 
     train: TrainConfig = TrainConfig()
     pretrain: PretrainConfig = PretrainConfig()
-    # Ours (issue 10). With a layout warm start the image tower stays locked from then on:
+    # Ours. With a layout warm start the image tower stays locked from then on:
     # the pretraining aligns the text tower to it (LiT, Zhai et al. 2022: a pretrained image
     # model, locked, and a text tower tuned to it), and both fine-tunings, CLIP-FT and
     # CS-CLIP alike, train the text tower only. Contrastive training on the world washes
     # the layout out of an unlocked image embedding (docs/training.md, "Spatial
     # relations"). Without a warm start (pretrain.layout_steps 0) nothing is locked.
     lock_image: bool = True
-    # Ours (issue 10): CS-CLIP's image-side counterfactual foils in the demo (the scene
+    # Ours: CS-CLIP's image-side counterfactual foils in the demo (the scene
     # re-rendered with a relation's two objects exchanged; csclip.train.image_foils), with this
     # weight μ; they override train.loss.image_foils / image_foil_weight for CS-CLIP.
     # null: train.loss decides. CLIP-FT, the paper's baseline, never has them.

@@ -47,7 +47,7 @@ def test_coco_authors_preset_is_the_authors_run():
 
 
 def test_coco_config_states_where_every_value_comes_from():
-    # Issue 9: each field of coco.yaml says paper / authors / ours, and where they differ.
+    # each field of coco.yaml says paper / authors / ours, and where they differ.
     import yaml
 
     text = (CONFIGS / "coco.yaml").read_text()
@@ -94,7 +94,7 @@ def test_entry_point_reports_bad_field_in_one_line_and_exits_2(capsys):
 
 
 def test_world_gpu_is_a_demo_yaml_with_image_foils_for_cs_clip_only():
-    # Issue 10: the GPU world config runs through the demo; image foils are ours, opt-in,
+    # the GPU world config runs through the demo; image foils are ours, opt-in,
     # and never reach the CLIP-FT baseline.
     from csclip.demo import finetune_config, pretrain_config
     from csclip.entry.demo import build_parser, demo_config
@@ -120,7 +120,7 @@ def test_paper_presets_keep_image_foils_off(name):
 
 @pytest.mark.parametrize("name", ["coco.yaml", "coco_authors.yaml"])
 def test_paper_presets_draw_relation_foils_as_the_authors(name):
-    # relation_foil_weights is ours (issue 10): the paper presets keep the authors'
+    # relation_foil_weights is ours: the paper presets keep the authors'
     # uniform draw.
     assert load_config(TrainConfig, CONFIGS / name).sampling.relation_foil_weights == {}
 

@@ -1,4 +1,4 @@
-"""The demo as a newcomer meets it (issue 14): images decoded once and the same batches as
+"""The demo as a newcomer meets it: images decoded once and the same batches as
 streaming them; the stage timings; a log with no warning and no traceback."""
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def test_cached_stream_gives_the_streamed_batches(ray_session, preprocess):
 
 
 def test_layout_warm_start_stage_writes_once_then_reuses_and_feeds_the_pretraining(tmp_path):
-    # Issue 10: the image tower's layout question before pretraining (ours), cached by
+    # the image tower's layout question before pretraining (ours), cached by
     # everything that determines it.
     from csclip.config import validate_config
     from csclip.demo import DemoConfig, _warm_start_stage, pretrain_config, warm_start_dir
@@ -194,7 +194,7 @@ def test_demo_log_holds_no_warning_and_no_traceback(tmp_path):
                   "[4/4] half-truth evaluation", "| CS-CLIP |", "csclip step 4/4",
                   "mlflow ui --backend-store-uri"):
         assert stage in log
-    # CS-CLIP's step lines show the image-foil term (ours, issue 10); the table of Ant and
+    # CS-CLIP's step lines show the image-foil term (ours); the table of Ant and
     # Swap's win rates with their intervals is printed.
     assert any("csclip step" in line and "image_foil" in line for line in log.splitlines())
     assert "| Model | Ant | Ant CI low | Ant CI high | Swap | Swap CI low | Swap CI high |" in log

@@ -1,4 +1,4 @@
-"""Image-side counterfactual foils (issue 10, ours): the world's swapped render and the
+"""Image-side counterfactual foils (ours): the world's swapped render and the
 photo mirror, the loss term's known answer, and the training batch wiring."""
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ def test_pure_modules_do_not_import_ray():
 
 
 # ---------------------------------------------------------------------------------------
-# Precision: every loss runs in fp32 with autocast off (issue 9)
+# Precision: every loss runs in fp32 with autocast off
 # ---------------------------------------------------------------------------------------
 
 def _loss_inputs(batch: int = 64, dim: int = 128, slots: int = 2, gap: float = 7e-4):

@@ -234,7 +234,7 @@ def test_demo_stages_share_the_model_and_differ_in_objective():
 
 
 def test_demo_fine_tunings_lock_the_warm_image_tower_and_give_cs_clip_image_foils():
-    # Issue 10 (ours): after a layout warm start both fine-tunings train the text tower
+    # Ours: after a layout warm start both fine-tunings train the text tower
     # only; CS-CLIP alone gets the image foils, with the demo's μ.
     from csclip.config import load_config
     from csclip.demo import DemoConfig, finetune_config

@@ -1,4 +1,4 @@
-"""Trainer options (issue 12): gradient checkpointing, exact gradient accumulation, tower
+"""Trainer options: gradient checkpointing, exact gradient accumulation, tower
 locking, augmentation, resume from a checkpoint path, and the speed options (compile, fused
 AdamW, channels-last, pure bf16, no host syncs between log steps, Ray Data prefetch and
 pinning, SDPA attention), each checked on the CPU for being applied."""
@@ -286,7 +286,7 @@ def test_worker_restores_its_own_checkpoint_before_resume_from(tmp_path, monkeyp
 
 def test_optimizer_state_is_restored_onto_the_parameters_device(tmp_path):
     # The meta device stands in for a GPU: if AdamW were built, or its state loaded, before
-    # the model moved, the state would stay on the CPU while the parameters left (issue 11).
+    # the model moved, the state would stay on the CPU while the parameters left.
     directory, _, _ = _trained_checkpoint(tmp_path, _config())
     meta = torch.device("meta")
     setup = prepare_training(_config(), meta, str(directory))

@@ -1,4 +1,4 @@
-"""Image-side counterfactual foils for relation units (ours, beyond the paper; issue 10).
+"""Image-side counterfactual foils for relation units (ours, beyond the paper).
 
 A relation unit "A is left of B" has text foils (antonym, swap, ...) that train the text
 tower to read the relation; nothing in the paper's objective makes the image tower see it.

@@ -193,7 +193,7 @@ def run_name(config: TrainConfig) -> str:
 
 
 def storage_root(config: TrainConfig) -> str:
-    """run.storage_path, absolute (refused when relative inside a Ray job: issue 15)."""
+    """run.storage_path, absolute (refused when relative inside a Ray job)."""
     from csclip.storage import resolve_output
 
     return resolve_output(config.run.storage_path, "run.storage_path")

@@ -160,7 +160,7 @@ def build_training(model: torch.nn.Module, optim: OptimConfig, options: StepOpti
 
     The order matters: AdamW is built, and its state loaded, only once the parameters are
     on their device, so its state tensors land beside them (a GPU resume used to leave
-    them on the CPU, issue 11) and fused AdamW sees CUDA parameters.
+    them on the CPU) and fused AdamW sees CUDA parameters.
     wrap: e.g. ray.train.torch.prepare_model (DDP); applied before torch.compile, as
     open_clip_train compiles the DDP-wrapped model.
     """

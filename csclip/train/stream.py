@@ -4,8 +4,7 @@ Data; workers only consume `iter_torch_batches`.
 
 Preparation has two parts. `decode_batch` decodes and transforms the images and
 tokenizes the captions: without augmentation none of that depends on the epoch, so when
-the tensors fit in `data.image_cache_mb` it runs once and its output is materialized
-(issue 14: every epoch decoded the same world PNGs again). `sample_batch` draws the text
+the tensors fit in `data.image_cache_mb` it runs once and its output is materialized. `sample_batch` draws the text
 slots, which depend on the epoch, and tokenizes them: the training stream is the union of
 one `sample_batch` map per epoch (`_epoch_stream`) over the cached or streamed rows, each
 epoch in a new, seeded global order. Images that fail to decode are counted by a check

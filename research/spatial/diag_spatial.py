@@ -1,4 +1,4 @@
-"""Why are spatial relations not learned? Diagnostics of a world model's two towers (issue 10).
+"""Why are spatial relations not learned? Diagnostics of a world model's two towers.
 
     python -m research.spatial.diag_spatial --checkpoint runs/train/<run>/final [--checkpoint ...]
     python -m research.spatial.diag_spatial --checkpoint runs/train/<run> --all-steps   # every checkpoint_*

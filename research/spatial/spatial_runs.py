@@ -1,4 +1,4 @@
-"""In-process training runs for the spatial-relations study (issue 10): the same model,
+"""In-process training runs for the spatial-relations study: the same model,
 objective and sampler as csclip.train, without Ray, so many variants fit a CPU budget.
 
     python -m research.spatial.spatial_runs pretrain --steps 1500 --out runs/spatial/pre
@@ -50,7 +50,7 @@ STAGES = {
     # The demo's stand-in pretraining: plain CLIP on another world seed (csclip.demo).
     "pretrain": ["loss.method=clip", "data.world.seed=1000", "data.world.num_train=4000",
                  "optim.lr=1e-3", "optim.weight_decay=0.1", "optim.warmup_steps=50"],
-    # The demo's fine-tuning (configs/default.yaml). Until the third round of the study the
+    # The demo's fine-tuning (configs/default.yaml). Until study C the
     # sampler kept TrainConfig's defaults (the authors': swap_prob 1.0, inplace_prob 1.0,
     # negation on); docs/training.md says which runs, and how to get that back.
     "finetune": ["data.world.num_train=2000", "optim.lr=1e-3", "optim.weight_decay=0.1",
