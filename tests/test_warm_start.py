@@ -33,6 +33,23 @@ def test_image_cell_targets_put_each_kind_in_its_cell_and_the_rest_absent():
     assert (target[others] == 9).all()  # "absent" is the class after the 9 cells
 
 
+def _constant_head_loss(world: WorldConfig) -> float:
+    """The cross-entropy of the best head that ignores the image (it answers every kind
+    with the class frequencies of the training scenes: mostly "absent"): the entropy of
+    those frequencies. A head that always says "absent" does no better."""
+    import numpy as np
+
+    from csclip.world import scene_from_record, world_record
+
+    vocabulary = LayoutVocabulary(tuple(world.colors), tuple(world.shapes))
+    targets = np.stack([image_cell_targets(vocabulary, scene_from_record(world_record(world, "train", i)))
+                        for i in range(world.num_train)])
+    shares = np.bincount(targets.ravel()) / targets.size
+    shares = shares[shares > 0]
+    return float(-(shares * np.log(shares)).sum())
+
+
+@pytest.mark.slow
 def test_the_warm_start_trains_the_image_tower_only_and_learns():
     from csclip.model import create_bundle
 
@@ -44,16 +61,24 @@ def test_the_warm_start_trains_the_image_tower_only_and_learns():
     visual_before = {n: p.detach().clone() for n, p in model.named_parameters()
                      if n.startswith("visual.")}
     lines: list[str] = []
-    result = image_layout_warm_start(model, bundle.preprocess, world, 60, batch_size=16,
-                                     held_out=8, log_every=30, log=lines.append)
+    result = image_layout_warm_start(model, bundle.preprocess, world, 150, batch_size=16,
+                                     held_out=8, log_every=75, log=lines.append)
     after = dict(model.named_parameters())
     assert all(torch.equal(after[n], p) for n, p in text_before.items())
     assert any(not torch.equal(after[n], p) for n, p in visual_before.items())
-    assert result.steps == 60 and len(lines) == 2 and "step 60/60" in lines[-1]
-    # Cross-entropy over 13 classes per kind starts near ln 13 = 2.56; the head quickly
-    # learns that most kinds are absent.
-    assert result.first_loss > 1.5 and result.last_loss < 0.7 * result.first_loss
-    assert 0.0 <= result.cell_accuracy <= 100.0
-    assert result.presence_accuracy > 70.0
+    assert result.steps == 150 and len(lines) == 2 and "step 150/150" in lines[-1]
+    # Learning means reading the image: the loss falls far below what any head that
+    # ignores the image can reach (~0.75 here; "absent" alone is right for 85% of kinds,
+    # which is why a presence accuracy proves nothing; measured: 0.31 after 150 steps).
+    floor = _constant_head_loss(world)
+    assert result.first_loss > floor and result.last_loss < 0.6 * floor
+    assert 0.0 <= result.cell_accuracy <= 100.0 and result.absent_share > 70.0
+
+
+def test_the_warm_start_refuses_no_held_out_scenes():
+    from csclip.model import create_bundle
+
+    world = WorldConfig(seed=11, image_size=32, num_train=4, num_val=1, num_test=0)
+    bundle = create_bundle("csclip-tiny", image_size=32)
     with pytest.raises(ValueError, match="held_out"):
-        image_layout_warm_start(model, bundle.preprocess, world, 1, held_out=0)
+        image_layout_warm_start(bundle.model, bundle.preprocess, world, 1, held_out=0)
