@@ -112,7 +112,7 @@ def test_csclip_adds_weighted_unit_loss():
 
 def test_run_name_is_a_hash_of_what_is_trained(tmp_path):
     a = tiny_config(tmp_path, "sqlite:///x.db")
-    moved = tiny_config(tmp_path / "elsewhere", "sqlite:///y.db", "run.fail_after_step=3")
+    moved = tiny_config(tmp_path / "elsewhere", "sqlite:///y.db", "run.num_to_keep=5")
     other = tiny_config(tmp_path, "sqlite:///x.db", "optim.lr=2e-4")
     assert run_name(a) == run_name(moved) != run_name(other)
     assert run_name(a).startswith("csclip-")
@@ -156,9 +156,9 @@ def test_two_gloo_workers_train_negclip(ray_session, tmp_path, mlflow_uri):
 def test_killed_run_resumes_and_finishes_with_same_step_count(ray_session, tmp_path, mlflow_uri):
     from csclip.tracking import run_metrics
 
-    killed = tiny_config(tmp_path, mlflow_uri, "run.fail_after_step=2")
+    killed = tiny_config(tmp_path, mlflow_uri)
     with pytest.raises(Exception, match="injected failure"):
-        run(killed)
+        run(killed, fail_after_step=2)
     assert finished_result(killed) is None
     config = tiny_config(tmp_path, mlflow_uri)  # the same command again
     result = run(config)
@@ -193,6 +193,26 @@ def test_reused_run_name_with_other_config_is_refused(tmp_path, mlflow_uri):
     assert finished_result(config).metrics == {"step": 4}
     with pytest.raises(CsclipError, match="different config"):
         finished_result(tiny_config(tmp_path, mlflow_uri, "run.name=fixed", "optim.lr=1e-3"))
+
+
+def test_unfinished_run_storage_is_not_reused_for_another_config(tmp_path, mlflow_uri):
+    import json
+
+    from csclip.train.loop import check_unfinished_run
+
+    config = tiny_config(tmp_path, mlflow_uri, "run.name=fixed")
+    check_unfinished_run(config)  # nothing there yet
+    saved = config.model_dump(mode="json")
+    saved["run"]["fail_after_step"] = None  # written before test hooks left RunSection
+    checkpoint = tmp_path / "runs" / "fixed" / "checkpoint_2026-01-01_00-00-00.000000"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text(json.dumps(saved))
+    check_unfinished_run(config)  # the same config resumes
+    # How to run it is not what it trains: these resume the same run too.
+    check_unfinished_run(tiny_config(tmp_path, mlflow_uri, "run.name=fixed", "run.num_to_keep=9",
+                                     "run.cpus_per_worker=2", "run.checkpoint_every=1"))
+    with pytest.raises(CsclipError, match="unfinished run of a different config"):
+        check_unfinished_run(tiny_config(tmp_path, mlflow_uri, "run.name=fixed", "optim.lr=1e-3"))
 
 
 def test_png_roundtrip_sanity():

@@ -434,7 +434,8 @@ def test_attention_runs_through_sdpa():
 def test_how_to_run_fields_keep_the_run_name():
     base = _config()
     for override in ("run.compile=true", "optim.accum_freq=2", "model.grad_checkpointing=true",
-                     "run.channels_last=true", "data.prefetch_batches=4", "optim.fused=false"):
+                     "run.channels_last=true", "data.prefetch_batches=4", "optim.fused=false",
+                     "run.num_to_keep=5", "run.cpus_per_worker=2", "run.checkpoint_every=7"):
         assert run_name(_config(override)) == run_name(base), override
     for override in ("data.augment=true", "model.lock_text=true", "run.precision=bf16_pure"):
         assert run_name(_config(override)) != run_name(base), override
