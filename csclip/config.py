@@ -137,10 +137,6 @@ def add_config_arguments(parser: argparse.ArgumentParser, default_config: str | 
                         metavar="a.b=value", help="override one config field; repeatable")
 
 
-def config_from_args(model: type[ConfigT], args: argparse.Namespace) -> ConfigT:
-    return load_config(model, args.config, args.overrides)
-
-
 def flatten(config: BaseModel | dict, prefix: str = "") -> dict[str, object]:
     """Flatten a config to {"a.b": value} for MLflow params and tables."""
     data = config.model_dump(mode="json") if isinstance(config, BaseModel) else config

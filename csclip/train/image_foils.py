@@ -12,7 +12,6 @@ unit and foil text, to one symmetric contrast. Pure: no ray.
 
 from __future__ import annotations
 
-import io
 import random
 from dataclasses import dataclass
 
@@ -93,9 +92,3 @@ def _mirror_predicate(predicate: str) -> str:
     swap = {"left": "right", "right": "left"}
     return " ".join(swap.get(word, word) for word in predicate.split())
 
-
-def encode_png(image: Image.Image) -> bytes:
-    """PNG bytes of an image (tests and inspection)."""
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()

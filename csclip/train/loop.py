@@ -589,12 +589,11 @@ def _final_uri(root: str, name: str) -> str:
 def _export_final(checkpoint, root: str, name: str) -> str:
     """Copy the last checkpoint's weights, spec, config and metrics (not the optimizer
     state) to <storage>/<name>/final: a stable path that open_clip and load_bundle read."""
-    from csclip.storage import filesystem_for
+    from csclip.storage import upload_dir
 
     if checkpoint is None:
         raise CsclipError(f"run {name} finished without a checkpoint; check run.checkpoint_every")
     uri = _final_uri(root, name)
-    fs, path = filesystem_for(uri)
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint.to_directory(tmp)
         staging = Path(tmp, FINAL_DIR)
@@ -602,10 +601,7 @@ def _export_final(checkpoint, root: str, name: str) -> str:
         for file in (WEIGHTS_FILE, SPEC_FILE, CONFIG_FILE, METRICS_FILE):
             if Path(tmp, file).exists():
                 shutil.copy(Path(tmp, file), staging / file)
-        import pyarrow.fs as pafs
-
-        fs.create_dir(path, recursive=True)
-        pafs.copy_files(str(staging), path, destination_filesystem=fs)
+        upload_dir(staging, uri)
     return uri
 
 
