@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from csclip.config import StrictModel
 from csclip.loss import LossConfig
@@ -73,6 +73,22 @@ class DemoConfig(StrictModel):
     image_foil_weight: float | None = Field(2.0, ge=0)
     eval_seed: int = 0
     out_dir: str = "runs/demo"  # tables, figures, the results section, the stage timings
+
+    @model_validator(mode="after")
+    def _fields_the_demo_sets_itself(self) -> DemoConfig:
+        # The demo names its runs, fine-tunes from its own pretraining and runs both
+        # methods: these fields of `train` would be overwritten, so they are refused.
+        train = self.train
+        if train.run.name is not None:
+            raise ValueError(f"train.run.name={train.run.name!r}: the demo names its runs "
+                             "(by config hash, one per method); leave it unset")
+        if train.model.pretrained is not None:
+            raise ValueError(f"train.model.pretrained={train.model.pretrained!r}: the demo "
+                             "fine-tunes from its own pretraining; leave it unset")
+        if train.loss.method != "csclip":
+            raise ValueError(f"train.loss.method={train.loss.method!r}: the demo fine-tunes "
+                             "with both clip (CLIP-FT) and csclip; leave it at csclip")
+        return self
 
 
 @dataclass(frozen=True)

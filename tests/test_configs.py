@@ -131,3 +131,24 @@ def test_demo_takes_a_fine_tuning_yaml_as_its_train_section():
     config = demo_config(build_parser().parse_args(
         ["--config", str(CONFIGS / "default.yaml"), "--max-steps", "7"]))
     assert config.train.optim.max_steps == 7 and config.train.model.name == "csclip-tiny"
+
+
+@pytest.mark.parametrize("override,field", [
+    ("train.run.name=mine", "train.run.name"),
+    ("train.model.pretrained=openai", "train.model.pretrained"),
+    ("train.loss.method=negclip", "train.loss.method"),
+])
+def test_demo_refuses_the_fields_it_sets_itself(override, field):
+    from csclip.demo import DemoConfig
+
+    with pytest.raises(ConfigError, match=field):
+        load_config(DemoConfig, None, [override])
+
+
+@pytest.mark.parametrize("override", ["model.grad_checkpointing=true", "model.lock_image=true"])
+def test_evaluation_refuses_training_options_it_would_ignore(override):
+    from csclip.eval.pipeline import EvalConfig
+
+    with pytest.raises(ConfigError, match=override.split("=")[0]):
+        load_config(EvalConfig, None, [override])
+    assert load_config(EvalConfig, None, ["model.quick_gelu=true"]).model.quick_gelu
