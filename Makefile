@@ -16,11 +16,11 @@ demo: $(STAMP)
 	$(VENV)/bin/python pipelines/train.py
 
 test: $(STAMP)
-	$(VENV)/bin/python -m ruff check csclip pipelines tune tests benchmarks
+	$(VENV)/bin/python -m ruff check csclip pipelines tune tests benchmarks research
 	$(VENV)/bin/python -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/python -m ruff check csclip pipelines tune tests benchmarks
+	$(VENV)/bin/python -m ruff check csclip pipelines tune tests benchmarks research
 
 clean:
 	rm -rf $(VENV) mlflow.db runs
