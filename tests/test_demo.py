@@ -210,3 +210,20 @@ def _git_status() -> str | None:
     done = subprocess.run(["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True,
                           text=True)
     return done.stdout if done.returncode == 0 else None
+
+
+def test_publish_is_a_command_that_trains_nothing(tmp_path, capsys, monkeypatch):
+    from csclip.demo import RESULTS_SECTION, STAGES_SECTION
+    from csclip.entry.demo import main
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "runs" / "demo"
+    assert main(["--publish", "--out", str(out)]) == 2  # nothing to publish: one line
+    assert "run the demo first" in capsys.readouterr().err
+    out.mkdir(parents=True)
+    (out / RESULTS_SECTION).write_text("## The demo\n| table |\n")
+    (out / STAGES_SECTION).write_text("## The demo, stage by stage\n| stages |\n")
+    assert main(["--publish", "--out", str(out)]) == 0
+    assert "| table |" in (tmp_path / "docs" / "results.md").read_text()
+    assert "| stages |" in (tmp_path / "docs" / "performance.md").read_text()
+    assert not (tmp_path / "runs" / "train").exists()  # nothing was trained
