@@ -35,11 +35,11 @@ demo: $(STAMP)
 	$(VENV)/bin/python pipelines/train.py
 
 test: $(STAMP) $(VLLM_STAMP)
-	$(VENV)/bin/python -m ruff check csclip pipelines tune tests benchmarks
+	$(VENV)/bin/python -m ruff check csclip pipelines tune tests benchmarks research
 	CSCLIP_REQUIRE_VLLM=1 $(VENV)/bin/python -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/python -m ruff check csclip pipelines tune tests benchmarks
+	$(VENV)/bin/python -m ruff check csclip pipelines tune tests benchmarks research
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) mlflow.db runs

@@ -1,4 +1,4 @@
-"""The demo's data path before issue 14 (every epoch decodes and transforms the world's
+"""The demo's data path without the image cache (every epoch decodes and transforms the world's
 PNGs again: `streamed`) against the image cache (`cached`), in one process.
 
     python benchmarks/bench_demo.py [--steps 60] [--rows 640] [--stages pretrain,CS-CLIP]
@@ -88,9 +88,15 @@ def data_path_costs(rows: int = 512, epochs: int = 3) -> list[tuple[str, float, 
     """CPU microseconds per sample per epoch of the data preparation, in this process:
     (objective, streamed = prepare_batch on the PNG rows, cached = sample_batch on rows
     decode_batch made once), for the CLIP (pretraining, CLIP-FT) and CS-CLIP columns."""
-    from csclip.data import decode_batch, image_shape, prepare_batch, preprocess_key, sample_batch
     from csclip.model import create_bundle, spec_of
-    from csclip.sampling import SamplingConfig
+    from csclip.train.sampling import SamplingConfig
+    from csclip.train.stream import (
+        decode_batch,
+        image_shape,
+        prepare_batch,
+        preprocess_key,
+        sample_batch,
+    )
     from csclip.units import records_to_table
     from csclip.world import WorldConfig, world_record
 
@@ -144,7 +150,7 @@ def stage_configs(steps: int, rows: int, storage: Path, uri: str):
         "train.optim.warmup_steps=5", "pretrain.optim.warmup_steps=5",
         f"train.data.world.num_train={rows}", f"pretrain.num_train={rows}",
         f"train.tracking.uri={uri}", f"train.run.checkpoint_every={steps}",
-        # The image cache's benchmark: without image foils (issue 10, ours), which stream
+        # The image cache's benchmark: without image foils (ours), which stream
         # every epoch by design; they would make both paths the streamed one.
         "pretrain.image_foil_weight=0", "image_foil_weight=null"])
     demo = validate_config(DemoConfig, data)
@@ -234,10 +240,10 @@ def main(argv: list[str] | None = None) -> int:
 def time_evaluation(demo, pretrained_uri: str, storage: Path) -> tuple[float, float]:
     """Wall and CPU seconds of the demo's evaluation (three models; here the pretrained
     checkpoint three times: the cost does not depend on the weights)."""
-    from csclip.data import load_split
     from csclip.eval.halftruth import BenchmarkConfig
     from csclip.eval.pipeline import compare_models
     from csclip.model import load_bundle
+    from csclip.records import load_split
 
     records = load_split(None, "val", demo.train.data.world)
     bundles = {name: load_bundle(pretrained_uri) for name in ("a", "b", "c")}
@@ -254,7 +260,7 @@ def report(runs: list[StageRun], evaluation: tuple[float, float] | None,
              f"Command: `python benchmarks/bench_demo.py {' '.join(sys.argv[1:])}`".replace(
                  " --write-docs", "") + " "
              f"({load_note()} at the end). streamed: every epoch decodes and transforms the "
-             "images again (data.image_cache_mb=0, the path before issue 14); cached: decoded "
+             "images again (data.image_cache_mb=0); cached: decoded "
              f"once, torch_threads {threads}. CPU s: this process and every descendant (the "
              "local Ray), from /proc. samples/s and data wait: medians over the worker's "
              "steps.", "",

@@ -7,7 +7,7 @@ In one process, on one model config (ViT-B-32 QuickGELU at 224 px, random weight
 GPU; csclip-tiny at 32 px on the CPU), the same prepared batches and the same seed:
   open_clip_train   open_clip_train.train.train_one_epoch with open_clip.ClipLoss (bf16
                     autocast on GPU), eager and with its --torchcompile (torch.compile);
-  csclip <method>   csclip.step.train_step for clip, negclip and csclip (N = 2), with the
+  csclip <method>   csclip.train.step.train_step for clip, negclip and csclip (N = 2), with the
                     trainer's defaults (eager: fused AdamW on CUDA, bf16 autocast, metrics
                     read every 10 steps) and with run.compile (compiled);
 at every --batches size. Columns: samples/s, step ms (wall, GPU synchronised), host ms
@@ -128,8 +128,8 @@ def caption_records(count: int, captions: Path | None) -> tuple[list, str]:
 def prepare_batches(records: list, sizes: list[int], pool: int, spec, model_name: str,
                     num_unit_slots: int, device: torch.device) -> dict[int, list[dict]]:
     """`pool` csclip batches per size (every column CS-CLIP needs), on `device`."""
-    from csclip.data import prepare_batch, preprocess_key
-    from csclip.sampling import SamplingConfig
+    from csclip.train.sampling import SamplingConfig
+    from csclip.train.stream import prepare_batch, preprocess_key
     from csclip.units import records_to_table
 
     sampling = SamplingConfig(num_unit_slots=num_unit_slots).model_dump(mode="json")
@@ -193,12 +193,12 @@ def timed_steps(step: Callable[[int], None], warmup: int, steps: int,
 
 def csclip_row(row: Row, args, batches: list[dict], device: torch.device,
                flops: dict[tuple[str, int], float]) -> None:
-    """Time csclip.step.train_step; count FLOPs on the second eager warmup step."""
+    """Time csclip.train.step.train_step; count FLOPs on the second eager warmup step."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from csclip.loss import LossConfig, objective_for
-    from csclip.optim import OptimConfig
-    from csclip.step import StepMetrics, StepOptions, build_training, train_step
+    from csclip.train.optim import OptimConfig
+    from csclip.train.step import StepMetrics, StepOptions, build_training, train_step
 
     options = StepOptions(objective=objective_for(LossConfig(method=row.method), args.num_unit_slots),
                           precision=args.precision, grad_clip=1.0,
@@ -300,8 +300,8 @@ def profile_step(args, batches: list[dict], device: torch.device, method: str) -
     from torch.profiler import ProfilerActivity, profile
 
     from csclip.loss import LossConfig, objective_for
-    from csclip.optim import OptimConfig
-    from csclip.step import StepOptions, build_training, train_step
+    from csclip.train.optim import OptimConfig
+    from csclip.train.step import StepOptions, build_training, train_step
 
     options = StepOptions(objective=objective_for(LossConfig(method=method), args.num_unit_slots),
                           precision=args.precision, grad_clip=1.0)
@@ -445,8 +445,8 @@ def estimate_memory(args, method: str, batch: int, *, accum_freq: int = 1,
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from csclip.loss import LossConfig, LossParts, Objective, clip_loss, objective_for
-    from csclip.optim import OptimConfig
-    from csclip.step import StepOptions, build_training, train_step
+    from csclip.train.optim import OptimConfig
+    from csclip.train.step import StepOptions, build_training, train_step
 
     class SameShapesLoss(Objective):
         def loss(self, image, texts, masks, scale, images=None):

@@ -1,8 +1,8 @@
-"""What the global shuffle of every epoch costs the training stream (issue 11, item 9).
+"""What the global shuffle of every epoch costs the training stream.
 
     python benchmarks/bench_stream.py [--rows 2000] [--epochs 4] [--repeats 2] [--write-docs]
 
-Consumes csclip.data.training_stream over the synthetic world (csclip-tiny, 64 px, CS-CLIP
+Consumes csclip.train.stream.training_stream over the synthetic world (csclip-tiny, 64 px, CS-CLIP
 columns) with and without `epoch_order` (the baseline keeps the source order), interleaved
 in one Ray session after a warm-up pass, and prints the ratio.
 """
@@ -39,10 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     from ray.data import DataContext
 
     DataContext.get_current().enable_progress_bars = False
-    import csclip.data as data
+    import csclip.train.stream as data
     from csclip.loss import LossConfig, objective_for
     from csclip.model import ModelConfig, spec_from_config
-    from csclip.sampling import SamplingConfig
+    from csclip.train.sampling import SamplingConfig
     from csclip.world.config import WorldConfig
     from csclip.world.ray_source import world_dataset
 
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         + row("decoded once, global shuffle per epoch", (True, True), (False, True))
         + "\nStreamed, the shuffle is one all-to-all `random_shuffle` per epoch over the units "
         "rows (image bytes or paths, not decoded pixels). Decoded once (the world's path, "
-        "issue 14), it moves the decoded tensors (49 KB a row at 64 px) instead: decoding "
+        "the world's path), it moves the decoded tensors (49 KB a row at 64 px) instead: decoding "
         f"once is {median[(False, False)] / median[(False, True)]:.1f}x faster than decoding "
         f"every epoch in source order, {median[(True, False)] / median[(True, True)]:.1f}x "
         "with the shuffle. The demo's workers wait for data for 0% of a step either way "

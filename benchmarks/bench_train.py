@@ -7,7 +7,7 @@ In one process, on the same model config, the same pre-processed world batches a
 same seed, it times:
   baseline  open_clip_train.train.train_one_epoch with open_clip.ClipLoss (fp32, AdamW,
             cosine schedule, grad clipping) over an in-memory DataLoader;
-  clip      csclip's step (csclip.step.train_step with --method clip) over the same batches;
+  clip      csclip's step (csclip.train.step.train_step with --method clip) over the same batches;
   csclip    the same step with --method csclip (N = 2: 6 texts per image instead of 1).
 It prints samples/s and the ratios clip/baseline (throughput) and csclip/clip (step time).
 With --ray it also runs the full Ray Train pipeline (Ray Data feed, 1 worker) with
@@ -27,9 +27,9 @@ import torch
 
 
 def make_batches(model_name: str, image_size: int, batch: int, steps: int) -> list[dict]:
-    from csclip.data import prepare_batch, preprocess_key
     from csclip.model import create_bundle, spec_of
-    from csclip.sampling import SamplingConfig
+    from csclip.train.sampling import SamplingConfig
+    from csclip.train.stream import prepare_batch, preprocess_key
     from csclip.units import records_to_table
     from csclip.world import WorldConfig, world_record
 
@@ -110,9 +110,9 @@ class _Loader:
 def time_csclip(model_name: str, image_size: int, batches: list[dict], warmup: int,
                 method: str) -> float:
     """Samples/s of csclip's training step (schedule + loss + clip + logit clamp)."""
-    from csclip.optim import lr_at
-    from csclip.step import build_training, train_step
     from csclip.train import TrainConfig, step_options
+    from csclip.train.optim import lr_at
+    from csclip.train.step import build_training, train_step
 
     config = TrainConfig.model_validate({
         "loss": {"method": method}, "optim": {"lr": 1e-4, "weight_decay": 0.1, "warmup_steps": 10}})

@@ -1,16 +1,16 @@
-"""What the SPEC §3 sampler actually draws (issue 9): the share of relation slots at
+"""What the SPEC §3 sampler actually draws: the share of relation slots at
 N = 1..4 for several relation_prob, the share of each relation-foil type, and the share of
 each caption-negative kind, on synthetic-world records and on SugarCrepe captions run
 through the rules extractor.
 
     PYTHONPATH=. .venv/bin/python benchmarks/sampler_shares.py            # print the tables
-    PYTHONPATH=. .venv/bin/python benchmarks/sampler_shares.py --write    # and put them in docs/training.md
+    PYTHONPATH=. .venv/bin/python benchmarks/sampler_shares.py --write    # and put them in docs/research/sampler_shares.md
 
 Shares are counted over records x epochs with the sampler's own seeding. "eligible" counts
 only records that have both an entity and a relation with a foil: there `relation_prob`
 should be the share of relation slots. Relation-foil types are read off the drawn text (a
 stored antonym / negation / swap foil, or a subject / object replaced by one of its
-entity's foils), so the script measures any version of csclip.sampling alike.
+entity's foils), so the script measures any version of csclip.train.sampling alike.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from extraction_quality import DEFAULT_DATA, load_sugarcrepe  # noqa: E402
 from perfdoc import write_section  # noqa: E402
 
-from csclip.sampling import (  # noqa: E402
+from csclip.train.sampling import (  # noqa: E402
     SamplingConfig,
     draw_caption_negative,
     draw_unit_slots,
@@ -35,7 +35,7 @@ from csclip.sampling import (  # noqa: E402
 )
 from csclip.units import UnitsRecord, normalize_text, render_relation  # noqa: E402
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "training.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "research" / "sampler_shares.md"
 HEADING = "## Sampler shares (benchmarks/sampler_shares.py)"
 RELATION_PROBS = (0.0, 0.25, 0.5, 0.75, 1.0)
 FOIL_TYPES = ("antonym", "negation", "subject_object_swap", "subject_replace", "object_replace", "other")
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--write", action="store_true", help="replace the section in docs/training.md")
+    parser.add_argument("--write", action="store_true", help="replace the section in docs/research/sampler_shares.md")
     args = parser.parse_args(argv)
     datasets = {"World (seed 0, train)": world_records(args.world, args.seed),
                 "SugarCrepe, rules backend": sugarcrepe_records(args.data, args.sugarcrepe)}

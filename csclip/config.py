@@ -83,7 +83,7 @@ def with_section_defaults(model: type[BaseModel], data: dict) -> dict:
     pydantic validates a partial dict for a nested section against the section's *class*
     defaults, so `--set pretrain.optim.max_steps=300` would silently reset the other fields
     of a default like `optim: OptimConfig = OptimConfig(lr=1e-3)` to OptimConfig's own.
-    Merging the dict over the default instance keeps them (issue 9).
+    Merging the dict over the default instance keeps them.
     """
     result = dict(data)
     for name, value in data.items():
@@ -135,10 +135,6 @@ def add_config_arguments(parser: argparse.ArgumentParser, default_config: str | 
                         help=f"YAML config file (default: {default_config})")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="a.b=value", help="override one config field; repeatable")
-
-
-def config_from_args(model: type[ConfigT], args: argparse.Namespace) -> ConfigT:
-    return load_config(model, args.config, args.overrides)
 
 
 def flatten(config: BaseModel | dict, prefix: str = "") -> dict[str, object]:

@@ -1,8 +1,10 @@
 """The embedded default (`make demo`): on the synthetic world, on CPU, pretrain a small CLIP
 contrastively (cached: it stands in for zero-shot CLIP, since no weights can be
 downloaded), fine-tune it with CS-CLIP and with CLIP-FT on the same budget, and compare
-the three on the half-truth benchmark. Each stage is timed; the timings are printed and
-written to docs/performance.md with the machine's load."""
+the three on the half-truth benchmark. Each stage is timed. Everything the demo writes goes
+under `out_dir` (runs/demo/): its tables, figures, the results section and the stage
+timings; `publish` (`csclip demo --publish`) copies the last two into docs/results.md and
+docs/performance.md, on purpose, never as a side effect of a run."""
 
 from __future__ import annotations
 
@@ -10,16 +12,16 @@ import logging
 import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from csclip.config import StrictModel
 from csclip.loss import LossConfig
-from csclip.optim import OptimConfig
 from csclip.train import TrainConfig, TrainResult, finished_result, run
+from csclip.train.optim import OptimConfig
 
 logger = logging.getLogger(__name__)
 
@@ -34,20 +36,20 @@ class PretrainConfig(StrictModel):
     batch_size: int = Field(64, ge=1)
     # `--set pretrain.optim.max_steps=300` keeps the other fields of this default
     # (csclip.config.with_section_defaults). 1000 steps (16 epochs): 1500 cost a third more
-    # for no difference the benchmark resolves (issue 14; docs/training.md, "The demo").
+    # for no difference the benchmark resolves (docs/training.md, "The demo").
     optim: OptimConfig = OptimConfig(lr=1e-3, weight_decay=0.1, warmup_steps=50, max_steps=1000)
     storage_path: str = "runs/pretrain"
-    # Ours (issue 10): before pretraining, the image tower answers the world's layout
-    # question (which object kind is in which grid cell; csclip.world.layout) for this
+    # Ours: before pretraining, the image tower answers the world's layout
+    # question (which object kind is in which grid cell; csclip.train.warm_start) for this
     # many steps, on the pretraining scenes; 0: CLIP pretraining from random weights.
     # 2000 steps put 74% of held-out objects in their cell (1000: 54%; chance ~11%).
     # Contrastive pretraining alone never makes the image tower encode layout, and then
     # no fine-tuning objective can teach "left of" (docs/training.md, spatial relations).
     layout_steps: int = Field(2000, ge=0)
-    # Ours (issue 10): image-side foils in the pretraining too (loss.image_foils with this
+    # Ours: image-side foils in the pretraining too (loss.image_foils with this
     # μ; 0: none), so the text tower starts fine-tuning already reading the locked image
     # tower's layout. Without them CS-CLIP's image foils did not take from one of two
-    # pretrainings (docs/training.md, "Spatial relations", third round).
+    # pretrainings (docs/training.md, "Spatial relations"; docs/research/spatial.md, study C).
     image_foil_weight: float = Field(2.0, ge=0)
 
 
@@ -57,23 +59,36 @@ class DemoConfig(StrictModel):
 
     train: TrainConfig = TrainConfig()
     pretrain: PretrainConfig = PretrainConfig()
-    # Ours (issue 10). With a layout warm start the image tower stays locked from then on:
+    # Ours. With a layout warm start the image tower stays locked from then on:
     # the pretraining aligns the text tower to it (LiT, Zhai et al. 2022: a pretrained image
     # model, locked, and a text tower tuned to it), and both fine-tunings, CLIP-FT and
     # CS-CLIP alike, train the text tower only. Contrastive training on the world washes
     # the layout out of an unlocked image embedding (docs/training.md, "Spatial
     # relations"). Without a warm start (pretrain.layout_steps 0) nothing is locked.
     lock_image: bool = True
-    # Ours (issue 10): CS-CLIP's image-side counterfactual foils in the demo (the scene
-    # re-rendered with a relation's two objects exchanged; csclip.image_foils), with this
+    # Ours: CS-CLIP's image-side counterfactual foils in the demo (the scene
+    # re-rendered with a relation's two objects exchanged; csclip.train.image_foils), with this
     # weight μ; they override train.loss.image_foils / image_foil_weight for CS-CLIP.
     # null: train.loss decides. CLIP-FT, the paper's baseline, never has them.
     image_foil_weight: float | None = Field(2.0, ge=0)
     eval_seed: int = 0
-    out_dir: str = "runs/demo"
-    results_doc: str | None = "docs/results.md"  # where the demo writes its table (None: skip)
-    # Where the demo writes its stage timings (None: skip).
-    performance_doc: str | None = "docs/performance.md"
+    out_dir: str = "runs/demo"  # tables, figures, the results section, the stage timings
+
+    @model_validator(mode="after")
+    def _fields_the_demo_sets_itself(self) -> DemoConfig:
+        # The demo names its runs, fine-tunes from its own pretraining and runs both
+        # methods: these fields of `train` would be overwritten, so they are refused.
+        train = self.train
+        if train.run.name is not None:
+            raise ValueError(f"train.run.name={train.run.name!r}: the demo names its runs "
+                             "(by config hash, one per method); leave it unset")
+        if train.model.pretrained is not None:
+            raise ValueError(f"train.model.pretrained={train.model.pretrained!r}: the demo "
+                             "fine-tunes from its own pretraining; leave it unset")
+        if train.loss.method != "csclip":
+            raise ValueError(f"train.loss.method={train.loss.method!r}: the demo fine-tunes "
+                             "with both clip (CLIP-FT) and csclip; leave it at csclip")
+        return self
 
 
 @dataclass(frozen=True)
@@ -101,7 +116,15 @@ class DemoResult:
     seconds: float
     stages: tuple[StageTime, ...] = ()
     tracking_uri: str | None = None
-    written: tuple[str, ...] = ()  # docs the demo updated
+    written: tuple[str, ...] = ()  # the sections `publish` copies into docs/
+
+
+# The demo's two sections, under out_dir, and where `publish` puts them (marked sections
+# of shared docs: the ablation and the benchmarks write their own).
+RESULTS_SECTION = "demo_results.md"
+STAGES_SECTION = "demo_stages.md"
+PUBLISHED = {RESULTS_SECTION: ("docs/results.md", "demo", "# Results"),
+             STAGES_SECTION: ("docs/performance.md", "demo-stages", "# Performance")}
 
 
 def pretrain_world(demo: DemoConfig):
@@ -155,19 +178,18 @@ def finetune_config(demo: DemoConfig, method: str, pretrained_uri: str) -> Train
 METHODS = {"CLIP-FT": "clip", "CS-CLIP": "csclip"}
 
 
-def run_demo(demo: DemoConfig, command: str = "make demo", address: str | None = None
-             ) -> DemoResult:
-    """Start Ray (csclip.entry.ray_init, unless it runs), pretrain (or reuse the cached
-    pretraining), fine-tune both ways, evaluate; write the tables to `out_dir` and
-    `results_doc` (naming `command` as what produced them) and the stage timings to
-    `performance_doc`."""
-    from csclip.entry.ray_init import init_ray
+def run_demo(demo: DemoConfig, command: str = "make demo",
+             start_ray: Callable[[], object] = lambda: None) -> DemoResult:
+    """Start Ray (`start_ray`: the entry point's; a no-op where Ray runs already),
+    pretrain (or reuse the cached pretraining), fine-tune both ways, evaluate; write the
+    tables, the results section (naming `command` as what produced them) and the stage
+    timings under `out_dir`."""
     from csclip.tracking import resolve_uri
 
     started = time.perf_counter()
     tracking = demo.train.tracking
     uri = resolve_uri(tracking.uri) if tracking.enabled else None
-    init_ray(address)
+    start_ray()
     stages = [StageTime("start Ray", time.perf_counter() - started)]
     layout = demo.pretrain.layout_steps
     _header(1, "pretraining a small CLIP: "
@@ -193,16 +215,36 @@ def run_demo(demo: DemoConfig, command: str = "make demo", address: str | None =
     markdown = evaluate(demo, pretrained, finetuned)
     stages.append(StageTime("evaluate", time.perf_counter() - clock))
     seconds = time.perf_counter() - started
-    written = []
-    if demo.results_doc:
-        write_results_doc(demo, pretrained, finetuned, markdown, command, seconds,
-                          reused=[stage.stage for stage in stages if stage.cached])
-        written.append(demo.results_doc)
-    if demo.performance_doc:
-        write_performance_doc(demo.performance_doc, stages, seconds, command)
-        written.append(demo.performance_doc)
+    out = Path(demo.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / RESULTS_SECTION).write_text(results_section(
+        demo, pretrained, finetuned, markdown, command, seconds,
+        reused=[stage.stage for stage in stages if stage.cached]))
+    (out / STAGES_SECTION).write_text(stages_section(stages, seconds, command))
+    written = (str(out / RESULTS_SECTION), str(out / STAGES_SECTION))
     return DemoResult(pretrained, finetuned, markdown, demo.out_dir, seconds, tuple(stages),
-                      uri, tuple(written))
+                      uri, written)
+
+
+def publish(out_dir: str, root: str | Path = ".") -> list[Path]:
+    """Copy the last demo's results section and stage timings from `out_dir` into their
+    marked sections of docs/results.md and docs/performance.md under `root` (the other
+    sections of those shared docs are kept). Raises DataError when `out_dir` holds no
+    finished demo."""
+    from csclip.errors import DataError
+    from csclip.markdoc import update_marked_section
+
+    written = []
+    for name, (doc, marker, title) in PUBLISHED.items():
+        section = Path(out_dir, name)
+        if not section.is_file():
+            raise DataError(f"{section} not found: run the demo first (`csclip demo --out "
+                            f"{out_dir}`), then publish its results")
+        path = Path(root, doc)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        written.append(update_marked_section(path, marker, section.read_text().rstrip("\n"),
+                                             title=title))
+    return written
 
 
 def _header(number: int, text: str) -> None:
@@ -224,7 +266,7 @@ def warm_start_dir(demo: DemoConfig) -> Path:
 
 
 def _warm_start_stage(demo: DemoConfig) -> tuple[str, StageTime]:
-    """The image tower's layout question (csclip.world.layout), in this process (a few
+    """The image tower's layout question (csclip.train.warm_start), in this process (a few
     minutes of CPU: no cluster needed), cached like the pretraining."""
     import json
 
@@ -233,7 +275,7 @@ def _warm_start_stage(demo: DemoConfig) -> tuple[str, StageTime]:
     from csclip.errors import ConfigError
     from csclip.model import create_bundle, save_checkpoint, spec_of
     from csclip.storage import is_s3
-    from csclip.world.layout import image_layout_warm_start
+    from csclip.train.warm_start import image_layout_warm_start
 
     pre, model = demo.pretrain, demo.train.model
     if is_s3(pre.storage_path):
@@ -306,12 +348,9 @@ def load_note() -> str:
             f"{os.cpu_count()} cores")
 
 
-def write_performance_doc(path: str, stages: list[StageTime], seconds: float,
-                          command: str) -> Path:
+def stages_section(stages: Sequence[StageTime], seconds: float, command: str) -> str:
     """The demo's section of docs/performance.md: the stage table of this run."""
-    from csclip.markdoc import update_marked_section
-
-    body = "\n".join([
+    return "\n".join([
         "## The demo, stage by stage (csclip demo)", "",
         f"Written by `{command}` at its end ({seconds / 60:.1f} min in all; "
         f"{load_note()} at the end; a loaded machine stretches every stage). Wall clock "
@@ -319,8 +358,6 @@ def write_performance_doc(path: str, stages: list[StageTime], seconds: float,
         "and data wait are medians over the steps of the training worker's own "
         "measurements (data wait: the share of a step spent waiting for the batch).", "",
         stage_table(stages, seconds), ""])
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return update_marked_section(path, "demo-stages", body, title="# Performance")
 
 
 def demo_summary(result: DemoResult) -> str:
@@ -330,17 +367,21 @@ def demo_summary(result: DemoResult) -> str:
              f"demo finished in {result.seconds / 60:.1f} min ({load_note()})", "",
              f"tables and figures (figure3.png, ...): {result.out_dir}/"]
     lines += [f"written: {doc}" for doc in result.written]
+    if result.written:
+        lines.append("publish them to docs/results.md and docs/performance.md: "
+                     f"csclip demo --publish --out {result.out_dir}")
     if result.tracking_uri:
         lines.append(f"MLflow: mlflow ui --backend-store-uri {result.tracking_uri}  "
                      "(then http://127.0.0.1:5000)")
     return "\n".join(lines)
 
 
-def write_results_doc(demo: DemoConfig, pretrained: TrainResult, finetuned: dict[str, TrainResult],
-                      markdown: str, command: str, seconds: float,
-                      reused: Sequence[str] = ()) -> Path:
+def results_section(demo: DemoConfig, pretrained: TrainResult, finetuned: dict[str, TrainResult],
+                    markdown: str, command: str, seconds: float,
+                    reused: Sequence[str] = ()) -> str:
     """The demo's section of docs/results.md: the comparison table and how it was made.
-    reused: the stages found finished from an earlier run (not timed here)."""
+    reused: the stages found finished from an earlier run (not timed here). Runs are
+    named, not located: the section is published, and a path would be this machine's."""
     train, pre = demo.train, demo.pretrain
     world = train.data.world
     cs_clip = finetune_config(demo, "csclip", pretrained.checkpoint_uri)
@@ -369,23 +410,19 @@ def write_results_doc(demo: DemoConfig, pretrained: TrainResult, finetuned: dict
            "CLIP-FT never)" if cs_clip.loss.image_foils else ""),
         f"- evaluation: half-truth benchmark on the {world.num_val} validation scenes, seed "
         f"{demo.eval_seed}",
-        f"- checkpoints: pretrained `{pretrained.checkpoint_uri}`; "
-        + "; ".join(f"{label} `{r.checkpoint_uri}`" for label, r in finetuned.items()), "",
+        "- runs (`<run.storage_path>/<run>/final`): pretrained "
+        f"`{pretrained.run_name}`; "
+        + "; ".join(f"{label} `{r.run_name}`" for label, r in finetuned.items()), "",
         markdown.strip(), ""]
-    from csclip.markdoc import update_marked_section
-
-    # docs/results.md is shared (the ablation sweep writes its own section): replace only
-    # the text between our markers.
-    Path(demo.results_doc).parent.mkdir(parents=True, exist_ok=True)
-    return update_marked_section(demo.results_doc, "demo", "\n".join(lines))
+    return "\n".join(lines)
 
 
 def evaluate(demo: DemoConfig, pretrained: TrainResult, finetuned: dict[str, TrainResult]) -> str:
     """Compare the three models on the world's validation split; return the markdown."""
-    from csclip.data import load_split
     from csclip.eval.halftruth import BenchmarkConfig
     from csclip.eval.pipeline import compare_models
     from csclip.model import load_bundle
+    from csclip.records import load_split
     from csclip.tracking import resolve_uri
 
     records = load_split(None, "val", demo.train.data.world)

@@ -40,7 +40,7 @@ class LossConfig(StrictModel):
     # in-batch negatives per image whatever the number of GPUs).
     gather: bool = True
     # Ours, beyond the paper (off in every paper preset): image-side counterfactual foils.
-    # Each sample's image with one relation made false (csclip.image_foils) joins the batch
+    # Each sample's image with one relation made false (csclip.train.image_foils) joins the batch
     # with the unit true of it; a relation unit must prefer its own image over the foil,
     # and the image its unit over the foil's: L = L_full + λ·L_unit + μ·L_image_foil.
     image_foils: bool = False
@@ -229,8 +229,8 @@ def _image_foil(image: Tensor, foil_images: Tensor, units: Tensor, foil_texts: T
 def fp32_loss(fn: Callable) -> Callable:
     """Run a loss in fp32 with autocast off. Inside a caller's bf16 autocast the logits
     matmuls would run in bf16 again even on fp32 inputs; unit and foil similarities differ
-    by ~1e-3, below bf16's resolution, so L_unit's ordering would be mostly noise (issue 9;
-    the authors also compute the loss in fp32 with autocast off)."""
+    by ~1e-3, below bf16's resolution, so L_unit's ordering would be mostly noise
+    (the authors also compute the loss in fp32 with autocast off)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):

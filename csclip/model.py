@@ -69,8 +69,9 @@ def register_small_models() -> None:
         factory._MODEL_CONFIGS.setdefault(name, copy.deepcopy(cfg))
 
 
-class ModelConfig(StrictModel):
-    """The `model` section of a training config."""
+class ModelSource(StrictModel):
+    """Which model, with which weights: what evaluation reads (`csclip evaluate`'s `model`
+    section) and what every training config starts from."""
 
     name: str = "csclip-tiny"  # open_clip model name (ViT-B-32, csclip-tiny, ...)
     # A pretrained tag (`openai`), a state-dict file, or a csclip checkpoint directory.
@@ -78,6 +79,20 @@ class ModelConfig(StrictModel):
     # OpenAI's ViT-B/32 weights were trained with QuickGELU (SPEC §6): set true for them.
     quick_gelu: bool = False
     image_size: int | None = Field(None, ge=16)  # None: the model config's own size
+
+    @field_validator("pretrained")
+    @classmethod
+    def _absolute_local_path(cls, value: str | None) -> str | None:
+        # Ray workers run in their own working directory: a relative path that exists
+        # here would not be found there, so it travels as an absolute one.
+        if value and "://" not in value and Path(value).exists() and not Path(value).is_absolute():
+            return str(Path(value).resolve())
+        return value
+
+
+class ModelConfig(ModelSource):
+    """The `model` section of a training config: the model and how it is trained."""
+
     # Training-time options, as open_clip_train's flags (apply_training_options); they do
     # not change what a checkpoint holds. grad_checkpointing recomputes each residual
     # block in the backward: less activation memory, ~1/3 more compute, same gradients.
@@ -99,15 +114,6 @@ class ModelConfig(StrictModel):
             raise ValueError("lock_text_unlocked_layers is set but lock_text is false; "
                              "set model.lock_text=true (or drop the unlocked layers)")
         return self
-
-    @field_validator("pretrained")
-    @classmethod
-    def _absolute_local_path(cls, value: str | None) -> str | None:
-        # Ray workers run in their own working directory: a relative path that exists
-        # here would not be found there, so it travels as an absolute one.
-        if value and "://" not in value and Path(value).exists() and not Path(value).is_absolute():
-            return str(Path(value).resolve())
-        return value
 
 
 @dataclass(frozen=True)
@@ -267,13 +273,13 @@ def create_bundle(name: str, pretrained: str | None = None, device: str = "cpu",
     return _build(name, pretrained, device, quick_gelu, image_size)
 
 
-def bundle_from_config(config: ModelConfig, device: str = "cpu") -> ClipBundle:
-    """create_bundle for a ModelConfig section."""
+def bundle_from_config(config: ModelSource, device: str = "cpu") -> ClipBundle:
+    """create_bundle for a model section (ModelSource or ModelConfig)."""
     return create_bundle(config.name, config.pretrained, device,
                          quick_gelu=config.quick_gelu, image_size=config.image_size)
 
 
-def spec_from_config(config: ModelConfig) -> ModelSpec:
+def spec_from_config(config: ModelSource) -> ModelSpec:
     """The spec `config` would build, without loading or downloading weights."""
     bundle = _build(config.name, config.pretrained if not is_checkpoint_dir(config.pretrained)
                     else None, "cpu", config.quick_gelu, config.image_size, load_weights=False)

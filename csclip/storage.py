@@ -135,6 +135,16 @@ def write_bytes_atomic(fs: pafs.FileSystem, path: str, data: bytes) -> None:
         out.write(data)
 
 
+def upload_dir(local: str | Path, uri: str) -> str:
+    """Copy the files of the local directory `local` into `uri` (a local path or s3://),
+    creating it; files already there under the same names are replaced. Returns `uri`.
+    The one directory upload of the package: checkpoints' final/ and best/, reports."""
+    fs, path = filesystem_for(uri)
+    fs.create_dir(path, recursive=True)
+    pafs.copy_files(str(Path(local).resolve()), path, destination_filesystem=fs)
+    return uri
+
+
 def delete_file(fs: pafs.FileSystem, path: str) -> None:
     if exists(fs, path):
         fs.delete_file(path)

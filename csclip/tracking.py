@@ -42,7 +42,7 @@ def resolve_uri(uri: str | None) -> str:
     A relative sqlite path is made absolute: Ray workers run in another directory and would
     otherwise write to a database of their own. Inside a submitted Ray job or a Ray worker
     it is refused instead: the working directory there is a temporary copy that Ray deletes
-    with its session, so the runs would vanish (issue 15).
+    with its session, so the runs would vanish.
     Raises ConfigError for a relative sqlite URI inside a Ray job or worker.
     """
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI

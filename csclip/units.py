@@ -1,5 +1,5 @@
 """The units data model (SPEC §2): captions, entity and relation units, foils, their
-validation, the JSON schemas of LLM answers and the Arrow schema of the units table."""
+validation and the Arrow schema of the units table."""
 
 from __future__ import annotations
 
@@ -27,7 +27,6 @@ class ChangeType(StrEnum):
 ENTITY_CHANGES = frozenset({ChangeType.ATTRIBUTE_CHANGE, ChangeType.OBJECT_CHANGE})
 RELATION_CHANGES = frozenset(set(ChangeType) - ENTITY_CHANGES)
 # Predicate-only edits: the foil keeps subject and object.
-PREDICATE_CHANGES = frozenset({ChangeType.ANTONYM, ChangeType.NEGATION})
 
 
 class RejectReason(StrEnum):
@@ -357,88 +356,6 @@ def _keep_valid_foils(unit: Unit, caption: str, entity_texts: Sequence[str],
         elif reason is not None:
             rejections.append(Rejection(reason, f"{unit.kind} {unit.text!r} -> {foil.text!r} ({foil.change_type})"))
     return Unit(unit.kind, unit.text, tuple(kept), unit.subject, unit.predicate, unit.object)
-
-
-# ---------------------------------------------------------------------------------------
-# JSON schemas of the LLM answers (SPEC §2 prompts), for structured decoding
-# ---------------------------------------------------------------------------------------
-
-_STR = {"type": "string", "minLength": 1}
-EXTRACTION_SCHEMA: dict = {
-    "type": "object",
-    "properties": {
-        "entities": {"type": "array", "items": _STR, "maxItems": MAX_ENTITIES},
-        "relations": {
-            "type": "array",
-            "maxItems": MAX_RELATIONS,
-            "items": {
-                "type": "object",
-                "properties": {"subject": _STR, "predicate": _STR, "object": _STR},
-                "required": ["subject", "predicate", "object"],
-                "additionalProperties": False,
-            },
-        },
-    },
-    "required": ["entities", "relations"],
-    "additionalProperties": False,
-}
-ENTITY_FOILS_SCHEMA: dict = {
-    "type": "object",
-    "properties": {
-        "foils": {
-            "type": "array",
-            "minItems": 1,
-            "maxItems": 3,
-            "items": {
-                "type": "object",
-                "properties": {
-                    "foil": _STR,
-                    "change_type": {"type": "string", "enum": sorted(c.value for c in ENTITY_CHANGES)},
-                },
-                "required": ["foil", "change_type"],
-                "additionalProperties": False,
-            },
-        }
-    },
-    "required": ["foils"],
-    "additionalProperties": False,
-}
-RELATION_FOILS_SCHEMA: dict = {
-    "type": "object",
-    "properties": {
-        "relations": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "index": {"type": "integer", "minimum": 0},
-                    "foils": {
-                        "type": "array",
-                        "maxItems": 3,
-                        "items": {
-                            "type": "object",
-                            "properties": {
-                                "subject": {"type": "string"},
-                                "predicate": {"type": "string"},
-                                "object": {"type": "string"},
-                                "change_type": {
-                                    "type": "string",
-                                    "enum": sorted(c.value for c in RELATION_CHANGES),
-                                },
-                            },
-                            "required": ["change_type"],
-                            "additionalProperties": False,
-                        },
-                    },
-                },
-                "required": ["index", "foils"],
-                "additionalProperties": False,
-            },
-        }
-    },
-    "required": ["relations"],
-    "additionalProperties": False,
-}
 
 
 # ---------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ whose URL every node inherits as MLFLOW_TRACKING_URI (as cluster.yaml exports it
 
   1. extraction with the rules backend from captions on s3:// to a units table on s3://;
   2. training with 2 workers, one per node (each takes the node's only csclip_train),
-     checkpoints on s3:// every 2 steps; the workers fail at step 4 (run.fail_after_step=3,
+     checkpoints on s3:// every 2 steps; the workers fail at step 4 (fail_after_step=3,
      checked at checkpoints) and Ray Train restarts the group, which resumes from the
      checkpoint on S3 (max_failures=1) and finishes step 6;
   3. evaluation of the s3:// checkpoint (pipelines/evaluate.py);
@@ -138,10 +138,10 @@ def train(result: dict, workdir: Path) -> dict:
 
     units = result["extract"]["units_uri"]
     config = load_config(TrainConfig, None, [
-        *TINY, f"data.units_uri={units}", "optim.max_steps=6", "run.fail_after_step=3",
+        *TINY, f"data.units_uri={units}", "optim.max_steps=6",
         "run.max_failures=1", f"run.storage_path=s3://{BUCKET}/runs", "run.name=two-nodes",
         "tracking.experiment=cluster-train"])
-    outcome = run(config)
+    outcome = run(config, fail_after_step=3)
     import ray._private.state
 
     workers = [a for a in ray._private.state.actors().values()

@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Local copies of s3:// data go to a cache of this test run only, not ~/.cache/csclip
+# (shared with earlier runs and the user's own work).
+os.environ.setdefault("CSCLIP_CACHE_DIR", tempfile.mkdtemp(prefix="csclip-test-cache-"))
+
+# The same hypothesis examples on every run, so that a run's verdict does not depend on
+# the draw; HYPOTHESIS_PROFILE=explore draws new examples each run (to look for bugs).
+settings.register_profile("repeatable", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"

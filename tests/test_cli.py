@@ -1,4 +1,4 @@
-"""The entry points explain themselves (issue 14): each --help lists its choices and two
+"""The entry points explain themselves: each --help lists its choices and two
 examples; `csclip <command>` and the scripts are one implementation; shortcuts are --sets."""
 
 from __future__ import annotations

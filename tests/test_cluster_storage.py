@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from csclip import storage
-from csclip.data import decode_image, epoch_order, image_status, read_image_bytes
 from csclip.errors import CheckpointMismatch, DataError
 from csclip.model import create_bundle, load_bundle, save_checkpoint, spec_of
+from csclip.train.stream import decode_image, epoch_order, image_status, read_image_bytes
 from csclip.units import records_to_table
 from csclip.world import WorldConfig, world_record
 
@@ -299,10 +299,10 @@ def test_captions_of_one_image_spread_across_batches(ray_session):
 
 
 def test_training_stream_shuffles_each_epoch(ray_session):
-    from csclip.data import training_stream
     from csclip.loss import LossConfig, objective_for
     from csclip.model import spec_of as spec
-    from csclip.sampling import SamplingConfig
+    from csclip.train.sampling import SamplingConfig
+    from csclip.train.stream import training_stream
 
     table = records_to_table([world_record(WORLD, "train", i) for i in range(4)])
     source = ray_session.data.from_arrow(table)

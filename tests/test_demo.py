@@ -1,4 +1,4 @@
-"""The demo as a newcomer meets it (issue 14): images decoded once and the same batches as
+"""The demo as a newcomer meets it: images decoded once and the same batches as
 streaming them; the stage timings; a log with no warning and no traceback."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from csclip.data import (
+from csclip.train.sampling import SamplingConfig
+from csclip.train.stream import (
     DataConfig,
     decode_batch,
     image_cache_fits,
@@ -20,7 +21,6 @@ from csclip.data import (
     preprocess_key,
     sample_batch,
 )
-from csclip.sampling import SamplingConfig
 from csclip.units import records_to_table
 from csclip.world import WorldConfig, world_record
 from tests.conftest import REPO_ROOT
@@ -86,8 +86,8 @@ def test_image_cache_fits_by_size():
 
 
 def test_cached_stream_gives_the_streamed_batches(ray_session, preprocess):
-    from csclip.data import training_stream
     from csclip.loss import LossConfig, objective_for
+    from csclip.train.stream import training_stream
 
     source = ray_session.data.from_arrow(_table(12, broken=(2,)))
     kwargs = {"sampling": SamplingConfig(relation_prob=0.5), "preprocess_cfg": preprocess,
@@ -106,7 +106,7 @@ def test_cached_stream_gives_the_streamed_batches(ray_session, preprocess):
 
 
 def test_layout_warm_start_stage_writes_once_then_reuses_and_feeds_the_pretraining(tmp_path):
-    # Issue 10: the image tower's layout question before pretraining (ours), cached by
+    # the image tower's layout question before pretraining (ours), cached by
     # everything that determines it.
     from csclip.config import validate_config
     from csclip.demo import DemoConfig, _warm_start_stage, pretrain_config, warm_start_dir
@@ -144,8 +144,8 @@ def test_layout_warm_start_stage_writes_once_then_reuses_and_feeds_the_pretraini
         _warm_start_stage(remote)
 
 
-def test_stage_table_and_performance_doc(tmp_path):
-    from csclip.demo import StageTime, stage_table, write_performance_doc
+def test_stage_table_and_its_section(tmp_path):
+    from csclip.demo import StageTime, stage_table, stages_section
 
     stages = [StageTime("start Ray", 4.2),
               StageTime("pretrain", 100.4, 800, 64, 512.3, 0.031),
@@ -154,12 +154,8 @@ def test_stage_table_and_performance_doc(tmp_path):
     assert "| pretrain | 100 | 800 | 64 | 512 | 3% |" in table
     assert "| CLIP-FT | 10 | cached | 64 |  |  |" in table
     assert "| **total** | 115 |" in table
-    doc = tmp_path / "performance.md"
-    doc.write_text("# Performance\n\n## Other (bench_x.py)\nkeep\n")
-    for _ in range(2):
-        write_performance_doc(str(doc), stages, 114.6, "csclip demo")
-    text = doc.read_text()
-    assert text.count("## The demo, stage by stage") == 1 and "## Other (bench_x.py)\nkeep" in text
+    text = stages_section(stages, 114.6, "csclip demo")
+    assert text.count("## The demo, stage by stage") == 1 and table in text
     assert "load average" in text and "`csclip demo`" in text
 
 
@@ -177,13 +173,14 @@ def test_demo_log_holds_no_warning_and_no_traceback(tmp_path):
         f"train.run.storage_path={tmp_path / 'train'}",
         f"train.tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
         "pretrain.num_train=96", "pretrain.batch_size=16", "pretrain.optim.warmup_steps=1",
-        f"pretrain.storage_path={tmp_path / 'pretrain'}", "performance_doc=null",
+        f"pretrain.storage_path={tmp_path / 'pretrain'}",
     ]
     command = [sys.executable, "-m", "csclip.cli", "demo", "--max-steps", "4",
-               "--pretrain-steps", "4", "--layout-steps", "3", "--out", str(tmp_path / "demo"), "--no-results-doc"]
+               "--pretrain-steps", "4", "--layout-steps", "3", "--out", str(tmp_path / "demo")]
     for override in overrides:
         command += ["--set", override]
     log_file = tmp_path / "demo.log"
+    before = _git_status()
     with log_file.open("w") as out:
         # Minutes on a quiet machine (Ray and three training runs start); generous for a
         # shared one.
@@ -197,8 +194,36 @@ def test_demo_log_holds_no_warning_and_no_traceback(tmp_path):
                   "[4/4] half-truth evaluation", "| CS-CLIP |", "csclip step 4/4",
                   "mlflow ui --backend-store-uri"):
         assert stage in log
-    # CS-CLIP's step lines show the image-foil term (ours, issue 10); the table of Ant and
+    # CS-CLIP's step lines show the image-foil term (ours); the table of Ant and
     # Swap's win rates with their intervals is printed.
     assert any("csclip step" in line and "image_foil" in line for line in log.splitlines())
     assert "| Model | Ant | Ant CI low | Ant CI high | Swap | Swap CI low | Swap CI high |" in log
     assert (tmp_path / "demo" / "figure3.png").exists()
+    # Everything it wrote is under --out: the tracked docs change only when published.
+    assert (tmp_path / "demo" / "demo_results.md").is_file()
+    assert "| **total** |" in (tmp_path / "demo" / "demo_stages.md").read_text()
+    assert _git_status() == before  # no tracked file rewritten
+
+
+def _git_status() -> str | None:
+    """`git status --porcelain` of the checkout (None outside one)."""
+    done = subprocess.run(["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True,
+                          text=True)
+    return done.stdout if done.returncode == 0 else None
+
+
+def test_publish_is_a_command_that_trains_nothing(tmp_path, capsys, monkeypatch):
+    from csclip.demo import RESULTS_SECTION, STAGES_SECTION
+    from csclip.entry.demo import main
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "runs" / "demo"
+    assert main(["--publish", "--out", str(out)]) == 2  # nothing to publish: one line
+    assert "run the demo first" in capsys.readouterr().err
+    out.mkdir(parents=True)
+    (out / RESULTS_SECTION).write_text("## The demo\n| table |\n")
+    (out / STAGES_SECTION).write_text("## The demo, stage by stage\n| stages |\n")
+    assert main(["--publish", "--out", str(out)]) == 0
+    assert "| table |" in (tmp_path / "docs" / "results.md").read_text()
+    assert "| stages |" in (tmp_path / "docs" / "performance.md").read_text()
+    assert not (tmp_path / "runs" / "train").exists()  # nothing was trained

@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from csclip.eval.periodic import LOGGED_KEYS, PeriodicEvaluator, capped_records
 from csclip.model import create_bundle, load_bundle, spec_of
+from csclip.train.periodic import LOGGED_KEYS, PeriodicEvaluator, capped_records
 from csclip.world import WorldConfig, iter_world
 
 

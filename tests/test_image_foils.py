@@ -1,4 +1,4 @@
-"""Image-side counterfactual foils (issue 10, ours): the world's swapped render and the
+"""Image-side counterfactual foils (ours): the world's swapped render and the
 photo mirror, the loss term's known answer, and the training batch wiring."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from csclip.image_foils import draw_image_foil, foil_units
 from csclip.loss import LossConfig, image_foil_loss, objective_for
+from csclip.train.image_foils import draw_image_foil, foil_units
 from csclip.units import Unit, UnitsRecord
 from csclip.world import WorldConfig, scene_from_record, world_record
 from csclip.world.pairs import relation_objects, swap_objects
@@ -119,10 +119,10 @@ def test_objective_adds_the_weighted_image_foil_term():
 
 @pytest.mark.parametrize("method", ["clip", "csclip"])
 def test_training_batch_carries_image_foils(method):
-    from csclip.data import prepare_batch, preprocess_key
     from csclip.model import create_bundle, spec_of
-    from csclip.sampling import SamplingConfig
-    from csclip.step import compute_loss
+    from csclip.train.sampling import SamplingConfig
+    from csclip.train.step import compute_loss
+    from csclip.train.stream import prepare_batch, preprocess_key
     from csclip.units import records_to_table
 
     records = [world_record(WORLD, "train", i) for i in range(6)]

@@ -161,12 +161,12 @@ def test_gather_is_identity_without_distributed():
 
 
 def test_pure_modules_do_not_import_ray():
-    code = "import sys, csclip.loss, csclip.sampling; assert 'ray' not in sys.modules"
+    code = "import sys, csclip.loss, csclip.train.sampling; assert 'ray' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 # ---------------------------------------------------------------------------------------
-# Precision: every loss runs in fp32 with autocast off (issue 9)
+# Precision: every loss runs in fp32 with autocast off
 # ---------------------------------------------------------------------------------------
 
 def _loss_inputs(batch: int = 64, dim: int = 128, slots: int = 2, gap: float = 7e-4):

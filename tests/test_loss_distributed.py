@@ -6,7 +6,6 @@ batch's, and DDP's average is the gradient of the mean of the per-worker losses.
 from __future__ import annotations
 
 import datetime
-import socket
 import time
 from pathlib import Path
 
@@ -75,9 +74,14 @@ def _local(inputs: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tens
             for name, value in inputs.items()}
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=WORLD_SIZE, timeout=datetime.timedelta(seconds=60))
+def _worker(rank: int, out_dir: str) -> None:
+    # A file rendezvous, not tcp://127.0.0.1:<free port>: a port found free and bound later
+    # can be taken in between (Ray and other tests open ports), and there is none to pick.
+    # The timeout covers the slower worker's start: on a loaded 2-core machine one fresh
+    # interpreter may import torch a minute after the other.
+    dist.init_process_group("gloo", init_method=f"file://{Path(out_dir) / 'rendezvous'}",
+                            rank=rank, world_size=WORLD_SIZE,
+                            timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S))
     try:
         result = {}
         for split in SPLITS:
@@ -95,16 +99,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_two_gloo_workers_match_one_process_on_the_concatenated_batch(tmp_path):
     # spawn, not fork: fork is faster (no second torch import) but hangs the children when
     # the parent has already used its OpenMP thread pool (any earlier torch test).
-    context = mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD_SIZE,
+    context = mp.spawn(_worker, args=(str(tmp_path),), nprocs=WORLD_SIZE,
                        join=False)
     deadline = time.monotonic() + JOIN_TIMEOUT_S
     while not context.join(timeout=1):  # raises if a worker failed

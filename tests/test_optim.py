@@ -1,4 +1,4 @@
-"""The optimizer and the learning-rate schedule (csclip.optim): open_clip's per-step
+"""The optimizer and the learning-rate schedule (csclip.train.optim): open_clip's per-step
 cosine, and the authors' run reproduced step for step against torch's schedulers built
 the way their code builds them (SPEC §6)."""
 
@@ -13,8 +13,8 @@ from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, SequentialLR
 
 from csclip.config import load_config
 from csclip.model import create_bundle
-from csclip.optim import OptimConfig, build_optimizer, lr_at, warmup_steps_of
 from csclip.train import TrainConfig
+from csclip.train.optim import OptimConfig, build_optimizer, lr_at, warmup_steps_of
 
 
 def test_lr_warms_up_then_decays_to_zero_every_step():

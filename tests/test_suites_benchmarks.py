@@ -78,8 +78,19 @@ def test_aro_macro_accuracy_crops_and_order_ties():
 def test_aro_order_foils_follow_the_official_four_perturbations():
     caption = "A red car parked by the road."
     foils = order_perturbations(caption)
-    assert len(foils) == 4 and foils == order_perturbations(caption)  # seeded
-    assert all(sorted(f.split()) == sorted("A red car parked by the road .".split()) for f in foils)
+    tokens = "A red car parked by the road .".split()
+    # Seeded by the caption: these exact foils on every run and in every process.
+    assert foils == ("A road parked red by the car .", "A red car parked . the road by",
+                     "A car red by parked the road .", "road . A red car parked by the")
+    assert all(sorted(f.split()) == sorted(tokens) for f in foils)
+    nouns_adjectives, others, within, reordered = (f.split() for f in foils)
+    content = {1, 2, 3, 6}  # red car parked road: the words not in the function-word list
+    assert [w for i, w in enumerate(nouns_adjectives) if i not in content] == \
+        [w for i, w in enumerate(tokens) if i not in content]
+    assert [w for i, w in enumerate(others) if i in content] == [w for i, w in enumerate(tokens) if i in content]
+    assert [sorted(within[i:i + 3]) for i in (0, 3, 6)] == [sorted(tokens[i:i + 3]) for i in (0, 3, 6)]
+    groups = [tuple(tokens[i:i + 3]) for i in (0, 3, 6)]  # the trigrams, moved whole
+    assert sorted(map(tuple, (reordered[0:2], reordered[2:5], reordered[5:8]))) == sorted(groups)
     assert pre_caption(caption) == "a red car parked by the road"
 
 

@@ -10,18 +10,18 @@ import pytest
 import torch
 
 from csclip.config import load_config
-from csclip.data import DataConfig, plan_data, prepare_batch, preprocess_key
 from csclip.errors import ConfigError, CsclipError, DataError
 from csclip.loss import LossConfig, objective_for
 from csclip.model import WEIGHTS_FILE, create_bundle, register_small_models, spec_of
-from csclip.sampling import SamplingConfig
-from csclip.train import (
+from csclip.train.loop import (
     TrainConfig,
     compute_loss,
     finished_result,
     run,
     run_name,
 )
+from csclip.train.sampling import SamplingConfig
+from csclip.train.stream import DataConfig, plan_data, prepare_batch, preprocess_key
 from csclip.units import records_to_table
 from csclip.world import WorldConfig, world_record
 
@@ -112,7 +112,7 @@ def test_csclip_adds_weighted_unit_loss():
 
 def test_run_name_is_a_hash_of_what_is_trained(tmp_path):
     a = tiny_config(tmp_path, "sqlite:///x.db")
-    moved = tiny_config(tmp_path / "elsewhere", "sqlite:///y.db", "run.fail_after_step=3")
+    moved = tiny_config(tmp_path / "elsewhere", "sqlite:///y.db", "run.num_to_keep=5")
     other = tiny_config(tmp_path, "sqlite:///x.db", "optim.lr=2e-4")
     assert run_name(a) == run_name(moved) != run_name(other)
     assert run_name(a).startswith("csclip-")
@@ -156,9 +156,9 @@ def test_two_gloo_workers_train_negclip(ray_session, tmp_path, mlflow_uri):
 def test_killed_run_resumes_and_finishes_with_same_step_count(ray_session, tmp_path, mlflow_uri):
     from csclip.tracking import run_metrics
 
-    killed = tiny_config(tmp_path, mlflow_uri, "run.fail_after_step=2")
+    killed = tiny_config(tmp_path, mlflow_uri)
     with pytest.raises(Exception, match="injected failure"):
-        run(killed)
+        run(killed, fail_after_step=2)
     assert finished_result(killed) is None
     config = tiny_config(tmp_path, mlflow_uri)  # the same command again
     result = run(config)
@@ -182,7 +182,7 @@ def test_killed_run_resumes_and_finishes_with_same_step_count(ray_session, tmp_p
 def test_reused_run_name_with_other_config_is_refused(tmp_path, mlflow_uri):
     import json
 
-    from csclip.train import _final_uri, storage_root
+    from csclip.train.loop import _final_uri, storage_root
 
     config = tiny_config(tmp_path, mlflow_uri, "run.name=fixed")
     final = tmp_path / "runs" / "fixed" / "final"
@@ -193,6 +193,26 @@ def test_reused_run_name_with_other_config_is_refused(tmp_path, mlflow_uri):
     assert finished_result(config).metrics == {"step": 4}
     with pytest.raises(CsclipError, match="different config"):
         finished_result(tiny_config(tmp_path, mlflow_uri, "run.name=fixed", "optim.lr=1e-3"))
+
+
+def test_unfinished_run_storage_is_not_reused_for_another_config(tmp_path, mlflow_uri):
+    import json
+
+    from csclip.train.loop import check_unfinished_run
+
+    config = tiny_config(tmp_path, mlflow_uri, "run.name=fixed")
+    check_unfinished_run(config)  # nothing there yet
+    saved = config.model_dump(mode="json")
+    saved["run"]["fail_after_step"] = None  # written before test hooks left RunSection
+    checkpoint = tmp_path / "runs" / "fixed" / "checkpoint_2026-01-01_00-00-00.000000"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text(json.dumps(saved))
+    check_unfinished_run(config)  # the same config resumes
+    # How to run it is not what it trains: these resume the same run too.
+    check_unfinished_run(tiny_config(tmp_path, mlflow_uri, "run.name=fixed", "run.num_to_keep=9",
+                                     "run.cpus_per_worker=2", "run.checkpoint_every=1"))
+    with pytest.raises(CsclipError, match="unfinished run of a different config"):
+        check_unfinished_run(tiny_config(tmp_path, mlflow_uri, "run.name=fixed", "optim.lr=1e-3"))
 
 
 def test_png_roundtrip_sanity():
@@ -234,7 +254,7 @@ def test_demo_stages_share_the_model_and_differ_in_objective():
 
 
 def test_demo_fine_tunings_lock_the_warm_image_tower_and_give_cs_clip_image_foils():
-    # Issue 10 (ours): after a layout warm start both fine-tunings train the text tower
+    # Ours: after a layout warm start both fine-tunings train the text tower
     # only; CS-CLIP alone gets the image foils, with the demo's μ.
     from csclip.config import load_config
     from csclip.demo import DemoConfig, finetune_config
@@ -265,19 +285,37 @@ def test_demo_fine_tunings_lock_the_warm_image_tower_and_give_cs_clip_image_foil
         load_config(DemoConfig, None, ["image_foil_weight=-1"])
 
 
-def test_demo_results_keep_other_sections_of_the_shared_doc(tmp_path):
-    from csclip.demo import DemoConfig, write_results_doc
+def test_publish_copies_the_demo_sections_and_keeps_the_other_sections(tmp_path):
+    from csclip.demo import (
+        RESULTS_SECTION,
+        STAGES_SECTION,
+        DemoConfig,
+        StageTime,
+        publish,
+        results_section,
+        stages_section,
+    )
     from csclip.train import TrainResult
 
-    doc = tmp_path / "results.md"
-    doc.write_text("# Results\n\n<!-- BEGIN ablation -->\nablation table\n<!-- END ablation -->\n")
-    demo = DemoConfig(results_doc=str(doc))
-    fake = TrainResult("r", "/ckpt")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "results.md").write_text(
+        "# Results\n\n<!-- BEGIN ablation -->\nablation table\n<!-- END ablation -->\n")
+    out = tmp_path / "runs" / "demo"
+    with pytest.raises(DataError, match="run the demo first"):
+        publish(str(out), root=tmp_path)
+    out.mkdir(parents=True)
+    fake = TrainResult("csclip-0123", str(tmp_path / "runs" / "train" / "csclip-0123" / "final"))
+    (out / STAGES_SECTION).write_text(stages_section([StageTime("pretrain", 9.0)], 9.0, "make demo"))
     for table in ("| first |", "| second |"):
-        write_results_doc(demo, fake, {"CS-CLIP": fake}, table, "make demo", 60.0)
-    text = doc.read_text()
+        (out / RESULTS_SECTION).write_text(
+            results_section(DemoConfig(), fake, {"CS-CLIP": fake}, table, "make demo", 60.0))
+        publish(str(out), root=tmp_path)
+    text = (docs / "results.md").read_text()
     assert "ablation table" in text and "| second |" in text and "| first |" not in text
-    assert "`make demo`" in text and "every stage run" in text
-    write_results_doc(demo, fake, {"CS-CLIP": fake}, "| third |", "make demo", 60.0,
-                      reused=["pretrain"])
-    assert "pretrain reused from an earlier run" in doc.read_text()
+    assert "`make demo`" in text and "every stage run" in text and "`csclip-0123`" in text
+    assert str(tmp_path) not in text  # runs are named, not located on this machine
+    assert "| pretrain | 9 |" in (docs / "performance.md").read_text()
+    reused = results_section(DemoConfig(), fake, {"CS-CLIP": fake}, "| third |", "make demo",
+                             60.0, reused=["pretrain"])
+    assert "pretrain reused from an earlier run" in reused

@@ -1,4 +1,4 @@
-"""Trainer options (issue 12): gradient checkpointing, exact gradient accumulation, tower
+"""Trainer options: gradient checkpointing, exact gradient accumulation, tower
 locking, augmentation, resume from a checkpoint path, and the speed options (compile, fused
 AdamW, channels-last, pure bf16, no host syncs between log steps, Ray Data prefetch and
 pinning, SDPA attention), each checked on the CPU for being applied."""
@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from csclip.config import load_config
-from csclip.data import DataConfig, prepare_batch, preprocess_key
 from csclip.errors import CheckpointMismatch, ConfigError
 from csclip.loss import LossConfig, LossParts, objective_for
 from csclip.model import (
@@ -25,16 +24,7 @@ from csclip.model import (
     spec_of,
     unwrap,
 )
-from csclip.optim import OptimConfig, build_optimizer
-from csclip.sampling import SamplingConfig
-from csclip.step import (
-    StepMetrics,
-    StepOptions,
-    build_training,
-    compute_loss,
-    train_step,
-)
-from csclip.train import (
+from csclip.train.loop import (
     TrainConfig,
     _publish,
     _Window,
@@ -44,6 +34,16 @@ from csclip.train import (
     run_name,
     step_options,
 )
+from csclip.train.optim import OptimConfig, build_optimizer
+from csclip.train.sampling import SamplingConfig
+from csclip.train.step import (
+    StepMetrics,
+    StepOptions,
+    build_training,
+    compute_loss,
+    train_step,
+)
+from csclip.train.stream import DataConfig, prepare_batch, preprocess_key
 from csclip.units import records_to_table
 from csclip.world import WorldConfig, world_record
 
@@ -267,7 +267,7 @@ def test_resume_from_is_checked_before_training(tmp_path):
 def test_worker_restores_its_own_checkpoint_before_resume_from(tmp_path, monkeypatch):
     import ray.train
 
-    from csclip.train import _checkpoint_dir
+    from csclip.train.loop import _checkpoint_dir
 
     own = tmp_path / "own"
     own.mkdir()
@@ -286,7 +286,7 @@ def test_worker_restores_its_own_checkpoint_before_resume_from(tmp_path, monkeyp
 
 def test_optimizer_state_is_restored_onto_the_parameters_device(tmp_path):
     # The meta device stands in for a GPU: if AdamW were built, or its state loaded, before
-    # the model moved, the state would stay on the CPU while the parameters left (issue 11).
+    # the model moved, the state would stay on the CPU while the parameters left.
     directory, _, _ = _trained_checkpoint(tmp_path, _config())
     meta = torch.device("meta")
     setup = prepare_training(_config(), meta, str(directory))
@@ -353,10 +353,10 @@ def test_pure_bf16_runs_in_bf16_and_steps_fp32_master_weights():
 
 class _SyncCounter:
     """Counts tensor-to-host reads (.item(), .tolist(), bool(), float(), int(), .numpy())
-    called from csclip.step or csclip.train."""
+    called from csclip.train.step or csclip.train."""
 
     METHODS = ("item", "tolist", "__bool__", "__float__", "__int__", "numpy")
-    FILES = ("csclip/step.py", "csclip/train.py")
+    FILES = ("csclip/train/step.py", "csclip/train/loop.py")
 
     def __init__(self, monkeypatch):
         self.calls: list[str] = []
@@ -434,7 +434,8 @@ def test_attention_runs_through_sdpa():
 def test_how_to_run_fields_keep_the_run_name():
     base = _config()
     for override in ("run.compile=true", "optim.accum_freq=2", "model.grad_checkpointing=true",
-                     "run.channels_last=true", "data.prefetch_batches=4", "optim.fused=false"):
+                     "run.channels_last=true", "data.prefetch_batches=4", "optim.fused=false",
+                     "run.num_to_keep=5", "run.cpus_per_worker=2", "run.checkpoint_every=7"):
         assert run_name(_config(override)) == run_name(base), override
     for override in ("data.augment=true", "model.lock_text=true", "run.precision=bf16_pure"):
         assert run_name(_config(override)) != run_name(base), override

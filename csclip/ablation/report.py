@@ -182,15 +182,11 @@ def publish_report(table: AblationTable, uri: str, title: str) -> ReportFiles:
     directory, which is temporary in a Ray job) that is then uploaded to `uri`."""
     if "://" not in uri:
         return write_report(table, uri, title)
-    import pyarrow.fs as pafs
-
-    from csclip.storage import cache_root, filesystem_for
+    from csclip.storage import cache_root, upload_dir
 
     local = cache_root() / "tune-reports" / uri.rstrip("/").rsplit("/", 1)[-1]
     files = write_report(table, local, title)
-    fs, path = filesystem_for(uri)
-    fs.create_dir(path, recursive=True)
-    pafs.copy_files(str(local.resolve()), path, destination_filesystem=fs)
+    upload_dir(local, uri)
     return files
 
 

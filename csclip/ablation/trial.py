@@ -127,8 +127,8 @@ def _train_run_id(client, experiment_id: str, run_name: str) -> str | None:
 
 
 def validation_records(config: BaseModel) -> list:
-    """The validation split the trial is evaluated on (csclip.data.load_split)."""
-    from csclip.data import load_split
+    """The validation split the trial is evaluated on (csclip.records.load_split)."""
+    from csclip.records import load_split
 
     return load_split(config.data.units_uri, "val", config.data.world)
 

@@ -18,21 +18,22 @@ DESCRIPTION = """\
 The demo, on CPU in about 12 minutes: generate the synthetic world, pretrain a small CLIP
 on it (cached after the first run: it stands in for zero-shot CLIP), fine-tune it with
 CLIP-FT and with CS-CLIP on the same budget, and compare the three on the half-truth
-benchmark. Prints a table per stage and the results; writes them to docs/results.md and
-runs/demo/, logs every run to MLflow.
+benchmark. Prints a table per stage and the results; writes them under runs/demo/ (--out),
+logs every run to MLflow. `--publish` copies the last demo's results and stage timings
+from there into docs/results.md and docs/performance.md (and trains nothing).
 
 --config is the fine-tuning YAML, or a whole demo YAML with `train:` and `pretrain:`
 sections (configs/world_gpu.yaml); --set paths are those of csclip.demo.DemoConfig:
 train.* (the fine-tuning config), pretrain.*, lock_image and image_foil_weight (ours: the
 warm image tower locked after the warm start; CS-CLIP's image foils, null for the
-paper's objective), eval_seed, out_dir, results_doc."""
+paper's objective), eval_seed, out_dir."""
 
 # Top-level keys that make --config a demo YAML rather than a fine-tuning config.
 DEMO_SECTIONS = {"train", "pretrain"}
 
 EXAMPLES = (
     "%(prog)s",
-    "%(prog)s --max-steps 200 --pretrain-steps 300 --no-results-doc   # a quicker look",
+    "%(prog)s --publish   # the last demo's tables into docs/results.md, docs/performance.md",
 )
 
 
@@ -47,8 +48,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                            help="the image tower's layout warm start before pretraining "
                                 "(ours; 0: none): pretrain.layout_steps")
     shortcuts.add_argument("--out", metavar="DIR", help="tables and figures: out_dir")
-    shortcuts.add_argument("--no-results-doc", action="store_true", default=None,
-                           help="do not write docs/results.md: results_doc=null")
+    parser.add_argument("--publish", action="store_true",
+                        help="train nothing: copy the results and stage timings of the demo "
+                             "in out_dir into docs/results.md and docs/performance.md")
     add_address_argument(parser)
     return parser
 
@@ -67,11 +69,10 @@ def demo_config(args: argparse.Namespace):
     from csclip.config import apply_overrides, read_yaml, validate_config
     from csclip.demo import DemoConfig
 
-    no_doc = ["results_doc=null"] if args.no_results_doc else []
     overrides = shortcut_overrides({
         "train.optim.max_steps": args.max_steps, "pretrain.optim.max_steps": args.pretrain_steps,
         "pretrain.layout_steps": args.layout_steps, "out_dir": args.out,
-    }, no_doc + args.overrides)
+    }, args.overrides)
     loaded = read_yaml(args.config)
     data = apply_overrides(loaded if DEMO_SECTIONS & set(loaded) else {"train": loaded},
                            overrides)
@@ -79,8 +80,14 @@ def demo_config(args: argparse.Namespace):
 
 
 def _demo(args: argparse.Namespace, command: str) -> int:
-    from csclip.demo import demo_summary, run_demo
+    from csclip.demo import demo_summary, publish, run_demo
+    from csclip.entry.ray_init import init_ray
 
-    result = run_demo(demo_config(args), command=command, address=args.address)
+    config = demo_config(args)
+    if args.publish:
+        for path in publish(config.out_dir):
+            print(f"published: {path}")
+        return 0
+    result = run_demo(config, command=command, start_ray=lambda: init_ray(args.address))
     print(demo_summary(result))
     return 0

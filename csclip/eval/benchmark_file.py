@@ -90,7 +90,7 @@ def build_frozen_benchmark(
     verbatim (protocol paper: nothing our validation would drop is lost; protocol csclip:
     through csclip.extract.authors), a units table's `split`, or, with no URI, the
     synthetic world's split. image_root is joined to relative image paths of unit files."""
-    from csclip.data import load_split
+    from csclip.records import load_split
     from csclip.world.config import WorldConfig
 
     built_from: dict[str, object] = {"units": units_uri or "synthetic world", "split": split}

@@ -23,7 +23,7 @@ from csclip.eval.halftruth import (
 )
 from csclip.eval.report import ComparisonReport, HalfTruthReport, log_comparison, write_outputs
 from csclip.eval.suites import SuitesConfig, evaluate_suites
-from csclip.model import ClipBundle, ModelConfig
+from csclip.model import ClipBundle, ModelSource
 from csclip.tracking import TrackingConfig, resolve_uri
 from csclip.units import UnitsRecord
 from csclip.world.config import WorldConfig
@@ -49,7 +49,7 @@ class EvalTrackingConfig(TrackingConfig):
 class EvalConfig(StrictModel):
     """The evaluation pipeline's config (pipelines/evaluate.py)."""
 
-    model: ModelConfig = ModelConfig()
+    model: ModelSource = ModelSource()  # only what evaluation reads: no training options
     checkpoint: str | None = None  # a csclip checkpoint directory; overrides model
     data: EvalDataConfig = EvalDataConfig()
     benchmark: BenchmarkConfig = BenchmarkConfig()
@@ -158,10 +158,10 @@ def compare_models(
 
 
 def load_records(data: EvalDataConfig) -> list[UnitsRecord]:
-    """The evaluation split (csclip.data.load_split)."""
-    from csclip.data import load_split
+    """The evaluation split (csclip.records.load_split)."""
     from csclip.errors import DataError
     from csclip.eval.benchmark_file import is_authors_unit_file
+    from csclip.records import load_split
 
     if data.units_uri and is_authors_unit_file(data.units_uri):
         raise DataError(f"{data.units_uri} is a unit file in the authors' format, not a units "

@@ -185,27 +185,26 @@ class KarpathySet:
 
 def load_karpathy(json_uri: str, image_root: str, split: str = "test") -> KarpathySet:
     """The `split` images of a Karpathy JSON (dataset_coco.json / dataset_flickr30k.json,
-    read by csclip.extract.captions) with every caption; images under image_root (local
+    read by csclip.karpathy) with every caption; images under image_root (local
     or s3://). Raises DataError for a malformed file or a split without images."""
     from csclip.eval.suites.core import ImageFolder
-    from csclip.extract.captions import InputConfig, iter_karpathy
+    from csclip.karpathy import read_karpathy
     from csclip.storage import filesystem_for
 
     filesystem, path = filesystem_for(json_uri)
-    config = InputConfig(format="karpathy", uri=json_uri, restval_as_train=True)
     folder = ImageFolder(image_root)
     pairs: list[tuple[str, str]] = []
     images: dict[str, str] = {}
     skipped = 0
-    for row in iter_karpathy(filesystem, path, config):
-        if row["split"] != split:
+    for entry in read_karpathy(filesystem, path, restval_as_train=True):
+        if entry.split != split:
             continue
-        ref = folder.ref(row["image_path"])
+        ref = folder.ref(entry.image_file)
         if ref is None:
             skipped += 1
             continue
-        images[row["image_id"]] = ref
-        pairs.append((row["image_id"], row["caption"]))
+        images[entry.image_id] = ref
+        pairs.append((entry.image_id, entry.caption))
     if not pairs:
         raise DataError(f"{json_uri}: no {split!r} captions with an image under {image_root} "
                         f"({skipped} without an image)")

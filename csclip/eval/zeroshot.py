@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -249,8 +249,3 @@ def evaluate_world_zeroshot(encoder: Encoder, records: Sequence[UnitsRecord], se
                                                  for t in WORLD_AVG_TASKS]))
     return metrics
 
-
-def zeroshot_summary(metrics: Mapping[str, float]) -> str:
-    """One line: the zero-shot keys measured."""
-    return ", ".join(f"{k} {v:.1f}" for k, v in sorted(metrics.items())
-                     if k.startswith("zs_") and not k.endswith(("_num_images", "_num_items")))

@@ -20,6 +20,7 @@ from pydantic import Field, model_validator
 from csclip import storage
 from csclip.config import StrictModel
 from csclip.errors import DataError
+from csclip.karpathy import read_karpathy
 from csclip.units import record_to_row
 from csclip.world.config import WorldConfig
 
@@ -91,20 +92,9 @@ def _expect(cond: bool, path: str, fmt: str, what: str) -> None:
 
 def iter_karpathy(fs: pafs.FileSystem, path: str, cfg: InputConfig) -> Iterator[dict]:
     """COCO Karpathy `dataset_coco.json`: images with `sentences` and a `split`."""
-    data = _load_json(fs, path)
-    _expect(isinstance(data, dict) and isinstance(data.get("images"), list), path, "Karpathy",
-            "no 'images' list")
-    for image in data["images"]:
-        _expect("sentences" in image and "split" in image, path, "Karpathy",
-                "an image without 'sentences' or 'split'")
-        image_id = str(image.get("cocoid", image.get("imgid")))
-        split = image["split"]
-        if split == "restval" and cfg.restval_as_train:
-            split = "train"
-        ref = _image_ref(cfg.image_root, image.get("filepath", ""), image["filename"])
-        for sentence in image["sentences"]:
-            caption = sentence.get("raw") or " ".join(sentence.get("tokens", []))
-            yield _row(f"coco-{image_id}-{sentence['sentid']}", image_id, ref, caption, split)
+    for entry in read_karpathy(fs, path, cfg.restval_as_train):
+        yield _row(f"coco-{entry.image_id}-{entry.sentence_id}", entry.image_id,
+                   _image_ref(cfg.image_root, entry.image_file), entry.caption, entry.split)
 
 
 _COCO_SPLIT = re.compile(r"(train|val|test)\d*")

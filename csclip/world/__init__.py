@@ -1,4 +1,4 @@
-"""The synthetic world (issue 2, part 4): seeded scenes of 2-4 shapes on a grid, rendered
+"""The synthetic world: seeded scenes of 2-4 shapes on a grid, rendered
 to PNG, captioned, with gold entity/relation units and oracle-checked foils.
 
 Pure: importing this package never imports ray (the Ray source is `csclip.world.ray_source`).

@@ -21,6 +21,7 @@ from csclip.eval.suites.core import (
     join,
     read_json,
 )
+from csclip.shuffles import permute_positions, shuffle_trigrams, shuffle_within_trigrams
 
 LAYOUT = ("visual_genome_relation.json, visual_genome_attribution.json and images/ (VG-R, "
           "VG-A); coco_karpathy_test.json with the val2014/ images it names (COCO-Order); "
@@ -77,19 +78,6 @@ def pre_caption(caption: str, max_words: int = 30) -> str:
     return " ".join(caption.split(" ")[:max_words])
 
 
-def _permute(tokens: list[str], positions: list[int], rng: random.Random) -> list[str]:
-    values = [tokens[i] for i in positions]
-    rng.shuffle(values)
-    out = list(tokens)
-    for i, v in zip(positions, values, strict=True):
-        out[i] = v
-    return out
-
-
-def _trigrams(tokens: list[str]) -> list[list[str]]:
-    return [tokens[i:i + 3] for i in range(0, len(tokens), 3)]
-
-
 def order_perturbations(caption: str) -> tuple[str, ...]:
     """The four ARO order foils of a caption, in the official order: shuffle nouns and
     adjectives, shuffle all but nouns and adjectives, shuffle within trigrams, shuffle
@@ -98,12 +86,13 @@ def order_perturbations(caption: str) -> tuple[str, ...]:
     tokens = re.findall(r"\w+|[^\w\s]", caption)
     content = [i for i, t in enumerate(tokens) if t.isalpha() and t.lower() not in _FUNCTION_WORDS]
     other = [i for i in range(len(tokens)) if i not in set(content)]
-    within = [t for tri in _trigrams(tokens) for t in rng.sample(tri, len(tri))]
-    trigrams = _trigrams(tokens)
-    rng.shuffle(trigrams)
+    # The draws in this order (within, trigrams, then the two permutations) keep the
+    # benchmark's foils what they have been.
+    within = shuffle_within_trigrams(tokens, rng)
+    reordered = shuffle_trigrams(tokens, rng)
     return tuple(" ".join(words) for words in (
-        _permute(tokens, content, rng), _permute(tokens, other, rng), within,
-        [t for tri in trigrams for t in tri]))
+        permute_positions(tokens, content, rng), permute_positions(tokens, other, rng), within,
+        reordered))
 
 
 def _visual_genome(data: SuiteData, root: str, file: str, subset: str) -> None:

@@ -1,5 +1,5 @@
-"""The layout question (ours, beyond the paper; issue 10): one auxiliary task for both towers
-that makes spatial relations learnable on the synthetic world.
+"""The pairwise layout question, a study of the spatial-relations work (docs/research/
+spatial.md): one auxiliary task for both towers, answered through one shared head.
 
 Why: contrastive pretraining on world captions erases layout from both towers (in-batch
 negatives differ in their objects, never in where they are), and CS-CLIP's unit loss
@@ -7,7 +7,7 @@ cannot bring it back on a small budget: separating "A left of B" from "A right o
 text needs an image embedding that differs between the two layouts, and vice versa.
 Asking each tower about layout *separately* (a head per tower) teaches both, but in
 unrelated directions of the joint space, and the next contrastive steps wash them out
-again (docs/training.md, the spatial study).
+again.
 
 The question: for every ordered pair of object kinds (color + shape) and each direction,
 "is A left of / right of / above / below B?". An image answers it for every pair of its
@@ -25,8 +25,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from csclip.train.warm_start import LayoutVocabulary
 from csclip.units import Unit, UnitsRecord, render_relation
-from csclip.world.config import ANTONYMS, LEFT, PREDICATES, SHAPES
+from csclip.world.config import ANTONYMS, LEFT, PREDICATES
 from csclip.world.scene import Scene, scene_from_record
 from csclip.world.truth import WorldLanguageError, parse_entity
 
@@ -36,25 +37,13 @@ assert DIRECTIONS[0] == LEFT
 
 
 @dataclass(frozen=True)
-class LayoutVocabulary:
-    """The object kinds the question is asked about (a world's colors x shapes)."""
-
-    colors: tuple[str, ...]
-    shapes: tuple[str, ...] = SHAPES
-
-    @property
-    def num_kinds(self) -> int:
-        return len(self.colors) * len(self.shapes)
+class PairVocabulary(LayoutVocabulary):
+    """The warm start's object kinds, asked about in ordered pairs and directions."""
 
     @property
     def size(self) -> int:
         """Answers per example: ordered kind pairs x directions."""
         return self.num_kinds ** 2 * len(DIRECTIONS)
-
-    def kind(self, color: str | None, shape: str) -> int | None:
-        if color not in self.colors or shape not in self.shapes:
-            return None
-        return self.colors.index(color) * len(self.shapes) + self.shapes.index(shape)
 
     def index(self, first: int, second: int, direction: int) -> int:
         return (first * self.num_kinds + second) * len(DIRECTIONS) + direction
@@ -118,7 +107,7 @@ def relation_variants(unit: Unit) -> list[tuple[str, str, str]]:
     return [(s, r, o), (s, ANTONYMS[r], o), (o, r, s)]
 
 
-def record_image_targets(vocabulary: LayoutVocabulary, record: UnitsRecord
+def record_image_targets(vocabulary: PairVocabulary, record: UnitsRecord
                          ) -> tuple[np.ndarray, np.ndarray]:
     """image_targets of a world record's scene; all masked for a record without one."""
     if not record.meta.get("scene"):
@@ -133,7 +122,7 @@ class LayoutHead(torch.nn.Module):
     frozen: a fixed random map (seeded, no bias) and a fixed scale, nothing to train, sync
     across workers or checkpoint: the towers learn to answer through it."""
 
-    def __init__(self, embed_dim: int, vocabulary: LayoutVocabulary, frozen: bool = False,
+    def __init__(self, embed_dim: int, vocabulary: PairVocabulary, frozen: bool = False,
                  seed: int = 0) -> None:
         super().__init__()
         self.linear = torch.nn.Linear(embed_dim, vocabulary.size, bias=not frozen)
@@ -166,114 +155,12 @@ def layout_accuracy(logits: Tensor, target: Tensor, mask: Tensor) -> float:
     return 100.0 * float(right.sum() / mask.float().sum().clamp_min(1.0))
 
 
-# ---------------------------------------------------------------------------------------
-# The image tower's layout question: a warm start for the demo's pretraining
-# ---------------------------------------------------------------------------------------
-
-def image_cell_targets(vocabulary: LayoutVocabulary, scene: Scene) -> np.ndarray:
-    """(num_kinds,) int64: each object kind's grid cell (row * grid + col), or
-    grid_size**2 ("absent") for a kind the scene does not hold."""
-    cells = scene.grid_size ** 2
-    target = np.full(vocabulary.num_kinds, cells, dtype=np.int64)
-    for obj in scene.objects:
-        kind = vocabulary.kind(obj.color, obj.shape)
-        if kind is not None:
-            target[kind] = obj.row * scene.grid_size + obj.col
-    return target
 
 
-@dataclass(frozen=True)
-class WarmStartResult:
-    """What the layout question's held-out scenes say of the trained image tower:
-    the share (%) of present objects put in their cell (chance ~1/9) and of kinds
-    rightly called present or absent."""
+def presence_targets(vocabulary: LayoutVocabulary, scene: Scene) -> np.ndarray:
+    """The warm start's control question: every present kind's class is cell 0, so the
+    tower learns which objects there are, not where (cell_targets of the warm start)."""
+    from csclip.train.warm_start import image_cell_targets
 
-    cell_accuracy: float
-    presence_accuracy: float
-    steps: int
-    seconds: float
-    first_loss: float  # the training loss of the first and the last step
-    last_loss: float
-
-
-def image_layout_warm_start(model: torch.nn.Module, preprocess, world, steps: int, *,
-                            batch_size: int = 64, lr: float = 1e-3, weight_decay: float = 0.1,
-                            seed: int = 0, held_out: int = 300, log_every: int = 100,
-                            device: str | torch.device = "cpu", presence_only: bool = False,
-                            log=print) -> WarmStartResult:
-    """Train `model`'s image tower, in place, to say where every object kind is: a
-    linear head on the image embedding predicts each kind's grid cell or "absent" (cross
-    entropy), on the scenes of `world` (a WorldConfig; its train split), for `steps`
-    AdamW steps, on `device` (the model is moved there and left there). The text tower
-    is left as it is. held_out: validation scenes of `world` the result is measured on.
-    presence_only: the control task (benchmarks/diag_spatial.py): every present kind's
-    target is cell 0, so the tower learns which objects there are, not where.
-
-    Why (docs/training.md, the spatial study): contrastive pretraining from random
-    weights never asks the image tower where things are, and fine-tuning then meets a
-    saddle (each tower's gradient on layout is proportional to the other's layout
-    signal, both ~0). An image tower that already encodes layout breaks it.
-    """
-    import io
-    import time
-
-    from PIL import Image
-
-    from csclip.world.generate import world_record
-
-    torch.manual_seed(seed)
-    vocabulary = LayoutVocabulary(tuple(world.colors), tuple(world.shapes))
-    cells = world.grid_size ** 2
-
-    def examples(source, split: str, count: int) -> tuple[Tensor, Tensor]:
-        images, targets = [], []
-        for index in range(count):
-            record = world_record(source, split, index)
-            image = Image.open(io.BytesIO(record.image_bytes)).convert("RGB")
-            images.append(preprocess(image))
-            target = image_cell_targets(vocabulary, scene_from_record(record))
-            if presence_only:
-                target = np.where(target < cells, 0, target)
-            targets.append(torch.from_numpy(target))
-        return torch.stack(images), torch.stack(targets)
-
-    if held_out < 1:
-        raise ValueError("held_out must be >= 1")
-    started = time.perf_counter()
-    train_x, train_y = examples(world, "train", world.num_train)
-    test_x, test_y = examples(world.model_copy(update={"num_val": held_out}), "val", held_out)
-    device = torch.device(device)
-    train_x, train_y, test_x, test_y = (t.to(device) for t in (train_x, train_y, test_x, test_y))
-    visual = model.visual.to(device).train()
-    head = torch.nn.Linear(visual.output_dim, vocabulary.num_kinds * (cells + 1)).to(device)
-    optimizer = torch.optim.AdamW([*visual.parameters(), *head.parameters()], lr=lr,
-                                  weight_decay=weight_decay)
-    generator = torch.Generator().manual_seed(seed)
-    first_loss = last_loss = float("nan")
-    for step in range(1, steps + 1):
-        index = torch.randint(len(train_x), (batch_size,), generator=generator).to(device)
-        logits = head(visual(train_x[index])).view(batch_size, vocabulary.num_kinds, cells + 1)
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), train_y[index].flatten())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        logged = bool(log_every) and (step % log_every == 0 or step == steps)
-        # .item() waits for the device: only where the value is read, not every step.
-        if step == 1 or step == steps or logged:
-            last_loss = loss.item()
-            first_loss = last_loss if step == 1 else first_loss
-        if logged:
-            log(f"layout warm start: step {step}/{steps} loss {last_loss:.4f} "
-                f"({time.perf_counter() - started:.0f} s)")
-    visual.eval()
-    with torch.no_grad():
-        logits = head(visual(test_x)).view(len(test_x), vocabulary.num_kinds, cells + 1)
-    present = test_y < cells
-    cell = logits[..., :cells].argmax(-1)
-    called_present = logits.argmax(-1).ne(cells)
-    return WarmStartResult(
-        cell_accuracy=100.0 * float(cell[present].eq(test_y[present]).float().mean())
-        if present.any() else float("nan"),
-        presence_accuracy=100.0 * float(called_present.eq(present).float().mean()),
-        steps=steps, seconds=time.perf_counter() - started, first_loss=first_loss,
-        last_loss=last_loss)
+    target = image_cell_targets(vocabulary, scene)
+    return np.where(target < scene.grid_size ** 2, 0, target)

@@ -3,7 +3,7 @@
 The driver (`run`) validates the config, checks the data, opens the MLflow run and starts
 the trainer; each worker (`train_loop_per_worker`) builds the model, restores the last
 checkpoint if there is one (or `run.resume_from`), and steps through its Ray Data shard
-with `csclip.step.train_step`. Rerunning the same config resumes: the run name is a hash of
+with `csclip.train.step.train_step`. Rerunning the same config resumes: the run name is a hash of
 the resolved config (or `run.name`).
 """
 
@@ -25,7 +25,6 @@ import torch
 from pydantic import Field, field_validator, model_validator
 
 from csclip.config import StrictModel, flatten
-from csclip.data import DataConfig
 from csclip.errors import CheckpointMismatch, ConfigError, CsclipError
 from csclip.loss import LossConfig, objective_for
 from csclip.model import (
@@ -46,20 +45,21 @@ from csclip.model import (
     save_checkpoint,
     spec_of,
 )
-from csclip.optim import OptimConfig, lr_at
-from csclip.sampling import SamplingConfig
-from csclip.step import (
+from csclip.tracking import TrackingConfig
+from csclip.train.optim import OptimConfig, lr_at
+from csclip.train.sampling import SamplingConfig
+from csclip.train.step import (
     CompileMode,
     Precision,
     StepMetrics,
     StepOptions,
     Training,
-    autocast_dtype,  # noqa: F401  (re-exported: defined here before csclip.step)
+    autocast_dtype,  # noqa: F401  (re-exported: defined here before csclip.train.step)
     build_training,
     compute_loss,  # noqa: F401  (re-exported)
     train_step,
 )
-from csclip.tracking import TrackingConfig
+from csclip.train.stream import DataConfig
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class RunSection(StrictModel):
     use_gpu: bool = False
     # auto: bf16 autocast on GPU, fp32 on CPU. fp16 adds a gradient scaler. bf16_pure:
     # the model runs in bf16 (no autocast casts), AdamW steps fp32 master weights, the
-    # loss stays fp32 (csclip.step.Bf16Shadow).
+    # loss stays fp32 (csclip.train.step.Bf16Shadow).
     precision: Precision = "auto"
     compile: bool = False  # torch.compile the model (the DDP-wrapped one, as open_clip_train)
     compile_mode: CompileMode = "default"
@@ -101,10 +101,7 @@ class RunSection(StrictModel):
     # Custom resources each worker also takes, e.g. {"csclip_train": 1} so that workers land
     # only on the nodes that advertise it (cluster.yaml's training nodes), one per unit.
     worker_resources: dict[str, float] = Field(default_factory=dict)
-    # For tests of resumption: raise after this step's checkpoint on a fresh (not restored)
-    # attempt, as a killed job would. Not part of the run name.
-    fail_after_step: int | None = Field(None, ge=1)
-    # Evaluation during training (csclip.eval.periodic), rank 0: every eval_every steps the
+    # Evaluation during training (csclip.train.periodic), rank 0: every eval_every steps the
     # half-truth and retrieval metrics of the first eval_max_images validation images are
     # logged as val_<key>, and the weights with the best `best_metric` (a report key such
     # as ht_all, ret_i2t; best_mode max or min) are kept in <storage>/<run>/best/.
@@ -157,7 +154,8 @@ class TrainResult:
 
 # Fields that say where/how to run, not what is trained: they do not change the run name
 # (a run restarted with compilation or accumulation on resumes the same run).
-_NOT_IN_NAME = {"run": {"name", "storage_path", "fail_after_step", "max_failures", "log_every",
+_NOT_IN_NAME = {"run": {"name", "storage_path", "max_failures", "log_every", "num_to_keep",
+                        "cpus_per_worker", "checkpoint_every",
                         "eval_every", "eval_max_images", "best_metric", "best_mode",
                         "compile", "compile_mode", "channels_last", "worker_resources",
                         "torch_threads", "ray_train_log_level"},
@@ -193,7 +191,7 @@ def run_name(config: TrainConfig) -> str:
 
 
 def storage_root(config: TrainConfig) -> str:
-    """run.storage_path, absolute (refused when relative inside a Ray job: issue 15)."""
+    """run.storage_path, absolute (refused when relative inside a Ray job)."""
     from csclip.storage import resolve_output
 
     return resolve_output(config.run.storage_path, "run.storage_path")
@@ -204,11 +202,25 @@ def storage_root(config: TrainConfig) -> str:
 # ---------------------------------------------------------------------------------------
 
 def step_options(config: TrainConfig) -> StepOptions:
-    """The csclip.step options of `config`."""
+    """The csclip.train.step options of `config`."""
     return StepOptions(objective=objective_for(config.loss, config.sampling.num_unit_slots),
                        precision=config.run.precision, accum_freq=config.optim.accum_freq,
                        grad_clip=config.optim.grad_clip, channels_last=config.run.channels_last,
                        compile=config.run.compile, compile_mode=config.run.compile_mode)
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """What the driver tells every worker besides the config: the step budget, where to
+    log and where best/ goes. fail_after_step: a test hook (never user config): raise
+    after this step's checkpoint on a fresh, not restored, attempt, as a killed job would."""
+
+    total_steps: int
+    steps_per_epoch: int
+    mlflow_run_id: str | None
+    tracking_uri: str | None
+    best_uri: str
+    fail_after_step: int | None = None
 
 
 @dataclass
@@ -302,7 +314,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     import ray.train.torch
 
     config = TrainConfig.model_validate(loop_config["config"])
-    plan = loop_config["plan"]
+    plan: WorkerPlan = loop_config["plan"]
     _worker_logging()
     context = ray.train.get_context()
     rank = context.get_world_rank()
@@ -318,12 +330,12 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     from csclip.tracking import StepLogger
 
-    step_logger = StepLogger(plan["tracking_uri"], plan["mlflow_run_id"] if rank == 0 else None,
+    step_logger = StepLogger(plan.tracking_uri, plan.mlflow_run_id if rank == 0 else None,
                              flush_every=config.run.log_every)
     evaluator = _periodic_evaluator(config, plan) if rank == 0 else None
     batches = ray.train.get_dataset_shard("train").iter_torch_batches(
         **batch_options(config.data, device, config.run.seed + rank))
-    total, skip = plan["total_steps"], state.step
+    total, skip = plan.total_steps, state.step
     metrics, window, last = StepMetrics(), _Window(time.perf_counter()), {}
     tick = time.perf_counter()
     for batch in batches:
@@ -333,7 +345,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             continue
         if state.step >= total:
             break
-        lr = lr_at(state.step, config.optim, total, plan["steps_per_epoch"])
+        lr = lr_at(state.step, config.optim, total, plan.steps_per_epoch)
         for group in training.optimizer.param_groups:
             group["lr"] = lr
         parts = train_step(training, batch)
@@ -345,7 +357,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         metrics.add(state.step, parts, training.model.logit_scale, lr)
         checkpoint_now = state.step % config.run.checkpoint_every == 0 or state.step == total
         if state.step % config.run.log_every == 0 or checkpoint_now:
-            last = _publish(metrics, window, step_logger, plan["steps_per_epoch"])
+            last = _publish(metrics, window, step_logger, plan.steps_per_epoch)
             if state.step % config.run.log_every == 0 and rank == 0:
                 logger.info("%s step %d/%d loss %.4f (full %.4f unit %.4f%s) lr %.2e "
                             "%.0f samples/s (data wait %.0f%%)", config.loss.method, state.step,
@@ -360,9 +372,9 @@ def train_loop_per_worker(loop_config: dict) -> None:
             window.start += time.perf_counter() - started  # samples/s counts training only
         if checkpoint_now:
             _checkpoint(training, setup.spec, state, config, last, rank)
-            if (config.run.fail_after_step is not None and state.restored_from is None
-                    and state.step >= config.run.fail_after_step):
-                raise RuntimeError(f"injected failure after step {state.step} (run.fail_after_step)")
+            if (plan.fail_after_step is not None and state.restored_from is None
+                    and state.step >= plan.fail_after_step):
+                raise RuntimeError(f"injected failure after step {state.step} (fail_after_step)")
         tick = time.perf_counter()  # after logging and checkpointing: the next wait is the data's
     step_logger.flush()
     if state.step < total:
@@ -386,27 +398,27 @@ def _publish(metrics: StepMetrics, window: _Window, step_logger, steps_per_epoch
     return rows[-1]
 
 
-# -- evaluation during training (run.eval_every; the logic lives in csclip.eval.periodic) --
+# -- evaluation during training (run.eval_every; the logic lives in csclip.train.periodic) --
 
-def _periodic_evaluator(config: TrainConfig, plan: dict):
+def _periodic_evaluator(config: TrainConfig, plan: WorkerPlan):
     """Rank 0's PeriodicEvaluator over the capped validation split, or None when
     run.eval_every is off."""
     if config.run.eval_every is None:
         return None
-    from csclip.data import load_split
-    from csclip.eval.periodic import PeriodicEvaluator, capped_records
+    from csclip.records import load_split
+    from csclip.train.periodic import PeriodicEvaluator, capped_records
 
     records = capped_records(load_split(config.data.units_uri, "val", config.data.world),
                              config.run.eval_max_images)
     return PeriodicEvaluator(records, config.run.best_metric, config.run.best_mode,
-                             plan["best_uri"], seed=config.run.seed)
+                             plan.best_uri, seed=config.run.seed)
 
 
 def _evaluate_during_training(evaluator, setup: WorkerSetup, config: TrainConfig, step: int,
                               step_logger, device: str) -> None:
     """Score the live model, log val_<key> against the step, keep best/ when it improved."""
-    from csclip.eval.periodic import LOGGED_KEYS
     from csclip.model import ClipBundle
+    from csclip.train.periodic import LOGGED_KEYS
 
     bundle, model = setup.bundle, setup.training.model  # the fp32 weights AdamW steps
     live = ClipBundle(model, bundle.preprocess, bundle.tokenizer, bundle.name, bundle.pretrained)
@@ -466,12 +478,14 @@ def _checkpoint(training: Training, spec: ModelSpec, state: _State, config: Trai
 # The driver
 # ---------------------------------------------------------------------------------------
 
-def run(config: TrainConfig, callbacks: Sequence = ()) -> TrainResult:
+def run(config: TrainConfig, callbacks: Sequence = (), *, fail_after_step: int | None = None
+        ) -> TrainResult:
     """Train `config` on Ray Train and return where the final checkpoint went.
 
     callbacks: `ray.train.UserCallback`s for the Train RunConfig (e.g. Tune's
     `TuneReportCallback()` inside a Tune trial). A finished run with the same name is not
-    trained again; an unfinished one resumes from its last checkpoint.
+    trained again; an unfinished one resumes from its last checkpoint. fail_after_step:
+    a test hook (WorkerPlan).
     Raises CsclipError for bad data or a run name reused with a different config.
     """
     name, root = run_name(config), storage_root(config)
@@ -479,11 +493,12 @@ def run(config: TrainConfig, callbacks: Sequence = ()) -> TrainResult:
     if cached is not None:
         logger.info("run %s already finished: %s", name, cached.checkpoint_uri)
         return cached
-    from csclip.data import image_cache_fits, plan_data, source_dataset, training_stream
     from csclip.model import spec_from_config
     from csclip.tracking import check_shared_store, finish_run, open_run, resolve_uri
+    from csclip.train.stream import image_cache_fits, plan_data, source_dataset, training_stream
 
     spec = spec_from_config(config.model)  # a bad model name fails here, before Ray
+    check_unfinished_run(config)
     if config.tracking.enabled:  # rank 0 logs every step from wherever it runs
         check_shared_store(resolve_uri(config.tracking.uri), "training")
     check_resume_from(config, spec)
@@ -516,11 +531,11 @@ def run(config: TrainConfig, callbacks: Sequence = ()) -> TrainResult:
     data_params = {"data.num_rows": plan.num_rows, "data.decode_failures": plan.num_decode_failures,
                    "data.total_steps": plan.total_steps, "data.num_epochs": plan.num_epochs}
     run_id = open_run(config.tracking, name, {**flatten(config), **data_params})
-    loop_config = {"config": config.model_dump(mode="json"),
-                   "plan": {"total_steps": plan.total_steps, "steps_per_epoch": plan.steps_per_epoch,
-                            "mlflow_run_id": run_id, "best_uri": f"{root.rstrip('/')}/{name}/best",
-                            "tracking_uri": resolve_uri(config.tracking.uri)
-                            if config.tracking.enabled else None}}
+    worker_plan = WorkerPlan(
+        total_steps=plan.total_steps, steps_per_epoch=plan.steps_per_epoch, mlflow_run_id=run_id,
+        tracking_uri=resolve_uri(config.tracking.uri) if config.tracking.enabled else None,
+        best_uri=f"{root.rstrip('/')}/{name}/best", fail_after_step=fail_after_step)
+    loop_config = {"config": config.model_dump(mode="json"), "plan": worker_plan}
     try:
         result = _trainer(config, name, root, loop_config, stream, callbacks).fit()
     except Exception:
@@ -574,12 +589,11 @@ def _final_uri(root: str, name: str) -> str:
 def _export_final(checkpoint, root: str, name: str) -> str:
     """Copy the last checkpoint's weights, spec, config and metrics (not the optimizer
     state) to <storage>/<name>/final: a stable path that open_clip and load_bundle read."""
-    from csclip.storage import filesystem_for
+    from csclip.storage import upload_dir
 
     if checkpoint is None:
         raise CsclipError(f"run {name} finished without a checkpoint; check run.checkpoint_every")
     uri = _final_uri(root, name)
-    fs, path = filesystem_for(uri)
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint.to_directory(tmp)
         staging = Path(tmp, FINAL_DIR)
@@ -587,10 +601,7 @@ def _export_final(checkpoint, root: str, name: str) -> str:
         for file in (WEIGHTS_FILE, SPEC_FILE, CONFIG_FILE, METRICS_FILE):
             if Path(tmp, file).exists():
                 shutil.copy(Path(tmp, file), staging / file)
-        import pyarrow.fs as pafs
-
-        fs.create_dir(path, recursive=True)
-        pafs.copy_files(str(staging), path, destination_filesystem=fs)
+        upload_dir(staging, uri)
     return uri
 
 
@@ -607,17 +618,54 @@ def finished_result(config: TrainConfig) -> TrainResult | None:
 
     Raises CsclipError when `run.name` names a finished run with a different config.
     """
-    from csclip.storage import exists, filesystem_for, read_bytes
+    from csclip.storage import exists, filesystem_for
 
     name = run_name(config)
     uri = _final_uri(storage_root(config), name)
     fs, path = filesystem_for(uri)
     if not exists(fs, f"{path}/{METRICS_FILE}"):
         return None
-    saved = TrainConfig.model_validate(json.loads(read_bytes(fs, f"{path}/{CONFIG_FILE}")))
-    if run_name(saved.model_copy(update={"run": saved.run.model_copy(update={"name": None})})) != \
-            run_name(config.model_copy(update={"run": config.run.model_copy(update={"name": None})})):
+    if _saved_identity(fs, f"{path}/{CONFIG_FILE}") != _identity(config):
         raise CsclipError(f"run.name {name!r} already finished with a different config at {uri}; "
                           "choose another run.name or remove that directory")
     return TrainResult(name, uri, _read_metrics(uri), None)
 
+
+def check_unfinished_run(config: TrainConfig) -> None:
+    """Refuse to reuse a run's storage for another config: when `<storage>/<name>/` holds
+    checkpoints of an unfinished run, resuming is only right for the config that wrote
+    them (the how-to-run fields aside). Raises CsclipError naming the run and the fixes."""
+    import pyarrow.fs as pafs
+
+    from csclip.storage import exists, filesystem_for
+
+    name = run_name(config)
+    uri = f"{storage_root(config).rstrip('/')}/{name}"
+    fs, path = filesystem_for(uri)
+    if not exists(fs, path):
+        return
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=False, allow_not_found=True))
+    saved = sorted(i.path for i in infos if i.type == pafs.FileType.Directory
+                   and i.base_name.startswith("checkpoint_")
+                   and exists(fs, f"{i.path}/{CONFIG_FILE}"))
+    if saved and _saved_identity(fs, f"{saved[-1]}/{CONFIG_FILE}") != _identity(config):
+        raise CsclipError(f"run.name {name!r}: {uri} holds an unfinished run of a different "
+                          "config; rerun that config to resume it, or choose another run.name")
+
+
+def _identity(config: TrainConfig) -> str:
+    """What a run trains, whatever its name: the run name its config would hash to."""
+    return run_name(config.model_copy(update={"run": config.run.model_copy(update={"name": None})}))
+
+
+# Fields that were once in RunSection and live elsewhere now (a saved config may hold them).
+_RETIRED_RUN_FIELDS = ("fail_after_step",)
+
+
+def _saved_identity(fs, file: str) -> str:
+    from csclip.storage import read_bytes
+
+    data = json.loads(read_bytes(fs, file))
+    for key in _RETIRED_RUN_FIELDS:
+        data.get("run", {}).pop(key, None)
+    return _identity(TrainConfig.model_validate(data))

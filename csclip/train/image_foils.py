@@ -1,4 +1,4 @@
-"""Image-side counterfactual foils for relation units (ours, beyond the paper; issue 10).
+"""Image-side counterfactual foils for relation units (ours, beyond the paper).
 
 A relation unit "A is left of B" has text foils (antonym, swap, ...) that train the text
 tower to read the relation; nothing in the paper's objective makes the image tower see it.
@@ -12,7 +12,6 @@ unit and foil text, to one symmetric contrast. Pure: no ray.
 
 from __future__ import annotations
 
-import io
 import random
 from dataclasses import dataclass
 
@@ -93,9 +92,3 @@ def _mirror_predicate(predicate: str) -> str:
     swap = {"left": "right", "right": "left"}
     return " ".join(swap.get(word, word) for word in predicate.split())
 
-
-def encode_png(image: Image.Image) -> bytes:
-    """PNG bytes of an image (tests and inspection)."""
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()

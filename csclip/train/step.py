@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from csclip.loss import LossParts, Objective
-from csclip.optim import OptimConfig, build_optimizer
+from csclip.train.optim import OptimConfig, build_optimizer
 
 # auto: bf16 autocast on GPU, fp32 on CPU. fp16 adds a gradient scaler. bf16_pure: bf16
 # weights, activations and gradients with fp32 master weights in the optimizer.
@@ -160,7 +160,7 @@ def build_training(model: torch.nn.Module, optim: OptimConfig, options: StepOpti
 
     The order matters: AdamW is built, and its state loaded, only once the parameters are
     on their device, so its state tensors land beside them (a GPU resume used to leave
-    them on the CPU, issue 11) and fused AdamW sees CUDA parameters.
+    them on the CPU) and fused AdamW sees CUDA parameters.
     wrap: e.g. ray.train.torch.prepare_model (DDP); applied before torch.compile, as
     open_clip_train compiles the DDP-wrapped model.
     """

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from csclip.config import StrictModel
+from csclip.shuffles import permute_positions, shuffle_trigrams, shuffle_within_trigrams
 from csclip.units import (
     ChangeType,
     Unit,
@@ -46,7 +47,7 @@ class SamplingConfig(StrictModel):
     # Negation foils ("is not on") are relation-foil candidates in the authors' sampler, so
     # in the paper's runs; False leaves them out (SPEC §2 keeps them out of the tables).
     use_negation: bool = True
-    # Ours (issue 10), empty in every paper preset: relative weights of the relation-foil
+    # Ours, empty in every paper preset: relative weights of the relation-foil
     # candidates by change type (antonym, negation, subject_object_swap, subject_replace,
     # object_replace; a type not named weighs 1). Empty: the authors' uniform draw. E.g.
     # {antonym: 3, subject_object_swap: 3} spends more of L_unit on the foils that only
@@ -305,29 +306,6 @@ def _noun_or_adjective_words(record: UnitsRecord) -> frozenset[str]:
     return frozenset((words | _LEXICON) - _FUNCTION_WORDS)
 
 
-def _shuffle_positions(tokens: list[str], positions: list[int], rng: random.Random) -> list[str]:
-    values = [tokens[i] for i in positions]
-    rng.shuffle(values)
-    out = list(tokens)
-    for i, value in zip(positions, values, strict=True):
-        out[i] = value
-    return out
-
-
-def _trigrams(tokens: list[str]) -> list[list[str]]:
-    return [tokens[i:i + 3] for i in range(0, len(tokens), 3)]
-
-
-def _shuffle_within_trigrams(tokens: list[str], rng: random.Random) -> list[str]:
-    return [t for tri in _trigrams(tokens) for t in rng.sample(tri, len(tri))]
-
-
-def _shuffle_trigrams(tokens: list[str], rng: random.Random) -> list[str]:
-    trigrams = _trigrams(tokens)
-    rng.shuffle(trigrams)
-    return [t for tri in trigrams for t in tri]
-
-
 def shuffle_caption(caption: str, noun_adj_words: frozenset[str],
                     rng: random.Random) -> str | None:
     """A NegCLIP word-order shuffle of `caption` (Yuksekgonul et al. 2023, ARO): one of
@@ -339,10 +317,10 @@ def shuffle_caption(caption: str, noun_adj_words: frozenset[str],
     content = [i for i, c in enumerate(is_content) if c]
     other = [i for i, c in enumerate(is_content) if not c]
     shuffles: list[Callable[[], list[str]]] = [
-        lambda: _shuffle_positions(tokens, content, rng),
-        lambda: _shuffle_positions(tokens, other, rng),
-        lambda: _shuffle_within_trigrams(tokens, rng),
-        lambda: _shuffle_trigrams(tokens, rng),
+        lambda: permute_positions(tokens, content, rng),
+        lambda: permute_positions(tokens, other, rng),
+        lambda: shuffle_within_trigrams(tokens, rng),
+        lambda: shuffle_trigrams(tokens, rng),
     ]
     rng.shuffle(shuffles)
     original = normalize_text(caption)

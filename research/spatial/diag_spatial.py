@@ -1,8 +1,8 @@
-"""Why are spatial relations not learned? Diagnostics of a world model's two towers (issue 10).
+"""Why are spatial relations not learned? Diagnostics of a world model's two towers.
 
-    python benchmarks/diag_spatial.py --checkpoint runs/train/<run>/final [--checkpoint ...]
-    python benchmarks/diag_spatial.py --checkpoint runs/train/<run> --all-steps   # every checkpoint_*
-    python benchmarks/diag_spatial.py --model csclip-tiny                          # random weights
+    python -m research.spatial.diag_spatial --checkpoint runs/train/<run>/final [--checkpoint ...]
+    python -m research.spatial.diag_spatial --checkpoint runs/train/<run> --all-steps   # every checkpoint_*
+    python -m research.spatial.diag_spatial --model csclip-tiny                          # random weights
 
 For each model, on scenes of the world's validation distribution (another seed):
 - image probe: is each object's column / row linearly decodable from the frozen image
@@ -169,13 +169,14 @@ def supervised_layout(model_name: str, steps: int, scenes: int = 4000, batch_siz
                       image_size: int = 64, seed: int = 0, save: str | None = None,
                       presence_only: bool = False) -> dict[str, float]:
     """Can this image tower encode layout at all, when asked directly? Train it from
-    random weights on the layout question (csclip.world.layout.image_layout_warm_start:
+    random weights on the layout question (csclip.train.warm_start.image_layout_warm_start:
     a linear head predicts every object kind's grid cell or "absent"); report the cell
     accuracy of the objects present in held-out scenes (chance: ~1/9). A tower that
     learns this here but not from captions has the capacity; what is missing is a
     training signal. presence_only: the control (is each kind present)."""
     from csclip.model import save_checkpoint, spec_of
-    from csclip.world.layout import image_layout_warm_start
+    from csclip.train.warm_start import image_cell_targets, image_layout_warm_start
+    from research.spatial.layout_question import presence_targets
 
     torch.manual_seed(seed)
     bundle = create_bundle(model_name, image_size=image_size)
@@ -183,7 +184,8 @@ def supervised_layout(model_name: str, steps: int, scenes: int = 4000, batch_siz
                         num_test=0)
     result = image_layout_warm_start(bundle.model, bundle.preprocess, world, steps,
                                      batch_size=batch_size, seed=seed, log_every=0,
-                                     presence_only=presence_only)
+                                     cell_targets=presence_targets if presence_only
+                                     else image_cell_targets)
     if save:  # the whole CLIP model: this image tower, the text tower at random weights
         save_checkpoint(bundle.model, spec_of(bundle.model, model_name), save)
     return {"supervised_cell_accuracy": result.cell_accuracy,
@@ -196,8 +198,8 @@ def _text_layout_examples(world: WorldConfig, split: str, count: int, kinds: dic
     each text the per-kind target: the subject's direction from the predicate, the
     object's the opposite one, every other kind "absent" (the last class)."""
     from csclip.units import render_relation
-    from csclip.world.layout import relation_variants
     from csclip.world.truth import parse_entity
+    from research.spatial.layout_question import relation_variants
 
     directions = {LEFT: 0, RIGHT: 1, ABOVE: 2, BELOW: 3}
     texts, targets = [], []
@@ -259,15 +261,15 @@ def supervised_text_layout(init: str, steps: int, scenes: int = 4000, batch_size
 def supervised_joint_layout(model_name: str, steps: int, scenes: int = 4000,
                             batch_size: int = 64, image_size: int = 64, seed: int = 0,
                             init: str | None = None, save: str | None = None) -> dict[str, float]:
-    """Both towers answer csclip.world.layout's pairwise question ("is A left of / right
+    """Both towers answer the pairwise layout question's ("is A left of / right
     of / above / below B") through ONE shared head on the normalized embedding: an image
     for every pair of its objects, a relation text (with its antonym and swap texts) for
     the pair it names. Sharing the head puts both towers' layout in the same directions
     of the joint space, which cosine scoring then sees."""
     from csclip.model import save_checkpoint, spec_of
-    from csclip.world.layout import (
+    from research.spatial.layout_question import (
         LayoutHead,
-        LayoutVocabulary,
+        PairVocabulary,
         layout_accuracy,
         layout_loss,
         record_image_targets,
@@ -278,7 +280,7 @@ def supervised_joint_layout(model_name: str, steps: int, scenes: int = 4000,
     model = bundle.model.train()
     world = WorldConfig(seed=seed + 1, image_size=image_size, num_train=scenes, num_val=300,
                         num_test=0)
-    vocabulary = LayoutVocabulary(tuple(world.colors), tuple(world.shapes))
+    vocabulary = PairVocabulary(tuple(world.colors), tuple(world.shapes))
 
     def examples(split: str, count: int):
         records = [world_record(world, split, i) for i in range(count)]

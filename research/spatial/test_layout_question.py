@@ -1,5 +1,5 @@
-"""The world's layout question (csclip.world.layout, ours; issue 10): its answers, worked out
-by hand on a hand-made scene, and the image tower's warm start on a tiny world."""
+"""The pairwise layout question (research/spatial/layout_question.py): its answers, worked
+out by hand on a hand-made scene. Run with `pytest research/spatial`."""
 
 from __future__ import annotations
 
@@ -9,18 +9,16 @@ import torch
 
 from csclip.world import Scene, SceneObject, WorldConfig, world_record
 from csclip.world.config import ABOVE, BELOW, LEFT, RIGHT
-from csclip.world.layout import (
+from research.spatial.layout_question import (
     DIRECTIONS,
     LayoutHead,
-    LayoutVocabulary,
-    image_cell_targets,
-    image_layout_warm_start,
+    PairVocabulary,
     layout_accuracy,
     layout_loss,
     record_image_targets,
 )
 
-VOCABULARY = LayoutVocabulary(("red", "green", "blue"), ("circle", "square", "triangle", "cross"))
+VOCABULARY = PairVocabulary(("red", "green", "blue"), ("circle", "square", "triangle", "cross"))
 
 
 def _scene() -> Scene:
@@ -35,18 +33,6 @@ def _answer(target, mask, first, second, direction):
     index = VOCABULARY.index(VOCABULARY.kind(*first), VOCABULARY.kind(*second),
                              DIRECTIONS.index(direction))
     return (float(target[index]), float(mask[index]))
-
-
-def test_image_cell_targets_put_each_kind_in_its_cell_and_the_rest_absent():
-    target = image_cell_targets(VOCABULARY, _scene())
-    assert target.shape == (12,)
-    assert target[VOCABULARY.kind("red", "circle")] == 0
-    assert target[VOCABULARY.kind("blue", "square")] == 2
-    assert target[VOCABULARY.kind("red", "square")] == 2 * 3 + 1
-    others = [k for k in range(12) if k not in {VOCABULARY.kind("red", "circle"),
-                                                 VOCABULARY.kind("blue", "square"),
-                                                 VOCABULARY.kind("red", "square")}]
-    assert (target[others] == 9).all()  # "absent" is the class after the 9 cells
 
 
 def test_an_image_answers_every_direction_of_every_pair_of_its_objects():
@@ -83,7 +69,7 @@ def test_a_relation_text_answers_its_pair_on_its_axis_only():
 
 def test_a_world_record_gives_each_relation_with_its_antonym_and_swap():
     world = WorldConfig(seed=5, num_train=30, num_val=0, num_test=0)
-    vocabulary = LayoutVocabulary(tuple(world.colors), tuple(world.shapes))
+    vocabulary = PairVocabulary(tuple(world.colors), tuple(world.shapes))
     record = next(r for r in (world_record(world, "train", i) for i in range(30)) if r.relations)
     examples = vocabulary.text_examples(record)
     assert len(examples) == 3 * len(record.relations)
@@ -118,29 +104,3 @@ def test_the_shared_head_and_its_loss():
     frozen = LayoutHead(8, VOCABULARY, frozen=True, seed=1)
     assert not any(p.requires_grad for p in frozen.parameters())
     assert torch.equal(frozen.linear.weight, LayoutHead(8, VOCABULARY, frozen=True, seed=1).linear.weight)
-
-
-def test_the_warm_start_trains_the_image_tower_only_and_learns():
-    from csclip.model import create_bundle
-
-    world = WorldConfig(seed=11, image_size=32, num_train=48, num_val=8, num_test=0)
-    bundle = create_bundle("csclip-tiny", image_size=32)
-    model = bundle.model
-    text_before = {n: p.detach().clone() for n, p in model.named_parameters()
-                   if not n.startswith("visual.")}
-    visual_before = {n: p.detach().clone() for n, p in model.named_parameters()
-                     if n.startswith("visual.")}
-    lines: list[str] = []
-    result = image_layout_warm_start(model, bundle.preprocess, world, 60, batch_size=16,
-                                     held_out=8, log_every=30, log=lines.append)
-    after = dict(model.named_parameters())
-    assert all(torch.equal(after[n], p) for n, p in text_before.items())
-    assert any(not torch.equal(after[n], p) for n, p in visual_before.items())
-    assert result.steps == 60 and len(lines) == 2 and "step 60/60" in lines[-1]
-    # Cross-entropy over 13 classes per kind starts near ln 13 = 2.56; the head quickly
-    # learns that most kinds are absent.
-    assert result.first_loss > 1.5 and result.last_loss < 0.7 * result.first_loss
-    assert 0.0 <= result.cell_accuracy <= 100.0
-    assert result.presence_accuracy > 70.0
-    with pytest.raises(ValueError, match="held_out"):
-        image_layout_warm_start(model, bundle.preprocess, world, 1, held_out=0)

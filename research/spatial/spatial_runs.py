@@ -1,8 +1,8 @@
-"""In-process training runs for the spatial-relations study (issue 10): the same model,
+"""In-process training runs for the spatial-relations study: the same model,
 objective and sampler as csclip.train, without Ray, so many variants fit a CPU budget.
 
-    python benchmarks/spatial_runs.py pretrain --steps 1500 --out runs/spatial/pre
-    python benchmarks/spatial_runs.py finetune --init runs/spatial/pre --method csclip \
+    python -m research.spatial.spatial_runs pretrain --steps 1500 --out runs/spatial/pre
+    python -m research.spatial.spatial_runs finetune --init runs/spatial/pre --method csclip \
         --steps 600 --out runs/spatial/cs [--set sampling.relation_prob=1.0]
 
 Checkpoints (csclip layout, read by load_bundle and diag_spatial.py) go to
@@ -23,28 +23,25 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from diag_spatial import diagnose  # noqa: E402  (benchmarks/ is a script folder)
-
-from csclip.config import load_config  # noqa: E402
-from csclip.data import prepare_batch, preprocess_key  # noqa: E402
-from csclip.loss import objective_for  # noqa: E402
-from csclip.model import (  # noqa: E402
+from csclip.config import load_config
+from csclip.loss import objective_for
+from csclip.model import (
     apply_training_options,
     bundle_from_config,
     save_checkpoint,
     spec_of,
     unwrap,
 )
-from csclip.optim import build_optimizer, lr_at  # noqa: E402
-from csclip.step import encode  # noqa: E402
-from csclip.train import TrainConfig  # noqa: E402
-from csclip.units import records_to_table  # noqa: E402
-from csclip.world import WorldConfig, world_record  # noqa: E402
-from csclip.world.layout import (  # noqa: E402
+from csclip.train import TrainConfig
+from csclip.train.optim import build_optimizer, lr_at
+from csclip.train.step import encode
+from csclip.train.stream import prepare_batch, preprocess_key
+from csclip.units import records_to_table
+from csclip.world import WorldConfig, world_record
+from research.spatial.diag_spatial import diagnose
+from research.spatial.layout_question import (
     LayoutHead,
-    LayoutVocabulary,
+    PairVocabulary,
     layout_loss,
     record_image_targets,
 )
@@ -53,7 +50,7 @@ STAGES = {
     # The demo's stand-in pretraining: plain CLIP on another world seed (csclip.demo).
     "pretrain": ["loss.method=clip", "data.world.seed=1000", "data.world.num_train=4000",
                  "optim.lr=1e-3", "optim.weight_decay=0.1", "optim.warmup_steps=50"],
-    # The demo's fine-tuning (configs/default.yaml). Until the third round of the study the
+    # The demo's fine-tuning (configs/default.yaml). Until study C the
     # sampler kept TrainConfig's defaults (the authors': swap_prob 1.0, inplace_prob 1.0,
     # negation on); docs/training.md says which runs, and how to get that back.
     "finetune": ["data.world.num_train=2000", "optim.lr=1e-3", "optim.weight_decay=0.1",
@@ -80,7 +77,7 @@ def position_caption(record, rng: np.random.Generator) -> str:
     return f"{mention(obj, with_size=False)} {where}"
 
 
-def layout_batch(vocabulary: LayoutVocabulary, records, tokenizer, rng,
+def layout_batch(vocabulary: PairVocabulary, records, tokenizer, rng,
                  answers: dict) -> dict[str, torch.Tensor]:
     """The layout question's columns for a batch: each record's image answers, and one
     relation text per record (a unit, its antonym or its swap) with its answers.
@@ -112,7 +109,7 @@ def train(config: TrainConfig, steps: int, out: Path, diag_every: int, diag_reco
     world = config.data.world
     records = [world_record(world, "train", i) for i in range(world.num_train)]
     batch_size = config.data.batch_size
-    vocabulary = LayoutVocabulary(tuple(config.data.world.colors), tuple(config.data.world.shapes))
+    vocabulary = PairVocabulary(tuple(config.data.world.colors), tuple(config.data.world.shapes))
     head = LayoutHead(spec.embed_dim, vocabulary, frozen=layout_frozen) if layout_weight else None
     layout_answers: dict = {}
     optimizer = build_optimizer(model, config.optim)
@@ -197,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--position-captions", type=float, default=0.0, metavar="P",
                         help="share of captions replaced by absolute positions (pretraining)")
     parser.add_argument("--layout-weight", type=float, default=0.0, metavar="W",
-                        help="add W x the layout question (csclip.world.layout) to the loss")
+                        help="add W x the layout question (research.spatial.layout_question) to the loss")
     parser.add_argument("--layout-frozen", action="store_true",
                         help="with --layout-weight: a fixed random head (nothing to train)")
     parser.add_argument("--set", dest="overrides", action="append", default=[])

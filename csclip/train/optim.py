@@ -42,7 +42,7 @@ class OptimConfig(StrictModel):
     max_steps: int | None = Field(None, ge=1)  # stop after this many steps (overrides epochs)
     grad_clip: float | None = Field(1.0, gt=0)  # max gradient norm; None: no clipping
     # Gradient accumulation: each step's batch (data.batch_size) is encoded in accum_freq
-    # micro-batches; the loss is still one loss over the whole batch (csclip.step), so
+    # micro-batches; the loss is still one loss over the whole batch (csclip.train.step), so
     # loss and gradients equal the unsplit step's. Less activation memory, ~1/3 more compute.
     accum_freq: int = Field(1, ge=1)
     fused: bool = True  # fused AdamW kernel when every parameter is on CUDA

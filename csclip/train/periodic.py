@@ -87,9 +87,7 @@ class PeriodicEvaluator:
                   metrics: dict[str, float]) -> str:
         """Write the weights, spec, config and the deciding metric to best_uri (replacing
         what was there); returns best_uri, which csclip.model.load_bundle reads."""
-        import pyarrow.fs as pafs
-
-        from csclip.storage import filesystem_for
+        from csclip.storage import upload_dir
 
         value = float(metrics[self.best_metric])
         with tempfile.TemporaryDirectory() as tmp:
@@ -97,9 +95,7 @@ class PeriodicEvaluator:
             Path(tmp, BEST_METRICS_FILE).write_text(json.dumps(
                 {"step": step, "metric": self.best_metric, "value": value,
                  "mode": self.mode, **{k: metrics[k] for k in LOGGED_KEYS if k in metrics}}))
-            filesystem, path = filesystem_for(self.best_uri)
-            filesystem.create_dir(path, recursive=True)
-            pafs.copy_files(tmp, path, destination_filesystem=filesystem)
+            upload_dir(tmp, self.best_uri)
         self.best_value = value
         log.info("step %d: new best %s = %.2f -> %s", step, self.best_metric, value,
                  self.best_uri)

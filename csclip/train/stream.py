@@ -4,8 +4,7 @@ Data; workers only consume `iter_torch_batches`.
 
 Preparation has two parts. `decode_batch` decodes and transforms the images and
 tokenizes the captions: without augmentation none of that depends on the epoch, so when
-the tensors fit in `data.image_cache_mb` it runs once and its output is materialized
-(issue 14: every epoch decoded the same world PNGs again). `sample_batch` draws the text
+the tensors fit in `data.image_cache_mb` it runs once and its output is materialized. `sample_batch` draws the text
 slots, which depend on the epoch, and tokenizes them: the training stream is the union of
 one `sample_batch` map per epoch (`_epoch_stream`) over the cached or streamed rows, each
 epoch in a new, seeded global order. Images that fail to decode are counted by a check
@@ -30,9 +29,9 @@ import pyarrow as pa
 from pydantic import Field
 
 from csclip.config import StrictModel
-from csclip.errors import ConfigError, DataError
+from csclip.errors import DataError
 from csclip.loss import Objective, unit_columns
-from csclip.sampling import SamplingConfig, sample_text_columns
+from csclip.train.sampling import SamplingConfig, sample_text_columns
 from csclip.units import UnitsRecord, record_from_row
 from csclip.world.config import WorldConfig
 
@@ -49,7 +48,7 @@ class DataConfig(StrictModel):
     split: str = "train"
     batch_size: int = Field(32, ge=1)  # per worker
     # Rows of the local shuffle buffer in each worker, on top of the global shuffle of every
-    # epoch (csclip.data.epoch_order); 0 = none.
+    # epoch (csclip.train.stream.epoch_order); 0 = none.
     shuffle_buffer: int = Field(512, ge=0)
     # Decode + transform every image once and keep the tensors in Ray's object store when
     # they take at most this many MB (the world: 4000 images of 64 px = 197 MB); larger
@@ -95,43 +94,6 @@ def source_dataset(data: DataConfig):
                         "point it at a units Parquet file or directory") from err
     split = data.split
     return ds.filter(lambda row: row["split"] == split)
-
-
-def load_split(units_uri: str | None, split: str, world: WorldConfig) -> list[UnitsRecord]:
-    """The records of one split: read from a units table (local or s3://; only that
-    split's rows are read) or, when units_uri is None, generated from the synthetic world.
-
-    Evaluation, the ablation's trials and the demo all load their validation split here.
-    Raises ConfigError for a split the world does not have, DataError for a missing table
-    or an empty split (naming the splits that are present).
-    """
-    if units_uri is None:
-        from csclip.world import iter_world
-
-        if split not in ("train", "val", "test"):
-            raise ConfigError(f"split {split!r}: the synthetic world has train, val, test")
-        records = list(iter_world(world, splits=(split,)))
-        if not records:
-            raise DataError(f"the synthetic world (seed {world.seed}) has no records in split {split!r}; "
-                            f"raise data.world.num_{split}")
-        return records
-    import pyarrow.parquet as pq
-
-    from csclip.storage import filesystem_for
-    from csclip.units import UNITS_SCHEMA, table_to_records
-
-    fs, path = filesystem_for(units_uri)
-    try:
-        table = pq.read_table(path, filesystem=fs, schema=UNITS_SCHEMA,
-                              filters=[("split", "=", split)])
-    except (FileNotFoundError, OSError) as err:
-        raise DataError(f"units table not found or unreadable: {units_uri} ({err})") from err
-    if table.num_rows == 0:
-        present = sorted(set(pq.read_table(path, filesystem=fs, columns=["split"])
-                             .column("split").to_pylist()))
-        raise DataError(f"{units_uri}: no records in split {split!r} (splits present: "
-                        f"{present or 'none'}); set the split or add data")
-    return table_to_records(table)
 
 
 # ---------------------------------------------------------------------------------------
@@ -250,7 +212,7 @@ def image_status(batch: pa.Table) -> dict[str, np.ndarray]:
             "ok": np.array(ok, dtype=bool)}
 
 
-# The columns sampling reads (csclip.sampling.records_from_batch); the decoded rows keep
+# The columns sampling reads (csclip.train.sampling.records_from_batch); the decoded rows keep
 # only these, the image and the caption's tokens (not the PNG bytes, not the scene JSON).
 TEXT_COLUMNS = ("sample_id", "image_id", "caption", "split", "entities", "relations")
 CAPTION_TOKENS = "caption_tokens"
@@ -396,13 +358,13 @@ def image_foil_batch(batch: pa.Table, decoded: Sequence, images: np.ndarray, *,
 
 def image_foil_columns(records: Sequence[UnitsRecord], decoded: Sequence, images: np.ndarray,
                        transform, seed: int, epoch: int) -> dict:
-    """Each sample's image foil (csclip.image_foils), drawn per (seed, sample, epoch):
+    """Each sample's image foil (csclip.train.image_foils), drawn per (seed, sample, epoch):
     `image_foil` (n, 3, H, W) transformed like the image, `image_foil_unit` (the relation
     unit's text), `image_foil_text` (the text true of the foil) and `image_foil_mask` (n,)
     bool. A sample without a foil gets its own image and caption as placeholders, masked
     out of the loss."""
-    from csclip.image_foils import draw_image_foil
-    from csclip.sampling import sample_rng
+    from csclip.train.image_foils import draw_image_foil
+    from csclip.train.sampling import sample_rng
 
     foil_images, units, foil_texts, mask = [], [], [], []
     for record, image, transformed in zip(records, decoded, images, strict=True):
