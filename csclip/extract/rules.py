@@ -10,6 +10,7 @@ output: foil choices are seeded from a hash of the caption.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -19,15 +20,20 @@ from dataclasses import dataclass, field, replace
 from csclip.errors import DataError
 from csclip.extract import lexicon as lx
 from csclip.units import (
+    ENTITY_CHANGES,
+    GENERIC_WORDS,
     MAX_ENTITIES,
     MAX_RELATIONS,
+    RELATION_CHANGES,
     ChangeType,
     Foil,
     Rejection,
     RejectReason,
     Unit,
     UnitsRecord,
-    foil_rejection,
+    _are_synonyms,
+    _stems,
+    is_placeholder,
     normalize_text,
 )
 
@@ -996,8 +1002,16 @@ def _pronoun_relation_follows(tokens: list[str], phrases: list[_Phrase], index: 
 def _read_connector(gap: list[str]) -> tuple[_Connector | None, str]:
     """Read the words between two phrases as [that|while|,] [is|are] [verb] [preposition].
     Returns (connector, "") or (None, why not)."""
+    # The same few gaps ("is riding", "on", "sitting on") recur in caption after caption;
+    # the reading depends on the gap's words alone, and callers replace() a connector
+    # rather than change it, so one reading per gap is shared.
+    return _read_connector_words(tuple(gap))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _read_connector_words(gap: tuple[str, ...]) -> tuple[_Connector | None, str]:
     words = _drop_unknown_modifiers(
-        [w for w in _drop_adverbials(gap) if w not in lx.SKIPPABLE_ADVERBS
+        [w for w in _drop_adverbials(list(gap)) if w not in lx.SKIPPABLE_ADVERBS
          and not _is_unknown_adverb(w)])
     if len(words) > 2 and words[0] == "in" and words[1] in lx.ATTRIBUTE_KIND and (
             lx.ATTRIBUTE_KIND[words[1]] == "color"):
@@ -1128,6 +1142,7 @@ def _canonical(preposition: str) -> str:
     return _CANONICAL_PREPOSITION.get(preposition, preposition)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _verb_ing(word: str) -> str | None:
     """The -ing form of a known verb in any form ("rides", "riding", "ride", "sat")."""
     if word in _ING_FORMS:
@@ -1188,6 +1203,7 @@ def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed:
     taboo = frozenset(h.singular for h in heads).union(
         *(lx.SAME_THING_GROUPS.get(h.singular, ()) for h in heads))
     units: dict[str, Unit] = {}
+    check = _FoilCheck(caption, texts)
     for phrase in phrases:
         if phrase.text in units or phrase.text not in texts:
             continue
@@ -1196,7 +1212,7 @@ def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed:
         unit = Unit.entity(phrase.text)
         # SPEC §2 asks for 2-3 foils: an entity without attributes gets two object changes.
         max_object = 1 if phrase.attributes else 2
-        foils = _valid_foils(unit, candidates, caption, texts, rejections, max_object,
+        foils = _valid_foils(unit, candidates, check, rejections, max_object,
                              limit=_MAX_ENTITY_FOILS)
         units[phrase.text] = Unit.entity(phrase.text, foils)
     return units
@@ -1312,22 +1328,24 @@ _LAST_WORDS = {noun.singular: (noun.singular.split()[-1], noun.plural.split()[-1
 _CATEGORY_NOUNS = _build_category_nouns()
 
 
-def _valid_foils(unit: Unit, candidates: Sequence[Foil], caption: str,
-                 entity_texts: Sequence[str], rejections: list[Rejection],
-                 max_object_changes: int = 1, limit: int | None = None) -> list[Foil]:
-    """Candidates that pass `foil_rejection`, recording the rejected ones, up to `limit`.
-    Object changes beyond `max_object_changes` were back-ups and are skipped."""
+def _valid_foils(unit: Unit, candidates: Sequence[Foil], check: _FoilCheck,
+                 rejections: list[Rejection], max_object_changes: int = 1,
+                 limit: int | None = None) -> list[Foil]:
+    """Candidates that pass `foil_rejection` (as `check` decides it), recording the
+    rejected ones, up to `limit`. Object changes beyond `max_object_changes` were back-ups
+    and are skipped."""
     kept: list[Foil] = []
     object_changes = 0
+    is_entity = unit.kind == "entity"
     for foil in candidates:
         if limit is not None and len(kept) == limit:
             break
-        is_object_change = foil.change_type == ChangeType.OBJECT_CHANGE and unit.kind == "entity"
+        is_object_change = is_entity and foil.change_type is ChangeType.OBJECT_CHANGE
         if is_object_change and object_changes >= max_object_changes:
             continue
         if foil in kept:
             continue
-        reason = foil_rejection(unit, foil, caption, entity_texts)
+        reason = check.rejection(unit, foil)
         if reason is None:
             kept.append(foil)
             object_changes += is_object_change
@@ -1337,12 +1355,74 @@ def _valid_foils(unit: Unit, candidates: Sequence[Foil], caption: str,
     return kept
 
 
+class _FoilCheck:
+    """`foil_rejection` for one caption's foils: the same reason, checked in the same order,
+    with the caption and its entity texts normalised once instead of once per foil, and the
+    caption-free part of the verdict (synonym, inflection, generic word) remembered per
+    (unit, foil) text pair. The extractor calls it ~10 times a caption; the generic
+    `foil_rejection` stays the reference (tests/test_rules.py runs both on every candidate
+    of the SugarCrepe captions and wants the same answer)."""
+
+    __slots__ = ("padded_caption", "entity_norms", "entity_heads")
+
+    def __init__(self, caption: str, entity_texts: Sequence[str]) -> None:
+        norms = [normalize_text(e) for e in entity_texts]
+        self.padded_caption = f" {normalize_text(caption)} "
+        self.entity_norms = frozenset(norms)
+        self.entity_heads = frozenset(n.split()[-1] for n in norms if n)
+
+    def rejection(self, unit: Unit, foil: Foil) -> RejectReason | None:
+        text = foil.text
+        if not text or not text.strip():
+            return RejectReason.EMPTY_FOIL
+        if is_placeholder(text) or (foil.subject is not None and is_placeholder(foil.subject)) or (
+                foil.predicate is not None and is_placeholder(foil.predicate)) or (
+                foil.object is not None and is_placeholder(foil.object)):
+            return RejectReason.PLACEHOLDER
+        is_entity = unit.kind == "entity"
+        if foil.change_type not in (ENTITY_CHANGES if is_entity else RELATION_CHANGES):
+            return RejectReason.CHANGE_TYPE_MISMATCH
+        unit_norm, foil_norm = normalize_text(unit.text), normalize_text(text)
+        if foil_norm == unit_norm:
+            return RejectReason.FOIL_EQUALS_UNIT
+        if unit.kind == "relation" and foil.change_type is ChangeType.SUBJECT_OBJECT_SWAP:
+            for arg in (unit.subject, unit.object):
+                arg_norm = normalize_text(arg or "")
+                if arg_norm not in self.entity_norms and arg_norm not in self.entity_heads:
+                    return RejectReason.SWAP_ARGUMENT_NOT_ENTITY
+            return None
+        reason = _edit_rejection(unit_norm, foil_norm)
+        if reason is not None:
+            return reason
+        # foil_norm differs from unit_norm here, so "another entity of the caption" is any.
+        if (foil_norm and f" {foil_norm} " in self.padded_caption) or (
+                is_entity and foil_norm in self.entity_norms):
+            return RejectReason.FOIL_IN_CAPTION
+        return None
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _edit_rejection(unit_norm: str, foil_norm: str) -> RejectReason | None:
+    """foil_rejection's checks on the edit itself, which need neither caption nor kind."""
+    unit_words, foil_words = unit_norm.split(), foil_norm.split()
+    if len(unit_words) == len(foil_words):
+        changed = [(u, f) for u, f in zip(unit_words, foil_words, strict=True) if u != f]
+        if changed and all(_are_synonyms(u, f) for u, f in changed):
+            return RejectReason.FOIL_IS_SYNONYM
+    if _stems(unit_norm) == _stems(foil_norm):
+        return RejectReason.FOIL_ONLY_INFLECTION
+    new_words = set(foil_words) - set(unit_words)
+    if new_words and new_words <= GENERIC_WORDS:
+        return RejectReason.FOIL_GENERIC_WORD
+    return None
+
+
 def _relation_units(parse: _Parse, entities: dict[str, Unit], caption: str,
                     rejections: list[Rejection]) -> list[Unit]:
     """Relation units over caption entities: antonym, negation, swap (not for symmetric
     predicates, where it would be true) and subject/object replacement foils."""
     units: dict[str, Unit] = {}
-    texts = list(entities)
+    check = _FoilCheck(caption, list(entities))
     for s, predicate, o in parse.relations:
         subject, obj = parse.phrases[s], parse.phrases[o]
         if subject.text == obj.text or subject.text not in entities or obj.text not in entities:
@@ -1351,7 +1431,7 @@ def _relation_units(parse: _Parse, entities: dict[str, Unit], caption: str,
         if unit.text in units:
             continue
         candidates = _relation_foil_candidates(subject, predicate, obj, entities)
-        foils = _valid_foils(unit, candidates, caption, texts, rejections)
+        foils = _valid_foils(unit, candidates, check, rejections)
         units[unit.text] = Unit.relation(unit.subject, unit.predicate, unit.object, foils)
     if len(units) > MAX_RELATIONS:
         rejections.append(Rejection(RejectReason.TOO_MANY_UNITS,
