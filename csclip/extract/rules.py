@@ -98,8 +98,9 @@ class _Phrase:
     attributes: tuple[tuple[int, str], ...]  # (index in words, kind)
     is_plural: bool
 
-    @property
+    @functools.cached_property
     def text(self) -> str:
+        # Cached: read ~30 times a caption; `words` is never changed after parsing.
         return " ".join(self.words)
 
 
@@ -398,8 +399,8 @@ def _find_phrases(tokens: list[str], rejections: list[Rejection]) -> list[_Phras
         if skip:
             i += skip
             continue
-        if _is_not_an_entity(tokens, i):
-            i += 1
+        if tokens[i] not in _PHRASE_STARTS or _is_not_an_entity(tokens, i):
+            i += 1  # most tokens (verbs, prepositions) cannot start a noun phrase
             continue
         phrase, next_i, rejected = _match_phrase(tokens, i)
         if rejected:
@@ -502,6 +503,12 @@ _MULTIWORD_NOUN_STARTS = frozenset(form.split()[0] for form in lx.NOUNS if " " i
 _FRAME_STARTS = (frozenset({"a", "an", "the", "and"}) | frozenset(lx.ATTRIBUTE_KIND)
                  | lx.OTHER_ADJECTIVES | lx.FRAME_WORDS
                  | frozenset(p.split()[0] for p in lx.FRAME_PHRASES))
+
+
+# The words `_match_phrase` can find a phrase at: anything else gives (None, i + 1, None).
+_PHRASE_STARTS = (lx.DETERMINERS | lx.INTENSIFIERS | frozenset(lx.QUANTITY_PREFIXES)
+                  | frozenset(lx.COLLECTIVES) | frozenset(lx.ATTRIBUTE_KIND)
+                  | lx.OTHER_ADJECTIVES | frozenset(lx.NOUNS) | _MULTIWORD_NOUN_STARTS)
 
 
 def _match_phrase(tokens: list[str], i: int) -> tuple[_Phrase | None, int, str | None]:
@@ -1189,6 +1196,10 @@ def _stable_seed(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
+# The same entity texts ("man", "table") recur across captions; their hash need not.
+_phrase_seed = functools.lru_cache(maxsize=1 << 14)(_stable_seed)
+
+
 def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed: int,
                   rejections: list[Rejection]) -> dict[str, Unit]:
     """Entity units keyed by text (first mention wins), with validated foils."""
@@ -1207,7 +1218,7 @@ def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed:
     for phrase in phrases:
         if phrase.text in units or phrase.text not in texts:
             continue
-        salt = seed ^ _stable_seed(phrase.text)
+        salt = seed ^ _phrase_seed(phrase.text)
         candidates = _entity_foil_candidates(phrase, taboo, caption_words, salt)
         unit = Unit.entity(phrase.text)
         # SPEC §2 asks for 2-3 foils: an entity without attributes gets two object changes.
@@ -1257,12 +1268,16 @@ def _entity_foil_candidates(phrase: _Phrase, taboo: frozenset[str],
         form = noun.plural if plural_form else noun.singular
         candidates.append(Foil(" ".join(kept + [form]), ChangeType.OBJECT_CHANGE))
     for index, kind in phrase.attributes:
-        values = [v for v in _attribute_values(words[index], kind, caption_words,
-                                               salt >> (8 + index))
-                  if " ".join([v, *words[index + 1 : index + 2]]) not in lx.NOUNS]
-        for value in values[:2]:  # never "cold dog" -> "hot dog"
+        after = f" {words[index + 1]}" if index + 1 < len(words) else ""
+        taken = 0
+        for value in _attribute_values(words[index], kind, caption_words, salt >> (8 + index)):
+            if value + after in lx.NOUNS:
+                continue  # never "cold dog" -> "hot dog"
             edited = words[:index] + [value] + words[index + 1 :]
             candidates.append(Foil(" ".join(edited), ChangeType.ATTRIBUTE_CHANGE))
+            taken += 1
+            if taken == 2:
+                break
     return candidates
 
 
@@ -1303,14 +1318,21 @@ def _attribute_values(word: str, kind: str, caption_words: set[str],
     if kind == "count":
         index = lx.COUNTS.index(word)
         return [lx.COUNTS[index + 1] if index + 1 < len(lx.COUNTS) else lx.COUNTS[index - 1]]
-    pool = {"color": lx.COLORS, "material": lx.MATERIALS}.get(kind, ())
-    taboo = lx.COLOR_SYNONYMS.get(word, frozenset()) | caption_words
-    values = [v for v in pool if v != word and v not in taboo
-              and word not in lx.COLOR_SYNONYMS.get(v, frozenset())]
+    values = [v for v in _attribute_pool(word, kind) if v not in caption_words]
     if values:  # a seeded rotation: as varied as a shuffle, without a generator per phrase
         turn = salt % len(values)
         values = values[turn:] + values[:turn]
     return values
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _attribute_pool(word: str, kind: str) -> tuple[str, ...]:
+    """The values an attribute word may change to, before the caption's own words are
+    taken out: another color (not a synonym of it) or material."""
+    pool = {"color": lx.COLORS, "material": lx.MATERIALS}.get(kind, ())
+    synonyms = lx.COLOR_SYNONYMS.get(word, frozenset())
+    return tuple(v for v in pool if v != word and v not in synonyms
+                 and word not in lx.COLOR_SYNONYMS.get(v, frozenset()))
 
 
 def _build_category_nouns() -> dict[str, list[lx.Noun]]:
