@@ -32,7 +32,7 @@ from csclip.units import (
     Unit,
     UnitsRecord,
     _are_synonyms,
-    _stems,
+    _stem,
     is_placeholder,
     normalize_text,
 )
@@ -1245,9 +1245,14 @@ def _entity_foil_candidates(phrase: _Phrase, taboo: frozenset[str],
     # say as much about age as the old one.
     age_bound = (phrase.head.singular in lx.AGE_BOUND_NOUNS
                  if any(w in lx.AGE_WORDS for w in words[: phrase.head_start]) else None)
+    last_words = _LAST_WORDS
     for step in range(len(nouns)):
         noun = nouns[(start + step) % len(nouns)]
-        if (noun.singular not in taboo and not _mentions(caption_words, noun)
+        if noun.singular in taboo:
+            continue
+        # "cats" in the caption rules out "cat" and "cats"; "cell phone" is ruled out by "phone".
+        last_singular, last_plural = last_words[noun.singular]
+        if (last_singular not in caption_words and last_plural not in caption_words
                 and (age_bound is None or (noun.singular in lx.AGE_BOUND_NOUNS) == age_bound)):
             others.append(noun)
             if len(others) == 3:
@@ -1303,12 +1308,6 @@ def foil_category(noun: lx.Noun) -> str:
     """The category an object foil of `noun` is drawn from (its own, or animals for a
     person noun so vague that any other person might be true of it)."""
     return lx.FOIL_CATEGORY_OF_GENERIC.get(noun.singular, noun.category)
-
-
-def _mentions(caption_words: set[str], noun: lx.Noun) -> bool:
-    # "cats" in the caption rules out "cat" and "cats"; "cell phone" is ruled out by "phone".
-    last_singular, last_plural = _LAST_WORDS[noun.singular]
-    return last_singular in caption_words or last_plural in caption_words
 
 
 def _attribute_values(word: str, kind: str, caption_words: set[str],
@@ -1424,6 +1423,15 @@ class _FoilCheck:
 
 
 @functools.lru_cache(maxsize=1 << 15)
+def _stems_of_words(norm: str) -> tuple[str, ...]:
+    # units._stems of an already normalised text, without normalising it a second time.
+    return tuple(_stem(w) for w in norm.split() if w not in _UNSTEMMED)
+
+
+_UNSTEMMED = frozenset({"a", "an", "the", "is", "are"})
+
+
+@functools.lru_cache(maxsize=1 << 15)
 def _edit_rejection(unit_norm: str, foil_norm: str) -> RejectReason | None:
     """foil_rejection's checks on the edit itself, which need neither caption nor kind."""
     unit_words, foil_words = unit_norm.split(), foil_norm.split()
@@ -1431,7 +1439,7 @@ def _edit_rejection(unit_norm: str, foil_norm: str) -> RejectReason | None:
         changed = [(u, f) for u, f in zip(unit_words, foil_words, strict=True) if u != f]
         if changed and all(_are_synonyms(u, f) for u, f in changed):
             return RejectReason.FOIL_IS_SYNONYM
-    if _stems(unit_norm) == _stems(foil_norm):
+    if _stems_of_words(unit_norm) == _stems_of_words(foil_norm):
         return RejectReason.FOIL_ONLY_INFLECTION
     new_words = set(foil_words) - set(unit_words)
     if new_words and new_words <= GENERIC_WORDS:
