@@ -113,6 +113,9 @@ class _Predicate:
     preposition: str | None
 
     def render(self, is_plural: bool, negated: bool = False) -> str:
+        return _render_predicate(self, is_plural, negated)
+
+    def _render(self, is_plural: bool, negated: bool) -> str:
         if self.verb in ("has", "have"):
             # Possession ("a man with a hat" -> "man has hat") has no auxiliary.
             if negated:
@@ -135,6 +138,12 @@ class _Predicate:
     @property
     def is_symmetric(self) -> bool:
         return self.preposition in lx.SYMMETRIC_PREPOSITIONS
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _render_predicate(predicate: _Predicate, is_plural: bool, negated: bool) -> str:
+    # A few hundred predicates, each rendered ~5 times a relation (unit and foils).
+    return predicate._render(is_plural, negated)
 
 
 @dataclass
