@@ -14,7 +14,7 @@ import functools
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from csclip.errors import DataError
@@ -1228,44 +1228,27 @@ def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed:
         if phrase.text in units or phrase.text not in texts:
             continue
         salt = seed ^ _phrase_seed(phrase.text)
-        candidates = _entity_foil_candidates(phrase, taboo, caption_words, salt)
         unit = Unit.entity(phrase.text)
         # SPEC §2 asks for 2-3 foils: an entity without attributes gets two object changes.
         max_object = 1 if phrase.attributes else 2
-        foils = _valid_foils(unit, candidates, check, rejections, max_object,
-                             limit=_MAX_ENTITY_FOILS)
-        units[phrase.text] = Unit.entity(phrase.text, foils)
+        # Object changes first, then attribute changes; both built lazily, only as many as
+        # are kept (a rejected candidate's back-up comes next).
+        foils = _valid_foils(unit, _object_foil_candidates(phrase, taboo, caption_words, salt),
+                             check, rejections, max_object, limit=max_object)
+        foils += _valid_foils(unit, _attribute_foil_candidates(phrase, caption_words, salt),
+                              check, rejections, limit=_MAX_ENTITY_FOILS - len(foils))
+        units[phrase.text] = Unit(unit.kind, unit.text, tuple(foils))
     return units
 
 
-def _entity_foil_candidates(phrase: _Phrase, taboo: frozenset[str],
-                            caption_words: set[str], salt: int) -> list[Foil]:
-    """Object change (same category, not in the caption) first, then one attribute change
-    per attribute word: color -> another color, size/state -> its opposite, count -> the
-    next count, material -> another material."""
-    words = list(phrase.words)
-    candidates: list[Foil] = []
+def _object_foil_candidates(phrase: _Phrase, taboo: frozenset[str],
+                            caption_words: set[str], salt: int) -> Iterator[Foil]:
+    """Object changes: the head noun replaced by one of its category (not in the caption),
+    at most three."""
+    words = phrase.words
     nouns = _CATEGORY_NOUNS.get(foil_category(phrase.head), ())
-    # Walk the category from a seeded start and stop at three usable nouns: checking every
-    # noun of the category for every phrase was most of the extractor's time.
-    start = salt % len(nouns) if nouns else 0
-    others: list[lx.Noun] = []
-    # "young man" -> "young woman", never "young boy": with an age word, the new noun must
-    # say as much about age as the old one.
-    age_bound = (phrase.head.singular in lx.AGE_BOUND_NOUNS
-                 if any(w in lx.AGE_WORDS for w in words[: phrase.head_start]) else None)
-    last_words = _LAST_WORDS
-    for step in range(len(nouns)):
-        noun = nouns[(start + step) % len(nouns)]
-        if noun.singular in taboo:
-            continue
-        # "cats" in the caption rules out "cat" and "cats"; "cell phone" is ruled out by "phone".
-        last_singular, last_plural = last_words[noun.singular]
-        if (last_singular not in caption_words and last_plural not in caption_words
-                and (age_bound is None or (noun.singular in lx.AGE_BOUND_NOUNS) == age_bound)):
-            others.append(noun)
-            if len(others) == 3:
-                break
+    if not nouns:
+        return
     kept = _object_foil_modifiers(phrase)
     head_text = " ".join(words[phrase.head_start :])
     # The new noun takes the old one's number: "group of small children" -> "group of
@@ -1278,9 +1261,35 @@ def _entity_foil_candidates(phrase: _Phrase, taboo: frozenset[str],
                        or phrase.head.category in ("animal", "person_other"))
     else:
         plural_form = phrase.is_plural
-    for noun in others:
-        form = noun.plural if plural_form else noun.singular
-        candidates.append(Foil(" ".join(kept + [form]), ChangeType.OBJECT_CHANGE))
+    # Walk the category from a seeded start and stop at three usable nouns: checking every
+    # noun of the category for every phrase was most of the extractor's time.
+    start = salt % len(nouns)
+    # "young man" -> "young woman", never "young boy": with an age word, the new noun must
+    # say as much about age as the old one.
+    age_bound = (phrase.head.singular in lx.AGE_BOUND_NOUNS
+                 if any(w in lx.AGE_WORDS for w in words[: phrase.head_start]) else None)
+    found = 0
+    last_words = _LAST_WORDS
+    for step in range(len(nouns)):
+        noun = nouns[(start + step) % len(nouns)]
+        if noun.singular in taboo:
+            continue
+        # "cats" in the caption rules out "cat" and "cats"; "cell phone" is ruled out by "phone".
+        last_singular, last_plural = last_words[noun.singular]
+        if (last_singular not in caption_words and last_plural not in caption_words
+                and (age_bound is None or (noun.singular in lx.AGE_BOUND_NOUNS) == age_bound)):
+            form = noun.plural if plural_form else noun.singular
+            yield Foil(" ".join([*kept, form]), ChangeType.OBJECT_CHANGE)
+            found += 1
+            if found == 3:
+                return
+
+
+def _attribute_foil_candidates(phrase: _Phrase, caption_words: set[str],
+                               salt: int) -> Iterator[Foil]:
+    """Up to two attribute changes per attribute word: color -> another color, size/state
+    -> its opposite, count -> the next count, material -> another material."""
+    words = list(phrase.words)
     for index, kind in phrase.attributes:
         after = f" {words[index + 1]}" if index + 1 < len(words) else ""
         taken = 0
@@ -1288,11 +1297,10 @@ def _entity_foil_candidates(phrase: _Phrase, taboo: frozenset[str],
             if value + after in lx.NOUNS:
                 continue  # never "cold dog" -> "hot dog"
             edited = words[:index] + [value] + words[index + 1 :]
-            candidates.append(Foil(" ".join(edited), ChangeType.ATTRIBUTE_CHANGE))
+            yield Foil(" ".join(edited), ChangeType.ATTRIBUTE_CHANGE)
             taken += 1
             if taken == 2:
                 break
-    return candidates
 
 
 def _object_foil_modifiers(phrase: _Phrase) -> list[str]:
