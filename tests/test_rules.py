@@ -728,7 +728,7 @@ def test_fast_foil_check_agrees_with_foil_rejection(sample_captions, monkeypatch
     assert not disagreements, disagreements[:10]
 
 
-@pytest.mark.slow  # all 8,554 distinct captions: ~10 s on an idle core
+@pytest.mark.slow  # every distinct SugarCrepe caption string: ~12 s on an idle core
 def test_fast_foil_check_agrees_with_foil_rejection_on_every_shared_caption(
         sugarcrepe_dir, monkeypatch):
     judged, disagreements = _foil_verdicts_disagree(_shared_captions(sugarcrepe_dir),
