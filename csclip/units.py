@@ -157,11 +157,14 @@ class Foil:
 
     def __post_init__(self) -> None:
         # Accept plain strings; an unknown change_type raises ValueError here, at the source.
-        object.__setattr__(self, "change_type", ChangeType(self.change_type))
+        # (The type test first: extractors build ~10 foils a caption, and the Enum call is
+        # the slow part of a Foil.)
+        if type(self.change_type) is not ChangeType:
+            object.__setattr__(self, "change_type", ChangeType(self.change_type))
 
     @staticmethod
     def relation(subject: str, predicate: str, object: str, change_type: ChangeType) -> Foil:
-        return Foil(render_relation(subject, predicate, object), ChangeType(change_type),
+        return Foil(render_relation(subject, predicate, object), change_type,
                     subject, predicate, object)
 
 
@@ -192,7 +195,8 @@ class Unit:
 
 def render_relation(subject: str, predicate: str, object: str) -> str:
     """The text of a relation unit: "{subject} {predicate} {object}" (SPEC §2)."""
-    return " ".join(part.strip() for part in (subject, predicate, object) if part.strip())
+    parts = (subject.strip(), predicate.strip(), object.strip())
+    return " ".join(part for part in parts if part)
 
 
 @dataclass(frozen=True)

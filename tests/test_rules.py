@@ -33,6 +33,7 @@ from csclip.extract.rules import (
 )
 from csclip.units import (
     ChangeType,
+    Foil,
     RejectReason,
     Unit,
     UnitsRecord,
@@ -650,3 +651,87 @@ def test_gold_file_errors_are_one_clear_line(tmp_path):
     bad.write_text("not json\n")
     with pytest.raises(DataError, match="not a gold caption"):
         load_gold(bad)
+
+
+# --- the extractor's own foil check against the generic one -------------------------------
+
+def _foil_verdicts_disagree(captions, monkeypatch) -> tuple[int, list]:
+    """Extract every caption with the extractor's per-caption foil check wrapped so that
+    each candidate it judges is judged by `foil_rejection` too; the disagreements."""
+    from csclip.extract import rules
+
+    judged, disagreements = [0], []
+    fast = rules._FoilCheck.rejection
+    seen: dict[int, tuple] = {}
+    original_init = rules._FoilCheck.__init__
+
+    def init(self, caption, entity_texts):
+        original_init(self, caption, entity_texts)
+        seen[id(self)] = (caption, list(entity_texts))
+
+    def rejection(self, unit, foil):
+        caption, entity_texts = seen[id(self)]
+        mine, reference = fast(self, unit, foil), foil_rejection(unit, foil, caption,
+                                                                 entity_texts)
+        judged[0] += 1
+        if mine != reference:
+            disagreements.append((caption, unit.text, foil.text, mine, reference))
+        return mine
+
+    monkeypatch.setattr(rules._FoilCheck, "__init__", init)
+    monkeypatch.setattr(rules._FoilCheck, "rejection", rejection)
+    for caption in captions:
+        extract_units(caption)
+    return judged[0], disagreements
+
+
+_CHECK_CAPTION = "A man riding a brown horse next to a red barn."
+_CHECK_ENTITIES = ["man", "brown horse", "red barn", "old stable"]
+_HORSE = Unit.entity("brown horse")
+_RIDING = Unit.relation("man", "is riding", "brown horse")
+
+
+@pytest.mark.parametrize(("unit", "foil"), [
+    (_HORSE, Foil("white horse", ChangeType.ATTRIBUTE_CHANGE)),
+    (_HORSE, Foil("Brown  Horse.", ChangeType.ATTRIBUTE_CHANGE)),  # equals the unit
+    (Unit.entity("small dog"), Foil("little dog", ChangeType.ATTRIBUTE_CHANGE)),  # synonym
+    (_HORSE, Foil("brown horses", ChangeType.OBJECT_CHANGE)),  # inflection
+    (_HORSE, Foil("brown thing", ChangeType.OBJECT_CHANGE)),  # generic word
+    (_HORSE, Foil("red barn", ChangeType.OBJECT_CHANGE)),  # in the caption
+    (_HORSE, Foil("old stable", ChangeType.OBJECT_CHANGE)),  # another entity, not in the text
+    (Unit.entity("man"), Foil("horse", ChangeType.OBJECT_CHANGE)),  # in the text, no entity
+    (_HORSE, Foil("  ", ChangeType.OBJECT_CHANGE)),
+    (_HORSE, Foil("N/A", ChangeType.OBJECT_CHANGE)),
+    (_HORSE, Foil("brown horse is under man", ChangeType.ANTONYM)),
+    (_RIDING, Foil("black horse", ChangeType.ATTRIBUTE_CHANGE)),
+    (_RIDING, Foil.relation("man", "is walking", "brown horse", ChangeType.ANTONYM)),
+    (_RIDING, Foil.relation("man", "rides", "brown horse", ChangeType.ANTONYM)),
+    (_RIDING, Foil.relation("man", "is riding", "red barn", ChangeType.OBJECT_REPLACE)),
+    (_RIDING, Foil.relation("man", "null", "brown horse", ChangeType.NEGATION)),
+    (_RIDING, Foil.relation("brown horse", "is riding", "man", ChangeType.SUBJECT_OBJECT_SWAP)),
+    (Unit.relation("man", "is riding", "horse"),
+     Foil.relation("horse", "is riding", "man", ChangeType.SUBJECT_OBJECT_SWAP)),
+    (Unit.relation("man", "is near", "fence"),
+     Foil.relation("fence", "is near", "man", ChangeType.SUBJECT_OBJECT_SWAP)),
+])
+def test_fast_foil_check_gives_foil_rejections_reason_for_each_rule(unit, foil):
+    from csclip.extract.rules import _FoilCheck
+
+    check = _FoilCheck(_CHECK_CAPTION, _CHECK_ENTITIES)
+    assert check.rejection(unit, foil) == foil_rejection(unit, foil, _CHECK_CAPTION,
+                                                         _CHECK_ENTITIES)
+
+
+def test_fast_foil_check_agrees_with_foil_rejection(sample_captions, monkeypatch):
+    judged, disagreements = _foil_verdicts_disagree(sample_captions, monkeypatch)
+    assert judged > 2_000
+    assert not disagreements, disagreements[:10]
+
+
+@pytest.mark.slow  # every distinct SugarCrepe caption string: ~12 s on an idle core
+def test_fast_foil_check_agrees_with_foil_rejection_on_every_shared_caption(
+        sugarcrepe_dir, monkeypatch):
+    judged, disagreements = _foil_verdicts_disagree(_shared_captions(sugarcrepe_dir),
+                                                    monkeypatch)
+    assert judged > 80_000
+    assert not disagreements, disagreements[:10]

@@ -10,24 +10,30 @@ output: foil choices are seeded from a hash of the caption.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from csclip.errors import DataError
 from csclip.extract import lexicon as lx
 from csclip.units import (
+    ENTITY_CHANGES,
+    GENERIC_WORDS,
     MAX_ENTITIES,
     MAX_RELATIONS,
+    RELATION_CHANGES,
     ChangeType,
     Foil,
     Rejection,
     RejectReason,
     Unit,
     UnitsRecord,
-    foil_rejection,
+    _are_synonyms,
+    _stem,
+    is_placeholder,
     normalize_text,
 )
 
@@ -92,8 +98,9 @@ class _Phrase:
     attributes: tuple[tuple[int, str], ...]  # (index in words, kind)
     is_plural: bool
 
-    @property
+    @functools.cached_property
     def text(self) -> str:
+        # Cached: read ~30 times a caption; `words` is never changed after parsing.
         return " ".join(self.words)
 
 
@@ -106,6 +113,9 @@ class _Predicate:
     preposition: str | None
 
     def render(self, is_plural: bool, negated: bool = False) -> str:
+        return _render_predicate(self, is_plural, negated)
+
+    def _render(self, is_plural: bool, negated: bool) -> str:
         if self.verb in ("has", "have"):
             # Possession ("a man with a hat" -> "man has hat") has no auxiliary.
             if negated:
@@ -128,6 +138,12 @@ class _Predicate:
     @property
     def is_symmetric(self) -> bool:
         return self.preposition in lx.SYMMETRIC_PREPOSITIONS
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _render_predicate(predicate: _Predicate, is_plural: bool, negated: bool) -> str:
+    # A few hundred predicates, each rendered ~5 times a relation (unit and foils).
+    return predicate._render(is_plural, negated)
 
 
 @dataclass
@@ -392,8 +408,8 @@ def _find_phrases(tokens: list[str], rejections: list[Rejection]) -> list[_Phras
         if skip:
             i += skip
             continue
-        if _is_not_an_entity(tokens, i):
-            i += 1
+        if tokens[i] not in _PHRASE_STARTS or _is_not_an_entity(tokens, i):
+            i += 1  # most tokens (verbs, prepositions) cannot start a noun phrase
             continue
         phrase, next_i, rejected = _match_phrase(tokens, i)
         if rejected:
@@ -496,6 +512,12 @@ _MULTIWORD_NOUN_STARTS = frozenset(form.split()[0] for form in lx.NOUNS if " " i
 _FRAME_STARTS = (frozenset({"a", "an", "the", "and"}) | frozenset(lx.ATTRIBUTE_KIND)
                  | lx.OTHER_ADJECTIVES | lx.FRAME_WORDS
                  | frozenset(p.split()[0] for p in lx.FRAME_PHRASES))
+
+
+# The words `_match_phrase` can find a phrase at: anything else gives (None, i + 1, None).
+_PHRASE_STARTS = (lx.DETERMINERS | lx.INTENSIFIERS | frozenset(lx.QUANTITY_PREFIXES)
+                  | frozenset(lx.COLLECTIVES) | frozenset(lx.ATTRIBUTE_KIND)
+                  | lx.OTHER_ADJECTIVES | frozenset(lx.NOUNS) | _MULTIWORD_NOUN_STARTS)
 
 
 def _match_phrase(tokens: list[str], i: int) -> tuple[_Phrase | None, int, str | None]:
@@ -996,8 +1018,16 @@ def _pronoun_relation_follows(tokens: list[str], phrases: list[_Phrase], index: 
 def _read_connector(gap: list[str]) -> tuple[_Connector | None, str]:
     """Read the words between two phrases as [that|while|,] [is|are] [verb] [preposition].
     Returns (connector, "") or (None, why not)."""
+    # The same few gaps ("is riding", "on", "sitting on") recur in caption after caption;
+    # the reading depends on the gap's words alone, and callers replace() a connector
+    # rather than change it, so one reading per gap is shared.
+    return _read_connector_words(tuple(gap))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _read_connector_words(gap: tuple[str, ...]) -> tuple[_Connector | None, str]:
     words = _drop_unknown_modifiers(
-        [w for w in _drop_adverbials(gap) if w not in lx.SKIPPABLE_ADVERBS
+        [w for w in _drop_adverbials(list(gap)) if w not in lx.SKIPPABLE_ADVERBS
          and not _is_unknown_adverb(w)])
     if len(words) > 2 and words[0] == "in" and words[1] in lx.ATTRIBUTE_KIND and (
             lx.ATTRIBUTE_KIND[words[1]] == "color"):
@@ -1128,6 +1158,7 @@ def _canonical(preposition: str) -> str:
     return _CANONICAL_PREPOSITION.get(preposition, preposition)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _verb_ing(word: str) -> str | None:
     """The -ing form of a known verb in any form ("rides", "riding", "ride", "sat")."""
     if word in _ING_FORMS:
@@ -1174,6 +1205,10 @@ def _stable_seed(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
+# The same entity texts ("man", "table") recur across captions; their hash need not.
+_phrase_seed = functools.lru_cache(maxsize=1 << 14)(_stable_seed)
+
+
 def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed: int,
                   rejections: list[Rejection]) -> dict[str, Unit]:
     """Entity units keyed by text (first mention wins), with validated foils."""
@@ -1188,43 +1223,32 @@ def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed:
     taboo = frozenset(h.singular for h in heads).union(
         *(lx.SAME_THING_GROUPS.get(h.singular, ()) for h in heads))
     units: dict[str, Unit] = {}
+    check = _FoilCheck(caption, texts)
     for phrase in phrases:
         if phrase.text in units or phrase.text not in texts:
             continue
-        salt = seed ^ _stable_seed(phrase.text)
-        candidates = _entity_foil_candidates(phrase, taboo, caption_words, salt)
+        salt = seed ^ _phrase_seed(phrase.text)
         unit = Unit.entity(phrase.text)
         # SPEC §2 asks for 2-3 foils: an entity without attributes gets two object changes.
         max_object = 1 if phrase.attributes else 2
-        foils = _valid_foils(unit, candidates, caption, texts, rejections, max_object,
-                             limit=_MAX_ENTITY_FOILS)
-        units[phrase.text] = Unit.entity(phrase.text, foils)
+        # Object changes first, then attribute changes; both built lazily, only as many as
+        # are kept (a rejected candidate's back-up comes next).
+        foils = _valid_foils(unit, _object_foil_candidates(phrase, taboo, caption_words, salt),
+                             check, rejections, max_object, limit=max_object)
+        foils += _valid_foils(unit, _attribute_foil_candidates(phrase, caption_words, salt),
+                              check, rejections, limit=_MAX_ENTITY_FOILS - len(foils))
+        units[phrase.text] = Unit(unit.kind, unit.text, tuple(foils))
     return units
 
 
-def _entity_foil_candidates(phrase: _Phrase, taboo: frozenset[str],
-                            caption_words: set[str], salt: int) -> list[Foil]:
-    """Object change (same category, not in the caption) first, then one attribute change
-    per attribute word: color -> another color, size/state -> its opposite, count -> the
-    next count, material -> another material."""
-    words = list(phrase.words)
-    candidates: list[Foil] = []
+def _object_foil_candidates(phrase: _Phrase, taboo: frozenset[str],
+                            caption_words: set[str], salt: int) -> Iterator[Foil]:
+    """Object changes: the head noun replaced by one of its category (not in the caption),
+    at most three."""
+    words = phrase.words
     nouns = _CATEGORY_NOUNS.get(foil_category(phrase.head), ())
-    # Walk the category from a seeded start and stop at three usable nouns: checking every
-    # noun of the category for every phrase was most of the extractor's time.
-    start = salt % len(nouns) if nouns else 0
-    others: list[lx.Noun] = []
-    # "young man" -> "young woman", never "young boy": with an age word, the new noun must
-    # say as much about age as the old one.
-    age_bound = (phrase.head.singular in lx.AGE_BOUND_NOUNS
-                 if any(w in lx.AGE_WORDS for w in words[: phrase.head_start]) else None)
-    for step in range(len(nouns)):
-        noun = nouns[(start + step) % len(nouns)]
-        if (noun.singular not in taboo and not _mentions(caption_words, noun)
-                and (age_bound is None or (noun.singular in lx.AGE_BOUND_NOUNS) == age_bound)):
-            others.append(noun)
-            if len(others) == 3:
-                break
+    if not nouns:
+        return
     kept = _object_foil_modifiers(phrase)
     head_text = " ".join(words[phrase.head_start :])
     # The new noun takes the old one's number: "group of small children" -> "group of
@@ -1237,17 +1261,46 @@ def _entity_foil_candidates(phrase: _Phrase, taboo: frozenset[str],
                        or phrase.head.category in ("animal", "person_other"))
     else:
         plural_form = phrase.is_plural
-    for noun in others:
-        form = noun.plural if plural_form else noun.singular
-        candidates.append(Foil(" ".join(kept + [form]), ChangeType.OBJECT_CHANGE))
+    # Walk the category from a seeded start and stop at three usable nouns: checking every
+    # noun of the category for every phrase was most of the extractor's time.
+    start = salt % len(nouns)
+    # "young man" -> "young woman", never "young boy": with an age word, the new noun must
+    # say as much about age as the old one.
+    age_bound = (phrase.head.singular in lx.AGE_BOUND_NOUNS
+                 if any(w in lx.AGE_WORDS for w in words[: phrase.head_start]) else None)
+    found = 0
+    last_words = _LAST_WORDS
+    for step in range(len(nouns)):
+        noun = nouns[(start + step) % len(nouns)]
+        if noun.singular in taboo:
+            continue
+        # "cats" in the caption rules out "cat" and "cats"; "cell phone" is ruled out by "phone".
+        last_singular, last_plural = last_words[noun.singular]
+        if (last_singular not in caption_words and last_plural not in caption_words
+                and (age_bound is None or (noun.singular in lx.AGE_BOUND_NOUNS) == age_bound)):
+            form = noun.plural if plural_form else noun.singular
+            yield Foil(" ".join([*kept, form]), ChangeType.OBJECT_CHANGE)
+            found += 1
+            if found == 3:
+                return
+
+
+def _attribute_foil_candidates(phrase: _Phrase, caption_words: set[str],
+                               salt: int) -> Iterator[Foil]:
+    """Up to two attribute changes per attribute word: color -> another color, size/state
+    -> its opposite, count -> the next count, material -> another material."""
+    words = list(phrase.words)
     for index, kind in phrase.attributes:
-        values = [v for v in _attribute_values(words[index], kind, caption_words,
-                                               salt >> (8 + index))
-                  if " ".join([v, *words[index + 1 : index + 2]]) not in lx.NOUNS]
-        for value in values[:2]:  # never "cold dog" -> "hot dog"
+        after = f" {words[index + 1]}" if index + 1 < len(words) else ""
+        taken = 0
+        for value in _attribute_values(words[index], kind, caption_words, salt >> (8 + index)):
+            if value + after in lx.NOUNS:
+                continue  # never "cold dog" -> "hot dog"
             edited = words[:index] + [value] + words[index + 1 :]
-            candidates.append(Foil(" ".join(edited), ChangeType.ATTRIBUTE_CHANGE))
-    return candidates
+            yield Foil(" ".join(edited), ChangeType.ATTRIBUTE_CHANGE)
+            taken += 1
+            if taken == 2:
+                break
 
 
 def _object_foil_modifiers(phrase: _Phrase) -> list[str]:
@@ -1274,12 +1327,6 @@ def foil_category(noun: lx.Noun) -> str:
     return lx.FOIL_CATEGORY_OF_GENERIC.get(noun.singular, noun.category)
 
 
-def _mentions(caption_words: set[str], noun: lx.Noun) -> bool:
-    # "cats" in the caption rules out "cat" and "cats"; "cell phone" is ruled out by "phone".
-    last_singular, last_plural = _LAST_WORDS[noun.singular]
-    return last_singular in caption_words or last_plural in caption_words
-
-
 def _attribute_values(word: str, kind: str, caption_words: set[str],
                       salt: int) -> list[str]:
     if word in lx.ATTRIBUTE_ANTONYMS and kind in ("size", "state"):
@@ -1287,14 +1334,21 @@ def _attribute_values(word: str, kind: str, caption_words: set[str],
     if kind == "count":
         index = lx.COUNTS.index(word)
         return [lx.COUNTS[index + 1] if index + 1 < len(lx.COUNTS) else lx.COUNTS[index - 1]]
-    pool = {"color": lx.COLORS, "material": lx.MATERIALS}.get(kind, ())
-    taboo = lx.COLOR_SYNONYMS.get(word, frozenset()) | caption_words
-    values = [v for v in pool if v != word and v not in taboo
-              and word not in lx.COLOR_SYNONYMS.get(v, frozenset())]
+    values = [v for v in _attribute_pool(word, kind) if v not in caption_words]
     if values:  # a seeded rotation: as varied as a shuffle, without a generator per phrase
         turn = salt % len(values)
         values = values[turn:] + values[:turn]
     return values
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _attribute_pool(word: str, kind: str) -> tuple[str, ...]:
+    """The values an attribute word may change to, before the caption's own words are
+    taken out: another color (not a synonym of it) or material."""
+    pool = {"color": lx.COLORS, "material": lx.MATERIALS}.get(kind, ())
+    synonyms = lx.COLOR_SYNONYMS.get(word, frozenset())
+    return tuple(v for v in pool if v != word and v not in synonyms
+                 and word not in lx.COLOR_SYNONYMS.get(v, frozenset()))
 
 
 def _build_category_nouns() -> dict[str, list[lx.Noun]]:
@@ -1312,22 +1366,24 @@ _LAST_WORDS = {noun.singular: (noun.singular.split()[-1], noun.plural.split()[-1
 _CATEGORY_NOUNS = _build_category_nouns()
 
 
-def _valid_foils(unit: Unit, candidates: Sequence[Foil], caption: str,
-                 entity_texts: Sequence[str], rejections: list[Rejection],
-                 max_object_changes: int = 1, limit: int | None = None) -> list[Foil]:
-    """Candidates that pass `foil_rejection`, recording the rejected ones, up to `limit`.
-    Object changes beyond `max_object_changes` were back-ups and are skipped."""
+def _valid_foils(unit: Unit, candidates: Sequence[Foil], check: _FoilCheck,
+                 rejections: list[Rejection], max_object_changes: int = 1,
+                 limit: int | None = None) -> list[Foil]:
+    """Candidates that pass `foil_rejection` (as `check` decides it), recording the
+    rejected ones, up to `limit`. Object changes beyond `max_object_changes` were back-ups
+    and are skipped."""
     kept: list[Foil] = []
     object_changes = 0
+    is_entity = unit.kind == "entity"
     for foil in candidates:
         if limit is not None and len(kept) == limit:
             break
-        is_object_change = foil.change_type == ChangeType.OBJECT_CHANGE and unit.kind == "entity"
+        is_object_change = is_entity and foil.change_type is ChangeType.OBJECT_CHANGE
         if is_object_change and object_changes >= max_object_changes:
             continue
         if foil in kept:
             continue
-        reason = foil_rejection(unit, foil, caption, entity_texts)
+        reason = check.rejection(unit, foil)
         if reason is None:
             kept.append(foil)
             object_changes += is_object_change
@@ -1337,12 +1393,83 @@ def _valid_foils(unit: Unit, candidates: Sequence[Foil], caption: str,
     return kept
 
 
+class _FoilCheck:
+    """`foil_rejection` for one caption's foils: the same reason, checked in the same order,
+    with the caption and its entity texts normalised once instead of once per foil, and the
+    caption-free part of the verdict (synonym, inflection, generic word) remembered per
+    (unit, foil) text pair. The extractor calls it ~10 times a caption; the generic
+    `foil_rejection` stays the reference (tests/test_rules.py runs both on every candidate
+    of the SugarCrepe captions and wants the same answer)."""
+
+    __slots__ = ("padded_caption", "entity_norms", "entity_heads")
+
+    def __init__(self, caption: str, entity_texts: Sequence[str]) -> None:
+        norms = [normalize_text(e) for e in entity_texts]
+        self.padded_caption = f" {normalize_text(caption)} "
+        self.entity_norms = frozenset(norms)
+        self.entity_heads = frozenset(n.split()[-1] for n in norms if n)
+
+    def rejection(self, unit: Unit, foil: Foil) -> RejectReason | None:
+        text = foil.text
+        if not text or not text.strip():
+            return RejectReason.EMPTY_FOIL
+        if is_placeholder(text) or (foil.subject is not None and is_placeholder(foil.subject)) or (
+                foil.predicate is not None and is_placeholder(foil.predicate)) or (
+                foil.object is not None and is_placeholder(foil.object)):
+            return RejectReason.PLACEHOLDER
+        is_entity = unit.kind == "entity"
+        if foil.change_type not in (ENTITY_CHANGES if is_entity else RELATION_CHANGES):
+            return RejectReason.CHANGE_TYPE_MISMATCH
+        unit_norm, foil_norm = normalize_text(unit.text), normalize_text(text)
+        if foil_norm == unit_norm:
+            return RejectReason.FOIL_EQUALS_UNIT
+        if unit.kind == "relation" and foil.change_type is ChangeType.SUBJECT_OBJECT_SWAP:
+            for arg in (unit.subject, unit.object):
+                arg_norm = normalize_text(arg or "")
+                if arg_norm not in self.entity_norms and arg_norm not in self.entity_heads:
+                    return RejectReason.SWAP_ARGUMENT_NOT_ENTITY
+            return None
+        reason = _edit_rejection(unit_norm, foil_norm)
+        if reason is not None:
+            return reason
+        # foil_norm differs from unit_norm here, so "another entity of the caption" is any.
+        if (foil_norm and f" {foil_norm} " in self.padded_caption) or (
+                is_entity and foil_norm in self.entity_norms):
+            return RejectReason.FOIL_IN_CAPTION
+        return None
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _stems_of_words(norm: str) -> tuple[str, ...]:
+    # units._stems of an already normalised text, without normalising it a second time.
+    return tuple(_stem(w) for w in norm.split() if w not in _UNSTEMMED)
+
+
+_UNSTEMMED = frozenset({"a", "an", "the", "is", "are"})
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _edit_rejection(unit_norm: str, foil_norm: str) -> RejectReason | None:
+    """foil_rejection's checks on the edit itself, which need neither caption nor kind."""
+    unit_words, foil_words = unit_norm.split(), foil_norm.split()
+    if len(unit_words) == len(foil_words):
+        changed = [(u, f) for u, f in zip(unit_words, foil_words, strict=True) if u != f]
+        if changed and all(_are_synonyms(u, f) for u, f in changed):
+            return RejectReason.FOIL_IS_SYNONYM
+    if _stems_of_words(unit_norm) == _stems_of_words(foil_norm):
+        return RejectReason.FOIL_ONLY_INFLECTION
+    new_words = set(foil_words) - set(unit_words)
+    if new_words and new_words <= GENERIC_WORDS:
+        return RejectReason.FOIL_GENERIC_WORD
+    return None
+
+
 def _relation_units(parse: _Parse, entities: dict[str, Unit], caption: str,
                     rejections: list[Rejection]) -> list[Unit]:
     """Relation units over caption entities: antonym, negation, swap (not for symmetric
     predicates, where it would be true) and subject/object replacement foils."""
     units: dict[str, Unit] = {}
-    texts = list(entities)
+    check = _FoilCheck(caption, list(entities))
     for s, predicate, o in parse.relations:
         subject, obj = parse.phrases[s], parse.phrases[o]
         if subject.text == obj.text or subject.text not in entities or obj.text not in entities:
@@ -1351,7 +1478,7 @@ def _relation_units(parse: _Parse, entities: dict[str, Unit], caption: str,
         if unit.text in units:
             continue
         candidates = _relation_foil_candidates(subject, predicate, obj, entities)
-        foils = _valid_foils(unit, candidates, caption, texts, rejections)
+        foils = _valid_foils(unit, candidates, check, rejections)
         units[unit.text] = Unit.relation(unit.subject, unit.predicate, unit.object, foils)
     if len(units) > MAX_RELATIONS:
         rejections.append(Rejection(RejectReason.TOO_MANY_UNITS,
