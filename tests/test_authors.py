@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from csclip.errors import DataError
-from csclip.extract.authors import (
+from csclip.authors import (
     CHANGE_TYPE_NAMES,
     RELATION_OPPOSITE,
     expand_uri,
     read_authors_units,
 )
+from csclip.errors import DataError
 from csclip.units import ChangeType, RejectReason, read_units, records_to_table, table_to_records
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from csclip.authors import read_verbatim_records
 from csclip.entry import benchmark as benchmark_entry
 from csclip.entry import evaluate as evaluate_entry
 from csclip.errors import DataError
@@ -23,7 +24,6 @@ from csclip.eval.benchmark_file import (
     write_benchmark_file,
 )
 from csclip.eval.halftruth import BenchmarkConfig, build_paper_benchmark
-from csclip.extract.authors import read_verbatim_records
 from csclip.model import create_bundle, save_checkpoint, spec_of
 from csclip.world import WorldConfig, iter_world
 from tests.conftest import REPO_ROOT

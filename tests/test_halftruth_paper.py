@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from csclip.authors import read_verbatim_records
 from csclip.errors import DataError
 from csclip.eval.halftruth import (
     ALL_CONDITIONS,
@@ -23,7 +24,6 @@ from csclip.eval.halftruth import (
     resolve_protocol,
     verbatim_from_units,
 )
-from csclip.extract.authors import read_verbatim_records
 from csclip.units import ChangeType, Foil, Unit, UnitsRecord
 from csclip.world import WorldConfig, iter_world
 

@@ -90,7 +90,8 @@ def test_pipeline_writes_units_and_rejects_to_s3_and_resumes(ray_session, s3, s3
 def test_authors_unit_files_read_from_an_s3_glob(s3):
     from pathlib import Path
 
-    from csclip.extract.authors import authors_caption_table, expand_uri
+    from csclip.authors import expand_uri
+    from csclip.extract.authors import authors_caption_table
 
     fixtures = Path(__file__).parent / "fixtures"
     for name in ("authors_train.json", "authors_older.json"):

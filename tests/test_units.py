@@ -133,5 +133,5 @@ def test_reading_a_missing_units_table_names_it(tmp_path):
 
 
 def test_pure_modules_do_not_import_ray():
-    code = "import sys, csclip.units, csclip.config, csclip.extract.authors; assert 'ray' not in sys.modules"
+    code = "import sys, csclip.units, csclip.config, csclip.authors, csclip.extract.authors; assert 'ray' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -88,7 +88,7 @@ def build_frozen_benchmark(
 ) -> FrozenBenchmark:
     """The benchmark of `units_uri` under config.protocol: an authors' unit file read
     verbatim (protocol paper: nothing our validation would drop is lost; protocol csclip:
-    through csclip.extract.authors), a units table's `split`, or, with no URI, the
+    through csclip.authors), a units table's `split`, or, with no URI, the
     synthetic world's split. image_root is joined to relative image paths of unit files."""
     from csclip.records import load_split
     from csclip.world.config import WorldConfig
@@ -97,7 +97,7 @@ def build_frozen_benchmark(
     if units_uri and is_authors_unit_file(units_uri):
         built_from["split"] = None  # their builder reads the whole file
         if config.protocol in ("auto", "paper"):
-            from csclip.extract.authors import read_verbatim_records
+            from csclip.authors import read_verbatim_records
 
             verbatim = read_verbatim_records(units_uri, image_root)
             benchmark = build_paper_benchmark(verbatim, config.num_samples, config.paper_seed)
@@ -112,7 +112,7 @@ def build_frozen_benchmark(
 
 
 def _authors_records(uri: str, image_root: str | None) -> list[UnitsRecord]:
-    from csclip.extract.authors import read_authors_uri
+    from csclip.authors import read_authors_uri
 
     result = read_authors_uri(uri, image_root)
     if result.rejections:

@@ -20,10 +20,10 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field, model_validator
 
+from csclip.authors import VerbatimRecord, VerbatimRelation, VerbatimTriple
 from csclip.config import StrictModel
 from csclip.errors import DataError
 from csclip.eval.encoder import FeatureTables, ImageSource, image_sources
-from csclip.extract.authors import VerbatimRecord, VerbatimRelation, VerbatimTriple
 from csclip.units import ChangeType, Foil, Unit, UnitsRecord, normalize_text
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ Every backend turns one caption row into an `Outcome`: a validated UnitsRecord, 
 rejection with its stage, reason and raw answer. `gold` passes the synthetic world's
 units through; `rules` wraps `csclip.extract.rules.extract_units`; `vllm` parses an LLM
 answer (the engine itself lives in `csclip.extract.vllm`); `authors` validates a record
-of the CS-CLIP authors' unit files (read by `csclip.extract.authors`). Pure: no Ray imports.
+of the CS-CLIP authors' unit files (read by `csclip.authors`). Pure: no Ray imports.
 """
 
 from __future__ import annotations
