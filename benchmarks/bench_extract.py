@@ -1,4 +1,4 @@
-"""LLM-extraction CPU cost and token budget (issue 5): how fast the answer stage (parse,
+"""LLM-extraction CPU cost and token budget: how fast the answer stage (parse,
 schema check, SPEC §2 validation) and the prompt stage run per core, against a
 json.loads-only baseline in the same run, and the prompt/answer token counts behind the
 captions/s-per-GPU estimate in docs/performance.md.

@@ -1,4 +1,4 @@
-"""The CS-CLIP authors' unit files read into UnitsRecords without loss (issue 9).
+"""The CS-CLIP authors' unit files read into UnitsRecords without loss.
 
 Two key schemas, both written by the authors' code and detected per record:
 

@@ -1,4 +1,4 @@
-"""Extract units and foils from captions into a sharded units table (issue 5):
+"""Extract units and foils from captions into a sharded units table:
 `csclip extract`.
 
     python pipelines/extract_units.py                      # synthetic world, gold units

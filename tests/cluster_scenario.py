@@ -1,4 +1,4 @@
-"""The multi-node scenario of issue 11, run by tests/test_cluster.py in its own process (a
+"""The multi-node scenario, run by tests/test_cluster.py in its own process (a
 process joins one Ray only, and the test session already has its local one).
 
 A simulated cluster on 127.0.0.1: a `ray.cluster_utils.Cluster` with a head and two worker

@@ -1,4 +1,4 @@
-"""The multi-node path end to end (issue 11): tests/cluster_scenario.py on a simulated
+"""The multi-node path end to end: tests/cluster_scenario.py on a simulated
 cluster (a head and two worker nodes from ray.cluster_utils.Cluster, moto S3, a real
 `mlflow server`), in its own process because this test session already has its Ray."""
 

@@ -1,6 +1,6 @@
-"""cluster.yaml against Ray's own cluster-config schema and against what a real run needs
-(issue 11, items 2-4 and 10); the autoscaler's maximum and what the sweep sizes from it
-(item 7); vLLM engines pinned to the vLLM nodes (items 3, 7)."""
+"""cluster.yaml against Ray's own cluster-config schema and against what a real run needs;
+the autoscaler's maximum and what the sweep sizes from it; vLLM engines pinned to the vLLM
+nodes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""S3 on every node (issue 11): one S3 client per process; image reads that tell a missing
+"""S3 on every node: one S3 client per process; image reads that tell a missing
 key, a corrupt image and a flaky store apart (item 8); s3:// checkpoints evaluated through
 a local cache (item 6); a global, seeded shuffle every epoch (item 9). S3 is a real moto
 server on 127.0.0.1; the flaky store is a proxy in front of it that answers 503 SlowDown."""

@@ -1,4 +1,4 @@
-"""Where runs and checkpoints go inside Ray (issue 11 item 5, issue 15 item 3): a submitted
+"""Where runs and checkpoints go inside Ray: a submitted
 job's working directory is a temporary copy, so a relative tracking store or output path is
 refused there; MLFLOW_TRACKING_URI wins over the default everywhere, extraction included;
 a store on one node's disk is refused when work spans nodes."""

@@ -1,5 +1,5 @@
 """The commands users were promised, exactly as they type them, against a real local Ray
-head (issue 15): `ray start --head`, `ray job submit --working-dir . -- python
+head: `ray start --head`, `ray job submit --working-dir . -- python
 pipelines/train.py`, `python pipelines/evaluate.py` on the checkpoint, and `python
 tune/ablate.py --grid lr --address <head>`; the runs land in the tracking store the user
 configured (a real `mlflow server` here), not in the job's temporary working directory."""

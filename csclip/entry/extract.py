@@ -1,4 +1,4 @@
-"""`csclip extract` / pipelines/extract_units.py: units and foils from captions (issue 5)."""
+"""`csclip extract` / pipelines/extract_units.py: units and foils from captions."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Starting Ray for an entry point: join a running cluster (RAY_ADDRESS or --address), or
-start a local instance whose log holds no warning that a choice of ours causes (issue 14).
+start a local instance whose log holds no warning that a choice of ours causes.
 
 The local instance is started the way Ray's defaults would start it, except:
 - token authentication is decided, not defaulted (see LOCAL_ENV);

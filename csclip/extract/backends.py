@@ -1,4 +1,4 @@
-"""Extraction backends and answer validation (issue 5, parts 2 and 4).
+"""Extraction backends and answer validation.
 
 Every backend turns one caption row into an `Outcome`: a validated UnitsRecord, or a
 rejection with its stage, reason and raw answer. `gold` passes the synthetic world's

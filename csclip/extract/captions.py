@@ -1,4 +1,4 @@
-"""Caption readers (issue 5, part 1): COCO Karpathy `dataset_coco.json`, COCO
+"""Caption readers: COCO Karpathy `dataset_coco.json`, COCO
 `captions_*.json`, SugarCrepe JSON, plain CSV / JSONL of (image, caption) and the synthetic
 world, from local paths or s3://, into one table of (sample_id, image reference, caption,
 split). Parsing is pure (no Ray); `caption_dataset` wraps the table as a Ray Dataset."""

@@ -1,4 +1,4 @@
-"""The Ray Data extraction pipeline (issue 5, part 5): reader -> backend -> validation ->
+"""The Ray Data extraction pipeline: reader -> backend -> validation ->
 units table + rejects table, sharded Parquet (local or s3://), resumable, accounted.
 
 Captions are sorted by sample_id and cut into shards of `output.shard_size`. One Ray Data

@@ -1,4 +1,4 @@
-"""The vLLM engine stage (issue 5, part 2): `ray.data.llm` processor config, sampling
+"""The vLLM engine stage: `ray.data.llm` processor config, sampling
 parameters with JSON-schema structured outputs, and the prompt columns it reads.
 
 The engine is a function Dataset -> Dataset that adds `generated_text` and
