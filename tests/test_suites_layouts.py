@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
-from suites_helpers import FIXTURES
+from suites_helpers import FIXTURES, ColorScorer
 
 from csclip.eval.encoder import CaptionLengthScorer, Encoder
 from csclip.eval.report import HalfTruthReport, benchmark_tables
@@ -248,3 +248,18 @@ def test_a_quick_look_scores_n_items_and_still_reports_the_files_counts():
     data = BENCHMARKS["whatsup"](ROOT).limit(1)
     metrics, _ = evaluate_suite_data(Encoder(CaptionLengthScorer()), data)
     assert metrics["whatsup_controlled_a_num"] == 1 and metrics["whatsup_controlled_a_read"] == 4
+
+
+def test_a_corrupt_image_is_one_line_naming_the_file(tmp_path):
+    # A file that is there and not empty but does not decode: not a PIL traceback.
+    from csclip.errors import DataError
+    from csclip.eval.encoder import encode_features
+
+    good = tmp_path / "good.png"
+    Image.new("RGB", (4, 4), (255, 0, 0)).save(good)
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"\xff\xd8\xff not really a jpeg")
+    features = encode_features(ColorScorer(), ["a red square"], {"good": str(good)})
+    assert features.image_index == {"good": 0}
+    with pytest.raises(DataError, match=r"bad\.jpg: not a readable image"):
+        encode_features(ColorScorer(), ["a red square"], {"good": str(good), "bad": str(bad)})

@@ -194,6 +194,25 @@ def image_bytes_by_id(records: Sequence[UnitsRecord], image_ids: Sequence[str]) 
     return {i: load_image(s) for i, s in image_sources(records, image_ids).items()}
 
 
+def _encode_image_chunk(scorer: Scorer, images: Mapping[str, ImageSource],
+                        image_ids: Sequence[str]) -> np.ndarray:
+    """The scorer's features of these images; an image that is there but does not decode
+    (a truncated or corrupt file) is one DataError line naming it, not a PIL traceback."""
+    data = [load_image(images[i]) for i in image_ids]
+    try:
+        return scorer.encode_images(data)
+    except (OSError, ValueError) as err:  # PIL's UnidentifiedImageError is an OSError
+        for image_id, encoded in zip(image_ids, data, strict=True):
+            try:
+                decode_image(encoded).load()
+            except (OSError, ValueError) as bad:
+                source = images[image_id]
+                where = source if isinstance(source, str) else f"image {image_id}"
+                raise DataError(f"{where}: not a readable image ({bad}); replace the file or "
+                                "remove its records") from err
+        raise
+
+
 def encode_features(
     scorer: Scorer, texts: Sequence[str], images: Mapping[str, ImageSource]
 ) -> FeatureTables:
@@ -204,11 +223,7 @@ def encode_features(
     log.info("encoding %d unique texts and %d images", len(unique_texts), len(image_ids))
     text_features = l2_normalize(scorer.encode_texts(unique_texts))
     chunks = [
-        l2_normalize(
-            scorer.encode_images(
-                [load_image(images[i]) for i in image_ids[start : start + IMAGES_PER_READ]]
-            )
-        )
+        l2_normalize(_encode_image_chunk(scorer, images, image_ids[start : start + IMAGES_PER_READ]))
         for start in range(0, len(image_ids), IMAGES_PER_READ)
     ]
     image_features = np.concatenate(chunks) if chunks else l2_normalize(scorer.encode_images([]))
