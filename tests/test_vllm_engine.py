@@ -68,11 +68,19 @@ def _scenario(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("vllm") / "tiny-qwen3"
-    done = _scenario("model", str(path), "--answer", "control", timeout=300)
+def model_and_stages(tmp_path_factory) -> tuple[Path, dict]:
+    """The tiny model, and the stages our config builds for it (one interpreter for both)."""
+    root = tmp_path_factory.mktemp("vllm")
+    path, report = root / "tiny-qwen3", root / "stages.json"
+    done = _scenario("model", str(path), "--answer", "control", "--stages", str(report),
+                     timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    return path
+    return path, json.loads(report.read_text())
+
+
+@pytest.fixture(scope="module")
+def model_dir(model_and_stages) -> Path:
+    return model_and_stages[0]
 
 
 @pytest.fixture(scope="module")
@@ -163,12 +171,10 @@ def test_engine_that_cannot_be_placed_fails_fast_with_one_line(model_dir, captio
     print(f"unplaceable engine refused after {elapsed:.0f} s")
 
 
-def test_processor_stages_ask_for_what_the_device_has(model_dir):
+def test_processor_stages_ask_for_what_the_device_has(model_and_stages):
     """A: the engine stage asks for a GPU only with device=gpu; the CPU stages take
     stage_num_cpus each."""
-    done = _scenario("stages", str(model_dir), timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    _, report = model_and_stages
     gpu = next(v for k, v in report["gpu"].items() if "vLLMEngine" in k)
     cpu = next(v for k, v in report["cpu"].items() if "vLLMEngine" in k)
     assert gpu.get("num_gpus") == 1

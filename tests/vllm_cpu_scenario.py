@@ -1,9 +1,12 @@
 """Runs inside .venv-vllm (the real vLLM engine, CPU build): tiny models made here, and the
 scenarios tests/test_vllm_engine.py drives through subprocesses.
 
-    python tests/vllm_cpu_scenario.py model DIR [--answer good|control]
+    python tests/vllm_cpu_scenario.py model DIR [--answer good|control] [--stages REPORT]
     python tests/vllm_cpu_scenario.py extract CAPTIONS OUT [--set key=value ...]
-    python tests/vllm_cpu_scenario.py stages
+    python tests/vllm_cpu_scenario.py stages DIR
+
+`model --stages REPORT` also writes the stages report (one interpreter, one import of vLLM
+and Ray for both: each costs seconds on a busy 2-core machine).
 
 The model is a 2-layer Qwen3 whose output ignores its input: every hidden state is the
 same vector, so the logits are a fixed ranking of the vocabulary (a "unigram" model). Its
@@ -126,8 +129,8 @@ def run_extract(captions: str, out: str, overrides: list[str], num_cpus: int) ->
     return main(args)
 
 
-def stages(model_dir: str) -> int:
-    """The ray remote args of each stage of the processor our config builds, as JSON."""
+def stages(model_dir: str) -> dict:
+    """The ray remote args of each stage of the processor our config builds."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from ray.data.llm import build_processor
 
@@ -140,8 +143,7 @@ def stages(model_dir: str) -> int:
         report[device] = {name: {k: v for k, v in stage.map_batches_kwargs.items()
                                  if k in ("num_cpus", "num_gpus", "resources", "accelerator_type")}
                           for name, stage in processor.stages.items()}
-    print(json.dumps(report))
-    return 0
+    return report
 
 
 def main() -> int:
@@ -150,6 +152,7 @@ def main() -> int:
     model = sub.add_parser("model")
     model.add_argument("dir")
     model.add_argument("--answer", choices=["good", "control"], default="good")
+    model.add_argument("--stages", dest="stages_report", default=None)
     extract = sub.add_parser("extract")
     extract.add_argument("captions")
     extract.add_argument("out")
@@ -160,9 +163,12 @@ def main() -> int:
     args = parser.parse_args()
     if args.command == "model":
         print(make_model(Path(args.dir), args.answer))
+        if args.stages_report:
+            Path(args.stages_report).write_text(json.dumps(stages(args.dir)))
         return 0
     if args.command == "stages":
-        return stages(args.model_dir)
+        print(json.dumps(stages(args.model_dir)))
+        return 0
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     return run_extract(args.captions, args.out, args.overrides, args.num_cpus)
