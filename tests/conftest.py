@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import settings
+from mlflow_store import TEMPLATE_ENV, fresh_store
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
@@ -16,6 +17,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Local copies of s3:// data go to a cache of this test run only, not ~/.cache/csclip
 # (shared with earlier runs and the user's own work).
 os.environ.setdefault("CSCLIP_CACHE_DIR", tempfile.mkdtemp(prefix="csclip-test-cache-"))
+# One migrated MLflow store per session, copied for each test (tests/mlflow_store.py).
+os.environ.setdefault(TEMPLATE_ENV, str(Path(tempfile.mkdtemp(prefix="csclip-test-mlflow-"))
+                                        / "template.db"))
 
 # The same hypothesis examples on every run, so that a run's verdict does not depend on
 # the draw; HYPOTHESIS_PROFILE=explore draws new examples each run (to look for bugs).
@@ -54,5 +58,5 @@ def sugarcrepe_dir() -> Path:
 
 @pytest.fixture
 def mlflow_uri(tmp_path) -> str:
-    """A real MLflow tracking store (sqlite) in the test's own directory."""
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+    """A real MLflow tracking store (sqlite) in the test's own directory, migrated already."""
+    return f"sqlite:///{fresh_store(tmp_path / 'mlflow.db')}"
