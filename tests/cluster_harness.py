@@ -75,6 +75,7 @@ def isolated_env(ray_tmp: Path, **extra: str) -> dict[str, str]:
         "TOKENIZERS_PARALLELISM": "false",
         "PYTHONUNBUFFERED": "1",
         "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",  # see tests/conftest.py
         **extra,
     })
     return env

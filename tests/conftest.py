@@ -14,6 +14,10 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Ray Train's controller polls its workers every 2 s and acts (start, finish, restart) only
+# on a poll: seconds of waiting per training run. A late poll is not a failure (it waits
+# up to the 10-minute health-check timeout), so polling more often changes no outcome.
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 # Local copies of s3:// data go to a cache of this test run only, not ~/.cache/csclip
 # (shared with earlier runs and the user's own work).
 os.environ.setdefault("CSCLIP_CACHE_DIR", tempfile.mkdtemp(prefix="csclip-test-cache-"))
