@@ -17,6 +17,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import islice
+from typing import NamedTuple
 
 from csclip.errors import DataError
 from csclip.extract import lexicon as lx
@@ -86,7 +87,7 @@ class RulesResult:
         return not self.entities
 
 
-@dataclass
+@dataclass(slots=True)
 class _Phrase:
     """A noun phrase: token span [start, end) of the entity text (determiners excluded),
     its head noun and the attribute words with their kinds."""
@@ -99,23 +100,21 @@ class _Phrase:
     head: lx.Noun
     attributes: tuple[tuple[int, str], ...]  # (index in words, kind)
     is_plural: bool
-
-    @functools.cached_property
-    def text(self) -> str:
-        # Cached: read ~30 times a caption; `words` is never changed after parsing.
-        return " ".join(self.words)
+    # " ".join(words), made once: read ~30 times a caption, and `words` never changes.
+    text: str
 
 
-@dataclass(frozen=True)
-class _Predicate:
+class _Predicate(NamedTuple):
     """A relation predicate as read from the caption: an optional verb ("riding", "filled",
-    "has") and an optional preposition ("on", "left of")."""
+    "has") and an optional preposition ("on", "left of"). A tuple: it keys the caches of
+    its renderings, and a tuple hashes in C."""
 
     verb: str | None
     preposition: str | None
 
     def render(self, is_plural: bool, negated: bool = False) -> str:
-        return _render_predicate(self, is_plural, negated)
+        forms = _predicate_forms(self)
+        return (forms.negated if negated else forms.plain)[is_plural]
 
     def _render(self, is_plural: bool, negated: bool) -> str:
         if self.verb in ("has", "have"):
@@ -142,10 +141,25 @@ class _Predicate:
         return self.preposition in lx.SYMMETRIC_PREPOSITIONS
 
 
+class _PredicateForms(NamedTuple):
+    """A predicate's renderings, each a (singular subject, plural subject) pair."""
+
+    plain: tuple[str, str]
+    negated: tuple[str, str]
+    antonym: tuple[str, str] | None  # None: the predicate has no antonym
+    is_symmetric: bool
+
+
 @functools.lru_cache(maxsize=1 << 14)
-def _render_predicate(predicate: _Predicate, is_plural: bool, negated: bool) -> str:
+def _predicate_forms(predicate: _Predicate) -> _PredicateForms:
     # A few hundred predicates, each rendered ~5 times a relation (unit and foils).
-    return predicate._render(is_plural, negated)
+    antonym = predicate.antonym()
+    return _PredicateForms(
+        (predicate._render(False, False), predicate._render(True, False)),
+        (predicate._render(False, True), predicate._render(True, True)),
+        None if antonym is None else (antonym._render(False, False),
+                                      antonym._render(True, False)),
+        predicate.is_symmetric)
 
 
 @dataclass
@@ -604,7 +618,7 @@ def _match_phrase(tokens: list[str], i: int) -> tuple[_Phrase | None, int, str |
         is_plural = form == noun.plural
     attributes = [(k, kind) for k, kind in attributes if k < head_index - start]
     return (_Phrase(start, end, i, words, head_index - start, noun, tuple(attributes),
-                    is_plural), end, None)
+                    is_plural, " ".join(words)), end, None)
 
 
 def _starts_phrase_body(tokens: list[str], i: int) -> bool:
@@ -959,7 +973,8 @@ def _is_bare_connector(connector: _Connector) -> bool:
 
 def _is_existential(gap: list[str]) -> bool:
     text = " ".join(gap)
-    return any(f"{e}" in text for e in lx.EXISTENTIAL)
+    # Every existential opening has "here" in it ("there is", "here are"): most gaps do not.
+    return "here" in text and any(e in text for e in lx.EXISTENTIAL)
 
 
 def _starts_clause(tokens: list[str], phrases: list[_Phrase], index: int) -> bool:
@@ -978,6 +993,8 @@ def _read_pronoun_relation(gap: list[str], subject: int, parse: _Parse) -> list[
     phrase of the pronoun's number: "a dresser with a monitor on top of it", "a desktop
     with two computers and fruit on it"), record the relation, and return the rest of the
     gap."""
+    if "its" not in gap and _PRONOUNS.isdisjoint(gap):
+        return gap  # most gaps: no pronoun, nothing to read here
     for words, preposition in _POSSESSIVE_DIRECTIONS.items():
         if tuple(gap[: len(words)]) == words:
             antecedent = _antecedent(parse.phrases, subject, is_plural=False)
@@ -1549,16 +1566,18 @@ def _relation_units(parse: _Parse, entities: dict[str, Unit], check: _FoilCheck,
     """Relation units over caption entities: antonym, negation, swap (not for symmetric
     predicates, where it would be true) and subject/object replacement foils."""
     units: dict[str, Unit] = {}
+    phrases = parse.phrases
     for s, predicate, o in parse.relations:
-        subject, obj = parse.phrases[s], parse.phrases[o]
+        subject, obj = phrases[s], phrases[o]
         s_text, o_text = subject.text, obj.text
         if s_text == o_text or s_text not in entities or o_text not in entities:
             continue
-        rendered = _render_predicate(predicate, subject.is_plural, False)
+        forms = _predicate_forms(predicate)
+        rendered = forms.plain[subject.is_plural]
         text = render_relation(s_text, rendered, o_text)
         if text in units:
             continue
-        candidates = _relation_foil_candidates(subject, predicate, obj, rendered, entities)
+        candidates = _relation_foil_candidates(subject, forms, obj, rendered, entities)
         kept = check.valid_foils("relation", text, (s_text, rendered, o_text),
                                  (s_text, o_text), candidates, rejections)
         units[text] = _make_unit("relation", text, tuple(_make_foil(*c) for c in kept),
@@ -1569,25 +1588,22 @@ def _relation_units(parse: _Parse, entities: dict[str, Unit], check: _FoilCheck,
     return list(units.values())[:MAX_RELATIONS]
 
 
-def _relation_foil_candidates(subject: _Phrase, predicate: _Predicate, obj: _Phrase,
+def _relation_foil_candidates(subject: _Phrase, forms: _PredicateForms, obj: _Phrase,
                               rendered: str, entities: dict[str, Unit]) -> list[_Judged]:
     s, o = subject.text, obj.text
     candidates = []
-    antonym = _antonym(predicate)
-    if antonym is not None:
-        candidates.append(_relation_candidate(
-            s, _render_predicate(antonym, subject.is_plural, False), o, ChangeType.ANTONYM))
-    candidates.append(_relation_candidate(
-        s, _render_predicate(predicate, subject.is_plural, True), o, ChangeType.NEGATION))
-    if predicate.preposition not in lx.SYMMETRIC_PREPOSITIONS:
-        candidates.append(_relation_candidate(
-            o, _render_predicate(predicate, obj.is_plural, False), s,
-            ChangeType.SUBJECT_OBJECT_SWAP))
+    if forms.antonym is not None:
+        candidates.append(_relation_candidate(s, forms.antonym[subject.is_plural], o,
+                                              ChangeType.ANTONYM))
+    candidates.append(_relation_candidate(s, forms.negated[subject.is_plural], o,
+                                          ChangeType.NEGATION))
+    if not forms.is_symmetric:
+        candidates.append(_relation_candidate(o, forms.plain[obj.is_plural], s,
+                                              ChangeType.SUBJECT_OBJECT_SWAP))
     subject_foil = _first_foil(entities[s])
     if subject_foil is not None:
         # The new subject may differ in number ("cake" -> "chips"): the verb agrees with it.
-        agreeing = _render_predicate(predicate, _is_plural_text(subject_foil, subject.is_plural),
-                                     False)
+        agreeing = forms.plain[_is_plural_text(subject_foil, subject.is_plural)]
         candidates.append(_relation_candidate(subject_foil, agreeing, o,
                                               ChangeType.SUBJECT_REPLACE))
     object_foil = _first_foil(entities[o])
@@ -1602,11 +1618,6 @@ def _relation_candidate(subject: str, predicate: str, object_: str,
     # As `Foil.relation` would build it; its text is made of the three.
     parts = (subject, predicate, object_)
     return (render_relation(*parts), change_type, *parts), parts
-
-
-@functools.lru_cache(maxsize=1 << 12)
-def _antonym(predicate: _Predicate) -> _Predicate | None:
-    return predicate.antonym()
 
 
 @functools.lru_cache(maxsize=1 << 14)
