@@ -22,10 +22,12 @@ from typing import NamedTuple
 from csclip.errors import DataError
 from csclip.extract import lexicon as lx
 from csclip.units import (
+    _SYNONYMS_OF,
     ENTITY_CHANGES,
     GENERIC_WORDS,
     MAX_ENTITIES,
     MAX_RELATIONS,
+    PLACEHOLDER_PATTERN,
     RELATION_CHANGES,
     ChangeType,
     Foil,
@@ -33,7 +35,6 @@ from csclip.units import (
     RejectReason,
     Unit,
     UnitsRecord,
-    _are_synonyms,
     _stem,
     is_placeholder,
     normalize_text,
@@ -1464,14 +1465,18 @@ class _FoilCheck:
         and the pieces its text is made of (joined by spaces, as `render_relation` joins a
         relation's subject, predicate and object)."""
         text, change_type, subject, predicate, object_ = candidate
-        if not text or not text.strip():
+        stripped = text.strip()
+        if not stripped:
             return RejectReason.EMPTY_FOIL
-        if is_placeholder(text) or (subject is not None and is_placeholder(subject)) or (
+        # is_placeholder(text), without caching the text: a relation foil's is new.
+        if _PLACEHOLDER_MATCH(stripped) or (subject is not None and is_placeholder(subject)) or (
                 predicate is not None and is_placeholder(predicate)) or (
                 object_ is not None and is_placeholder(object_)):
             return RejectReason.PLACEHOLDER
         is_entity = kind == "entity"
-        if change_type not in (ENTITY_CHANGES if is_entity else RELATION_CHANGES):
+        # Membership in a tuple of the enum's members: by identity, without hashing an Enum
+        # (a Python-level __hash__).
+        if (change_type in _ENTITY_CHANGES) is not is_entity:
             return RejectReason.CHANGE_TYPE_MISMATCH
         unit_norm, unit_words, unit_stems = unit_reading
         foil_norm, foil_words, foil_stems = _read_pieces(pieces)
@@ -1485,8 +1490,15 @@ class _FoilCheck:
                     return RejectReason.SWAP_ARGUMENT_NOT_ENTITY
             return None
         if len(unit_words) == len(foil_words):
-            changed = [(u, f) for u, f in zip(unit_words, foil_words, strict=True) if u != f]
-            if changed and all(_are_synonyms(u, f) for u, f in changed):
+            # A synonym: some word changed, and every changed word to a synonym of it.
+            is_synonym = False
+            for unit_word, foil_word in zip(unit_words, foil_words):  # noqa: B905 (same length)
+                if unit_word != foil_word:
+                    if foil_word not in _SYNONYMS_OF.get(unit_word, ()):
+                        is_synonym = False
+                        break
+                    is_synonym = True
+            if is_synonym:
                 return RejectReason.FOIL_IS_SYNONYM
         if unit_stems == foil_stems:
             return RejectReason.FOIL_ONLY_INFLECTION
@@ -1559,6 +1571,10 @@ def _read_pieces(pieces: Sequence[str]) -> _Reading:
 
 
 _UNSTEMMED = frozenset({"a", "an", "the", "is", "are"})
+_PLACEHOLDER_MATCH = PLACEHOLDER_PATTERN.match
+# Every change type is an entity's or a relation's (units.RELATION_CHANGES is the rest).
+_ENTITY_CHANGES = tuple(ENTITY_CHANGES)
+assert RELATION_CHANGES == frozenset(ChangeType) - ENTITY_CHANGES
 
 
 def _relation_units(parse: _Parse, entities: dict[str, Unit], check: _FoilCheck,
