@@ -38,6 +38,7 @@ from csclip.units import (
     Unit,
     UnitsRecord,
     foil_rejection,
+    render_relation,
     validate_record,
 )
 
@@ -679,8 +680,10 @@ def _foil_verdicts_disagree(captions, monkeypatch) -> tuple[int, list]:
         mine = fast(self, kind, unit_text, unit_reading, unit_arguments, candidate, pieces)
         reference = foil_rejection(unit, foil, caption, entity_texts)
         judged[0] += 1
+        is_rendered = foil.subject is None or foil.text == render_relation(
+            foil.subject, foil.predicate, foil.object)
         if mine != reference or unit_reading != rules._read_piece(unit_text) or (
-                rules._read_pieces(pieces) != rules._read_piece(foil.text)):
+                rules._read_pieces(pieces) != rules._read_piece(foil.text)) or not is_rendered:
             disagreements.append((caption, unit.text, foil.text, mine, reference))
         return mine
 

@@ -38,7 +38,6 @@ from csclip.units import (
     _stem,
     is_placeholder,
     normalize_text,
-    render_relation,
 )
 
 # Words, with inner hyphens/apostrophes kept ("close-up", "elephant's"), and the
@@ -1479,7 +1478,19 @@ class _FoilCheck:
         if (change_type in _ENTITY_CHANGES) is not is_entity:
             return RejectReason.CHANGE_TYPE_MISMATCH
         unit_norm, unit_words, unit_stems = unit_reading
-        foil_norm, foil_words, foil_stems = _read_pieces(pieces)
+        # _read_pieces(pieces), inlined: it runs for every candidate.
+        if len(pieces) == 1:
+            foil_norm, foil_words, foil_stems = _read_piece(pieces[0])
+        else:
+            norms: list[str] = []
+            foil_words = foil_stems = ()
+            for piece in pieces:
+                norm, piece_words, piece_stems = _read_piece(piece)
+                if norm:
+                    norms.append(norm)
+                    foil_words += piece_words
+                    foil_stems += piece_stems
+            foil_norm = " ".join(norms)
         if foil_norm == unit_norm:
             return RejectReason.FOIL_EQUALS_UNIT
         if kind == "relation" and change_type is ChangeType.SUBJECT_OBJECT_SWAP:
@@ -1590,7 +1601,7 @@ def _relation_units(parse: _Parse, entities: dict[str, Unit], check: _FoilCheck,
             continue
         forms = _predicate_forms(predicate)
         rendered = forms.plain[subject.is_plural]
-        text = render_relation(s_text, rendered, o_text)
+        text = f"{s_text} {rendered} {o_text}"  # render_relation's text (see _relation_candidate)
         if text in units:
             continue
         candidates = _relation_foil_candidates(subject, forms, obj, rendered, entities)
@@ -1631,9 +1642,11 @@ def _relation_foil_candidates(subject: _Phrase, forms: _PredicateForms, obj: _Ph
 
 def _relation_candidate(subject: str, predicate: str, object_: str,
                         change_type: ChangeType) -> _Judged:
-    # As `Foil.relation` would build it; its text is made of the three.
-    parts = (subject, predicate, object_)
-    return (render_relation(*parts), change_type, *parts), parts
+    # As `Foil.relation` would build it; its text is made of the three. Entity texts and
+    # predicates are words joined by single spaces, never empty, so `render_relation`'s
+    # stripping and dropping of empty parts has nothing to do.
+    return ((f"{subject} {predicate} {object_}", change_type, subject, predicate, object_),
+            (subject, predicate, object_))
 
 
 @functools.lru_cache(maxsize=1 << 14)
