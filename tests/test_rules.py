@@ -765,3 +765,20 @@ def test_fast_unit_and_foil_builders_give_the_dataclasses_objects():
     assert unit == unit_reference and hash(unit) == hash(unit_reference)
     with pytest.raises(FrozenInstanceError):
         foil.text = "changed"  # type: ignore[misc]
+
+
+# Everything extract_units returned for every 25th SugarCrepe caption (301), hashed:
+# speed work must leave it unchanged. A deliberate change of the extractor's output
+# updates it (print the digest below and say why in the commit).
+_SAMPLE_OUTPUT_SHA256 = "fa013b1aa3ca0054dd182ff2e69807d7c07fc74af3bb8c78e271a7ada013a395"
+
+
+def test_output_on_sample_captions_is_unchanged(sample_captions):
+    import hashlib
+
+    digest = hashlib.sha256()
+    for caption in sample_captions:
+        digest.update(repr(extract_units(caption)).encode())
+        digest.update(b"\n")
+    assert len(sample_captions) == 301
+    assert digest.hexdigest() == _SAMPLE_OUTPUT_SHA256
