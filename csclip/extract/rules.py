@@ -1275,8 +1275,7 @@ def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed:
     caption_words = set(tokens)
     heads = [p.head for p in phrases]
     # Nouns no object foil may use: the caption's own, their synonyms and hypernyms.
-    taboo = frozenset(h.singular for h in heads).union(
-        *(lx.SAME_THING_GROUPS.get(h.singular, ()) for h in heads))
+    taboo = frozenset().union(*[_taboo_of(h.singular) for h in heads])
     units: dict[str, Unit] = {}
     check = _FoilCheck(caption, texts)
     for phrase in phrases:
@@ -1295,8 +1294,14 @@ def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed:
         kept += check.valid_foils("entity", text, pieces, (None, None),
                                   _attribute_foil_candidates(phrase, caption_words, salt),
                                   rejections, limit=_MAX_ENTITY_FOILS - len(kept))
-        units[text] = _make_unit("entity", text, tuple(_make_foil(*c) for c in kept))
+        units[text] = _make_unit("entity", text, tuple([_make_foil(*c) for c in kept]))
     return units, check
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _taboo_of(singular: str) -> frozenset[str]:
+    """A noun with its synonyms and hypernyms: no object foil of a caption naming it."""
+    return frozenset({singular}).union(lx.SAME_THING_GROUPS.get(singular, ()))
 
 
 def _object_foil_candidates(phrase: _Phrase, taboo: frozenset[str],
@@ -1607,7 +1612,7 @@ def _relation_units(parse: _Parse, entities: dict[str, Unit], check: _FoilCheck,
         candidates = _relation_foil_candidates(subject, forms, obj, rendered, entities)
         kept = check.valid_foils("relation", text, (s_text, rendered, o_text),
                                  (s_text, o_text), candidates, rejections)
-        units[text] = _make_unit("relation", text, tuple(_make_foil(*c) for c in kept),
+        units[text] = _make_unit("relation", text, tuple([_make_foil(*c) for c in kept]),
                                  s_text, rendered, o_text)
     if len(units) > MAX_RELATIONS:
         rejections.append(Rejection(RejectReason.TOO_MANY_UNITS,
