@@ -38,6 +38,7 @@ from csclip.units import (
     Unit,
     UnitsRecord,
     foil_rejection,
+    render_relation,
     validate_record,
 )
 
@@ -657,11 +658,13 @@ def test_gold_file_errors_are_one_clear_line(tmp_path):
 
 def _foil_verdicts_disagree(captions, monkeypatch) -> tuple[int, list]:
     """Extract every caption with the extractor's per-caption foil check wrapped so that
-    each candidate it judges is judged by `foil_rejection` too; the disagreements."""
+    each candidate it judges is judged by `foil_rejection` too; the disagreements. Also
+    checks the extractor's claim about each candidate: reading its text piece by piece
+    gives what reading the whole text gives."""
     from csclip.extract import rules
 
     judged, disagreements = [0], []
-    fast = rules._FoilCheck.rejection
+    fast = rules._FoilCheck.candidate_rejection
     seen: dict[int, tuple] = {}
     original_init = rules._FoilCheck.__init__
 
@@ -669,17 +672,23 @@ def _foil_verdicts_disagree(captions, monkeypatch) -> tuple[int, list]:
         original_init(self, caption, entity_texts)
         seen[id(self)] = (caption, list(entity_texts))
 
-    def rejection(self, unit, foil):
+    def candidate_rejection(self, kind, unit_text, unit_reading, unit_arguments, candidate,
+                            pieces):
         caption, entity_texts = seen[id(self)]
-        mine, reference = fast(self, unit, foil), foil_rejection(unit, foil, caption,
-                                                                 entity_texts)
+        unit = Unit(kind, unit_text, (), unit_arguments[0], None, unit_arguments[1])
+        foil = Foil(*candidate)
+        mine = fast(self, kind, unit_text, unit_reading, unit_arguments, candidate, pieces)
+        reference = foil_rejection(unit, foil, caption, entity_texts)
         judged[0] += 1
-        if mine != reference:
+        is_rendered = foil.subject is None or foil.text == render_relation(
+            foil.subject, foil.predicate, foil.object)
+        if mine != reference or unit_reading != rules._read_piece(unit_text) or (
+                rules._read_pieces(pieces) != rules._read_piece(foil.text)) or not is_rendered:
             disagreements.append((caption, unit.text, foil.text, mine, reference))
         return mine
 
     monkeypatch.setattr(rules._FoilCheck, "__init__", init)
-    monkeypatch.setattr(rules._FoilCheck, "rejection", rejection)
+    monkeypatch.setattr(rules._FoilCheck, "candidate_rejection", candidate_rejection)
     for caption in captions:
         extract_units(caption)
     return judged[0], disagreements
@@ -735,3 +744,41 @@ def test_fast_foil_check_agrees_with_foil_rejection_on_every_shared_caption(
                                                     monkeypatch)
     assert judged > 80_000
     assert not disagreements, disagreements[:10]
+
+
+def test_fast_unit_and_foil_builders_give_the_dataclasses_objects():
+    # The extractor builds its Units and Foils without the frozen dataclasses' __init__;
+    # the objects must be the ones __init__ builds, field for field (and stay frozen).
+    from dataclasses import FrozenInstanceError, fields
+
+    from csclip.extract.rules import _make_foil, _make_unit
+
+    args = ("man is under horse", ChangeType.ANTONYM, "man", "is under", "horse")
+    foil, reference = _make_foil(*args), Foil(*args)
+    assert list(vars(foil).items()) == list(vars(reference).items())
+    assert [f.name for f in fields(Foil)] == list(vars(foil))
+    assert foil == reference and hash(foil) == hash(reference) and repr(foil) == repr(reference)
+    unit_args = ("relation", "man is riding horse", (foil,), "man", "is riding", "horse")
+    unit, unit_reference = _make_unit(*unit_args), Unit(*unit_args)
+    assert list(vars(unit).items()) == list(vars(unit_reference).items())
+    assert [f.name for f in fields(Unit)] == list(vars(unit))
+    assert unit == unit_reference and hash(unit) == hash(unit_reference)
+    with pytest.raises(FrozenInstanceError):
+        foil.text = "changed"  # type: ignore[misc]
+
+
+# Everything extract_units returned for every 25th SugarCrepe caption (301), hashed:
+# speed work must leave it unchanged. A deliberate change of the extractor's output
+# updates it (print the digest below and say why in the commit).
+_SAMPLE_OUTPUT_SHA256 = "fa013b1aa3ca0054dd182ff2e69807d7c07fc74af3bb8c78e271a7ada013a395"
+
+
+def test_output_on_sample_captions_is_unchanged(sample_captions):
+    import hashlib
+
+    digest = hashlib.sha256()
+    for caption in sample_captions:
+        digest.update(repr(extract_units(caption)).encode())
+        digest.update(b"\n")
+    assert len(sample_captions) == 301
+    assert digest.hexdigest() == _SAMPLE_OUTPUT_SHA256

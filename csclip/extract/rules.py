@@ -14,16 +14,20 @@ import functools
 import hashlib
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import islice
+from typing import NamedTuple
 
 from csclip.errors import DataError
 from csclip.extract import lexicon as lx
 from csclip.units import (
+    _SYNONYMS_OF,
     ENTITY_CHANGES,
     GENERIC_WORDS,
     MAX_ENTITIES,
     MAX_RELATIONS,
+    PLACEHOLDER_PATTERN,
     RELATION_CHANGES,
     ChangeType,
     Foil,
@@ -31,7 +35,6 @@ from csclip.units import (
     RejectReason,
     Unit,
     UnitsRecord,
-    _are_synonyms,
     _stem,
     is_placeholder,
     normalize_text,
@@ -84,7 +87,7 @@ class RulesResult:
         return not self.entities
 
 
-@dataclass
+@dataclass(slots=True)
 class _Phrase:
     """A noun phrase: token span [start, end) of the entity text (determiners excluded),
     its head noun and the attribute words with their kinds."""
@@ -97,23 +100,21 @@ class _Phrase:
     head: lx.Noun
     attributes: tuple[tuple[int, str], ...]  # (index in words, kind)
     is_plural: bool
-
-    @functools.cached_property
-    def text(self) -> str:
-        # Cached: read ~30 times a caption; `words` is never changed after parsing.
-        return " ".join(self.words)
+    # " ".join(words), made once: read ~30 times a caption, and `words` never changes.
+    text: str
 
 
-@dataclass(frozen=True)
-class _Predicate:
+class _Predicate(NamedTuple):
     """A relation predicate as read from the caption: an optional verb ("riding", "filled",
-    "has") and an optional preposition ("on", "left of")."""
+    "has") and an optional preposition ("on", "left of"). A tuple: it keys the caches of
+    its renderings, and a tuple hashes in C."""
 
     verb: str | None
     preposition: str | None
 
     def render(self, is_plural: bool, negated: bool = False) -> str:
-        return _render_predicate(self, is_plural, negated)
+        forms = _predicate_forms(self)
+        return (forms.negated if negated else forms.plain)[is_plural]
 
     def _render(self, is_plural: bool, negated: bool) -> str:
         if self.verb in ("has", "have"):
@@ -140,10 +141,25 @@ class _Predicate:
         return self.preposition in lx.SYMMETRIC_PREPOSITIONS
 
 
+class _PredicateForms(NamedTuple):
+    """A predicate's renderings, each a (singular subject, plural subject) pair."""
+
+    plain: tuple[str, str]
+    negated: tuple[str, str]
+    antonym: tuple[str, str] | None  # None: the predicate has no antonym
+    is_symmetric: bool
+
+
 @functools.lru_cache(maxsize=1 << 14)
-def _render_predicate(predicate: _Predicate, is_plural: bool, negated: bool) -> str:
+def _predicate_forms(predicate: _Predicate) -> _PredicateForms:
     # A few hundred predicates, each rendered ~5 times a relation (unit and foils).
-    return predicate._render(is_plural, negated)
+    antonym = predicate.antonym()
+    return _PredicateForms(
+        (predicate._render(False, False), predicate._render(True, False)),
+        (predicate._render(False, True), predicate._render(True, True)),
+        None if antonym is None else (antonym._render(False, False),
+                                      antonym._render(True, False)),
+        predicate.is_symmetric)
 
 
 @dataclass
@@ -186,8 +202,8 @@ def extract_units(caption: str) -> RulesResult:
                            absent)
     rng_seed = _stable_seed(normalize_text(caption))
     rejections = list(parse.rejections)
-    entities = _entity_units(parse.phrases, caption, tokens, rng_seed, rejections)
-    relations = _relation_units(parse, entities, caption, rejections)
+    entities, check = _entity_units(parse.phrases, caption, tokens, rng_seed, rejections)
+    relations = _relation_units(parse, entities, check, rejections)
     return RulesResult(tuple(entities.values()), tuple(relations), tuple(rejections), absent)
 
 
@@ -602,7 +618,7 @@ def _match_phrase(tokens: list[str], i: int) -> tuple[_Phrase | None, int, str |
         is_plural = form == noun.plural
     attributes = [(k, kind) for k, kind in attributes if k < head_index - start]
     return (_Phrase(start, end, i, words, head_index - start, noun, tuple(attributes),
-                    is_plural), end, None)
+                    is_plural, " ".join(words)), end, None)
 
 
 def _starts_phrase_body(tokens: list[str], i: int) -> bool:
@@ -957,7 +973,8 @@ def _is_bare_connector(connector: _Connector) -> bool:
 
 def _is_existential(gap: list[str]) -> bool:
     text = " ".join(gap)
-    return any(f"{e}" in text for e in lx.EXISTENTIAL)
+    # Every existential opening has "here" in it ("there is", "here are"): most gaps do not.
+    return "here" in text and any(e in text for e in lx.EXISTENTIAL)
 
 
 def _starts_clause(tokens: list[str], phrases: list[_Phrase], index: int) -> bool:
@@ -976,6 +993,8 @@ def _read_pronoun_relation(gap: list[str], subject: int, parse: _Parse) -> list[
     phrase of the pronoun's number: "a dresser with a monitor on top of it", "a desktop
     with two computers and fruit on it"), record the relation, and return the rest of the
     gap."""
+    if "its" not in gap and _PRONOUNS.isdisjoint(gap):
+        return gap  # most gaps: no pronoun, nothing to read here
     for words, preposition in _POSSESSIVE_DIRECTIONS.items():
         if tuple(gap[: len(words)]) == words:
             antecedent = _antecedent(parse.phrases, subject, is_plural=False)
@@ -1209,9 +1228,45 @@ def _stable_seed(text: str) -> int:
 _phrase_seed = functools.lru_cache(maxsize=1 << 14)(_stable_seed)
 
 
+# A foil candidate as plain data, the fields of `Foil` in its order: (text, change_type,
+# subject, predicate, object). Candidates are built and judged as tuples (equal exactly
+# when the `Foil`s would be); only the kept ones become `Foil`s.
+_Candidate = tuple[str, ChangeType, str | None, str | None, str | None]
+# A candidate with the pieces its text is made of (see `_read_pieces`).
+_Judged = tuple[_Candidate, tuple[str, ...]]
+
+_new_instance = object.__new__
+_set_attribute = object.__setattr__
+
+
+def _make_foil(text: str, change_type: ChangeType, subject: str | None = None,
+               predicate: str | None = None, object_: str | None = None) -> Foil:
+    """`Foil(text, change_type, subject, predicate, object_)`, the same object, built
+    without the frozen dataclass's five guarded setattr calls and its `__post_init__`
+    (whose only work, turning a string into a ChangeType, is not needed: the extractor
+    only passes ChangeTypes). ~10 foils a caption made `Foil()` a tenth of the extractor's
+    time; tests/test_rules.py checks the two agree field for field."""
+    foil = _new_instance(Foil)
+    _set_attribute(foil, "__dict__", {"text": text, "change_type": change_type,
+                                      "subject": subject, "predicate": predicate,
+                                      "object": object_})
+    return foil
+
+
+def _make_unit(kind: str, text: str, foils: tuple[Foil, ...], subject: str | None = None,
+               predicate: str | None = None, object_: str | None = None) -> Unit:
+    """`Unit(kind, text, foils, subject, predicate, object_)`, built as `_make_foil` is."""
+    unit = _new_instance(Unit)
+    _set_attribute(unit, "__dict__", {"kind": kind, "text": text, "foils": foils,
+                                      "subject": subject, "predicate": predicate,
+                                      "object": object_})
+    return unit
+
+
 def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed: int,
-                  rejections: list[Rejection]) -> dict[str, Unit]:
-    """Entity units keyed by text (first mention wins), with validated foils."""
+                  rejections: list[Rejection]) -> tuple[dict[str, Unit], _FoilCheck]:
+    """Entity units keyed by text (first mention wins), with validated foils, and the
+    caption's foil check (the relations' foils are checked against the same entities)."""
     texts = list(dict.fromkeys(p.text for p in phrases))
     if len(texts) > MAX_ENTITIES:
         rejections.append(Rejection(RejectReason.TOO_MANY_UNITS,
@@ -1220,35 +1275,44 @@ def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed:
     caption_words = set(tokens)
     heads = [p.head for p in phrases]
     # Nouns no object foil may use: the caption's own, their synonyms and hypernyms.
-    taboo = frozenset(h.singular for h in heads).union(
-        *(lx.SAME_THING_GROUPS.get(h.singular, ()) for h in heads))
+    taboo = frozenset().union(*[_taboo_of(h.singular) for h in heads])
     units: dict[str, Unit] = {}
     check = _FoilCheck(caption, texts)
     for phrase in phrases:
-        if phrase.text in units or phrase.text not in texts:
+        text = phrase.text
+        if text in units or text not in texts:
             continue
-        salt = seed ^ _phrase_seed(phrase.text)
-        unit = Unit.entity(phrase.text)
+        salt = seed ^ _phrase_seed(text)
         # SPEC §2 asks for 2-3 foils: an entity without attributes gets two object changes.
         max_object = 1 if phrase.attributes else 2
         # Object changes first, then attribute changes; both built lazily, only as many as
         # are kept (a rejected candidate's back-up comes next).
-        foils = _valid_foils(unit, _object_foil_candidates(phrase, taboo, caption_words, salt),
-                             check, rejections, max_object, limit=max_object)
-        foils += _valid_foils(unit, _attribute_foil_candidates(phrase, caption_words, salt),
-                              check, rejections, limit=_MAX_ENTITY_FOILS - len(foils))
-        units[phrase.text] = Unit(unit.kind, unit.text, tuple(foils))
-    return units
+        pieces = (text,)
+        kept = check.valid_foils("entity", text, pieces, (None, None),
+                                 _object_foil_candidates(phrase, taboo, caption_words, salt),
+                                 rejections, max_object, limit=max_object)
+        kept += check.valid_foils("entity", text, pieces, (None, None),
+                                  _attribute_foil_candidates(phrase, caption_words, salt),
+                                  rejections, limit=_MAX_ENTITY_FOILS - len(kept))
+        units[text] = _make_unit("entity", text, tuple([_make_foil(*c) for c in kept]))
+    return units, check
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _taboo_of(singular: str) -> frozenset[str]:
+    """A noun with its synonyms and hypernyms: no object foil of a caption naming it."""
+    return frozenset({singular}).union(lx.SAME_THING_GROUPS.get(singular, ()))
 
 
 def _object_foil_candidates(phrase: _Phrase, taboo: frozenset[str],
-                            caption_words: set[str], salt: int) -> Iterator[Foil]:
+                            caption_words: set[str], salt: int) -> Iterator[_Judged]:
     """Object changes: the head noun replaced by one of its category (not in the caption),
     at most three."""
     words = phrase.words
-    nouns = _CATEGORY_NOUNS.get(foil_category(phrase.head), ())
-    if not nouns:
+    entries = _CATEGORY_ENTRIES.get(foil_category(phrase.head))
+    if not entries:
         return
+    num_nouns = len(entries) // 2
     kept = _object_foil_modifiers(phrase)
     head_text = " ".join(words[phrase.head_start :])
     # The new noun takes the old one's number: "group of small children" -> "group of
@@ -1261,32 +1325,31 @@ def _object_foil_candidates(phrase: _Phrase, taboo: frozenset[str],
                        or phrase.head.category in ("animal", "person_other"))
     else:
         plural_form = phrase.is_plural
-    # Walk the category from a seeded start and stop at three usable nouns: checking every
-    # noun of the category for every phrase was most of the extractor's time.
-    start = salt % len(nouns)
     # "young man" -> "young woman", never "young boy": with an age word, the new noun must
     # say as much about age as the old one.
     age_bound = (phrase.head.singular in lx.AGE_BOUND_NOUNS
                  if any(w in lx.AGE_WORDS for w in words[: phrase.head_start]) else None)
+    kept_text = " ".join(kept)
+    prefix = kept_text + " " if kept else ""
     found = 0
-    last_words = _LAST_WORDS
-    for step in range(len(nouns)):
-        noun = nouns[(start + step) % len(nouns)]
-        if noun.singular in taboo:
+    # Walk the category once from a seeded start and stop at three usable nouns: checking
+    # every noun of the category for every phrase was most of the extractor's time.
+    for singular, plural, last_singular, last_plural, is_age_bound in islice(
+            entries, salt % num_nouns, salt % num_nouns + num_nouns):
+        if singular in taboo:
             continue
         # "cats" in the caption rules out "cat" and "cats"; "cell phone" is ruled out by "phone".
-        last_singular, last_plural = last_words[noun.singular]
         if (last_singular not in caption_words and last_plural not in caption_words
-                and (age_bound is None or (noun.singular in lx.AGE_BOUND_NOUNS) == age_bound)):
-            form = noun.plural if plural_form else noun.singular
-            yield Foil(" ".join([*kept, form]), ChangeType.OBJECT_CHANGE)
+                and (age_bound is None or is_age_bound == age_bound)):
+            form = plural if plural_form else singular
+            yield (prefix + form, ChangeType.OBJECT_CHANGE, None, None, None), (kept_text, form)
             found += 1
             if found == 3:
                 return
 
 
 def _attribute_foil_candidates(phrase: _Phrase, caption_words: set[str],
-                               salt: int) -> Iterator[Foil]:
+                               salt: int) -> Iterator[_Judged]:
     """Up to two attribute changes per attribute word: color -> another color, size/state
     -> its opposite, count -> the next count, material -> another material."""
     words = list(phrase.words)
@@ -1297,7 +1360,8 @@ def _attribute_foil_candidates(phrase: _Phrase, caption_words: set[str],
             if value + after in lx.NOUNS:
                 continue  # never "cold dog" -> "hot dog"
             edited = words[:index] + [value] + words[index + 1 :]
-            yield Foil(" ".join(edited), ChangeType.ATTRIBUTE_CHANGE)
+            pieces = (" ".join(words[:index]), value, " ".join(words[index + 1 :]))
+            yield (" ".join(edited), ChangeType.ATTRIBUTE_CHANGE, None, None, None), pieces
             taken += 1
             if taken == 2:
                 break
@@ -1364,42 +1428,23 @@ _LAST_WORDS = {noun.singular: (noun.singular.split()[-1], noun.plural.split()[-1
 
 
 _CATEGORY_NOUNS = _build_category_nouns()
-
-
-def _valid_foils(unit: Unit, candidates: Sequence[Foil], check: _FoilCheck,
-                 rejections: list[Rejection], max_object_changes: int = 1,
-                 limit: int | None = None) -> list[Foil]:
-    """Candidates that pass `foil_rejection` (as `check` decides it), recording the
-    rejected ones, up to `limit`. Object changes beyond `max_object_changes` were back-ups
-    and are skipped."""
-    kept: list[Foil] = []
-    object_changes = 0
-    is_entity = unit.kind == "entity"
-    for foil in candidates:
-        if limit is not None and len(kept) == limit:
-            break
-        is_object_change = is_entity and foil.change_type is ChangeType.OBJECT_CHANGE
-        if is_object_change and object_changes >= max_object_changes:
-            continue
-        if foil in kept:
-            continue
-        reason = check.rejection(unit, foil)
-        if reason is None:
-            kept.append(foil)
-            object_changes += is_object_change
-        else:
-            rejections.append(Rejection(
-                reason, f"{unit.kind} {unit.text!r} -> {foil.text!r} ({foil.change_type})"))
-    return kept
+# Per category, what an object foil reads of each noun: (singular, plural, last word of
+# each, whether it carries an age), the list twice so that a walk from any start is one
+# slice.
+_CATEGORY_ENTRIES = {
+    category: tuple((n.singular, n.plural, *_LAST_WORDS[n.singular],
+                     n.singular in lx.AGE_BOUND_NOUNS) for n in nouns) * 2
+    for category, nouns in _CATEGORY_NOUNS.items()}
 
 
 class _FoilCheck:
-    """`foil_rejection` for one caption's foils: the same reason, checked in the same order,
-    with the caption and its entity texts normalised once instead of once per foil, and the
-    caption-free part of the verdict (synonym, inflection, generic word) remembered per
-    (unit, foil) text pair. The extractor calls it ~10 times a caption; the generic
-    `foil_rejection` stays the reference (tests/test_rules.py runs both on every candidate
-    of the SugarCrepe captions and wants the same answer)."""
+    """`foil_rejection` for one caption's foil candidates: the same reason, checked in the
+    same order, with the caption and its entity texts normalised once instead of once per
+    foil, and unit and foil texts read by their pieces (entity texts, predicates,
+    modifiers), whose normal forms and stems are remembered: a relation foil's text is new
+    in nearly every caption, its pieces are not. The extractor calls it ~10 times a
+    caption; the generic `foil_rejection` stays the reference (tests/test_rules.py runs
+    both on every candidate of the SugarCrepe captions and wants the same answer)."""
 
     __slots__ = ("padded_caption", "entity_norms", "entity_heads")
 
@@ -1410,110 +1455,209 @@ class _FoilCheck:
         self.entity_heads = frozenset(n.split()[-1] for n in norms if n)
 
     def rejection(self, unit: Unit, foil: Foil) -> RejectReason | None:
-        text = foil.text
-        if not text or not text.strip():
+        """Why `foil` is no foil of `unit` in this caption, as `foil_rejection` says."""
+        return self.candidate_rejection(
+            unit.kind, unit.text, _read_piece(unit.text), (unit.subject, unit.object),
+            (foil.text, foil.change_type, foil.subject, foil.predicate, foil.object),
+            (foil.text,))
+
+    def candidate_rejection(self, kind: str, unit_text: str, unit_reading: _Reading,
+                            unit_arguments: tuple[str | None, str | None],
+                            candidate: _Candidate, pieces: Sequence[str]) -> RejectReason | None:
+        """`rejection` of a unit and a foil given as plain data: the unit's kind, text,
+        reading (`_read_pieces`) and, for a relation, subject and object; the foil's fields
+        and the pieces its text is made of (joined by spaces, as `render_relation` joins a
+        relation's subject, predicate and object)."""
+        text, change_type, subject, predicate, object_ = candidate
+        stripped = text.strip()
+        if not stripped:
             return RejectReason.EMPTY_FOIL
-        if is_placeholder(text) or (foil.subject is not None and is_placeholder(foil.subject)) or (
-                foil.predicate is not None and is_placeholder(foil.predicate)) or (
-                foil.object is not None and is_placeholder(foil.object)):
+        # is_placeholder(text), without caching the text: a relation foil's is new.
+        if _PLACEHOLDER_MATCH(stripped) or (subject is not None and is_placeholder(subject)) or (
+                predicate is not None and is_placeholder(predicate)) or (
+                object_ is not None and is_placeholder(object_)):
             return RejectReason.PLACEHOLDER
-        is_entity = unit.kind == "entity"
-        if foil.change_type not in (ENTITY_CHANGES if is_entity else RELATION_CHANGES):
+        is_entity = kind == "entity"
+        # Membership in a tuple of the enum's members: by identity, without hashing an Enum
+        # (a Python-level __hash__).
+        if (change_type in _ENTITY_CHANGES) is not is_entity:
             return RejectReason.CHANGE_TYPE_MISMATCH
-        unit_norm, foil_norm = normalize_text(unit.text), normalize_text(text)
+        unit_norm, unit_words, unit_stems = unit_reading
+        # _read_pieces(pieces), inlined: it runs for every candidate.
+        if len(pieces) == 1:
+            foil_norm, foil_words, foil_stems = _read_piece(pieces[0])
+        else:
+            norms: list[str] = []
+            foil_words = foil_stems = ()
+            for piece in pieces:
+                norm, piece_words, piece_stems = _read_piece(piece)
+                if norm:
+                    norms.append(norm)
+                    foil_words += piece_words
+                    foil_stems += piece_stems
+            foil_norm = " ".join(norms)
         if foil_norm == unit_norm:
             return RejectReason.FOIL_EQUALS_UNIT
-        if unit.kind == "relation" and foil.change_type is ChangeType.SUBJECT_OBJECT_SWAP:
-            for arg in (unit.subject, unit.object):
-                arg_norm = normalize_text(arg or "")
-                if arg_norm not in self.entity_norms and arg_norm not in self.entity_heads:
+        if kind == "relation" and change_type is ChangeType.SUBJECT_OBJECT_SWAP:
+            for argument in unit_arguments:
+                argument_norm = normalize_text(argument or "")
+                if (argument_norm not in self.entity_norms
+                        and argument_norm not in self.entity_heads):
                     return RejectReason.SWAP_ARGUMENT_NOT_ENTITY
             return None
-        reason = _edit_rejection(unit_norm, foil_norm)
-        if reason is not None:
-            return reason
+        if len(unit_words) == len(foil_words):
+            # A synonym: some word changed, and every changed word to a synonym of it.
+            is_synonym = False
+            for unit_word, foil_word in zip(unit_words, foil_words):  # noqa: B905 (same length)
+                if unit_word != foil_word:
+                    if foil_word not in _SYNONYMS_OF.get(unit_word, ()):
+                        is_synonym = False
+                        break
+                    is_synonym = True
+            if is_synonym:
+                return RejectReason.FOIL_IS_SYNONYM
+        if unit_stems == foil_stems:
+            return RejectReason.FOIL_ONLY_INFLECTION
+        new_words = set(foil_words).difference(unit_words)
+        if new_words and new_words <= GENERIC_WORDS:
+            return RejectReason.FOIL_GENERIC_WORD
         # foil_norm differs from unit_norm here, so "another entity of the caption" is any.
         if (foil_norm and f" {foil_norm} " in self.padded_caption) or (
                 is_entity and foil_norm in self.entity_norms):
             return RejectReason.FOIL_IN_CAPTION
         return None
 
+    def valid_foils(self, kind: str, unit_text: str, unit_pieces: Sequence[str],
+                    unit_arguments: tuple[str | None, str | None],
+                    candidates: Iterable[_Judged], rejections: list[Rejection],
+                    max_object_changes: int = 1, limit: int | None = None) -> list[_Candidate]:
+        """The candidates that pass, recording the rejected ones, up to `limit`. Object
+        changes beyond `max_object_changes` were back-ups and are skipped."""
+        kept: list[_Candidate] = []
+        object_changes = 0
+        is_entity = kind == "entity"
+        unit_reading = _read_pieces(unit_pieces)
+        for candidate, pieces in candidates:
+            if limit is not None and len(kept) == limit:
+                break
+            is_object_change = is_entity and candidate[1] is ChangeType.OBJECT_CHANGE
+            if is_object_change and object_changes >= max_object_changes:
+                continue
+            if candidate in kept:
+                continue
+            reason = self.candidate_rejection(kind, unit_text, unit_reading, unit_arguments,
+                                              candidate, pieces)
+            if reason is None:
+                kept.append(candidate)
+                object_changes += is_object_change
+            else:
+                rejections.append(Rejection(
+                    reason, f"{kind} {unit_text!r} -> {candidate[0]!r} ({candidate[1]})"))
+        return kept
+
+
+# What `foil_rejection` reads of a text: its normal form, its words, their stems (without
+# articles and "is"/"are"), as `normalize_text`, `.split()` and `units._stems` give them.
+_Reading = tuple[str, tuple[str, ...], tuple[str, ...]]
+
 
 @functools.lru_cache(maxsize=1 << 15)
-def _stems_of_words(norm: str) -> tuple[str, ...]:
-    # units._stems of an already normalised text, without normalising it a second time.
-    return tuple(_stem(w) for w in norm.split() if w not in _UNSTEMMED)
+def _read_piece(text: str) -> _Reading:
+    norm = normalize_text(text)
+    words = tuple(norm.split())
+    return norm, words, tuple(_stem(w) for w in words if w not in _UNSTEMMED)
+
+
+def _read_pieces(pieces: Sequence[str]) -> _Reading:
+    """The reading of the pieces' text joined by spaces. Exact, piece by piece: a word never
+    spans a space, so the normal form of a joined text is the pieces' normal forms joined
+    (the empty ones left out), and its words and stems are theirs in order."""
+    if len(pieces) == 1:
+        return _read_piece(pieces[0])
+    norms: list[str] = []
+    words: tuple[str, ...] = ()
+    stems: tuple[str, ...] = ()
+    for piece in pieces:
+        norm, piece_words, piece_stems = _read_piece(piece)
+        if norm:
+            norms.append(norm)
+            words += piece_words
+            stems += piece_stems
+    return " ".join(norms), words, stems
 
 
 _UNSTEMMED = frozenset({"a", "an", "the", "is", "are"})
+_PLACEHOLDER_MATCH = PLACEHOLDER_PATTERN.match
+# Every change type is an entity's or a relation's (units.RELATION_CHANGES is the rest).
+_ENTITY_CHANGES = tuple(ENTITY_CHANGES)
+assert RELATION_CHANGES == frozenset(ChangeType) - ENTITY_CHANGES
 
 
-@functools.lru_cache(maxsize=1 << 15)
-def _edit_rejection(unit_norm: str, foil_norm: str) -> RejectReason | None:
-    """foil_rejection's checks on the edit itself, which need neither caption nor kind."""
-    unit_words, foil_words = unit_norm.split(), foil_norm.split()
-    if len(unit_words) == len(foil_words):
-        changed = [(u, f) for u, f in zip(unit_words, foil_words, strict=True) if u != f]
-        if changed and all(_are_synonyms(u, f) for u, f in changed):
-            return RejectReason.FOIL_IS_SYNONYM
-    if _stems_of_words(unit_norm) == _stems_of_words(foil_norm):
-        return RejectReason.FOIL_ONLY_INFLECTION
-    new_words = set(foil_words) - set(unit_words)
-    if new_words and new_words <= GENERIC_WORDS:
-        return RejectReason.FOIL_GENERIC_WORD
-    return None
-
-
-def _relation_units(parse: _Parse, entities: dict[str, Unit], caption: str,
+def _relation_units(parse: _Parse, entities: dict[str, Unit], check: _FoilCheck,
                     rejections: list[Rejection]) -> list[Unit]:
     """Relation units over caption entities: antonym, negation, swap (not for symmetric
     predicates, where it would be true) and subject/object replacement foils."""
     units: dict[str, Unit] = {}
-    check = _FoilCheck(caption, list(entities))
+    phrases = parse.phrases
     for s, predicate, o in parse.relations:
-        subject, obj = parse.phrases[s], parse.phrases[o]
-        if subject.text == obj.text or subject.text not in entities or obj.text not in entities:
+        subject, obj = phrases[s], phrases[o]
+        s_text, o_text = subject.text, obj.text
+        if s_text == o_text or s_text not in entities or o_text not in entities:
             continue
-        unit = Unit.relation(subject.text, predicate.render(subject.is_plural), obj.text)
-        if unit.text in units:
+        forms = _predicate_forms(predicate)
+        rendered = forms.plain[subject.is_plural]
+        text = f"{s_text} {rendered} {o_text}"  # render_relation's text (see _relation_candidate)
+        if text in units:
             continue
-        candidates = _relation_foil_candidates(subject, predicate, obj, entities)
-        foils = _valid_foils(unit, candidates, check, rejections)
-        units[unit.text] = Unit.relation(unit.subject, unit.predicate, unit.object, foils)
+        candidates = _relation_foil_candidates(subject, forms, obj, rendered, entities)
+        kept = check.valid_foils("relation", text, (s_text, rendered, o_text),
+                                 (s_text, o_text), candidates, rejections)
+        units[text] = _make_unit("relation", text, tuple([_make_foil(*c) for c in kept]),
+                                 s_text, rendered, o_text)
     if len(units) > MAX_RELATIONS:
         rejections.append(Rejection(RejectReason.TOO_MANY_UNITS,
                                     f"{len(units)} relations, kept {MAX_RELATIONS}"))
     return list(units.values())[:MAX_RELATIONS]
 
 
-def _relation_foil_candidates(subject: _Phrase, predicate: _Predicate, obj: _Phrase,
-                              entities: dict[str, Unit]) -> list[Foil]:
+def _relation_foil_candidates(subject: _Phrase, forms: _PredicateForms, obj: _Phrase,
+                              rendered: str, entities: dict[str, Unit]) -> list[_Judged]:
     s, o = subject.text, obj.text
-    rendered = predicate.render(subject.is_plural)
     candidates = []
-    antonym = predicate.antonym()
-    if antonym is not None:
-        candidates.append(Foil.relation(s, antonym.render(subject.is_plural), o,
-                                        ChangeType.ANTONYM))
-    candidates.append(Foil.relation(s, predicate.render(subject.is_plural, negated=True), o,
-                                    ChangeType.NEGATION))
-    if not predicate.is_symmetric:
-        candidates.append(Foil.relation(o, predicate.render(obj.is_plural), s,
-                                        ChangeType.SUBJECT_OBJECT_SWAP))
+    if forms.antonym is not None:
+        candidates.append(_relation_candidate(s, forms.antonym[subject.is_plural], o,
+                                              ChangeType.ANTONYM))
+    candidates.append(_relation_candidate(s, forms.negated[subject.is_plural], o,
+                                          ChangeType.NEGATION))
+    if not forms.is_symmetric:
+        candidates.append(_relation_candidate(o, forms.plain[obj.is_plural], s,
+                                              ChangeType.SUBJECT_OBJECT_SWAP))
     subject_foil = _first_foil(entities[s])
     if subject_foil is not None:
         # The new subject may differ in number ("cake" -> "chips"): the verb agrees with it.
-        agreeing = predicate.render(_is_plural_text(subject_foil, subject.is_plural))
-        candidates.append(Foil.relation(subject_foil, agreeing, o, ChangeType.SUBJECT_REPLACE))
+        agreeing = forms.plain[_is_plural_text(subject_foil, subject.is_plural)]
+        candidates.append(_relation_candidate(subject_foil, agreeing, o,
+                                              ChangeType.SUBJECT_REPLACE))
     object_foil = _first_foil(entities[o])
     if object_foil is not None:
-        candidates.append(Foil.relation(s, rendered, object_foil, ChangeType.OBJECT_REPLACE))
+        candidates.append(_relation_candidate(s, rendered, object_foil,
+                                              ChangeType.OBJECT_REPLACE))
     return candidates
 
 
-def _is_plural_text(text: str, default: bool) -> bool:
-    """Whether an entity text's head noun is plural, by its lexicon form (`default` when
-    the form says nothing, as for "sheep")."""
+def _relation_candidate(subject: str, predicate: str, object_: str,
+                        change_type: ChangeType) -> _Judged:
+    # As `Foil.relation` would build it; its text is made of the three. Entity texts and
+    # predicates are words joined by single spaces, never empty, so `render_relation`'s
+    # stripping and dropping of empty parts has nothing to do.
+    return ((f"{subject} {predicate} {object_}", change_type, subject, predicate, object_),
+            (subject, predicate, object_))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _is_plural_form(text: str) -> bool | None:
+    """Whether an entity text's head noun is plural, by its lexicon form (None when the
+    form says nothing, as for "sheep")."""
     words = text.split()
     if "of" in words[1:-1]:
         # "group of roosters is": the collective's number, not its members'.
@@ -1524,14 +1668,21 @@ def _is_plural_text(text: str, default: bool) -> bool:
         noun = lx.NOUNS.get(" ".join(words[-n:]))
         if noun is not None and noun.singular != noun.plural:
             return " ".join(words[-n:]) == noun.plural
-    return default
+    return None
+
+
+def _is_plural_text(text: str, default: bool) -> bool:
+    """Whether an entity text's head noun is plural, by its lexicon form (`default` when
+    the form says nothing, as for "sheep")."""
+    is_plural = _is_plural_form(text)
+    return default if is_plural is None else is_plural
 
 
 def _first_foil(entity: Unit) -> str | None:
     # Object changes first: "woman is riding horse" is the SPEC's subject_replace example.
-    foils = entity.foils_of(ChangeType.OBJECT_CHANGE) or entity.foils_of(
-        ChangeType.ATTRIBUTE_CHANGE)
-    return foils[0].text if foils else None
+    # An entity's foils are its object changes, then its attribute changes.
+    return entity.foils[0].text if entity.foils else None
+
 
 
 # ------------------------------------------------------------------------------------------
