@@ -4,7 +4,10 @@ The driver (`run`) validates the config, checks the data, opens the MLflow run a
 the trainer; each worker (`train_loop_per_worker`) builds the model, restores the last
 checkpoint if there is one (or `run.resume_from`), and steps through its Ray Data shard
 with `csclip.train.step.train_step`. Rerunning the same config resumes: the run name is a hash of
-the resolved config (or `run.name`).
+the resolved config (or `run.name`). The batches are a function of the config
+(csclip.train.stream.deterministic), and each epoch is its own Ray Train dataset: a resumed
+worker starts with its step's epoch and skips exactly the batches of it trained on before
+(`_epoch_batches`), so its losses are those of an uninterrupted run.
 """
 
 from __future__ import annotations
