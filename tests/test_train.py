@@ -130,7 +130,10 @@ def test_decode_failures_are_counted(ray_session):
     plan = plan_data(source, DataConfig(batch_size=4), num_workers=1, epochs=2, max_steps=None)
     assert (plan.num_rows, plan.num_decode_failures) == (9, 1)
     assert plan.failed_ids == (rows[3]["sample_id"],)
-    assert plan.total_steps == 4  # 2 epochs x 9 rows // 4
+    assert plan.total_steps == 4  # 2 epochs x (9 rows // 4)
+    # Every epoch is whole batches on each worker: 2 steps an epoch, so 5 steps take 3.
+    by_steps = plan_data(source, DataConfig(batch_size=4), num_workers=1, epochs=1, max_steps=5)
+    assert (by_steps.steps_per_epoch, by_steps.num_epochs, by_steps.total_steps) == (2, 3, 5)
     with pytest.raises(DataError, match="batch_size"):
         plan_data(source, DataConfig(batch_size=64), num_workers=1, epochs=1, max_steps=None)
 
