@@ -1,10 +1,14 @@
-"""What the global shuffle of every epoch costs the training stream.
+"""What the global shuffle of every epoch, and the deterministic order, cost the training
+data.
 
     python benchmarks/bench_stream.py [--rows 2000] [--epochs 4] [--repeats 2] [--write-docs]
 
-Consumes csclip.train.stream.training_stream over the synthetic world (csclip-tiny, 64 px, CS-CLIP
-columns) with and without `epoch_order` (the baseline keeps the source order), interleaved
-in one Ray session after a warm-up pass, and prints the ratio.
+Consumes csclip.train.stream.epoch_datasets over the synthetic world (csclip-tiny, 64 px,
+CS-CLIP columns), epoch after epoch as the workers do, with and without `epoch_order` (the
+baseline keeps the source order), interleaved in one Ray session after a warm-up pass, and
+prints the ratio. Two more variants run the shuffled epochs without `deterministic`
+(Ray Data's preserve_order off) as one union of all epochs: the stream before batches were
+made deterministic.
 """
 
 from __future__ import annotations
@@ -51,21 +55,27 @@ def main(argv: list[str] | None = None) -> int:
     spec = spec_from_config(ModelConfig(name="csclip-tiny"))
     shuffled = data.epoch_order
 
-    def consume(shuffle: bool, cached: bool) -> float:
+    def consume(shuffle: bool, cached: bool, ordered: bool = True) -> float:
         data.epoch_order = shuffled if shuffle else (lambda ds, seed, epoch: ds)
-        stream = data.training_stream(source, sampling=SamplingConfig(), seed=0,
-                                      preprocess_cfg=spec.preprocess_cfg, model_name="csclip-tiny",
-                                      num_epochs=args.epochs, objective=objective_for(LossConfig(), 2),
-                                      cache_images=cached)
-        started = time.perf_counter()
-        rows = sum(batch["image"].shape[0] for batch in stream.iter_batches(batch_size=64))
+        rows_in = type(source).copy(source, _deep_copy=True)  # its own DataContext
+        rows_in.context.execution_options.preserve_order = ordered
+        epochs = data.epoch_datasets(rows_in, sampling=SamplingConfig(), seed=0,
+                                     preprocess_cfg=spec.preprocess_cfg, model_name="csclip-tiny",
+                                     num_epochs=args.epochs,
+                                     objective=objective_for(LossConfig(), 2), cache_images=cached)
+        streams = epochs if ordered else [epochs[0].union(*epochs[1:])]
+        started = time.perf_counter()  # after the image cache (if any) is built
+        rows = sum(batch["image"].shape[0] for stream in streams
+                   for batch in stream.iter_batches(batch_size=64))
         assert rows == args.rows * args.epochs
         return time.perf_counter() - started
 
     consume(False, False)  # warm-up: workers started, transforms and tokenizer cached
-    # (shuffle, cached): streamed rows (COCO's path) and images decoded once (the world's).
-    variants = [(False, False), (True, False), (False, True), (True, True)]
-    times: dict[tuple[bool, bool], list[float]] = {v: [] for v in variants}
+    # (shuffle, cached[, ordered]): streamed rows (COCO's path) and images decoded once (the
+    # world's), in the deterministic order and (the last two) without it.
+    variants = [(False, False), (True, False), (False, True), (True, True),
+                (True, False, False), (True, True, False)]
+    times: dict[tuple, list[float]] = {v: [] for v in variants}
     for _ in range(args.repeats):
         for variant in variants:
             times[variant].append(consume(*variant))
@@ -75,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = args.rows * args.epochs
     load = os.getloadavg()[0]
 
-    def row(label: str, variant: tuple[bool, bool], baseline: tuple[bool, bool]) -> str:
+    def row(label: str, variant: tuple, baseline: tuple) -> str:
         return (f"| {label} | {median[variant]:.1f} | {rows / median[variant]:.0f} | "
                 f"{median[variant] / median[baseline]:.2f} |\n")
 
@@ -92,13 +102,23 @@ def main(argv: list[str] | None = None) -> int:
         + row("decoded once (`cache_images`), source order (baseline)", (False, True),
               (False, True))
         + row("decoded once, global shuffle per epoch", (True, True), (False, True))
+        + row("streamed, shuffled, preserve_order off, epochs as one union (baseline of the "
+              "next)", (True, False, False), (True, False, False))
+        + row("streamed, shuffled, deterministic (as trained)", (True, False), (True, False, False))
+        + row("decoded once, shuffled, preserve_order off, one union (baseline of the next)",
+              (True, True, False), (True, True, False))
+        + row("decoded once, shuffled, deterministic (as trained)", (True, True),
+              (True, True, False))
         + "\nStreamed, the shuffle is one all-to-all `random_shuffle` per epoch over the units "
         "rows (image bytes or paths, not decoded pixels). Decoded once (the world's path, "
         "the world's path), it moves the decoded tensors (49 KB a row at 64 px) instead: decoding "
         f"once is {median[(False, False)] / median[(False, True)]:.1f}x faster than decoding "
         f"every epoch in source order, {median[(True, False)] / median[(True, True)]:.1f}x "
         "with the shuffle. The demo's workers wait for data for 0% of a step either way "
-        "(docs/performance.md, the demo's stages): there the training step is the cost.\n")
+        "(docs/performance.md, the demo's stages): there the training step is the cost. "
+        "The deterministic order (csclip.train.stream.deterministic: preserve_order, one "
+        "dataset per epoch) costs the overlap of out-of-order tasks and of one epoch with "
+        "the next.\n")
     publish(HEADING, section, args.write_docs)
     return 0
 

@@ -87,7 +87,7 @@ def test_image_cache_fits_by_size():
 
 def test_cached_stream_gives_the_streamed_batches(ray_session, preprocess):
     from csclip.loss import LossConfig, objective_for
-    from csclip.train.stream import training_stream
+    from csclip.train.stream import epoch_datasets
 
     source = ray_session.data.from_arrow(_table(12, broken=(2,)))
     kwargs = {"sampling": SamplingConfig(relation_prob=0.5), "preprocess_cfg": preprocess,
@@ -95,8 +95,9 @@ def test_cached_stream_gives_the_streamed_batches(ray_session, preprocess):
               "objective": objective_for(LossConfig(method="csclip"), 2), "rows_per_block": 4}
 
     def rows(cache: bool) -> list[bytes]:
-        batches = training_stream(source, cache_images=cache, **kwargs).iter_batches(
-            batch_format="numpy", batch_size=None)
+        epochs = epoch_datasets(source, cache_images=cache, **kwargs)
+        batches = (batch for epoch in epochs
+                   for batch in epoch.iter_batches(batch_format="numpy", batch_size=None))
         return sorted(b"".join(np.ascontiguousarray(batch[name][i]).tobytes()
                                for name in sorted(batch))
                       for batch in batches for i in range(len(batch["image"])))

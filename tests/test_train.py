@@ -130,7 +130,10 @@ def test_decode_failures_are_counted(ray_session):
     plan = plan_data(source, DataConfig(batch_size=4), num_workers=1, epochs=2, max_steps=None)
     assert (plan.num_rows, plan.num_decode_failures) == (9, 1)
     assert plan.failed_ids == (rows[3]["sample_id"],)
-    assert plan.total_steps == 4  # 2 epochs x 9 rows // 4
+    assert plan.total_steps == 4  # 2 epochs x (9 rows // 4)
+    # Every epoch is whole batches on each worker: 2 steps an epoch, so 5 steps take 3.
+    by_steps = plan_data(source, DataConfig(batch_size=4), num_workers=1, epochs=1, max_steps=5)
+    assert (by_steps.steps_per_epoch, by_steps.num_epochs, by_steps.total_steps) == (2, 3, 5)
     with pytest.raises(DataError, match="batch_size"):
         plan_data(source, DataConfig(batch_size=64), num_workers=1, epochs=1, max_steps=None)
 
@@ -152,31 +155,55 @@ def test_two_gloo_workers_train_negclip(ray_session, tmp_path, mlflow_uri):
     _loads_with_plain_open_clip(result.checkpoint_uri)
 
 
-@pytest.mark.slow
-def test_killed_run_resumes_and_finishes_with_same_step_count(ray_session, tmp_path, mlflow_uri):
-    from csclip.tracking import run_metrics
+def _checkpoint_at(run_dir, step: int):
+    """The checkpoint_* directory of `run_dir` saved at `step`."""
+    import json
 
-    killed = tiny_config(tmp_path, mlflow_uri)
-    with pytest.raises(Exception, match="injected failure"):
-        run(killed, fail_after_step=2)
-    assert finished_result(killed) is None
-    config = tiny_config(tmp_path, mlflow_uri)  # the same command again
-    result = run(config)
-    assert result.metrics["step"] == config.optim.max_steps == 4
-    assert result.metrics["resumed_from"] == 2
-    # One MLflow run across the kill: loss, lr and throughput for every step, the
-    # resolved config as params, and the final checkpoint path.
-    assert [step for step, _ in run_metrics(mlflow_uri, result.mlflow_run_id, "loss")] == \
-        [1, 2, 3, 4]
-    assert len(run_metrics(mlflow_uri, result.mlflow_run_id, "samples_per_s")) == 4
+    [found] = [p for p in run_dir.glob("checkpoint_*")
+               if p.is_dir() and json.loads((p / "metrics.json").read_text())["step"] == step]
+    return found
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_with_the_losses_of_an_uninterrupted_run(ray_session, tmp_path,
+                                                                     mlflow_uri):
     from mlflow.tracking import MlflowClient
 
+    from csclip.tracking import run_metrics
+
+    # 24 rows in batches of 8: 3 steps an epoch; killed after step 4, the rerun resumes in
+    # the second epoch, one batch in (the first epoch is not run again).
+    resumable = ("data.world.num_train=24", "optim.max_steps=6")
+    reference = run(tiny_config(tmp_path, mlflow_uri, *resumable, "run.name=uninterrupted"))
+    expected = run_metrics(mlflow_uri, reference.mlflow_run_id, "loss")
+    assert [step for step, _ in expected] == [1, 2, 3, 4, 5, 6]
+    killed = tiny_config(tmp_path, mlflow_uri, *resumable)
+    with pytest.raises(Exception, match="injected failure"):
+        run(killed, fail_after_step=4)
+    assert finished_result(killed) is None
+    # The same command again, with how-to-run fields changed: the same run resumes.
+    config = tiny_config(tmp_path, mlflow_uri, *resumable, "run.num_to_keep=3",
+                         "run.checkpoint_every=3")
+    result = run(config)
+    assert result.run_name == run_name(killed)
+    assert result.metrics["step"] == 6 and result.metrics["resumed_from"] == 4
+    # One MLflow run across the kill, every step's loss equal to the uninterrupted run's:
+    # steps 1-4 before the kill, 5-6 after it.
+    assert run_metrics(mlflow_uri, result.mlflow_run_id, "loss") == expected
+    assert len(run_metrics(mlflow_uri, result.mlflow_run_id, "samples_per_s")) == 6
     logged = MlflowClient(mlflow_uri).get_run(result.mlflow_run_id).data
     assert logged.params["optim.lr"] == "0.0001" and logged.params["loss.method"] == "csclip"
     assert logged.tags["checkpoint_uri"] == result.checkpoint_uri
     _loads_with_plain_open_clip(result.checkpoint_uri)
     # A finished run is returned as it is, without training again.
     assert run(config).checkpoint_uri == result.checkpoint_uri
+    # Another run started from the uninterrupted run's step-4 checkpoint (run.resume_from)
+    # continues it as well.
+    continued = run(tiny_config(tmp_path, mlflow_uri, *resumable, "run.name=continued",
+                                "run.resume_from="
+                                f"{_checkpoint_at(tmp_path / 'runs' / 'uninterrupted', 4)}"))
+    assert continued.metrics["step"] == 6 and continued.metrics["resumed_from"] == 4
+    assert run_metrics(mlflow_uri, continued.mlflow_run_id, "loss") == expected[4:]
 
 
 def test_reused_run_name_with_other_config_is_refused(tmp_path, mlflow_uri):

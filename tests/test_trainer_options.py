@@ -439,20 +439,3 @@ def test_how_to_run_fields_keep_the_run_name():
         assert run_name(_config(override)) == run_name(base), override
     for override in ("data.augment=true", "model.lock_text=true", "run.precision=bf16_pure"):
         assert run_name(_config(override)) != run_name(base), override
-
-
-
-@pytest.mark.slow
-def test_run_resumes_from_another_runs_checkpoint(ray_session, tmp_path, mlflow_uri):
-    from csclip.train import run
-
-    common = [f"run.storage_path={tmp_path / 'runs'}", f"tracking.uri={mlflow_uri}",
-              "model.image_size=32", "data.world.image_size=32", "data.world.num_train=32",
-              "data.shuffle_buffer=0", "optim.warmup_steps=1", "run.log_every=1",
-              "run.checkpoint_every=2"]
-    first = run(_config(*common, "optim.max_steps=2", "run.name=first"))
-    checkpoints = sorted(p for p in (tmp_path / "runs" / "first").glob("checkpoint_*") if p.is_dir())
-    assert checkpoints and first.metrics["step"] == 2
-    second = run(_config(*common, "optim.max_steps=4", "run.name=second",
-                         f"run.resume_from={checkpoints[-1]}"))
-    assert second.metrics["resumed_from"] == 2 and second.metrics["step"] == 4

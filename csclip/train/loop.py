@@ -4,7 +4,10 @@ The driver (`run`) validates the config, checks the data, opens the MLflow run a
 the trainer; each worker (`train_loop_per_worker`) builds the model, restores the last
 checkpoint if there is one (or `run.resume_from`), and steps through its Ray Data shard
 with `csclip.train.step.train_step`. Rerunning the same config resumes: the run name is a hash of
-the resolved config (or `run.name`).
+the resolved config (or `run.name`). The batches are a function of the config
+(csclip.train.stream.deterministic), and each epoch is its own Ray Train dataset: a resumed
+worker starts with its step's epoch and skips exactly the batches of it trained on before
+(`_epoch_batches`), so its losses are those of an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -217,6 +220,7 @@ class WorkerPlan:
 
     total_steps: int
     steps_per_epoch: int
+    num_epochs: int
     mlflow_run_id: str | None
     tracking_uri: str | None
     best_uri: str
@@ -333,54 +337,86 @@ def train_loop_per_worker(loop_config: dict) -> None:
     step_logger = StepLogger(plan.tracking_uri, plan.mlflow_run_id if rank == 0 else None,
                              flush_every=config.run.log_every)
     evaluator = _periodic_evaluator(config, plan) if rank == 0 else None
-    batches = ray.train.get_dataset_shard("train").iter_torch_batches(
-        **batch_options(config.data, device, config.run.seed + rank))
-    total, skip = plan.total_steps, state.step
+    total = plan.total_steps
     metrics, window, last = StepMetrics(), _Window(time.perf_counter()), {}
-    tick = time.perf_counter()
-    for batch in batches:
-        data_wait = time.perf_counter() - tick  # blocked on the Ray Data stream for this batch
-        if skip:  # resumed: these batches were trained on before the restart
-            skip -= 1
-            continue
+    for epoch, batches in _epoch_batches(config, plan, state.step, device, rank):
+        tick = time.perf_counter()
+        for batch in batches:
+            data_wait = time.perf_counter() - tick  # blocked on the Ray Data stream for this batch
+            if state.step >= total:
+                break
+            lr = lr_at(state.step, config.optim, total, plan.steps_per_epoch)
+            for group in training.optimizer.param_groups:
+                group["lr"] = lr
+            parts = train_step(training, batch)
+            global_batch = batch["image"].shape[0] * context.get_world_size()
+            state.step += 1
+            state.samples += global_batch
+            window.samples += global_batch
+            window.data_wait += data_wait
+            metrics.add(state.step, parts, training.model.logit_scale, lr)
+            checkpoint_now = state.step % config.run.checkpoint_every == 0 or state.step == total
+            if state.step % config.run.log_every == 0 or checkpoint_now:
+                last = _publish(metrics, window, step_logger, plan.steps_per_epoch)
+                if state.step % config.run.log_every == 0 and rank == 0:
+                    logger.info("%s step %d/%d loss %.4f (full %.4f unit %.4f%s) lr %.2e "
+                                "%.0f samples/s (data wait %.0f%%)", config.loss.method,
+                                state.step, total, last["loss"], last["loss_full"],
+                                last["loss_unit"], f" image_foil {last['loss_image_foil']:.4f}"
+                                if "loss_image_foil" in last else "", lr,
+                                last["samples_per_s"], 100 * last["data_wait_frac"])
+            if evaluator is not None and (state.step % config.run.eval_every == 0
+                                          or state.step == total):
+                started = time.perf_counter()
+                _evaluate_during_training(evaluator, setup, config, state.step, step_logger,
+                                          str(device))
+                window.start += time.perf_counter() - started  # samples/s counts training only
+            if checkpoint_now:
+                _checkpoint(training, setup.spec, state, config, last, rank)
+                if (plan.fail_after_step is not None and state.restored_from is None
+                        and state.step >= plan.fail_after_step):
+                    raise RuntimeError(f"injected failure after step {state.step} "
+                                       "(fail_after_step)")
+            tick = time.perf_counter()  # after logging and checkpointing: the next wait is the data's
         if state.step >= total:
             break
-        lr = lr_at(state.step, config.optim, total, plan.steps_per_epoch)
-        for group in training.optimizer.param_groups:
-            group["lr"] = lr
-        parts = train_step(training, batch)
-        global_batch = batch["image"].shape[0] * context.get_world_size()
-        state.step += 1
-        state.samples += global_batch
-        window.samples += global_batch
-        window.data_wait += data_wait
-        metrics.add(state.step, parts, training.model.logit_scale, lr)
-        checkpoint_now = state.step % config.run.checkpoint_every == 0 or state.step == total
-        if state.step % config.run.log_every == 0 or checkpoint_now:
-            last = _publish(metrics, window, step_logger, plan.steps_per_epoch)
-            if state.step % config.run.log_every == 0 and rank == 0:
-                logger.info("%s step %d/%d loss %.4f (full %.4f unit %.4f%s) lr %.2e "
-                            "%.0f samples/s (data wait %.0f%%)", config.loss.method, state.step,
-                            total, last["loss"], last["loss_full"], last["loss_unit"],
-                            f" image_foil {last['loss_image_foil']:.4f}"
-                            if "loss_image_foil" in last else "", lr,
-                            last["samples_per_s"], 100 * last["data_wait_frac"])
-        if evaluator is not None and (state.step % config.run.eval_every == 0 or state.step == total):
-            started = time.perf_counter()
-            _evaluate_during_training(evaluator, setup, config, state.step, step_logger,
-                                      str(device))
-            window.start += time.perf_counter() - started  # samples/s counts training only
-        if checkpoint_now:
-            _checkpoint(training, setup.spec, state, config, last, rank)
-            if (plan.fail_after_step is not None and state.restored_from is None
-                    and state.step >= plan.fail_after_step):
-                raise RuntimeError(f"injected failure after step {state.step} (fail_after_step)")
-        tick = time.perf_counter()  # after logging and checkpointing: the next wait is the data's
+        if state.step < min(total, (epoch + 1) * plan.steps_per_epoch):
+            raise RuntimeError(f"epoch {epoch} ran out of data at step {state.step} "
+                               f"(planned {plan.steps_per_epoch} steps an epoch)")
     step_logger.flush()
     if state.step < total:
         raise RuntimeError(f"data ran out at step {state.step} of {total}")
     if not last:  # restored at the end: nothing left to do, report the state
         ray.train.report({"step": state.step, "resumed_from": state.restored_from}, checkpoint=None)
+
+
+def _epoch_batches(config: TrainConfig, plan: WorkerPlan, step: int, device: torch.device,
+                   rank: int) -> Iterator[tuple[int, Iterator[dict]]]:
+    """(epoch, this worker's batches of it) from the epoch of `step` on, with the batches
+    of that epoch before `step` (trained on before a restart) already skipped.
+
+    Each epoch is its own Ray Train dataset (csclip.train.stream.epoch_datasets), split
+    equally over the workers, and each gets its own iterator and local shuffle buffer
+    (seeded by seed, epoch and rank). Ray Train configures a dataset only when the workers
+    first ask for its shard, and does so again for every worker group it starts: so a
+    group restarted after a failure (run.max_failures) or a rerun of the config begins
+    with the epoch it resumes in, and never runs the epochs before it. With the order
+    deterministic (csclip.train.stream.deterministic), the skipped batches are exactly
+    those already trained on.
+    """
+    import ray.train
+
+    from csclip.train.stream import epoch_dataset_name, local_shuffle_seed
+
+    first = step // plan.steps_per_epoch
+    for epoch in range(first, plan.num_epochs):
+        shard = ray.train.get_dataset_shard(epoch_dataset_name(epoch))
+        batches = iter(shard.iter_torch_batches(**batch_options(
+            config.data, device, local_shuffle_seed(config.run.seed, epoch, rank))))
+        if epoch == first:
+            for _ in range(step - first * plan.steps_per_epoch):
+                next(batches)  # trained on before the restart
+        yield epoch, batches
 
 
 def _publish(metrics: StepMetrics, window: _Window, step_logger, steps_per_epoch: int) -> dict:
@@ -495,7 +531,14 @@ def run(config: TrainConfig, callbacks: Sequence = (), *, fail_after_step: int |
         return cached
     from csclip.model import spec_from_config
     from csclip.tracking import check_shared_store, finish_run, open_run, resolve_uri
-    from csclip.train.stream import image_cache_fits, plan_data, source_dataset, training_stream
+    from csclip.train.stream import (
+        deterministic,
+        epoch_dataset_name,
+        epoch_datasets,
+        image_cache_fits,
+        plan_data,
+        source_dataset,
+    )
 
     spec = spec_from_config(config.model)  # a bad model name fails here, before Ray
     check_unfinished_run(config)
@@ -511,7 +554,9 @@ def run(config: TrainConfig, callbacks: Sequence = (), *, fail_after_step: int |
     # cursor escapes; the console shows Ray Data's warnings only (csclip.entry.ray_init),
     # ray-data.log keeps the rest. (enable_progress_bars=False would itself warn.)
     DataContext.get_current().use_ray_tqdm = False
-    source = source_dataset(config.data)
+    # Every dataset of the run keeps its blocks in order: the batches are a function of
+    # the config, so a resumed run skips exactly what it trained on (epoch_datasets).
+    source = deterministic(source_dataset(config.data))
     if config.data.units_uri is None:
         # The world is generated: keep its rows (PNG bytes, a few KB each) instead of
         # rendering every scene again in every epoch. A units table streams from storage.
@@ -524,20 +569,22 @@ def run(config: TrainConfig, callbacks: Sequence = (), *, fail_after_step: int |
     # Image foils are drawn from the decoded image (and the scene) in each epoch.
     cache_images = (image_cache_fits(config.data, plan.num_rows, spec.preprocess_cfg)
                     and "image_foil" not in objective.image_columns)
-    stream = training_stream(source, sampling=config.sampling, preprocess_cfg=spec.preprocess_cfg,
-                             model_name=config.model.name, seed=config.run.seed,
-                             num_epochs=plan.num_epochs, augment=config.data.augment,
-                             objective=objective, cache_images=cache_images)
+    epochs = epoch_datasets(source, sampling=config.sampling, preprocess_cfg=spec.preprocess_cfg,
+                            model_name=config.model.name, seed=config.run.seed,
+                            num_epochs=plan.num_epochs, augment=config.data.augment,
+                            objective=objective, cache_images=cache_images)
+    datasets = {epoch_dataset_name(epoch): dataset for epoch, dataset in enumerate(epochs)}
     data_params = {"data.num_rows": plan.num_rows, "data.decode_failures": plan.num_decode_failures,
                    "data.total_steps": plan.total_steps, "data.num_epochs": plan.num_epochs}
     run_id = open_run(config.tracking, name, {**flatten(config), **data_params})
     worker_plan = WorkerPlan(
-        total_steps=plan.total_steps, steps_per_epoch=plan.steps_per_epoch, mlflow_run_id=run_id,
+        total_steps=plan.total_steps, steps_per_epoch=plan.steps_per_epoch,
+        num_epochs=plan.num_epochs, mlflow_run_id=run_id,
         tracking_uri=resolve_uri(config.tracking.uri) if config.tracking.enabled else None,
         best_uri=f"{root.rstrip('/')}/{name}/best", fail_after_step=fail_after_step)
     loop_config = {"config": config.model_dump(mode="json"), "plan": worker_plan}
     try:
-        result = _trainer(config, name, root, loop_config, stream, callbacks).fit()
+        result = _trainer(config, name, root, loop_config, datasets, callbacks).fit()
     except Exception:
         finish_run(config.tracking, run_id, status="FAILED")
         raise
@@ -551,16 +598,18 @@ def run(config: TrainConfig, callbacks: Sequence = (), *, fail_after_step: int |
     return TrainResult(name, final_uri, metrics, run_id)
 
 
-def _trainer(config: TrainConfig, name: str, root: str, loop_config: dict, stream, callbacks):
+def _trainer(config: TrainConfig, name: str, root: str, loop_config: dict, datasets: dict,
+             callbacks):
     import ray.train
     from ray.data import DataContext, ExecutionOptions
     from ray.train.torch import TorchConfig, TorchTrainer
 
     # Train's default ingest options copy the deprecated `exclude_resources` (a
-    # RayDeprecationWarning in every run); these are the same options without it.
+    # RayDeprecationWarning in every run); these are the same options without it, and
+    # with preserve_order: Train replaces each dataset's execution options by these, and
+    # under preserve_order the split hands out blocks in order, without locality hints.
     current = DataContext.get_current().execution_options
-    ingest = ExecutionOptions(resource_limits=current.resource_limits,
-                              preserve_order=current.preserve_order,
+    ingest = ExecutionOptions(resource_limits=current.resource_limits, preserve_order=True,
                               verbose_progress=current.verbose_progress)
     return TorchTrainer(
         train_loop_per_worker,
@@ -578,7 +627,7 @@ def _trainer(config: TrainConfig, name: str, root: str, loop_config: dict, strea
             # at INFO drown the step lines; its log files under the session keep them.
             logging_config=ray.train.LoggingConfig(log_level=config.run.ray_train_log_level),
             callbacks=list(callbacks)),
-        datasets={"train": stream},
+        datasets=datasets,
         dataset_config=ray.train.DataConfig(execution_options=ingest))
 
 

@@ -4,13 +4,20 @@ Data; workers only consume `iter_torch_batches`.
 
 Preparation has two parts. `decode_batch` decodes and transforms the images and
 tokenizes the captions: without augmentation none of that depends on the epoch, so when
-the tensors fit in `data.image_cache_mb` it runs once and its output is materialized. `sample_batch` draws the text
-slots, which depend on the epoch, and tokenizes them: the training stream is the union of
-one `sample_batch` map per epoch (`_epoch_stream`) over the cached or streamed rows, each
-epoch in a new, seeded global order. Images that fail to decode are counted by a check
-pass before training and dropped from the stream with their ids logged; an image that
-cannot be read at all (missing, or the store keeps failing after retries) is a DataError
-naming its URI: never a silent loss.
+the tensors fit in `data.image_cache_mb` it runs once and its output is materialized.
+`sample_batch` draws the text slots, which depend on the epoch, and tokenizes them: the
+training data is one dataset per epoch (`epoch_datasets`), a `sample_batch` map over the
+cached or streamed rows in that epoch's seeded global order. Images that fail to decode
+are counted by a check pass before training and dropped from the stream with their ids
+logged; an image that cannot be read at all (missing, or the store keeps failing after
+retries) is a DataError naming its URI: never a silent loss.
+
+The batches are deterministic: every dataset here runs with Ray Data's `preserve_order`
+(`deterministic`), so the rows of each epoch reach the workers' shards in one order, the
+split hands them out in that order (Ray's OutputSplitter ignores locality under
+preserve_order), and each worker's local shuffle is seeded by (seed, epoch, rank). What a
+worker trains on at step s is a function of the config alone; a resumed run skips
+exactly the batches it trained on before (csclip.train.loop).
 """
 
 from __future__ import annotations
@@ -386,7 +393,9 @@ def plan_data(source, data: DataConfig, num_workers: int, epochs: int,
               max_steps: int | None, max_listed_failures: int = 20) -> DataPlan:
     """Run the check pass over `source` and work out epochs and steps.
 
-    With max_steps the stream holds enough epochs for max_steps; otherwise `epochs`.
+    Each epoch is split equally over the workers and each worker drops its last partial
+    batch, so an epoch has num_rows // (batch_size * num_workers) steps on every worker.
+    With max_steps the plan holds enough epochs for max_steps; otherwise `epochs`.
     Raises DataError when nothing decodes or the data is smaller than one global batch.
     """
     status = source.map_batches(image_status, batch_format="pyarrow").to_pandas()
@@ -401,14 +410,13 @@ def plan_data(source, data: DataConfig, num_workers: int, epochs: int,
         raise DataError(f"{num_rows} usable rows (of {len(status)}) is less than one global "
                         f"batch ({data.batch_size} x {num_workers} workers); lower "
                         "data.batch_size or add data")
+    # (num_rows // num_workers) // batch_size: a worker's rows of the equal split, in
+    # whole batches.
     steps_per_epoch = num_rows // global_batch
     if max_steps is not None:
-        # Streaming split may drop up to num_workers - 1 rows to keep shards equal.
-        num_epochs = math.ceil((max_steps * global_batch + num_workers) / num_rows)
-        total_steps = max_steps
+        num_epochs, total_steps = math.ceil(max_steps / steps_per_epoch), max_steps
     else:
-        num_epochs = epochs
-        total_steps = (epochs * num_rows - num_workers + 1) // global_batch
+        num_epochs, total_steps = epochs, epochs * steps_per_epoch
     return DataPlan(num_rows, len(failed), tuple(failed[:max_listed_failures]), num_epochs,
                     steps_per_epoch, total_steps)
 
@@ -439,18 +447,43 @@ def epoch_order(source, seed: int, epoch: int):
     return source.random_shuffle(seed=epoch_seed(seed, epoch))
 
 
-def training_stream(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
-                    model_name: str, seed: int, num_epochs: int, objective: Objective,
-                    cache_images: bool = False, augment: bool = False,
-                    rows_per_block: int = 128):
-    """The union over epochs of `source` prepared for training, with the token columns
-    `objective` needs; each epoch in its own seeded global order (epoch_order).
+def deterministic(dataset):
+    """`dataset` with Ray Data's preserve_order on, for it and every dataset derived from
+    it (a Dataset keeps the DataContext of its creation; derived ones share it).
+
+    Without it the blocks of a map, a materialize or a union come out in the order their
+    tasks finish, and the batches a worker sees differ from run to run (and from a
+    killed run to its resumption). It costs the overlap of out-of-order tasks: see
+    docs/training.md ("Resume").
+    """
+    dataset.context.execution_options.preserve_order = True
+    return dataset
+
+
+def epoch_dataset_name(epoch: int) -> str:
+    """The name of epoch `epoch`'s dataset among Ray Train's datasets."""
+    return f"train_epoch_{epoch}"
+
+
+def local_shuffle_seed(seed: int, epoch: int, rank: int) -> int:
+    """The seed of a worker's local shuffle buffer in one epoch."""
+    digest = hashlib.sha256(f"local-shuffle:{seed}:{epoch}:{rank}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def epoch_datasets(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
+                   model_name: str, seed: int, num_epochs: int, objective: Objective,
+                   cache_images: bool = False, augment: bool = False,
+                   rows_per_block: int = 128) -> list:
+    """One dataset per epoch: `source` prepared for training, with the token columns
+    `objective` needs, in that epoch's seeded global order (epoch_order). Lazy: an epoch
+    that no worker asks for (one before a resumed run's epoch) never runs.
 
     cache_images: decode + transform the images (and tokenize the captions) once, here,
     and keep the result in the object store for every epoch (image_cache_fits says when
     it fits; never with augment). Without it each epoch decodes its rows again
     (prepare_batch), streaming. Either way each epoch draws its own text slots, and the
-    batches hold the same rows.
+    batches hold the same rows. Pass a `deterministic` source for reproducible batches.
     """
     preprocess = preprocess_key(preprocess_cfg)
     if cache_images and augment:
@@ -469,14 +502,13 @@ def training_stream(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
         fn_kwargs = {"preprocess": preprocess, "augment": augment}
     fn_kwargs.update(sampling=sampling.model_dump(mode="json"), model_name=model_name, seed=seed,
                      columns=list(objective.columns))
-    epochs = [_epoch_stream(epoch_order(rows, seed, epoch), prepare, epoch, fn_kwargs,
-                            rows_per_block)
-              for epoch in range(num_epochs)]
-    return epochs[0].union(*epochs[1:]) if len(epochs) > 1 else epochs[0]
+    return [_epoch_stream(epoch_order(rows, seed, epoch), prepare, epoch, fn_kwargs,
+                          rows_per_block)
+            for epoch in range(num_epochs)]
 
 
 def _epoch_stream(rows, prepare, epoch: int, fn_kwargs: dict, rows_per_block: int):
-    """One epoch of the training stream: `rows` (already in this epoch's order) with this
+    """One epoch of the training data: `rows` (already in this epoch's order) with this
     epoch's text slots drawn."""
     return rows.map_batches(prepare, batch_format="pyarrow", batch_size=rows_per_block,
                             fn_kwargs={**fn_kwargs, "epoch": epoch})
