@@ -22,15 +22,15 @@ benchmark. Prints a table per stage and the results; writes them under runs/demo
 logs every run to MLflow. `--publish` copies the last demo's results and stage timings
 from there into docs/results.md and docs/performance.md (and trains nothing).
 
---config is the fine-tuning YAML, or a whole demo YAML with `train:` and `pretrain:`
-sections (configs/world_gpu.yaml); --set paths are those of csclip.demo.DemoConfig:
+--config is the fine-tuning YAML, or a whole demo YAML with `train:` and its deltas
+(`pretrain:`, ...; configs/world_gpu.yaml); --set paths are those of csclip.demo.DemoConfig:
 train.* (the fine-tuning config), and the demo's deltas on top of it, each a partial
 training config: pretrain.*, warm_start.* (ours: the layout warm start, loss.method
 layout; null: none) and finetune.* (both fine-tunings; ours: model.lock.image, CS-CLIP's
 loss.image_foil_weight), eval_seed, out_dir."""
 
 # Top-level keys that make --config a demo YAML rather than a fine-tuning config.
-DEMO_SECTIONS = {"train", "pretrain"}
+DEMO_SECTIONS = {"train", "pretrain", "warm_start", "finetune"}
 
 EXAMPLES = (
     "%(prog)s",
