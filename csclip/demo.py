@@ -55,7 +55,7 @@ PRETRAIN = {
 # object kind is in which grid cell; loss.method layout, csclip.train.warm_start) on the
 # pretraining scenes, with a plain AdamW at a constant lr. 2000 steps put 71% of the 300
 # held-out scenes' objects in their cell (run.seed 42; chance ~11%; the in-process loop this
-# run replaced, same math: 74%, 1000 steps: 54%). Contrastive pretraining alone never makes
+# run replaced, same math and seed: 73%). Contrastive pretraining alone never makes
 # the image tower encode layout, and then no fine-tuning objective can teach "left of"
 # (docs/training.md, "Spatial relations"). null: pretraining from random weights.
 WARM_START = {
