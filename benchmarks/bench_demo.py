@@ -148,11 +148,11 @@ def stage_configs(steps: int, rows: int, storage: Path, uri: str):
     data = apply_overrides({"train": read_yaml(default_config_path("default.yaml"))}, [
         f"train.optim.max_steps={steps}", f"pretrain.optim.max_steps={steps}",
         "train.optim.warmup_steps=5", "pretrain.optim.warmup_steps=5",
-        f"train.data.world.num_train={rows}", f"pretrain.num_train={rows}",
+        f"train.data.world.num_train={rows}", f"pretrain.data.world.num_train={rows}",
         f"train.tracking.uri={uri}", f"train.run.checkpoint_every={steps}",
         # The image cache's benchmark: without image foils (ours), which stream
         # every epoch by design; they would make both paths the streamed one.
-        "pretrain.image_foil_weight=0", "image_foil_weight=null"])
+        "pretrain.loss.image_foil_weight=null", "finetune.loss.image_foil_weight=null"])
     demo = validate_config(DemoConfig, data)
     pre = pretrain_config(demo)
     placeholder = str(storage / "pretrained")  # the fine-tunes start from the pretraining

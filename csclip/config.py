@@ -26,6 +26,17 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def refuse_renamed(data: object, section: str, renamed: dict[str, str]) -> object:
+    """A `mode="before"` validator's body: raise ValueError naming the field that replaced
+    an old one given in `data` (renamed: old key -> what to set instead), so an old config
+    fails with one line that says what to write, not only "extra inputs"."""
+    if isinstance(data, dict):
+        for old, new in renamed.items():
+            if old in data:
+                raise ValueError(f"{section}.{old} is no longer a field: set {new}")
+    return data
+
+
 def parse_override(text: str) -> tuple[list[str], object]:
     """Parse `a.b.c=value` into (["a", "b", "c"], value), the value read as YAML
     (so `1e-5` is a float, `true` a bool, `[1, 2]` a list, `abc` a string)."""
@@ -92,30 +103,35 @@ def with_section_defaults(model: type[BaseModel], data: dict) -> dict:
             continue
         default = info.get_default(call_default_factory=True)
         if isinstance(default, BaseModel):
-            merged = _deep_merge(default.model_dump(), value)
+            merged = deep_merge(default.model_dump(), value)
             result[name] = with_section_defaults(type(default), merged)
+        elif isinstance(default, dict) and default:
+            # A section given as a delta (csclip.demo's pretrain, finetune): the same.
+            result[name] = deep_merge(default, value)
     return result
 
 
-def _deep_merge(base: dict, update: dict) -> dict:
+def deep_merge(base: dict, update: dict) -> dict:
+    """`update` merged over `base`, nested dicts key by key (neither is changed)."""
     merged = dict(base)
     for key, value in update.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
+            merged[key] = deep_merge(merged[key], value)
         else:
             merged[key] = value
     return merged
 
 
-def validate_config(model: type[ConfigT], data: dict, origin: str = "config") -> ConfigT:
+def validate_config(model: type[ConfigT], data: dict, origin: str = "config",
+                    prefix: str = "") -> ConfigT:
     """Validate `data` into `model` (partly given sections keep their other defaults),
-    raising ConfigError naming each bad field."""
+    raising ConfigError naming each bad field (`prefix` before its path)."""
     try:
         return model.model_validate(with_section_defaults(model, data))
     except ValidationError as err:
         problems = []
         for item in err.errors():
-            where = ".".join(str(p) for p in item["loc"]) or "(top level)"
+            where = (prefix + ".".join(str(p) for p in item["loc"])).rstrip(".") or "(top level)"
             problems.append(f"{where}: {item['msg']}" + (
                 f" (got {item['input']!r})" if item["type"] != "extra_forbidden" and
                 not isinstance(item.get("input"), dict) else ""))

@@ -8,6 +8,7 @@ docs/performance.md, on purpose, never as a side effect of a run."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import statistics
@@ -18,66 +19,101 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from csclip.config import StrictModel
-from csclip.loss import LossConfig
+from csclip.config import StrictModel, refuse_renamed, validate_config
+from csclip.errors import ConfigError
 from csclip.train import TrainConfig, TrainResult, finished_result, run
-from csclip.train.optim import OptimConfig
 
 logger = logging.getLogger(__name__)
 
 
-class PretrainConfig(StrictModel):
-    """The stand-in for web-scale pretraining: plain CLIP loss on world captions (which
-    state relations, so the model can learn spatial layout) from scenes the fine-tuning
-    never sees (another world seed)."""
+# The demo's runs, each a delta (a partial TrainConfig, merged field by field) on top of
+# another: the pretraining on top of `train` (configs/default.yaml, the fine-tuning
+# config), the layout warm start on top of the pretraining, both fine-tunings on top of
+# `train`. `--set pretrain.optim.max_steps=300` changes that one field of the delta
+# (csclip.config.with_section_defaults keeps the others).
 
-    world_seed: int = 1000
-    num_train: int = Field(4000, ge=1)
-    batch_size: int = Field(64, ge=1)
-    # `--set pretrain.optim.max_steps=300` keeps the other fields of this default
-    # (csclip.config.with_section_defaults). 1000 steps (16 epochs): 1500 cost a third more
-    # for no difference the benchmark resolves (docs/training.md, "The demo").
-    optim: OptimConfig = OptimConfig(lr=1e-3, weight_decay=0.1, warmup_steps=50, max_steps=1000)
-    storage_path: str = "runs/pretrain"
-    # Ours: before pretraining, the image tower answers the world's layout
-    # question (which object kind is in which grid cell; csclip.train.warm_start) for this
-    # many steps, on the pretraining scenes; 0: CLIP pretraining from random weights.
-    # 2000 steps put 74% of held-out objects in their cell (1000: 54%; chance ~11%).
-    # Contrastive pretraining alone never makes the image tower encode layout, and then
-    # no fine-tuning objective can teach "left of" (docs/training.md, spatial relations).
-    layout_steps: int = Field(2000, ge=0)
-    # Ours: image-side foils in the pretraining too (loss.image_foils with this
-    # μ; 0: none), so the text tower starts fine-tuning already reading the locked image
-    # tower's layout. Without them CS-CLIP's image foils did not take from one of two
-    # pretrainings (docs/training.md, "Spatial relations"; docs/research/spatial.md, study C).
-    image_foil_weight: float = Field(2.0, ge=0)
+# The stand-in for web-scale pretraining: plain CLIP loss on world captions (which state
+# relations, so the model can learn spatial layout) from scenes the fine-tuning never sees
+# (another world seed). 1000 steps (16 epochs): 1500 cost a third more for no difference
+# the benchmark resolves (docs/training.md, "The demo").
+PRETRAIN = {
+    "data": {"world": {"seed": 1000, "num_train": 4000}, "batch_size": 64},
+    # Ours: image-side foils in the pretraining too (μ), so the text tower starts
+    # fine-tuning already reading the locked image tower's layout. Without them CS-CLIP's
+    # image foils did not take from one of two pretrainings (docs/research/spatial.md,
+    # study C).
+    # λ is pinned (plain CLIP ignores it) so that the fine-tuning's λ does not rename, and
+    # so retrain, the cached pretraining.
+    "loss": {"method": "clip", "image_foil_weight": 2.0, "unit_loss_weight": 0.5},
+    "optim": {"lr": 1e-3, "weight_decay": 0.1, "warmup_steps": 50, "max_steps": 1000},
+    # Ours, LiT (Zhai et al. 2022): the warm image tower locked, the text tower tuned to it.
+    # Contrastive training on the world washes layout out of an unlocked image embedding.
+    "model": {"lock": {"image": True}},
+    "run": {"storage_path": "runs/pretrain"},
+}
+# Ours: before pretraining, the image tower answers the world's layout question (which
+# object kind is in which grid cell; loss.method layout, csclip.train.warm_start) on the
+# pretraining scenes, with a plain AdamW at a constant lr. 2000 steps put 71% of the 300
+# held-out scenes' objects in their cell (run.seed 42; chance ~11%; the in-process loop this
+# run replaced, same math and seed: 73%). Contrastive pretraining alone never makes
+# the image tower encode layout, and then no fine-tuning objective can teach "left of"
+# (docs/training.md, "Spatial relations"). null: pretraining from random weights.
+WARM_START = {
+    "loss": {"method": "layout", "image_foil_weight": None},
+    "model": {"lock": {"image": False}},
+    "optim": {"lr": 1e-3, "weight_decay": 0.1, "decay_all_params": True, "betas": [0.9, 0.999],
+              "eps": 1e-8, "schedule": "constant", "warmup_steps": 0, "grad_clip": None,
+              "max_steps": 2000},
+}
+# Both fine-tunings (CLIP-FT and CS-CLIP): the warm image tower stays locked (ours), and
+# CS-CLIP adds the image-side foils with this μ (ours; CLIP-FT, the paper's baseline, never
+# has them: the demo sets its loss.image_foil_weight to null).
+FINETUNE = {"model": {"lock": {"image": True}}, "loss": {"image_foil_weight": 2.0}}
+
+# Fields the demo sets itself in each run, refused in its delta: `delta: {field: why}`.
+_SET_BY_THE_DEMO = {
+    "pretrain": {"run.name": "the demo names its runs (by config hash)",
+                 "model.pretrained": "the pretraining starts from the warm start (or random "
+                                     "weights without one)"},
+    "warm_start": {"run.name": "the demo names its runs (by config hash)"},
+    "finetune": {"run.name": "the demo names its runs (by config hash, one per method)",
+                 "model.pretrained": "the demo fine-tunes from its own pretraining",
+                 "loss.method": "the demo fine-tunes with both clip (CLIP-FT) and csclip"},
+}
 
 
 class DemoConfig(StrictModel):
-    """`train` is the fine-tuning config (configs/default.yaml); the demo runs it twice,
-    with loss.method csclip and clip, from the pretrained checkpoint."""
+    """`train` is the fine-tuning config (configs/default.yaml); `pretrain`, `warm_start`
+    and `finetune` are the demo's deltas (partial TrainConfigs) on top of it: see PRETRAIN,
+    WARM_START and FINETUNE. The fine-tuning runs twice, with loss.method csclip and clip,
+    from the pretrained checkpoint."""
 
     train: TrainConfig = TrainConfig()
-    pretrain: PretrainConfig = PretrainConfig()
-    # Ours. With a layout warm start the image tower stays locked from then on:
-    # the pretraining aligns the text tower to it (LiT, Zhai et al. 2022: a pretrained image
-    # model, locked, and a text tower tuned to it), and both fine-tunings, CLIP-FT and
-    # CS-CLIP alike, train the text tower only. Contrastive training on the world washes
-    # the layout out of an unlocked image embedding (docs/training.md, "Spatial
-    # relations"). Without a warm start (pretrain.layout_steps 0) nothing is locked.
-    lock_image: bool = True
-    # Ours: CS-CLIP's image-side counterfactual foils in the demo (the scene
-    # re-rendered with a relation's two objects exchanged; csclip.train.image_foils), with this
-    # weight μ; they override train.loss.image_foils / image_foil_weight for CS-CLIP.
-    # null: train.loss decides. CLIP-FT, the paper's baseline, never has them.
-    image_foil_weight: float | None = Field(2.0, ge=0)
+    pretrain: dict = Field(default_factory=lambda: copy.deepcopy(PRETRAIN))
+    warm_start: dict | None = Field(default_factory=lambda: copy.deepcopy(WARM_START))
+    finetune: dict = Field(default_factory=lambda: copy.deepcopy(FINETUNE))
     eval_seed: int = 0
     out_dir: str = "runs/demo"  # tables, figures, the results section, the stage timings
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_fields(cls, data):
+        if isinstance(data, dict):  # the pretraining's own fields, before it was a delta
+            refuse_renamed(data.get("pretrain"), "pretrain", {
+                "layout_steps": "warm_start.optim.max_steps (warm_start=null: none)",
+                "image_foil_weight": "pretrain.loss.image_foil_weight",
+                "world_seed": "pretrain.data.world.seed",
+                "num_train": "pretrain.data.world.num_train",
+                "batch_size": "pretrain.data.batch_size",
+                "storage_path": "pretrain.run.storage_path"})
+        return refuse_renamed(data, "demo", {
+            "lock_image": "finetune.model.lock.image (and pretrain.model.lock.image)",
+            "image_foil_weight": "finetune.loss.image_foil_weight (CS-CLIP's μ)"})
 
     @model_validator(mode="after")
     def _fields_the_demo_sets_itself(self) -> DemoConfig:
         # The demo names its runs, fine-tunes from its own pretraining and runs both
-        # methods: these fields of `train` would be overwritten, so they are refused.
+        # methods: these fields would be overwritten, so they are refused.
         train = self.train
         if train.run.name is not None:
             raise ValueError(f"train.run.name={train.run.name!r}: the demo names its runs "
@@ -88,7 +124,55 @@ class DemoConfig(StrictModel):
         if train.loss.method != "csclip":
             raise ValueError(f"train.loss.method={train.loss.method!r}: the demo fine-tunes "
                              "with both clip (CLIP-FT) and csclip; leave it at csclip")
+        for delta_name, fields in _SET_BY_THE_DEMO.items():
+            delta = getattr(self, delta_name) or {}
+            for field_path, why in fields.items():
+                section, key = field_path.split(".")
+                if key in (delta.get(section) or {}):
+                    raise ValueError(f"{delta_name}.{field_path}: {why}; leave it unset")
+        pre = self.pretrain_config()  # each delta validates as a TrainConfig
+        if self.warm_start is None and pre.model.lock.image:
+            raise ValueError("warm_start is null but pretrain.model.lock.image is true: the "
+                             "image tower would stay random; set pretrain.model.lock.image="
+                             "false and finetune.model.lock.image=false")
+        if self.warm_start is not None:
+            self.warm_start_config()
+        self.finetune_config("csclip", "pretrained")
         return self
+
+    def warm_start_config(self) -> TrainConfig:
+        """The layout warm start: the pretraining's scenes and model, loss.method layout."""
+        if self.warm_start is None:
+            raise ValueError("this demo has no warm start (warm_start is null)")
+        return apply_delta(self.pretrain_config(), self.warm_start, "warm_start")
+
+    def pretrain_config(self, warm_start: str | None = None) -> TrainConfig:
+        """The CLIP pretraining run: `train` with the `pretrain` delta, from the layout warm
+        start's checkpoint when there is one, else random weights."""
+        config = apply_delta(self.train, self.pretrain, "pretrain")
+        return config.model_copy(update={
+            "model": config.model.model_copy(update={"pretrained": warm_start})})
+
+    def finetune_config(self, method: str, pretrained_uri: str) -> TrainConfig:
+        """One fine-tuning from the pretrained checkpoint: `train` with the `finetune`
+        delta and loss.method `method`; CLIP-FT (clip) without image foils."""
+        config = apply_delta(self.train, self.finetune, "finetune")
+        loss = {"method": method, **({"image_foil_weight": None} if method == "clip" else {})}
+        return config.model_copy(update={
+            "model": config.model.model_copy(update={"pretrained": pretrained_uri}),
+            "loss": config.loss.model_copy(update=loss)})
+
+
+def apply_delta(base: TrainConfig, delta: dict, name: str) -> TrainConfig:
+    """`base` with `delta` (a partial TrainConfig) merged over it, field by field.
+    Raises ValueError naming the delta's bad fields (`<name>.loss.method: ...`)."""
+    from csclip.config import deep_merge
+
+    data = deep_merge(base.model_dump(mode="json"), delta)
+    try:
+        return validate_config(TrainConfig, data, origin=name, prefix=f"{name}.")
+    except ConfigError as err:
+        raise ValueError(str(err)) from None
 
 
 @dataclass(frozen=True)
@@ -127,52 +211,14 @@ PUBLISHED = {RESULTS_SECTION: ("docs/results.md", "demo", "# Results"),
              STAGES_SECTION: ("docs/performance.md", "demo-stages", "# Performance")}
 
 
-def pretrain_world(demo: DemoConfig):
-    """The pretraining's scenes: the fine-tuning's world, another seed."""
-    pre = demo.pretrain
-    return demo.train.data.world.model_copy(update={"seed": pre.world_seed,
-                                                    "num_train": pre.num_train})
-
-
 def pretrain_config(demo: DemoConfig, warm_start: str | None = None) -> TrainConfig:
-    """The CLIP pretraining run: same model and world, another seed, plain CLIP loss;
-    from the layout warm start's checkpoint when there is one, else random weights."""
-    base, pre = demo.train, demo.pretrain
-    world = pretrain_world(demo)
-    return base.model_copy(update={
-        "model": base.model.model_copy(update={
-            "pretrained": warm_start, "lock_image": bool(warm_start and demo.lock_image),
-            "lock_image_unlocked_groups": 0}),
-        "data": base.data.model_copy(update={"world": world, "batch_size": pre.batch_size}),
-        # Its own loss section, so that fine-tuning settings (λ) do not change the
-        # pretraining's config hash and invalidate its cache.
-        # Without foils the weight stays LossConfig's default, so the config (and its
-        # cached pretraining) is the one from before image_foil_weight existed.
-        "loss": LossConfig(method="clip", image_foils=pre.image_foil_weight > 0,
-                           image_foil_weight=pre.image_foil_weight or 1.0),
-        "optim": pre.optim,
-        "run": base.run.model_copy(update={"name": None, "storage_path": pre.storage_path}),
-    })
+    """DemoConfig.pretrain_config."""
+    return demo.pretrain_config(warm_start)
 
 
 def finetune_config(demo: DemoConfig, method: str, pretrained_uri: str) -> TrainConfig:
-    """One fine-tuning from the pretrained checkpoint: `train` with loss.method `method`,
-    the image tower locked after a warm start (`lock_image`), and for CS-CLIP the demo's
-    image foils (`image_foil_weight`)."""
-    base = demo.train
-    lock = base.model.lock_image or (demo.lock_image and demo.pretrain.layout_steps > 0)
-    if method == "clip":  # CLIP-FT is the paper's baseline: the CLIP loss alone, no foils
-        foils = {"image_foils": False}
-    elif demo.image_foil_weight is not None:
-        foils = ({"image_foils": True, "image_foil_weight": demo.image_foil_weight}
-                 if demo.image_foil_weight > 0 else {"image_foils": False})
-    else:
-        foils = {}
-    return base.model_copy(update={
-        "model": base.model.model_copy(update={"pretrained": pretrained_uri, "lock_image": lock}),
-        "loss": base.loss.model_copy(update={"method": method, **foils}),
-        "run": base.run.model_copy(update={"name": None}),
-    })
+    """DemoConfig.finetune_config."""
+    return demo.finetune_config(method, pretrained_uri)
 
 
 METHODS = {"CLIP-FT": "clip", "CS-CLIP": "csclip"}
@@ -191,14 +237,16 @@ def run_demo(demo: DemoConfig, command: str = "make demo",
     uri = resolve_uri(tracking.uri) if tracking.enabled else None
     start_ray()
     stages = [StageTime("start Ray", time.perf_counter() - started)]
-    layout = demo.pretrain.layout_steps
+    pre_plan = demo.pretrain_config()
+    warm = demo.warm_start_config() if demo.warm_start is not None else None
     _header(1, "pretraining a small CLIP: "
-               + (f"the layout warm start ({layout} steps), then " if layout else "")
-               + f"{demo.pretrain.optim.max_steps} steps x batch {demo.pretrain.batch_size} "
-               f"on {demo.pretrain.num_train} world captions (cached after the first run)")
+               + (f"the layout warm start ({warm.optim.max_steps} steps), then " if warm else "")
+               + f"{pre_plan.optim.max_steps} steps x batch {pre_plan.data.batch_size} "
+               f"on {pre_plan.data.world.num_train} world captions (cached after the first run)")
     warm_start = None
-    if layout:
-        warm_start, stage = _warm_start_stage(demo)
+    if warm is not None:
+        warmed, stage = _warm_start_stage(demo, uri)
+        warm_start = warmed.checkpoint_uri
         stages.append(stage)
     pre = pretrain_config(demo, warm_start)
     pretrained, stage = _train_stage("pretrain", pre, uri)
@@ -251,57 +299,28 @@ def _header(number: int, text: str) -> None:
     logger.info("==== [%d/4] %s ====", number, text)
 
 
-def warm_start_dir(demo: DemoConfig) -> Path:
-    """Where the layout warm start's checkpoint goes: under the pretraining's storage
-    path (a local directory), named by a hash of everything that determines it."""
-    import hashlib
+def _warm_start_stage(demo: DemoConfig, uri: str | None) -> tuple[TrainResult, StageTime]:
+    """The layout warm start, a training run like the others (csclip.train.run: cached by
+    its name, resumed when cut short), then what its held-out scenes say of the image
+    tower (csclip.train.warm_start.measure_checkpoint), logged and written to
+    out_dir/warm_start.json."""
     import json
 
-    pre, model = demo.pretrain, demo.train.model
-    key = {"model": model.name, "image_size": model.image_size, "steps": pre.layout_steps,
-           "batch_size": pre.batch_size, "seed": demo.train.run.seed,
-           "world": pretrain_world(demo).model_dump(mode="json")}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    return Path(pre.storage_path) / f"layout-{digest}"
+    from csclip.train.warm_start import measure_checkpoint
 
-
-def _warm_start_stage(demo: DemoConfig) -> tuple[str, StageTime]:
-    """The image tower's layout question (csclip.train.warm_start), in this process (a few
-    minutes of CPU: no cluster needed), cached like the pretraining."""
-    import json
-
-    import torch
-
-    from csclip.errors import ConfigError
-    from csclip.model import create_bundle, save_checkpoint, spec_of
-    from csclip.storage import is_s3
-    from csclip.train.warm_start import image_layout_warm_start
-
-    pre, model = demo.pretrain, demo.train.model
-    if is_s3(pre.storage_path):
-        raise ConfigError("pretrain.layout_steps needs a local pretrain.storage_path (the warm "
-                          "start is written on this machine); set pretrain.layout_steps=0 or a "
-                          "local pretrain.storage_path")
-    directory = warm_start_dir(demo)
-    summary = directory / "layout.json"
-    started = time.perf_counter()
-    if summary.is_file():
-        logger.info("layout warm start: reusing %s", directory)
-        return str(directory.resolve()), StageTime("layout warm start", 0.0, pre.layout_steps,
-                                                    pre.batch_size, cached=True)
-    bundle = create_bundle(model.name, image_size=model.image_size)
-    device = "cuda" if demo.train.run.use_gpu and torch.cuda.is_available() else "cpu"
-    result = image_layout_warm_start(bundle.model, bundle.preprocess, pretrain_world(demo),
-                                     pre.layout_steps, batch_size=pre.batch_size,
-                                     seed=demo.train.run.seed, device=device, log_every=500,
-                                     log=logger.info)
-    save_checkpoint(bundle.model.cpu(), spec_of(bundle.model, model.name), directory)
-    summary.write_text(json.dumps(result.__dict__, indent=2))
-    seconds = time.perf_counter() - started
+    config = demo.warm_start_config()
+    result, stage = _train_stage("layout warm start", config, uri)
+    quality = measure_checkpoint(result.checkpoint_uri, config.model, config.data.world)
     logger.info("layout warm start: %.1f%% of held-out objects in their cell (chance ~11%%), "
-                "%.0f s", result.cell_accuracy, seconds)
-    return str(directory.resolve()), StageTime("layout warm start", seconds, pre.layout_steps,
-                                               pre.batch_size)
+                "presence %.1f%% (always \"absent\": %.1f%%), held-out loss %.4f",
+                quality.cell_accuracy, quality.presence_accuracy, quality.absent_share,
+                quality.held_out_loss)
+    out = Path(demo.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "warm_start.json").write_text(json.dumps(
+        {**quality.__dict__, "run": result.run_name, "steps": config.optim.max_steps,
+         "last_loss": result.metrics.get("loss")}, indent=2) + "\n")
+    return result, stage
 
 
 def _train_stage(stage: str, config: TrainConfig, uri: str | None
@@ -382,9 +401,10 @@ def results_section(demo: DemoConfig, pretrained: TrainResult, finetuned: dict[s
     """The demo's section of docs/results.md: the comparison table and how it was made.
     reused: the stages found finished from an earlier run (not timed here). Runs are
     named, not located: the section is published, and a path would be this machine's."""
-    train, pre = demo.train, demo.pretrain
+    pre = demo.pretrain_config()
+    warm = demo.warm_start_config() if demo.warm_start is not None else None
+    cs_clip = train = finetune_config(demo, "csclip", pretrained.checkpoint_uri)
     world = train.data.world
-    cs_clip = finetune_config(demo, "csclip", pretrained.checkpoint_uri)
     lines = [
         "## The demo: pretrained CLIP, CLIP-FT and CS-CLIP on the synthetic world", "",
         f"Produced by `{command}` (csclip.demo; {seconds / 60:.1f} min wall clock, "
@@ -392,20 +412,19 @@ def results_section(demo: DemoConfig, pretrained: TrainResult, finetuned: dict[s
         + "). Models: the pretrained small CLIP (stands in for zero-shot CLIP), "
         "CLIP-FT and CS-CLIP fine-tuned from it on the same budget.", "",
         f"- model `{train.model.name}`, {world.image_size} px images",
-        f"- pretraining: CLIP loss on {pre.num_train} world captions (world seed "
-        f"{pre.world_seed}), {pre.optim.max_steps} steps x batch {pre.batch_size}, "
+        f"- pretraining: CLIP loss on {pre.data.world.num_train} world captions (world seed "
+        f"{pre.data.world.seed}), {pre.optim.max_steps} steps x batch {pre.data.batch_size}, "
         f"lr {pre.optim.lr}"
-        + (f", from an image tower warm-started on the layout question ({pre.layout_steps} "
-           "steps on the same scenes; ours, docs/training.md)"
-           + (", locked (LiT): only the text tower trains" if demo.lock_image else "")
-           + (f", with image-side foils, μ = {pre.image_foil_weight} (ours)"
-              if pre.image_foil_weight else "")
-           if pre.layout_steps else ", from random weights"),
+        + (f", from an image tower warm-started on the layout question ({warm.optim.max_steps} "
+           "steps on the same scenes; ours, docs/training.md)" if warm else ", from random weights")
+        + (", locked (LiT): only the text tower trains" if pre.model.lock.image else "")
+        + (f", with image-side foils, μ = {pre.loss.image_foil_weight} (ours)"
+           if pre.loss.image_foils else ""),
         f"- fine-tuning: {world.num_train} training scenes (seed {world.seed}), "
         f"{train.optim.max_steps} steps x batch {train.data.batch_size}, lr {train.optim.lr}, "
         f"N = {train.sampling.num_unit_slots}, relation_prob {train.sampling.relation_prob}, "
         f"λ = {train.loss.unit_loss_weight}"
-        + (", the image tower locked in both (ours)" if cs_clip.model.lock_image else "")
+        + (", the image tower locked in both (ours)" if cs_clip.model.lock.image else "")
         + (f"; CS-CLIP with image-side foils, μ = {cs_clip.loss.image_foil_weight} (ours; "
            "CLIP-FT never)" if cs_clip.loss.image_foils else ""),
         f"- evaluation: half-truth benchmark on the {world.num_val} validation scenes, seed "

@@ -22,16 +22,21 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor
 
-from csclip.config import StrictModel
+from csclip.config import StrictModel, refuse_renamed
+from csclip.errors import ConfigError
 
 
 class LossConfig(StrictModel):
-    """The `loss` section: which objective, and λ in L = L_full + λ·L_unit (SPEC §3)."""
+    """The `loss` section: which objective, and λ in L = L_full + λ·L_unit (SPEC §3).
 
-    method: Literal["clip", "negclip", "csclip"] = "csclip"
+    method `layout` (ours, not a retrieval objective): the image tower alone learns each
+    object kind's grid cell on the synthetic world (`layout_loss`; the demo's warm start,
+    csclip.train.warm_start)."""
+
+    method: Literal["clip", "negclip", "csclip", "layout"] = "csclip"
     unit_loss_weight: float = Field(0.5, ge=0)
     # True: features are all-gathered with gradient, so negatives come from the global
     # batch (batch_size x workers; open_clip's --gather-with-grad). False: each worker's
@@ -43,8 +48,26 @@ class LossConfig(StrictModel):
     # Each sample's image with one relation made false (csclip.train.image_foils) joins the batch
     # with the unit true of it; a relation unit must prefer its own image over the foil,
     # and the image its unit over the foil's: L = L_full + λ·L_unit + μ·L_image_foil.
-    image_foils: bool = False
-    image_foil_weight: float = Field(1.0, ge=0)  # μ
+    # This one field turns them on, with its weight μ; None or 0: off.
+    image_foil_weight: float | None = Field(None, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_fields(cls, data):
+        return refuse_renamed(data, "loss", {
+            "image_foils": "loss.image_foil_weight (a weight μ turns image foils on; null: off)"})
+
+    @model_validator(mode="after")
+    def _layout_has_no_foils(self) -> LossConfig:
+        if self.method == "layout" and self.image_foil_weight:
+            raise ValueError("loss.method layout asks the image tower alone; it has no "
+                             "image foils: leave loss.image_foil_weight unset")
+        return self
+
+    @property
+    def image_foils(self) -> bool:
+        """Whether the image-foil term is on (loss.image_foil_weight set and > 0)."""
+        return bool(self.image_foil_weight)
 
 
 @dataclass(frozen=True)
@@ -325,6 +348,18 @@ def image_foil_loss(image: Tensor, foil_images: Tensor, units: Tensor, foil_text
                        _gather_mask(mask, gather), scale)
 
 
+@fp32_loss
+def layout_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """L_layout (ours, the demo's warm start): for each of K object kinds, cross entropy of
+    its class (its grid cell, or "absent" after the cells) over the head's logits.
+
+    logits: (B, K * classes) from a linear head on the image embedding; targets: (B, K)
+    int64 class indices. The mean over the B x K (sample, kind) pairs.
+    """
+    batch, kinds = targets.shape
+    return F.cross_entropy(logits.reshape(batch, kinds, -1).flatten(0, 1), targets.flatten())
+
+
 def _full_mask(mask: Tensor | None, image: Tensor) -> Tensor:
     if mask is None:
         return torch.ones(image.shape[0], dtype=torch.bool, device=image.device)
@@ -354,12 +389,38 @@ def unit_columns(num_unit_slots: int) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class LayoutQuestion:
+    """What loss.method layout asks of each image: for every object kind (a world's colors x
+    shapes, kind index color * len(shapes) + shape), which of the grid_size² cells holds
+    it, or "absent" (class grid_size², the last)."""
+
+    colors: tuple[str, ...]
+    shapes: tuple[str, ...]
+    grid_size: int
+
+    @property
+    def num_kinds(self) -> int:
+        return len(self.colors) * len(self.shapes)
+
+    @property
+    def num_classes(self) -> int:  # the cells and "absent"
+        return self.grid_size ** 2 + 1
+
+    def kind(self, color: str | None, shape: str) -> int | None:
+        if color not in self.colors or shape not in self.shapes:
+            return None
+        return self.colors.index(color) * len(self.shapes) + self.shapes.index(shape)
+
+
+@dataclass(frozen=True)
 class Objective:
     """One training method: the token columns it encodes (in order) and its loss.
 
     `loss(image, texts, masks, scale)` takes image features (B, D), the features of each
     text column by name ((B, D) each), the batch's boolean mask columns by name ((B,)) and
-    scale = logit_scale.exp(); it returns LossParts.
+    scale = logit_scale.exp(); it returns LossParts. With `layout` (loss.method layout)
+    there are no text columns: `image` is the layout head's logits (B, K * classes) and
+    the batch's `layout_target` (B, K) is read like a mask column.
     """
 
     method: str
@@ -368,13 +429,15 @@ class Objective:
     unit_loss_weight: float = 0.0
     gather: bool = True  # LossConfig.gather
     image_foil_weight: float | None = None  # μ; None: no image-foil term
+    layout: LayoutQuestion | None = None  # method layout only
 
     @property
     def mask_columns(self) -> tuple[str, ...]:
-        """The boolean columns the loss reads from the batch: `negative_mask` (samples
-        with a caption negative) for negclip and csclip, `unit_mask` (samples with units)
-        for csclip, `image_foil_mask` (samples with an image foil) with image foils."""
-        masks = {"clip": (), "negclip": ("negative_mask",),
+        """The columns besides images and tokens the loss reads from the batch:
+        `negative_mask` (samples with a caption negative) for negclip and csclip,
+        `unit_mask` (samples with units) for csclip, `image_foil_mask` (samples with an
+        image foil) with image foils, `layout_target` (B, K) for layout."""
+        masks = {"clip": (), "negclip": ("negative_mask",), "layout": ("layout_target",),
                  "csclip": ("unit_mask", "negative_mask")}[self.method]
         return masks + (("image_foil_mask",) if self.image_foil_weight is not None else ())
 
@@ -387,6 +450,9 @@ class Objective:
     def loss(self, image: Tensor, texts: Mapping[str, Tensor], masks: Mapping[str, Tensor],
              scale: Tensor, images: Mapping[str, Tensor] | None = None) -> LossParts:
         """images: features of image_columns beyond `image` by name ((B, D) each)."""
+        if self.method == "layout":
+            term = layout_loss(image, masks["layout_target"])
+            return LossParts(term, torch.zeros_like(term), term)
         parts = self._paper_loss(image, texts, masks, scale)
         if self.image_foil_weight is None:
             return parts
@@ -413,9 +479,18 @@ class Objective:
                            masks["negative_mask"], gather=self.gather)
 
 
-def objective_for(config: LossConfig, num_unit_slots: int) -> Objective:
+def objective_for(config: LossConfig, num_unit_slots: int,
+                  layout: LayoutQuestion | None = None) -> Objective:
     """The Objective of `config.method` with N = num_unit_slots unit slots (and, with
-    loss.image_foils, the image-foil term's `image_foil_unit` column)."""
+    loss.image_foil_weight, the image-foil term's `image_foil_unit` column). layout: the
+    question of method layout (the training world's; None where there is no world).
+
+    Raises ConfigError for method layout without a question."""
+    if config.method == "layout":
+        if layout is None:
+            raise ConfigError("loss.method layout needs the synthetic world (data.units_uri "
+                             "unset): its targets are the scenes' object cells")
+        return Objective("layout", (), gather=config.gather, layout=layout)
     foil = ((("image_foil_unit", "image_foil_text"), config.image_foil_weight)
             if config.image_foils else ((), None))
     if config.method == "clip":

@@ -23,12 +23,17 @@ from typing import Any
 import torch
 from pydantic import Field, field_validator, model_validator
 
-from csclip.config import StrictModel
+from csclip.config import StrictModel, refuse_renamed
 from csclip.errors import CheckpointMismatch, ConfigError
 
 logger = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "model.pt"
+# Modules a training objective adds to the model for itself (loss.method layout's head,
+# csclip.train.warm_start): in that run's checkpoints, so a resumed run keeps them, but not
+# part of the CLIP model: a checkpoint loaded as a model (model.pretrained, load_bundle)
+# leaves them out.
+OBJECTIVE_HEADS = ("layout_head",)
 SPEC_FILE = "model_spec.json"
 TRAIN_STATE_FILE = "train_state.pt"
 CONFIG_FILE = "config.json"
@@ -90,6 +95,34 @@ class ModelSource(StrictModel):
         return value
 
 
+class LockConfig(StrictModel):
+    """The `model.lock` section: LiT-style locking, a tower frozen except its last N layer
+    groups (open_clip's lock_image_tower / lock_text_tower). Groups, first to last:
+    embeddings, each residual block but the last, the last block with its final
+    LayerNorm, the projection. Locked weights get no gradient and no AdamW slot."""
+
+    image: bool = False
+    image_unlocked_groups: int = Field(0, ge=0)
+    text: bool = False
+    text_unlocked_layers: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _unlocked_needs_lock(self) -> LockConfig:
+        if self.image_unlocked_groups and not self.image:
+            raise ValueError("model.lock.image_unlocked_groups is set but model.lock.image is "
+                             "false; set model.lock.image=true (or drop the unlocked groups)")
+        if self.text_unlocked_layers and not self.text:
+            raise ValueError("model.lock.text_unlocked_layers is set but model.lock.text is "
+                             "false; set model.lock.text=true (or drop the unlocked layers)")
+        return self
+
+
+# The lock fields before they became one section: an old config is told where they went.
+_RENAMED_LOCK_FIELDS = {
+    "lock_image": "model.lock.image", "lock_image_unlocked_groups": "model.lock.image_unlocked_groups",
+    "lock_text": "model.lock.text", "lock_text_unlocked_layers": "model.lock.text_unlocked_layers"}
+
+
 class ModelConfig(ModelSource):
     """The `model` section of a training config: the model and how it is trained."""
 
@@ -97,23 +130,12 @@ class ModelConfig(ModelSource):
     # not change what a checkpoint holds. grad_checkpointing recomputes each residual
     # block in the backward: less activation memory, ~1/3 more compute, same gradients.
     grad_checkpointing: bool = False
-    # LiT-style locking: freeze a tower except its last N layer groups (open_clip's
-    # lock_image_tower / lock_text_tower). Groups, first to last: embeddings, each residual
-    # block but the last, the last block with its final LayerNorm, the projection.
-    lock_image: bool = False
-    lock_image_unlocked_groups: int = Field(0, ge=0)
-    lock_text: bool = False
-    lock_text_unlocked_layers: int = Field(0, ge=0)
+    lock: LockConfig = LockConfig()
 
-    @model_validator(mode="after")
-    def _unlocked_needs_lock(self) -> ModelConfig:
-        if self.lock_image_unlocked_groups and not self.lock_image:
-            raise ValueError("lock_image_unlocked_groups is set but lock_image is false; "
-                             "set model.lock_image=true (or drop the unlocked groups)")
-        if self.lock_text_unlocked_layers and not self.lock_text:
-            raise ValueError("lock_text_unlocked_layers is set but lock_text is false; "
-                             "set model.lock_text=true (or drop the unlocked layers)")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_fields(cls, data):
+        return refuse_renamed(data, "model", _RENAMED_LOCK_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -244,6 +266,21 @@ def _build(name: str, pretrained: str | None, device: str, quick_gelu: bool,
     return ClipBundle(model, preprocess, open_clip.get_tokenizer(name), name, pretrained)
 
 
+def _build_from_checkpoint(directory: str | Path, name: str, device: str, quick_gelu: bool,
+                           image_size: int | None) -> ClipBundle:
+    """The model of a csclip checkpoint directory, without the objective's heads
+    (OBJECTIVE_HEADS) its training may have saved with it."""
+    weights = Path(directory) / WEIGHTS_FILE
+    state = torch.load(weights, map_location="cpu", weights_only=True, mmap=True)
+    if not any(key.split(".", 1)[0] in OBJECTIVE_HEADS for key in state):
+        return _build(name, str(weights), device, quick_gelu, image_size)
+    bundle = _build(name, None, device, quick_gelu, image_size)
+    bundle.model.load_state_dict({key: value for key, value in state.items()
+                                  if key.split(".", 1)[0] not in OBJECTIVE_HEADS})
+    bundle.model.to(device)
+    return ClipBundle(bundle.model, bundle.preprocess, bundle.tokenizer, name, str(weights))
+
+
 def _skip_no_weights_warning(record: logging.LogRecord) -> bool:
     # open_clip logs "No pretrained weights loaded for model ..." through the root logger.
     return not record.getMessage().startswith("No pretrained weights loaded")
@@ -266,7 +303,7 @@ def create_bundle(name: str, pretrained: str | None = None, device: str = "cpu",
         # Check before loading: open_clip would silently resize position embeddings.
         wanted = _build(name, None, "cpu", quick_gelu, image_size, load_weights=False)
         check_spec(read_spec(pretrained), spec_of(wanted.model, name), str(pretrained))
-        return _build(name, str(Path(pretrained) / WEIGHTS_FILE), device, quick_gelu, image_size)
+        return _build_from_checkpoint(pretrained, name, device, quick_gelu, image_size)
     if pretrained and not Path(pretrained).exists() and ("/" in pretrained or pretrained.endswith(".pt")):
         raise ConfigError(f"model.pretrained: {pretrained} does not exist; give a pretrained "
                           "tag, a state-dict file or a checkpoint directory")
@@ -313,8 +350,8 @@ def load_bundle(checkpoint_or_name: str | Path, pretrained: str | None = None,
     saved = read_spec(checkpoint_or_name)
     if expected is not None:
         check_spec(saved, spec_from_config(expected), str(checkpoint_or_name))
-    bundle = _build(saved.name, str(Path(checkpoint_or_name) / WEIGHTS_FILE), device,
-                    saved.quick_gelu, saved.image_size)
+    bundle = _build_from_checkpoint(checkpoint_or_name, saved.name, device, saved.quick_gelu,
+                                    saved.image_size)
     check_spec(saved, spec_of(bundle.model, saved.name), str(checkpoint_or_name))
     return ClipBundle(bundle.model, bundle.preprocess, bundle.tokenizer, saved.name,
                       str(checkpoint_or_name))
@@ -341,18 +378,19 @@ def apply_training_options(model: torch.nn.Module, config: ModelConfig) -> None:
     """
     if config.grad_checkpointing:
         model.set_grad_checkpointing(True)
-    if config.lock_image:
+    lock = config.lock
+    if lock.image:
         available = _num_groups(len(model.visual.transformer.resblocks))
-        if config.lock_image_unlocked_groups > available:
-            raise ConfigError(f"model.lock_image_unlocked_groups={config.lock_image_unlocked_groups}: "
+        if lock.image_unlocked_groups > available:
+            raise ConfigError(f"model.lock.image_unlocked_groups={lock.image_unlocked_groups}: "
                               f"the image tower of {config.name} has {available} groups")
-        model.lock_image_tower(unlocked_groups=config.lock_image_unlocked_groups)
-    if config.lock_text:
+        model.lock_image_tower(unlocked_groups=lock.image_unlocked_groups)
+    if lock.text:
         available = _num_groups(len(model.transformer.resblocks))
-        if config.lock_text_unlocked_layers > available:
-            raise ConfigError(f"model.lock_text_unlocked_layers={config.lock_text_unlocked_layers}: "
+        if lock.text_unlocked_layers > available:
+            raise ConfigError(f"model.lock.text_unlocked_layers={lock.text_unlocked_layers}: "
                               f"the text tower of {config.name} has {available} groups")
-        model.lock_text_tower(unlocked_layers=config.lock_text_unlocked_layers)
+        model.lock_text_tower(unlocked_layers=lock.text_unlocked_layers)
 
 
 def save_checkpoint(model: torch.nn.Module, spec: ModelSpec, directory: str | Path,

@@ -89,8 +89,8 @@ def test_entry_point_reports_bad_field_in_one_line_and_exits_2(capsys):
     assert module.main(["--method", "negclip", "--set", "optim.warmup_steps=-3"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "optim.warmup_steps" in err
-    assert module.main(["--demo", "--set", "pretrain.num_train=0"]) == 2
-    assert "pretrain.num_train" in capsys.readouterr().err
+    assert module.main(["--demo", "--set", "pretrain.optim.max_steps=0"]) == 2
+    assert "pretrain.optim.max_steps" in capsys.readouterr().err
 
 
 def test_world_gpu_is_a_demo_yaml_with_image_foils_for_cs_clip_only():
@@ -103,14 +103,17 @@ def test_world_gpu_is_a_demo_yaml_with_image_foils_for_cs_clip_only():
         ["--config", str(CONFIGS / "world_gpu.yaml"), "--set", "train.optim.lr=1e-4"]))
     assert config.train.model.name == "csclip-small" and config.train.run.use_gpu
     assert config.train.optim.lr == 1e-4 and config.train.optim.max_steps == 5000
-    assert config.pretrain.optim.max_steps == 5000 and config.out_dir == "runs/world_gpu"
+    assert config.pretrain_config().optim.max_steps == 5000 and config.out_dir == "runs/world_gpu"
     cs_clip, clip_ft = (finetune_config(config, method, "ckpt") for method in ("csclip", "clip"))
     assert cs_clip.loss.image_foils and cs_clip.loss.image_foil_weight == 2.0
     assert not clip_ft.loss.image_foils
-    assert cs_clip.model.lock_image and clip_ft.model.lock_image  # after the warm start
-    pre = pretrain_config(config).loss
-    assert pre.method == "clip" and pre.image_foils and pre.image_foil_weight == 2.0
-    assert config.pretrain.layout_steps == 3000  # the layout warm start (ours)
+    assert cs_clip.model.lock.image and clip_ft.model.lock.image  # after the warm start
+    pre = pretrain_config(config)
+    assert pre.loss.method == "clip" and pre.loss.image_foil_weight == 2.0
+    assert pre.data.batch_size == 128 and pre.run.use_gpu
+    warm = config.warm_start_config()  # the layout warm start (ours), on the pretraining's data
+    assert warm.loss.method == "layout" and warm.optim.max_steps == 3000
+    assert warm.data.world == pre.data.world and warm.optim.schedule == "constant"
 
 
 @pytest.mark.parametrize("name", TRAIN_CONFIGS)
@@ -145,10 +148,11 @@ def test_demo_refuses_the_fields_it_sets_itself(override, field):
         load_config(DemoConfig, None, [override])
 
 
-@pytest.mark.parametrize("override", ["model.grad_checkpointing=true", "model.lock_image=true"])
-def test_evaluation_refuses_training_options_it_would_ignore(override):
+@pytest.mark.parametrize("override,field", [("model.grad_checkpointing=true", "model.grad_checkpointing"),
+                                            ("model.lock.image=true", "model.lock")])
+def test_evaluation_refuses_training_options_it_would_ignore(override, field):
     from csclip.eval.pipeline import EvalConfig
 
-    with pytest.raises(ConfigError, match=override.split("=")[0]):
+    with pytest.raises(ConfigError, match=field):
         load_config(EvalConfig, None, [override])
     assert load_config(EvalConfig, None, ["model.quick_gelu=true"]).model.quick_gelu

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from csclip.errors import ConfigError
 from csclip.train.sampling import SamplingConfig
 from csclip.train.stream import (
     DataConfig,
@@ -106,43 +107,68 @@ def test_cached_stream_gives_the_streamed_batches(ray_session, preprocess):
     assert len(streamed) == 2 * 11 and rows(True) == streamed
 
 
-def test_layout_warm_start_stage_writes_once_then_reuses_and_feeds_the_pretraining(tmp_path):
-    # the image tower's layout question before pretraining (ours), cached by
-    # everything that determines it.
-    from csclip.config import validate_config
-    from csclip.demo import DemoConfig, _warm_start_stage, pretrain_config, warm_start_dir
-    from csclip.errors import ConfigError
-    from csclip.model import load_bundle
+def test_the_demo_is_three_deltas_on_the_fine_tuning_config():
+    # the layout warm start on top of the pretraining, the pretraining and the
+    # fine-tunings on top of `train`: each a TrainConfig like any other run's.
+    from csclip.config import load_config
+    from csclip.demo import DemoConfig
 
-    demo = validate_config(DemoConfig, {
-        "train": {"model": {"image_size": 32}, "data": {"world": {"image_size": 32}}},
-        "pretrain": {"num_train": 24, "batch_size": 8, "layout_steps": 3,
-                     "storage_path": str(tmp_path / "pretrain")}})
-    directory, stage = _warm_start_stage(demo)
-    assert directory == str(warm_start_dir(demo).resolve())
-    assert not stage.cached and stage.steps == 3 and stage.stage == "layout warm start"
-    assert load_bundle(directory).name == "csclip-tiny"
-    summary = (warm_start_dir(demo) / "layout.json").read_text()
-    assert "cell_accuracy" in summary and "first_loss" in summary
-    again, stage = _warm_start_stage(demo)
-    assert again == directory and stage.cached
-    warm = pretrain_config(demo, directory).model
-    assert warm.pretrained == directory and warm.lock_image  # LiT on the warm image tower
-    cold = pretrain_config(demo).model
-    assert cold.pretrained is None and not cold.lock_image
-    # The pretraining's own image foils (ours), off with pretrain.image_foil_weight 0.
-    assert pretrain_config(demo, directory).loss.image_foils
-    plain = demo.model_copy(update={"pretrain": demo.pretrain.model_copy(update={"image_foil_weight": 0})})
-    assert not pretrain_config(plain, directory).loss.image_foils
-    assert warm_start_dir(plain) == warm_start_dir(demo)  # the warm start does not depend on it
-    unlocked = demo.model_copy(update={"lock_image": False})
-    assert not pretrain_config(unlocked, directory).model.lock_image
-    longer = demo.model_copy(update={"pretrain": demo.pretrain.model_copy(update={"layout_steps": 4})})
-    assert warm_start_dir(longer) != warm_start_dir(demo)
-    remote = demo.model_copy(update={"pretrain": demo.pretrain.model_copy(
-        update={"storage_path": "s3://bucket/pretrain"})})
-    with pytest.raises(ConfigError, match="layout_steps"):
-        _warm_start_stage(remote)
+    demo = load_config(DemoConfig, None, ["warm_start.optim.max_steps=3",
+                                          "pretrain.data.world.num_train=96"])
+    warm, pre = demo.warm_start_config(), demo.pretrain_config("/warm/final")
+    assert warm.loss.method == "layout" and warm.optim.max_steps == 3
+    assert (warm.optim.schedule, warm.optim.grad_clip, warm.optim.lr) == ("constant", None, 1e-3)
+    assert warm.data.world == pre.data.world and pre.data.world.num_train == 96
+    assert pre.data.world.seed != demo.train.data.world.seed
+    assert warm.model.pretrained is None and not warm.model.lock.image
+    assert pre.model.pretrained == "/warm/final" and pre.model.lock.image  # LiT on the warm tower
+    assert pre.loss.method == "clip" and pre.loss.image_foil_weight == 2.0  # ours
+    # Both fine-tunings train the text tower only; CS-CLIP alone gets the image foils.
+    cs_clip, clip_ft = (demo.finetune_config(m, "/ckpt") for m in ("csclip", "clip"))
+    assert cs_clip.model.lock.image and clip_ft.model.lock.image
+    assert cs_clip.loss.image_foil_weight == 2.0 and clip_ft.loss.image_foil_weight is None
+    assert cs_clip.model.pretrained == clip_ft.model.pretrained == "/ckpt"
+    # One field each: μ = 0 (or null) turns the foils off, the lock is the model's.
+    off = load_config(DemoConfig, None, ["finetune.loss.image_foil_weight=0"])
+    assert not off.finetune_config("csclip", "/ckpt").loss.image_foils
+    unlocked = load_config(DemoConfig, None, ["finetune.model.lock.image=false"])
+    assert not unlocked.finetune_config("clip", "/ckpt").model.lock.image
+
+
+def test_no_warm_start_is_one_flag_and_a_random_locked_tower_is_refused():
+    from csclip.config import load_config
+    from csclip.demo import DemoConfig
+    from csclip.entry.demo import build_parser, demo_config
+
+    cold = demo_config(build_parser().parse_args(["--layout-steps", "0"]))
+    assert cold.warm_start is None and not cold.pretrain_config().model.lock.image
+    assert not cold.finetune_config("csclip", "/ckpt").model.lock.image
+    with pytest.raises(ConfigError, match="pretrain.model.lock.image=false"):
+        load_config(DemoConfig, None, ["warm_start=null"])
+
+
+@pytest.mark.parametrize("override,field", [
+    ("pretrain.run.name=mine", "pretrain.run.name"),
+    ("pretrain.model.pretrained=/x", "pretrain.model.pretrained"),
+    ("finetune.loss.method=clip", "finetune.loss.method"),
+    ("finetune.model.pretrained=/x", "finetune.model.pretrained"),
+    ("warm_start.run.name=mine", "warm_start.run.name"),
+    ("pretrain.optim.max_steps=0", "pretrain.optim.max_steps"),   # a delta's bad value
+    ("warm_start.loss.image_foil_weight=1", "warm_start"),
+    # the knobs before one field per idea: each names its new field
+    ("lock_image=false", "finetune.model.lock.image"),
+    ("image_foil_weight=1", "finetune.loss.image_foil_weight"),
+    ("train.loss.image_foils=true", "loss.image_foil_weight"),
+    ("train.model.lock_image=true", "model.lock.image"),
+    ("pretrain.layout_steps=3", "warm_start.optim.max_steps"),
+])
+def test_the_demo_refuses_what_it_sets_itself_and_the_old_fields_in_one_line(override, field):
+    from csclip.config import load_config
+    from csclip.demo import DemoConfig
+
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")) as raised:
+        load_config(DemoConfig, None, [override])
+    assert "\n" not in str(raised.value)
 
 
 def test_stage_table_and_its_section(tmp_path):
@@ -173,8 +199,8 @@ def test_demo_log_holds_no_warning_and_no_traceback(tmp_path):
         "train.run.checkpoint_every=3", "train.run.log_every=2",
         f"train.run.storage_path={tmp_path / 'train'}",
         f"train.tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
-        "pretrain.num_train=96", "pretrain.batch_size=16", "pretrain.optim.warmup_steps=1",
-        f"pretrain.storage_path={tmp_path / 'pretrain'}",
+        "pretrain.data.world.num_train=96", "pretrain.data.batch_size=16",
+        "pretrain.optim.warmup_steps=1", f"pretrain.run.storage_path={tmp_path / 'pretrain'}",
     ]
     command = [sys.executable, "-m", "csclip.cli", "demo", "--max-steps", "4",
                "--pretrain-steps", "4", "--layout-steps", "3", "--out", str(tmp_path / "demo")]
@@ -191,7 +217,7 @@ def test_demo_log_holds_no_warning_and_no_traceback(tmp_path):
     assert code == 0, log[-3000:]
     bad = [line for line in log.splitlines() if "WARNING" in line or "Traceback" in line]
     assert not bad, "\n".join(bad)
-    for stage in ("[1/4] pretraining", "[2/4] fine-tuning CLIP-FT", "[3/4] fine-tuning CS-CLIP",
+    for stage in ("[1/4] pretraining", "layout step 2/3", "held-out objects in their cell", "[2/4] fine-tuning CLIP-FT", "[3/4] fine-tuning CS-CLIP",
                   "[4/4] half-truth evaluation", "| CS-CLIP |", "csclip step 4/4",
                   "mlflow ui --backend-store-uri"):
         assert stage in log

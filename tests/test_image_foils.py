@@ -100,7 +100,7 @@ def test_image_foil_loss_falls_as_the_towers_tell_the_counterfactuals_apart():
 
 
 def test_objective_adds_the_weighted_image_foil_term():
-    objective = objective_for(LossConfig(method="clip", image_foils=True, image_foil_weight=0.5), 2)
+    objective = objective_for(LossConfig(method="clip", image_foil_weight=0.5), 2)
     assert objective.columns == ("caption", "image_foil_unit", "image_foil_text")
     assert objective.image_columns == ("image", "image_foil")
     assert "image_foil_mask" in objective.mask_columns
@@ -128,7 +128,7 @@ def test_training_batch_carries_image_foils(method):
     records = [world_record(WORLD, "train", i) for i in range(6)]
     bundle = create_bundle("csclip-tiny", image_size=32)
     spec = spec_of(bundle.model, "csclip-tiny")
-    objective = objective_for(LossConfig(method=method, image_foils=True), 2)
+    objective = objective_for(LossConfig(method=method, image_foil_weight=1.0), 2)
     columns = prepare_batch(records_to_table(records), sampling=SamplingConfig().model_dump(),
                             preprocess=preprocess_key(spec.preprocess_cfg),
                             model_name="csclip-tiny", seed=0, epoch=0,

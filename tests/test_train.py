@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from csclip.config import load_config
-from csclip.errors import ConfigError, CsclipError, DataError
+from csclip.errors import CsclipError, DataError
 from csclip.loss import LossConfig, objective_for
 from csclip.model import WEIGHTS_FILE, create_bundle, register_small_models, spec_of
 from csclip.train.loop import (
@@ -278,38 +278,6 @@ def test_demo_stages_share_the_model_and_differ_in_objective():
     tuned = load_config(DemoConfig, None, ["pretrain.optim.max_steps=7", "train.loss.unit_loss_weight=2",
                                            "train.optim.lr=0.1"])
     assert run_name(pretrain_config(tuned)) == run_name(pre)
-
-
-def test_demo_fine_tunings_lock_the_warm_image_tower_and_give_cs_clip_image_foils():
-    # Ours: after a layout warm start both fine-tunings train the text tower
-    # only; CS-CLIP alone gets the image foils, with the demo's μ.
-    from csclip.config import load_config
-    from csclip.demo import DemoConfig, finetune_config
-
-    demo = load_config(DemoConfig, None, [])
-    cs_clip, clip_ft = (finetune_config(demo, method, "/ckpt") for method in ("csclip", "clip"))
-    assert cs_clip.model.lock_image and clip_ft.model.lock_image
-    assert cs_clip.loss.image_foils and cs_clip.loss.image_foil_weight == demo.image_foil_weight
-    assert not clip_ft.loss.image_foils
-    # Without a warm start nothing is locked; lock_image false unlocks; a lock the user
-    # asked for in the fine-tuning config stays.
-    cold = load_config(DemoConfig, None, ["pretrain.layout_steps=0"])
-    assert not finetune_config(cold, "csclip", "/ckpt").model.lock_image
-    unlocked = load_config(DemoConfig, None, ["lock_image=false"])
-    assert not finetune_config(unlocked, "clip", "/ckpt").model.lock_image
-    asked = load_config(DemoConfig, None, ["lock_image=false", "train.model.lock_image=true"])
-    assert finetune_config(asked, "clip", "/ckpt").model.lock_image
-    # μ = 0 turns the foils off; null leaves train.loss as it is.
-    off = load_config(DemoConfig, None, ["image_foil_weight=0"])
-    assert not finetune_config(off, "csclip", "/ckpt").loss.image_foils
-    given = load_config(DemoConfig, None, ["image_foil_weight=null", "train.loss.image_foils=true",
-                                           "train.loss.image_foil_weight=0.5"])
-    loss = finetune_config(given, "csclip", "/ckpt").loss
-    assert loss.image_foils and loss.image_foil_weight == 0.5
-    assert not finetune_config(load_config(DemoConfig, None, ["image_foil_weight=null"]),
-                               "csclip", "/ckpt").loss.image_foils
-    with pytest.raises(ConfigError, match="image_foil_weight"):
-        load_config(DemoConfig, None, ["image_foil_weight=-1"])
 
 
 def test_publish_copies_the_demo_sections_and_keeps_the_other_sections(tmp_path):

@@ -160,8 +160,8 @@ def test_batch_must_split_into_equal_micro_batches():
 # ---------------------------------------------------------------------------------------
 
 def test_locked_towers_get_no_gradient_and_no_optimizer_slot():
-    model = _model(lock_image=True, lock_image_unlocked_groups=1,
-                   lock_text=True, lock_text_unlocked_layers=2)
+    model = _model(lock={"image": True, "image_unlocked_groups": 1,
+                         "text": True, "text_unlocked_layers": 2})
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     # Image: only the last group (the projection). Text: the last block + ln_final, and
     # the projection. The temperature is in neither tower.
@@ -186,12 +186,15 @@ def test_locked_towers_get_no_gradient_and_no_optimizer_slot():
 
 
 def test_unlocked_groups_need_the_lock_and_must_exist():
-    with pytest.raises(ConfigError, match="model.lock_image=true"):
-        _config("model.lock_image_unlocked_groups=1")
-    with pytest.raises(ConfigError, match="model.lock_text=true"):
-        _config("model.lock_text_unlocked_layers=1")
+    with pytest.raises(ConfigError, match="model.lock.image=true"):
+        _config("model.lock.image_unlocked_groups=1")
+    with pytest.raises(ConfigError, match="model.lock.text=true"):
+        _config("model.lock.text_unlocked_layers=1")
     with pytest.raises(ConfigError, match="has 4 groups"):  # 2 blocks + embeddings + proj
-        _model(lock_image=True, lock_image_unlocked_groups=5)
+        _model(lock={"image": True, "image_unlocked_groups": 5})
+    # The fields before the lock section: one line naming where they went.
+    with pytest.raises(ConfigError, match=r"model.lock_image is no longer a field: set model\.lock\.image"):
+        _config("model.lock_image=true")
 
 
 # ---------------------------------------------------------------------------------------
@@ -437,5 +440,5 @@ def test_how_to_run_fields_keep_the_run_name():
                      "run.channels_last=true", "data.prefetch_batches=4", "optim.fused=false",
                      "run.num_to_keep=5", "run.cpus_per_worker=2", "run.checkpoint_every=7"):
         assert run_name(_config(override)) == run_name(base), override
-    for override in ("data.augment=true", "model.lock_text=true", "run.precision=bf16_pure"):
+    for override in ("data.augment=true", "model.lock.text=true", "run.precision=bf16_pure"):
         assert run_name(_config(override)) != run_name(base), override

@@ -22,14 +22,15 @@ benchmark. Prints a table per stage and the results; writes them under runs/demo
 logs every run to MLflow. `--publish` copies the last demo's results and stage timings
 from there into docs/results.md and docs/performance.md (and trains nothing).
 
---config is the fine-tuning YAML, or a whole demo YAML with `train:` and `pretrain:`
-sections (configs/world_gpu.yaml); --set paths are those of csclip.demo.DemoConfig:
-train.* (the fine-tuning config), pretrain.*, lock_image and image_foil_weight (ours: the
-warm image tower locked after the warm start; CS-CLIP's image foils, null for the
-paper's objective), eval_seed, out_dir."""
+--config is the fine-tuning YAML, or a whole demo YAML with `train:` and its deltas
+(`pretrain:`, ...; configs/world_gpu.yaml); --set paths are those of csclip.demo.DemoConfig:
+train.* (the fine-tuning config), and the demo's deltas on top of it, each a partial
+training config: pretrain.*, warm_start.* (ours: the layout warm start, loss.method
+layout; null: none) and finetune.* (both fine-tunings; ours: model.lock.image, CS-CLIP's
+loss.image_foil_weight), eval_seed, out_dir."""
 
 # Top-level keys that make --config a demo YAML rather than a fine-tuning config.
-DEMO_SECTIONS = {"train", "pretrain"}
+DEMO_SECTIONS = {"train", "pretrain", "warm_start", "finetune"}
 
 EXAMPLES = (
     "%(prog)s",
@@ -46,7 +47,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                            help="pretraining steps: pretrain.optim.max_steps")
     shortcuts.add_argument("--layout-steps", type=int, metavar="N",
                            help="the image tower's layout warm start before pretraining "
-                                "(ours; 0: none): pretrain.layout_steps")
+                                "(ours): warm_start.optim.max_steps; 0: no warm start "
+                                "(warm_start=null, and no tower locked: "
+                                "pretrain.model.lock.image=false, finetune.model.lock.image=false)")
     shortcuts.add_argument("--out", metavar="DIR", help="tables and figures: out_dir")
     parser.add_argument("--publish", action="store_true",
                         help="train nothing: copy the results and stage timings of the demo "
@@ -69,10 +72,13 @@ def demo_config(args: argparse.Namespace):
     from csclip.config import apply_overrides, read_yaml, validate_config
     from csclip.demo import DemoConfig
 
+    no_warm_start = args.layout_steps == 0
     overrides = shortcut_overrides({
         "train.optim.max_steps": args.max_steps, "pretrain.optim.max_steps": args.pretrain_steps,
-        "pretrain.layout_steps": args.layout_steps, "out_dir": args.out,
-    }, args.overrides)
+        "warm_start.optim.max_steps": None if no_warm_start else args.layout_steps,
+        "out_dir": args.out,
+    }, (["warm_start=null", "pretrain.model.lock.image=false", "finetune.model.lock.image=false"]
+        if no_warm_start else []) + list(args.overrides))
     loaded = read_yaml(args.config)
     data = apply_overrides(loaded if DEMO_SECTIONS & set(loaded) else {"train": loaded},
                            overrides)

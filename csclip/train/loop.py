@@ -169,8 +169,7 @@ _NOT_IN_NAME = {"run": {"name", "storage_path", "max_failures", "log_every", "nu
 # Fields added after runs were named: part of the name only when not at their default, so
 # the runs named before them keep their names (and resume).
 _IN_NAME_WHEN_SET = {"run": {"resume_from"}, "data": {"augment"},
-                     "model": {"lock_image", "lock_image_unlocked_groups", "lock_text",
-                               "lock_text_unlocked_layers"}}
+                     "model": {"lock"}}
 
 
 def run_name(config: TrainConfig) -> str:
@@ -206,10 +205,18 @@ def storage_root(config: TrainConfig) -> str:
 
 def step_options(config: TrainConfig) -> StepOptions:
     """The csclip.train.step options of `config`."""
-    return StepOptions(objective=objective_for(config.loss, config.sampling.num_unit_slots),
+    return StepOptions(objective=objective_for(config.loss, config.sampling.num_unit_slots,
+                                               _layout_question(config.data)),
                        precision=config.run.precision, accum_freq=config.optim.accum_freq,
                        grad_clip=config.optim.grad_clip, channels_last=config.run.channels_last,
                        compile=config.run.compile, compile_mode=config.run.compile_mode)
+
+
+def _layout_question(data: DataConfig):
+    # loss.method layout's question: the synthetic world's (csclip.train.warm_start).
+    from csclip.train.warm_start import layout_question
+
+    return layout_question(data.world) if data.units_uri is None else None
 
 
 @dataclass(frozen=True)
@@ -256,12 +263,17 @@ def prepare_training(config: TrainConfig, device: torch.device, checkpoint_dir: 
     bundle = bundle_from_config(config.model)
     model, spec = bundle.model, spec_of(bundle.model, config.model.name)
     apply_training_options(model, config.model)
+    options = step_options(config)
+    if options.objective.layout is not None:  # its head is trained, checkpointed, resumed
+        from csclip.train.warm_start import add_layout_head
+
+        add_layout_head(model, options.objective.layout)
     saved: dict = {}
     if checkpoint_dir is not None:
         load_weights_into(model, checkpoint_dir, spec)
         saved = load_train_state(checkpoint_dir) or {}
     model.train()
-    training = build_training(model, config.optim, step_options(config), device,
+    training = build_training(model, config.optim, options, device,
                               train_state=saved, wrap=wrap)
     step = int(saved.get("step", 0))
     state = _State(step=step, samples=int(saved.get("samples", 0)),
@@ -565,7 +577,7 @@ def run(config: TrainConfig, callbacks: Sequence = (), *, fail_after_step: int |
                      config.optim.max_steps)
     logger.info("run %s: %d rows (%d undecodable), %d epochs, %d steps", name, plan.num_rows,
                 plan.num_decode_failures, plan.num_epochs, plan.total_steps)
-    objective = objective_for(config.loss, config.sampling.num_unit_slots)
+    objective = step_options(config).objective
     # Image foils are drawn from the decoded image (and the scene) in each epoch.
     cache_images = (image_cache_fits(config.data, plan.num_rows, spec.preprocess_cfg)
                     and "image_foil" not in objective.image_columns)

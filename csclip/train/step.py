@@ -66,17 +66,19 @@ def encode(model: torch.nn.Module, batch: Mapping[str, Tensor], columns: tuple[s
            image_columns: tuple[str, ...] = ("image",), input_dtype: torch.dtype | None = None,
            channels_last: bool = False) -> Encoded:
     """Encode the batch's image columns and token columns with one forward call (so DDP
-    sees one forward). batch: each image column (B, 3, H, W), each token column (B, L)."""
+    sees one forward). batch: each image column (B, 3, H, W), each token column (B, L).
+    Without token columns (loss.method layout) the model sees the images alone."""
     images = torch.cat([batch[c] for c in image_columns])              # (I*B, 3, H, W)
     if input_dtype is not None:
         images = images.to(input_dtype)
     if channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
-    texts = torch.cat([batch[c] for c in columns])                     # (T*B, L)
+    texts = torch.cat([batch[c] for c in columns]) if columns else None  # (T*B, L)
     image, text, scale = model(images, texts)[:3]                      # normalised features
     image_parts = image.chunk(len(image_columns))                      # I x (B, D)
-    return Encoded(image_parts[0], dict(zip(columns, text.chunk(len(columns)), strict=True)),
-                   scale, dict(zip(image_columns[1:], image_parts[1:], strict=True)))
+    text_parts = dict(zip(columns, text.chunk(len(columns)), strict=True)) if columns else {}
+    return Encoded(image_parts[0], text_parts, scale,
+                   dict(zip(image_columns[1:], image_parts[1:], strict=True)))
 
 
 def compute_loss(model: torch.nn.Module, batch: Mapping[str, Tensor],
@@ -158,6 +160,8 @@ def build_training(model: torch.nn.Module, optim: OptimConfig, options: StepOpti
     """Move `model` to `device`, make its runner, then build AdamW and restore the
     optimizer and scaler state of `train_state` (a checkpoint's train_state.pt).
 
+    With loss.method layout the model carries its layout head (warm_start.add_layout_head)
+    and the runner answers the layout question (LayoutForward).
     The order matters: AdamW is built, and its state loaded, only once the parameters are
     on their device, so its state tensors land beside them (a GPU resume used to leave
     them on the CPU) and fused AdamW sees CUDA parameters.
@@ -167,6 +171,11 @@ def build_training(model: torch.nn.Module, optim: OptimConfig, options: StepOpti
     model.to(device)
     shadow = Bf16Shadow(model) if options.precision == "bf16_pure" else None
     runner = shadow.module if shadow is not None else model
+    if options.objective.layout is not None:
+        # The layout objective runs the image tower and its head (csclip.train.warm_start).
+        from csclip.train.warm_start import LayoutForward
+
+        runner = LayoutForward(runner)
     if options.channels_last:
         runner = runner.to(memory_format=torch.channels_last)
     if wrap is not None:

@@ -37,7 +37,7 @@ from pydantic import Field
 
 from csclip.config import StrictModel
 from csclip.errors import DataError
-from csclip.loss import Objective, unit_columns
+from csclip.loss import LayoutQuestion, Objective, unit_columns
 from csclip.train.sampling import SamplingConfig, sample_text_columns
 from csclip.units import UnitsRecord, record_from_row
 from csclip.world.config import WorldConfig
@@ -223,6 +223,7 @@ def image_status(batch: pa.Table) -> dict[str, np.ndarray]:
 # only these, the image and the caption's tokens (not the PNG bytes, not the scene JSON).
 TEXT_COLUMNS = ("sample_id", "image_id", "caption", "split", "entities", "relations")
 CAPTION_TOKENS = "caption_tokens"
+LAYOUT_TARGET = "layout_target"  # loss.method layout's targets (decode_batch's `layout`)
 
 
 IMAGE_SOURCE_COLUMNS = ("sample_id", "image_bytes", "image_path")
@@ -235,7 +236,8 @@ def decode_rows(batch: pa.Table) -> list:
 
 
 def decode_batch(batch: pa.Table, *, preprocess: tuple, model_name: str, augment: bool = False,
-                 seed: int = 0, epoch: int = 0, decoded: Sequence | None = None) -> pa.Table:
+                 seed: int = 0, epoch: int = 0, decoded: Sequence | None = None,
+                 layout: LayoutQuestion | None = None) -> pa.Table:
     """The image half of preparation: decode + transform each image and tokenize each
     caption. Rows whose image does not decode are dropped (the check pass counted them).
     Without `augment` nothing here depends on the epoch; with it, open_clip's training
@@ -243,7 +245,9 @@ def decode_batch(batch: pa.Table, *, preprocess: tuple, model_name: str, augment
 
     decoded: the rows' images as decode_rows gives them, when the caller already has them.
     Returns TEXT_COLUMNS plus `image` (fixed-size list of 3*H*W float32: the transformed
-    tensor, flattened) and `caption_tokens` (fixed-size list of context_length int64).
+    tensor, flattened) and `caption_tokens` (fixed-size list of context_length int64);
+    with `layout` (loss.method layout) also `layout_target` (each kind's cell, from the
+    scene: csclip.train.warm_start.layout_targets).
     """
     transform, tokenize = _transform(preprocess, augment), _tokenizer(model_name)
     decoded = decode_rows(batch) if decoded is None else decoded
@@ -262,8 +266,14 @@ def decode_batch(batch: pa.Table, *, preprocess: tuple, model_name: str, augment
         return kept.append_column("image", empty_image).append_column(CAPTION_TOKENS, empty_tokens)
     image = np.stack(images).astype(np.float32)                              # (n, 3, H, W)
     tokens = tokenize(kept.column("caption").to_pylist()).numpy().astype(np.int64)  # (n, L)
-    return (kept.append_column("image", _fixed_size_list(image))
+    kept = (kept.append_column("image", _fixed_size_list(image))
                 .append_column(CAPTION_TOKENS, _fixed_size_list(tokens)))
+    if layout is not None:
+        from csclip.train.warm_start import layout_targets
+
+        rows = batch.take(pa.array(keep, type=pa.int64())).to_pylist()
+        kept = kept.append_column(LAYOUT_TARGET, _fixed_size_list(layout_targets(rows, layout)))
+    return kept
 
 
 def _fixed_size_list(array: np.ndarray) -> pa.FixedSizeListArray:
@@ -300,6 +310,10 @@ def sample_batch(batch: pa.Table, *, sampling: dict, model_name: str, seed: int,
     caption_tokens = _unflatten(batch.column(CAPTION_TOKENS), (-1,))
     out: dict[str, np.ndarray] = {
         "image": _unflatten(batch.column("image"), image_shape).astype(np.float32)}  # (n, 3, H, W)
+    if LAYOUT_TARGET in batch.column_names:  # loss.method layout: images and targets only
+        out[LAYOUT_TARGET] = _unflatten(batch.column(LAYOUT_TARGET), (-1,)).astype(np.int64)
+    if not wanted:
+        return out
     if wanted == ["caption"]:
         out["caption"] = caption_tokens.astype(np.int64)                   # (n, L)
         return out
@@ -326,7 +340,8 @@ def image_shape(preprocess_cfg: dict) -> tuple[int, int, int]:
 
 def prepare_batch(batch: pa.Table, *, sampling: dict, preprocess: tuple, model_name: str,
                   seed: int, epoch: int, columns: Sequence[str] | None = None,
-                  augment: bool = False) -> dict[str, np.ndarray]:
+                  augment: bool = False, layout: LayoutQuestion | None = None
+                  ) -> dict[str, np.ndarray]:
     """Map function of the streamed training data (no image cache): decode_batch then
     sample_batch, in one task. Without augment, the same outputs as the cached path, row
     for row; augment: open_clip's training transform, seeded by (seed, sample_id, epoch).
@@ -335,7 +350,7 @@ def prepare_batch(batch: pa.Table, *, sampling: dict, preprocess: tuple, model_n
     foil_columns = [c for c in columns or () if c.startswith("image_foil_")]
     decoded = decode_rows(batch)  # once: the foils need the decoded images too
     rows = decode_batch(batch, preprocess=preprocess, model_name=model_name, augment=augment,
-                        seed=seed, epoch=epoch, decoded=decoded)
+                        seed=seed, epoch=epoch, decoded=decoded, layout=layout)
     out = sample_batch(rows, sampling=sampling, model_name=model_name, seed=seed, epoch=epoch,
                        image_shape=image_shape(dict(preprocess)),
                        columns=None if columns is None else
@@ -492,14 +507,15 @@ def epoch_datasets(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
         raise ValueError("image foils are drawn from the decoded image; it is not cached")
     if cache_images:
         rows = source.map_batches(decode_batch, batch_format="pyarrow", batch_size=rows_per_block,
-                                  fn_kwargs={"preprocess": preprocess, "model_name": model_name})
+                                  fn_kwargs={"preprocess": preprocess, "model_name": model_name,
+                                             "layout": objective.layout})
         rows = rows.materialize()
         logger.info("images decoded once for all %d epochs: %d rows cached", num_epochs,
                     rows.count())
         prepare, fn_kwargs = sample_batch, {"image_shape": image_shape(preprocess_cfg)}
     else:
         rows, prepare = source, prepare_batch
-        fn_kwargs = {"preprocess": preprocess, "augment": augment}
+        fn_kwargs = {"preprocess": preprocess, "augment": augment, "layout": objective.layout}
     fn_kwargs.update(sampling=sampling.model_dump(mode="json"), model_name=model_name, seed=seed,
                      columns=list(objective.columns))
     return [_epoch_stream(epoch_order(rows, seed, epoch), prepare, epoch, fn_kwargs,

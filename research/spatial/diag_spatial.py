@@ -169,20 +169,20 @@ def supervised_layout(model_name: str, steps: int, scenes: int = 4000, batch_siz
                       image_size: int = 64, seed: int = 0, save: str | None = None,
                       presence_only: bool = False) -> dict[str, float]:
     """Can this image tower encode layout at all, when asked directly? Train it from
-    random weights on the layout question (csclip.train.warm_start.image_layout_warm_start:
+    random weights on the layout question (research.spatial.layout_question.supervised_layout_training:
     a linear head predicts every object kind's grid cell or "absent"); report the cell
     accuracy of the objects present in held-out scenes (chance: ~1/9). A tower that
     learns this here but not from captions has the capacity; what is missing is a
     training signal. presence_only: the control (is each kind present)."""
     from csclip.model import save_checkpoint, spec_of
-    from csclip.train.warm_start import image_cell_targets, image_layout_warm_start
-    from research.spatial.layout_question import presence_targets
+    from csclip.train.warm_start import image_cell_targets
+    from research.spatial.layout_question import presence_targets, supervised_layout_training
 
     torch.manual_seed(seed)
     bundle = create_bundle(model_name, image_size=image_size)
     world = WorldConfig(seed=seed + 1, image_size=image_size, num_train=scenes, num_val=300,
                         num_test=0)
-    result = image_layout_warm_start(bundle.model, bundle.preprocess, world, steps,
+    result = supervised_layout_training(bundle.model, bundle.preprocess, world, steps,
                                      batch_size=batch_size, seed=seed, log_every=0,
                                      cell_targets=presence_targets if presence_only
                                      else image_cell_targets)
