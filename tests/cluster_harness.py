@@ -24,8 +24,6 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from mlflow_store import fresh_store
-
 REPO_ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 AWS_TEST_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
@@ -154,7 +152,6 @@ def mlflow_server(workdir: Path, env: dict[str, str],
     `artifacts_destination` (e.g. s3://bucket/mlflow on moto: set MLFLOW_S3_ENDPOINT_URL in
     `env`) or in `workdir`. Returns the service and its URL."""
     workdir.mkdir(parents=True, exist_ok=True)
-    fresh_store(workdir / "mlflow.db")  # migrated already: the server starts sooner
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [str(VENV_BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),

@@ -12,7 +12,9 @@ whose URL every node inherits as MLFLOW_TRACKING_URI (as cluster.yaml exports it
   2. training with 2 workers, one per node (each takes the node's only csclip_train),
      checkpoints on s3:// every 2 steps; the workers fail at step 4 (fail_after_step=3,
      checked at checkpoints) and Ray Train restarts the group, which resumes from the
-     checkpoint on S3 (max_failures=1) and finishes step 6;
+     checkpoint on S3 (max_failures=1) and finishes step 6; then the same config once
+     more, uninterrupted (another run.name, one checkpoint): the reference whose per-step
+     losses the resumed run must log;
   3. evaluation of the s3:// checkpoint (pipelines/evaluate.py);
   4. a 2-trial Tune sweep (tune/ablate.py) whose trials log to the server as children of
      the sweep's run.
@@ -146,9 +148,14 @@ def train(result: dict, workdir: Path) -> dict:
 
     workers = [a for a in ray._private.state.actors().values()
                if a["ActorClassName"] == "RayTrainWorker"]
+    # The same config without the failure (checkpoint_every says how to run, not what is
+    # trained: one checkpoint, at the end, is all the reference needs).
+    reference = run(config.model_copy(update={"run": config.run.model_copy(update={
+        "name": "two-nodes-reference", "max_failures": 0, "checkpoint_every": 6})}))
     return {"checkpoint_uri": outcome.checkpoint_uri, "step": outcome.metrics.get("step"),
             "resumed_from": outcome.metrics.get("resumed_from"),
             "mlflow_run_id": outcome.mlflow_run_id,
+            "reference_run_id": reference.mlflow_run_id,
             "worker_nodes": sorted(a["Address"]["NodeID"] for a in workers)}
 
 
@@ -186,7 +193,10 @@ def mlflow_view(uri: str) -> dict:
             "artifact_location": experiment.artifact_location,
             "runs": [{"run_id": r.info.run_id, "status": r.info.status, "tags": r.data.tags,
                       "metrics": r.data.metrics,
-                      "loss_steps": [m.step for m in client.get_metric_history(r.info.run_id, "loss")]
+                      # Every logged (step, loss), in logging order: a step logged
+                      # again after a restart appears twice.
+                      "loss_history": [(m.step, m.value) for m in
+                                       client.get_metric_history(r.info.run_id, "loss")]
                       if "loss" in r.data.metrics else [],
                       "artifacts": [a.path for a in client.list_artifacts(r.info.run_id)]}
                      for r in runs]}

@@ -4,18 +4,20 @@ A new sqlite store runs every alembic migration of MLflow's schema on first use:
 on an idle 2-core machine, tens of seconds under load, once per test that needs a store.
 The test session makes one migrated, empty store (a template) and each test gets a copy:
 the same real store a fresh one would be (MLflow opens it, checks its schema version and
-finds nothing to do). Only the Default experiment's artifact location differs (it points
-under the template's directory, not the test's working directory); csclip never logs there.
+finds nothing to do). The copy's Default experiment gets the artifact location a fresh
+client-side store gives it (./mlruns/0 under the working directory). Not for `mlflow
+server`: it makes its Default experiment with its own artifact root (mlflow-artifacts:/).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import tempfile
 from pathlib import Path
 
-# Set by tests/conftest.py for the session and inherited by the scenario subprocesses.
+# Set by tests/conftest.py for the session.
 TEMPLATE_ENV = "CSCLIP_TEST_MLFLOW_TEMPLATE"
 
 
@@ -42,4 +44,8 @@ def fresh_store(path: Path) -> Path:
             _make_template(template_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(template_path, path)
+        with sqlite3.connect(path) as db:  # as MLflow resolves its default root, ./mlruns
+            db.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
+                       (str(Path.cwd() / "mlruns" / "0"),))
+        db.close()
     return path

@@ -11,6 +11,7 @@ import sys
 
 import cluster_harness as harness
 import pytest
+import torch
 
 
 @pytest.fixture(scope="module")
@@ -65,10 +66,19 @@ def test_training_on_two_nodes_resumes_from_s3_after_the_workers_fail(scenario):
     assert {"runs/two-nodes/final/model.pt", "runs/two-nodes/final/model_spec.json"} <= \
         {k.removeprefix("csclip-cluster/") for k in scenario["s3"]}
     # One MLflow run across the restart, on the server, with every step logged by rank 0.
-    [run] = _runs(scenario, "cluster-train")
-    assert run["run_id"] == train["mlflow_run_id"] and run["status"] == "FINISHED"
-    assert set(run["loss_steps"]) == {1, 2, 3, 4, 5, 6}
+    runs = {r["run_id"]: r for r in _runs(scenario, "cluster-train")}
+    run = runs[train["mlflow_run_id"]]
+    assert run["status"] == "FINISHED"
+    assert {step for step, _ in run["loss_history"]} == {1, 2, 3, 4, 5, 6}
     assert run["tags"]["checkpoint_uri"] == train["checkpoint_uri"]
+    # Every loss it logged, before the failure and after the restart (a step trained again
+    # after a restart from step 2 included), is the uninterrupted run's at that step.
+    reference = dict(runs[train["reference_run_id"]]["loss_history"])
+    assert sorted(reference) == [1, 2, 3, 4, 5, 6]
+    logged = torch.tensor([loss for _, loss in run["loss_history"]], dtype=torch.float64)
+    expected = torch.tensor([reference[step] for step, _ in run["loss_history"]],
+                            dtype=torch.float64)
+    assert torch.allclose(logged, expected, rtol=1e-6, atol=0), (run["loss_history"], reference)
 
 
 @pytest.mark.slow

@@ -298,17 +298,20 @@ def test_captions_of_one_image_spread_across_batches(ray_session):
     assert _distinct_images_per_batch(shuffled, batch) > 20
 
 
-def test_training_stream_shuffles_each_epoch(ray_session):
+def test_each_epoch_is_its_own_shuffled_dataset(ray_session):
     from csclip.loss import LossConfig, objective_for
     from csclip.model import spec_of as spec
     from csclip.train.sampling import SamplingConfig
-    from csclip.train.stream import training_stream
+    from csclip.train.stream import epoch_datasets
 
     table = records_to_table([world_record(WORLD, "train", i) for i in range(4)])
     source = ray_session.data.from_arrow(table)
     model = create_bundle("csclip-tiny", image_size=32).model
-    stream = training_stream(source, sampling=SamplingConfig(), model_name="csclip-tiny",
-                             preprocess_cfg=spec(model, "csclip-tiny").preprocess_cfg, seed=0,
-                             num_epochs=2, objective=objective_for(LossConfig(method="clip"), 2))
-    plan = str(stream)  # the logical plan; nothing executes
-    assert plan.count("RandomShuffle") == 2 and plan.count("MapBatches(prepare_batch)") == 2, plan
+    epochs = epoch_datasets(source, sampling=SamplingConfig(), model_name="csclip-tiny",
+                            preprocess_cfg=spec(model, "csclip-tiny").preprocess_cfg, seed=0,
+                            num_epochs=2, objective=objective_for(LossConfig(method="clip"), 2))
+    assert len(epochs) == 2
+    for epoch in epochs:
+        plan = str(epoch)  # the logical plan; nothing executes
+        assert plan.count("RandomShuffle") == 1, plan
+        assert plan.count("MapBatches(prepare_batch)") == 1, plan
