@@ -1483,19 +1483,11 @@ class _FoilCheck:
         if (change_type in _ENTITY_CHANGES) is not is_entity:
             return RejectReason.CHANGE_TYPE_MISMATCH
         unit_norm, unit_words, unit_stems = unit_reading
-        # _read_pieces(pieces), inlined: it runs for every candidate.
+        # A single piece without the call to _read_pieces: this runs for every candidate.
         if len(pieces) == 1:
             foil_norm, foil_words, foil_stems = _read_piece(pieces[0])
         else:
-            norms: list[str] = []
-            foil_words = foil_stems = ()
-            for piece in pieces:
-                norm, piece_words, piece_stems = _read_piece(piece)
-                if norm:
-                    norms.append(norm)
-                    foil_words += piece_words
-                    foil_stems += piece_stems
-            foil_norm = " ".join(norms)
+            foil_norm, foil_words, foil_stems = _read_pieces(pieces)
         if foil_norm == unit_norm:
             return RejectReason.FOIL_EQUALS_UNIT
         if kind == "relation" and change_type is ChangeType.SUBJECT_OBJECT_SWAP:
