@@ -54,9 +54,10 @@ def test_used_by_commands_against_a_real_ray_head(tmp_path):
         log.write(f"[head and MLflow server ready after {time.monotonic() - started:.0f} s]\n")
         runtime_env = json.dumps({"env_vars": {"MLFLOW_TRACKING_URI": mlflow_uri}})
         train_overrides = [*TINY, f"run.storage_path={storage}", "tracking.experiment=job"]
-        train = _run(["ray", "job", "submit", "--address", head["dashboard"], "--working-dir", ".",
-                      "--runtime-env-json", runtime_env, "--", "python", "pipelines/train.py",
-                      "--config", "configs/default.yaml", *_sets(train_overrides)], env, log)
+        train = harness.submit_until_accepted(lambda: _run(
+            ["ray", "job", "submit", "--address", head["dashboard"], "--working-dir", ".",
+             "--runtime-env-json", runtime_env, "--", "python", "pipelines/train.py",
+             "--config", "configs/default.yaml", *_sets(train_overrides)], env, log))
         assert train.returncode == 0, train.stdout[-3000:]
         assert "succeeded" in train.stdout
         [line] = [t for t in train.stdout.splitlines() if "final checkpoint" in t]
