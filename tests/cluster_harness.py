@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -74,6 +74,9 @@ def isolated_env(ray_tmp: Path, **extra: str) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
         "RAY_USAGE_STATS_ENABLED": "0",
         "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",  # see tests/conftest.py
+        # `mlflow server` as cluster.yaml starts it: tracking only, without MLflow's job
+        # runner and its huey consumers (nine more processes, each importing MLflow).
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
         **extra,
     })
     return env
@@ -182,6 +185,26 @@ def ray_head(ray_tmp: Path, env: dict[str, str], num_cpus: int = 4,
     service = Service(command, env, ray_tmp / "head.log", f"{dashboard}{ready_path}",
                       stop_timeout_s=5)
     return service, {"address": f"127.0.0.1:{ports['port']}", "dashboard": dashboard}
+
+
+# What `ray job submit` answers while a head under load is still coming up: the dashboard
+# answers before the head's agent has registered (the job server waits 10 s for it), or
+# the client cannot reach Ray yet. Nothing was submitted: submitting again is safe.
+TRANSIENT_SUBMIT_ERRORS = ("No available agent to submit job", "Failed to connect to Ray")
+
+
+def submit_until_accepted(submit: Callable[[], subprocess.CompletedProcess], attempts: int = 4,
+                          wait_s: float = 5) -> subprocess.CompletedProcess:
+    """Run `submit` (a `ray job submit` command) again while it fails with one of
+    TRANSIENT_SUBMIT_ERRORS, up to `attempts` times; its last result."""
+    for attempt in range(1, attempts + 1):
+        done = submit()
+        output = f"{done.stdout or ''}{done.stderr or ''}"
+        if (done.returncode == 0 or attempt == attempts
+                or not any(message in output for message in TRANSIENT_SUBMIT_ERRORS)):
+            return done
+        time.sleep(wait_s)
+    raise AssertionError("unreachable")
 
 
 def _stop(process: subprocess.Popen, timeout_s: float = 30) -> None:

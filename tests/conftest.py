@@ -18,12 +18,33 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # on a poll: seconds of waiting per training run. A late poll is not a failure (it waits
 # up to the 10-minute health-check timeout), so polling more often changes no outcome.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
-# Local copies of s3:// data go to a cache of this test run only, not ~/.cache/csclip
-# (shared with earlier runs and the user's own work).
-os.environ.setdefault("CSCLIP_CACHE_DIR", tempfile.mkdtemp(prefix="csclip-test-cache-"))
-# One migrated MLflow store per session, copied for each test (tests/mlflow_store.py).
-os.environ.setdefault(TEMPLATE_ENV, str(Path(tempfile.mkdtemp(prefix="csclip-test-mlflow-"))
-                                        / "template.db"))
+
+
+def pytest_configure(config) -> None:
+    # Each test process gets its own: local copies of s3:// data go to a cache of this
+    # test run only, not ~/.cache/csclip (shared with earlier runs and the user's own
+    # work); one migrated MLflow store, copied for each test (tests/mlflow_store.py).
+    # Under pytest-xdist the controller runs no tests and its environment is its
+    # workers': it sets nothing, so that each worker makes its own.
+    if getattr(config, "workerinput", None) is None and config.getoption("numprocesses", 0):
+        return
+    os.environ.setdefault("CSCLIP_CACHE_DIR", tempfile.mkdtemp(prefix="csclip-test-cache-"))
+    os.environ.setdefault(TEMPLATE_ENV, str(Path(tempfile.mkdtemp(prefix="csclip-test-mlflow-"))
+                                            / "template.db"))
+
+
+# `make test` runs the suite in two processes (pytest-xdist, --dist loadscope: a module
+# runs whole in one of them, the modules in collection order). The longest modules go
+# first, so the two processes end at about the same time; the rest keep their order.
+# Measured in a serial run (`--durations`); a module missing here only runs later.
+LONGEST_FIRST = ("test_vllm_engine.py", "test_cluster.py", "test_demo.py",
+                 "test_job_submit.py", "test_ablation.py", "test_train.py",
+                 "test_eval_periodic.py", "test_cluster_auth.py", "test_cluster_head_env.py")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: order kept
 
 # The same hypothesis examples on every run, so that a run's verdict does not depend on
 # the draw; HYPOTHESIS_PROFILE=explore draws new examples each run (to look for bugs).
@@ -41,8 +62,11 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, object_store_memory=300 * 1024**2,
-                 log_to_driver=False, configure_logging=False)
+        # address="local": a Ray of this process's own, never another test process's
+        # (a plain ray.init() joins the last local instance it finds).
+        ray.init(address="local", num_cpus=4, include_dashboard=False,
+                 object_store_memory=300 * 1024**2, log_to_driver=False,
+                 configure_logging=False)
         from ray.data import DataContext
 
         ctx = DataContext.get_current()

@@ -59,26 +59,25 @@ def test_extraction_writes_units_to_s3_and_logs_to_the_server(scenario):
 def test_training_on_two_nodes_resumes_from_s3_after_the_workers_fail(scenario):
     train = scenario["train"]
     assert train["checkpoint_uri"] == "s3://csclip-cluster/runs/two-nodes/final"
-    assert train["step"] == 6 and train["resumed_from"] in (2, 4)
+    # Failed after step 3: the restarted group resumed from the step-2 checkpoint on S3.
+    assert train["step"] == 6 and train["resumed_from"] == 2
     # Two attempts of two workers: each attempt had one worker on each node.
     nodes = scenario["nodes"]
     assert train["worker_nodes"] == sorted([nodes["node_a"], nodes["node_b"]] * 2)
     assert {"runs/two-nodes/final/model.pt", "runs/two-nodes/final/model_spec.json"} <= \
         {k.removeprefix("csclip-cluster/") for k in scenario["s3"]}
-    # One MLflow run across the restart, on the server, with every step logged by rank 0.
-    runs = {r["run_id"]: r for r in _runs(scenario, "cluster-train")}
-    run = runs[train["mlflow_run_id"]]
-    assert run["status"] == "FINISHED"
-    assert {step for step, _ in run["loss_history"]} == {1, 2, 3, 4, 5, 6}
+    # One MLflow run across the restart, on the server, with every step logged by rank 0,
+    # step 3 twice: by the failed workers and by their restarted successors.
+    [run] = _runs(scenario, "cluster-train")
+    assert run["run_id"] == train["mlflow_run_id"] and run["status"] == "FINISHED"
+    assert [step for step, _ in run["loss_history"]] == [1, 2, 3, 3, 4, 5, 6]
     assert run["tags"]["checkpoint_uri"] == train["checkpoint_uri"]
-    # Every loss it logged, before the failure and after the restart (a step trained again
-    # after a restart from step 2 included), is the uninterrupted run's at that step.
-    reference = dict(runs[train["reference_run_id"]]["loss_history"])
-    assert sorted(reference) == [1, 2, 3, 4, 5, 6]
-    logged = torch.tensor([loss for _, loss in run["loss_history"]], dtype=torch.float64)
-    expected = torch.tensor([reference[step] for step, _ in run["loss_history"]],
-                            dtype=torch.float64)
-    assert torch.allclose(logged, expected, rtol=1e-6, atol=0), (run["loss_history"], reference)
+    # The restarted workers, in new processes on both nodes, skipped the two batches the
+    # checkpoint had trained on and drew step 3's batch and text slots again: the same loss.
+    before, after = (loss for step, loss in run["loss_history"] if step == 3)
+    assert torch.allclose(torch.tensor(after, dtype=torch.float64),
+                          torch.tensor(before, dtype=torch.float64), rtol=1e-6, atol=0), \
+        run["loss_history"]
 
 
 @pytest.mark.slow
@@ -88,19 +87,6 @@ def test_the_s3_checkpoint_is_evaluated(scenario):
     [run] = _runs(scenario, "cluster-eval")
     [ht_all] = [v for k, v in run["metrics"].items() if k.endswith("/ht_all")]  # <model>/ht_all
     assert 0 <= ht_all <= 100
-
-
-@pytest.mark.slow
-def test_sweep_trials_log_to_the_server_as_children_of_the_sweep_run(scenario):
-    assert scenario["sweep"]["exit_code"] == 0
-    runs = _runs(scenario, "cluster-tune")
-    [parent] = [r for r in runs if r["tags"].get("csclip_role") == "sweep"]
-    children = [r for r in runs if r["tags"].get("csclip_role") == "trial"]
-    assert sorted(r["tags"]["csclip_setting"] for r in children) == ["base", "lr=2e-4"]
-    assert all(r["tags"]["mlflow.parentRunId"] == parent["run_id"] for r in children)
-    assert all(r["status"] == "FINISHED" and "ht_all" in r["metrics"] for r in children)
-    assert parent["status"] == "FINISHED"
-    assert {"ablation.md", "ablation.csv", "ablation.png"} <= set(parent["artifacts"])
 
 
 @pytest.mark.slow

@@ -61,14 +61,19 @@ def test_training_logs_validation_metrics_and_keeps_best(tmp_path, mlflow_uri, r
 
     config = load_config(TrainConfig, None, [
         "model.name=csclip-tiny", "model.image_size=32", "data.world.image_size=32",
-        "data.world.num_train=48", "data.world.num_val=10", "data.batch_size=8",
+        "data.world.num_train=48", "data.world.num_val=10", "data.batch_size=4",
         "data.shuffle_buffer=16", "optim.max_steps=4", "optim.warmup_steps=1",
         "optim.lr=1e-3", "run.checkpoint_every=2", "run.log_every=1", "run.eval_every=2",
         "run.eval_max_images=6", f"run.storage_path={tmp_path / 'runs'}",
-        f"tracking.uri={mlflow_uri}"])
+        f"tracking.uri={mlflow_uri}",
+        # Two gloo workers on NegCLIP's objective (its negatives gathered across ranks):
+        # rank 0 evaluates while the other rank waits at the next step's collective.
+        "run.num_workers=2", "loss.method=negclip"])
     plain = config.model_copy(update={"run": config.run.model_copy(update={"eval_every": None})})
     assert run_name(plain) == run_name(config)  # evaluating does not change what is trained
     result = run(config)
+    assert result.metrics["step"] == 4
+    assert result.metrics["loss_unit"] == 0.0 and result.metrics["loss"] > 0  # NegCLIP: no units
     history = {key: tracking.run_metrics(mlflow_uri, result.mlflow_run_id, f"val_{key}")
                for key in LOGGED_KEYS}
     assert [step for step, _ in history["ht_all"]] == [2, 4]

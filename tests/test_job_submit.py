@@ -54,9 +54,10 @@ def test_used_by_commands_against_a_real_ray_head(tmp_path):
         log.write(f"[head and MLflow server ready after {time.monotonic() - started:.0f} s]\n")
         runtime_env = json.dumps({"env_vars": {"MLFLOW_TRACKING_URI": mlflow_uri}})
         train_overrides = [*TINY, f"run.storage_path={storage}", "tracking.experiment=job"]
-        train = _run(["ray", "job", "submit", "--address", head["dashboard"], "--working-dir", ".",
-                      "--runtime-env-json", runtime_env, "--", "python", "pipelines/train.py",
-                      "--config", "configs/default.yaml", *_sets(train_overrides)], env, log)
+        train = harness.submit_until_accepted(lambda: _run(
+            ["ray", "job", "submit", "--address", head["dashboard"], "--working-dir", ".",
+             "--runtime-env-json", runtime_env, "--", "python", "pipelines/train.py",
+             "--config", "configs/default.yaml", *_sets(train_overrides)], env, log))
         assert train.returncode == 0, train.stdout[-3000:]
         assert "succeeded" in train.stdout
         [line] = [t for t in train.stdout.splitlines() if "final checkpoint" in t]
@@ -74,8 +75,8 @@ def test_used_by_commands_against_a_real_ray_head(tmp_path):
         assert evaluate.returncode == 0, evaluate.stdout[-3000:]
 
         # One trial (the grid's only value is the base's): the sweep itself, its trials'
-        # scheduling and resumption are tests/test_ablation.py's; here, the command and where
-        # its runs land.
+        # scheduling and resumption are tests/test_ablation.py's; here, the command against
+        # a real head and where its runs land: on the server, children of the sweep's run.
         sweep = _run(["python", "tune/ablate.py", "--grid", "lr=1e-4", "--address",
                       head["address"],
                       *_sets([*TINY, f"run.storage_path={storage}", "tracking.experiment=job-tune"])],
@@ -92,8 +93,12 @@ def test_used_by_commands_against_a_real_ray_head(tmp_path):
         sweep_runs = _search(client, "job-tune")
         [parent] = [r for r in sweep_runs if r.data.tags.get("csclip_role") == "sweep"]
         children = [r for r in sweep_runs if r.data.tags.get("csclip_role") == "trial"]
-        assert len(children) == 1
+        assert [r.data.tags["csclip_setting"] for r in children] == ["base"]
         assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in children)
+        assert all(r.info.status == "FINISHED" and "ht_all" in r.data.metrics for r in children)
+        assert parent.info.status == "FINISHED"
+        parent_artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+        assert {"ablation.md", "ablation.csv", "ablation.png"} <= parent_artifacts
         # Nothing was written into the job's unpacked working directory under the session.
         leftovers = [str(p) for p in ray_tmp.rglob("mlflow.db")] + \
             [str(p) for p in ray_tmp.rglob("mlruns")] + [str(p) for p in ray_tmp.rglob("runs")]

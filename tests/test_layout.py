@@ -85,9 +85,9 @@ def test_the_graph_reader_sees_imports_inside_functions(tmp_path):
 
 
 def _modules_after(code: str) -> set[str]:
-    """The csclip and ray modules loaded in a fresh interpreter after `code` ran."""
+    """The csclip, ray and torch modules loaded in a fresh interpreter after `code` ran."""
     script = (code + "\nimport sys\nprint('\\n'.join(sorted(m for m in sys.modules "
-              "if m.split('.')[0] in ('csclip', 'ray'))))")
+              "if m.split('.')[0] in ('csclip', 'ray', 'torch'))))")
     done = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True,
                           text=True, cwd=REPO_ROOT, timeout=600)
     return set(done.stdout.split())
@@ -136,6 +136,20 @@ def test_a_real_training_step_loads_no_evaluation_or_ray():
     assert "csclip.train.step" in modules
     assert not _loaded(modules, ("csclip.eval", "csclip.extract", "csclip.ablation",
                                  "csclip.demo", "csclip.entry", "ray"))
+
+
+def test_the_training_streams_functions_unpickle_without_torch():
+    # Ray Train's DatasetManager and each epoch's SplitCoordinator unpickle these (and
+    # their fn_kwargs) before the first step of every run; torch would cost each ~3 s.
+    modules = _modules_after(
+        "import pickle\n"
+        "from csclip.train.sampling import SamplingConfig\n"
+        "from csclip.train.stream import decode_batch, prepare_batch, sample_batch\n"
+        "kwargs = {'sampling': SamplingConfig().model_dump(mode='json'), 'seed': 0, 'epoch': 0}\n"
+        "pickle.loads(pickle.dumps((decode_batch, prepare_batch, sample_batch, kwargs)))\n"
+        "import csclip.train\n")
+    assert "csclip.train.stream" in modules
+    assert not _loaded(modules, ("torch", "csclip.train.loop", "csclip.loss"))
 
 
 @pytest.mark.parametrize("module", ["csclip.loss", "csclip.train.sampling", "csclip.records",

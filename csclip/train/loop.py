@@ -223,7 +223,8 @@ def _layout_question(data: DataConfig):
 class WorkerPlan:
     """What the driver tells every worker besides the config: the step budget, where to
     log and where best/ goes. fail_after_step: a test hook (never user config): raise
-    after this step's checkpoint on a fresh, not restored, attempt, as a killed job would."""
+    once this step is logged (and checkpointed, if it is a checkpoint step) on a fresh, not
+    restored, attempt, as a killed job would."""
 
     total_steps: int
     steps_per_epoch: int
@@ -385,10 +386,10 @@ def train_loop_per_worker(loop_config: dict) -> None:
                 window.start += time.perf_counter() - started  # samples/s counts training only
             if checkpoint_now:
                 _checkpoint(training, setup.spec, state, config, last, rank)
-                if (plan.fail_after_step is not None and state.restored_from is None
-                        and state.step >= plan.fail_after_step):
-                    raise RuntimeError(f"injected failure after step {state.step} "
-                                       "(fail_after_step)")
+            if (plan.fail_after_step is not None and state.restored_from is None
+                    and state.step >= plan.fail_after_step):
+                raise RuntimeError(f"injected failure after step {state.step} "
+                                   "(fail_after_step)")
             tick = time.perf_counter()  # after logging and checkpointing: the next wait is the data's
         if state.step >= total:
             break

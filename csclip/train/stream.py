@@ -30,6 +30,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -37,10 +38,12 @@ from pydantic import Field
 
 from csclip.config import StrictModel
 from csclip.errors import DataError
-from csclip.loss import LayoutQuestion, Objective, unit_columns
 from csclip.train.sampling import SamplingConfig, sample_text_columns
 from csclip.units import UnitsRecord, record_from_row
 from csclip.world.config import WorldConfig
+
+if TYPE_CHECKING:  # csclip.loss imports torch, which the dataset actors never need
+    from csclip.loss import LayoutQuestion, Objective
 
 logger = logging.getLogger(__name__)
 
@@ -304,6 +307,8 @@ def sample_batch(batch: pa.Table, *, sampling: dict, model_name: str, seed: int,
     """
     if batch.num_rows == 0:
         return {}
+    from csclip.loss import unit_columns
+
     config = SamplingConfig.model_validate(sampling)
     wanted = list(columns) if columns is not None else [
         "caption", "caption_negative", *unit_columns(config.num_unit_slots)]
