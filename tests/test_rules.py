@@ -673,17 +673,17 @@ def _foil_verdicts_disagree(captions, monkeypatch) -> tuple[int, list]:
         seen[id(self)] = (caption, list(entity_texts))
 
     def candidate_rejection(self, kind, unit_text, unit_reading, unit_arguments, candidate,
-                            pieces):
+                            reading):
         caption, entity_texts = seen[id(self)]
         unit = Unit(kind, unit_text, (), unit_arguments[0], None, unit_arguments[1])
         foil = Foil(*candidate)
-        mine = fast(self, kind, unit_text, unit_reading, unit_arguments, candidate, pieces)
+        mine = fast(self, kind, unit_text, unit_reading, unit_arguments, candidate, reading)
         reference = foil_rejection(unit, foil, caption, entity_texts)
         judged[0] += 1
         is_rendered = foil.subject is None or foil.text == render_relation(
             foil.subject, foil.predicate, foil.object)
         if mine != reference or unit_reading != rules._read_piece(unit_text) or (
-                rules._read_pieces(pieces) != rules._read_piece(foil.text)) or not is_rendered:
+                reading != rules._read_piece(foil.text)) or not is_rendered:
             disagreements.append((caption, unit.text, foil.text, mine, reference))
         return mine
 

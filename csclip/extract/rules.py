@@ -1232,8 +1232,9 @@ _phrase_seed = functools.lru_cache(maxsize=1 << 14)(_stable_seed)
 # subject, predicate, object). Candidates are built and judged as tuples (equal exactly
 # when the `Foil`s would be); only the kept ones become `Foil`s.
 _Candidate = tuple[str, ChangeType, str | None, str | None, str | None]
-# A candidate with the pieces its text is made of (see `_read_pieces`).
-_Judged = tuple[_Candidate, tuple[str, ...]]
+# A candidate with the reading of its text, joined from its pieces' readings (see
+# `_join_readings`): a relation foil's text is new in nearly every caption, its pieces are not.
+_Judged = tuple[_Candidate, "_Reading"]
 
 _new_instance = object.__new__
 _set_attribute = object.__setattr__
@@ -1287,11 +1288,11 @@ def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed:
         max_object = 1 if phrase.attributes else 2
         # Object changes first, then attribute changes; both built lazily, only as many as
         # are kept (a rejected candidate's back-up comes next).
-        pieces = (text,)
-        kept = check.valid_foils("entity", text, pieces, (None, None),
+        reading = _read_piece(text)
+        kept = check.valid_foils("entity", text, reading, (None, None),
                                  _object_foil_candidates(phrase, taboo, caption_words, salt),
                                  rejections, max_object, limit=max_object)
-        kept += check.valid_foils("entity", text, pieces, (None, None),
+        kept += check.valid_foils("entity", text, reading, (None, None),
                                   _attribute_foil_candidates(phrase, caption_words, salt),
                                   rejections, limit=_MAX_ENTITY_FOILS - len(kept))
         units[text] = _make_unit("entity", text, tuple([_make_foil(*c) for c in kept]))
@@ -1331,6 +1332,7 @@ def _object_foil_candidates(phrase: _Phrase, taboo: frozenset[str],
                  if any(w in lx.AGE_WORDS for w in words[: phrase.head_start]) else None)
     kept_text = " ".join(kept)
     prefix = kept_text + " " if kept else ""
+    kept_reading = _read_piece(kept_text)
     found = 0
     # Walk the category once from a seeded start and stop at three usable nouns: checking
     # every noun of the category for every phrase was most of the extractor's time.
@@ -1342,7 +1344,8 @@ def _object_foil_candidates(phrase: _Phrase, taboo: frozenset[str],
         if (last_singular not in caption_words and last_plural not in caption_words
                 and (age_bound is None or is_age_bound == age_bound)):
             form = plural if plural_form else singular
-            yield (prefix + form, ChangeType.OBJECT_CHANGE, None, None, None), (kept_text, form)
+            yield ((prefix + form, ChangeType.OBJECT_CHANGE, None, None, None),
+                   _join_readings(kept_reading, _read_piece(form)))
             found += 1
             if found == 3:
                 return
@@ -1360,8 +1363,10 @@ def _attribute_foil_candidates(phrase: _Phrase, caption_words: set[str],
             if value + after in lx.NOUNS:
                 continue  # never "cold dog" -> "hot dog"
             edited = words[:index] + [value] + words[index + 1 :]
-            pieces = (" ".join(words[:index]), value, " ".join(words[index + 1 :]))
-            yield (" ".join(edited), ChangeType.ATTRIBUTE_CHANGE, None, None, None), pieces
+            reading = _join_readings(_join_readings(_read_piece(" ".join(words[:index])),
+                                                    _read_piece(value)),
+                                     _read_piece(" ".join(words[index + 1 :])))
+            yield (" ".join(edited), ChangeType.ATTRIBUTE_CHANGE, None, None, None), reading
             taken += 1
             if taken == 2:
                 break
@@ -1441,8 +1446,7 @@ class _FoilCheck:
     """`foil_rejection` for one caption's foil candidates: the same reason, checked in the
     same order, with the caption and its entity texts normalised once instead of once per
     foil, and unit and foil texts read by their pieces (entity texts, predicates,
-    modifiers), whose normal forms and stems are remembered: a relation foil's text is new
-    in nearly every caption, its pieces are not. The extractor calls it ~10 times a
+    modifiers), whose readings are remembered (see `_join_readings`). The extractor calls it ~10 times a
     caption; the generic `foil_rejection` stays the reference (tests/test_rules.py runs
     both on every candidate of the SugarCrepe captions and wants the same answer)."""
 
@@ -1459,15 +1463,14 @@ class _FoilCheck:
         return self.candidate_rejection(
             unit.kind, unit.text, _read_piece(unit.text), (unit.subject, unit.object),
             (foil.text, foil.change_type, foil.subject, foil.predicate, foil.object),
-            (foil.text,))
+            _read_piece(foil.text))
 
     def candidate_rejection(self, kind: str, unit_text: str, unit_reading: _Reading,
                             unit_arguments: tuple[str | None, str | None],
-                            candidate: _Candidate, pieces: Sequence[str]) -> RejectReason | None:
+                            candidate: _Candidate, reading: _Reading) -> RejectReason | None:
         """`rejection` of a unit and a foil given as plain data: the unit's kind, text,
-        reading (`_read_pieces`) and, for a relation, subject and object; the foil's fields
-        and the pieces its text is made of (joined by spaces, as `render_relation` joins a
-        relation's subject, predicate and object)."""
+        reading (`_read_piece`) and, for a relation, subject and object; the foil's fields
+        and the reading of its text."""
         text, change_type, subject, predicate, object_ = candidate
         stripped = text.strip()
         if not stripped:
@@ -1483,11 +1486,7 @@ class _FoilCheck:
         if (change_type in _ENTITY_CHANGES) is not is_entity:
             return RejectReason.CHANGE_TYPE_MISMATCH
         unit_norm, unit_words, unit_stems = unit_reading
-        # A single piece without the call to _read_pieces: this runs for every candidate.
-        if len(pieces) == 1:
-            foil_norm, foil_words, foil_stems = _read_piece(pieces[0])
-        else:
-            foil_norm, foil_words, foil_stems = _read_pieces(pieces)
+        foil_norm, foil_words, foil_stems = reading
         if foil_norm == unit_norm:
             return RejectReason.FOIL_EQUALS_UNIT
         if kind == "relation" and change_type is ChangeType.SUBJECT_OBJECT_SWAP:
@@ -1510,16 +1509,19 @@ class _FoilCheck:
                 return RejectReason.FOIL_IS_SYNONYM
         if unit_stems == foil_stems:
             return RejectReason.FOIL_ONLY_INFLECTION
-        new_words = set(foil_words).difference(unit_words)
-        if new_words and new_words <= GENERIC_WORDS:
-            return RejectReason.FOIL_GENERIC_WORD
+        # Only new words that are all generic reject; a foil without any generic word (nearly
+        # all) cannot have them, and needs no set built.
+        if not GENERIC_WORDS.isdisjoint(foil_words):
+            new_words = set(foil_words).difference(unit_words)
+            if new_words and new_words <= GENERIC_WORDS:
+                return RejectReason.FOIL_GENERIC_WORD
         # foil_norm differs from unit_norm here, so "another entity of the caption" is any.
         if (foil_norm and f" {foil_norm} " in self.padded_caption) or (
                 is_entity and foil_norm in self.entity_norms):
             return RejectReason.FOIL_IN_CAPTION
         return None
 
-    def valid_foils(self, kind: str, unit_text: str, unit_pieces: Sequence[str],
+    def valid_foils(self, kind: str, unit_text: str, unit_reading: _Reading,
                     unit_arguments: tuple[str | None, str | None],
                     candidates: Iterable[_Judged], rejections: list[Rejection],
                     max_object_changes: int = 1, limit: int | None = None) -> list[_Candidate]:
@@ -1528,8 +1530,7 @@ class _FoilCheck:
         kept: list[_Candidate] = []
         object_changes = 0
         is_entity = kind == "entity"
-        unit_reading = _read_pieces(unit_pieces)
-        for candidate, pieces in candidates:
+        for candidate, reading in candidates:
             if limit is not None and len(kept) == limit:
                 break
             is_object_change = is_entity and candidate[1] is ChangeType.OBJECT_CHANGE
@@ -1538,7 +1539,7 @@ class _FoilCheck:
             if candidate in kept:
                 continue
             reason = self.candidate_rejection(kind, unit_text, unit_reading, unit_arguments,
-                                              candidate, pieces)
+                                              candidate, reading)
             if reason is None:
                 kept.append(candidate)
                 object_changes += is_object_change
@@ -1560,22 +1561,16 @@ def _read_piece(text: str) -> _Reading:
     return norm, words, tuple(_stem(w) for w in words if w not in _UNSTEMMED)
 
 
-def _read_pieces(pieces: Sequence[str]) -> _Reading:
-    """The reading of the pieces' text joined by spaces. Exact, piece by piece: a word never
-    spans a space, so the normal form of a joined text is the pieces' normal forms joined
-    (the empty ones left out), and its words and stems are theirs in order."""
-    if len(pieces) == 1:
-        return _read_piece(pieces[0])
-    norms: list[str] = []
-    words: tuple[str, ...] = ()
-    stems: tuple[str, ...] = ()
-    for piece in pieces:
-        norm, piece_words, piece_stems = _read_piece(piece)
-        if norm:
-            norms.append(norm)
-            words += piece_words
-            stems += piece_stems
-    return " ".join(norms), words, stems
+def _join_readings(first: _Reading, second: _Reading) -> _Reading:
+    """The reading of two texts joined by a space, from theirs. Exact: a word never spans a
+    space, so the normal form of the joined text is the two normal forms joined (an empty
+    one left out), and its words and stems are theirs in order (an empty normal form has no
+    words and no stems)."""
+    if not first[0]:
+        return second
+    if not second[0]:
+        return first
+    return f"{first[0]} {second[0]}", first[1] + second[1], first[2] + second[2]
 
 
 _UNSTEMMED = frozenset({"a", "an", "the", "is", "are"})
@@ -1602,8 +1597,10 @@ def _relation_units(parse: _Parse, entities: dict[str, Unit], check: _FoilCheck,
         if text in units:
             continue
         candidates = _relation_foil_candidates(subject, forms, obj, rendered, entities)
-        kept = check.valid_foils("relation", text, (s_text, rendered, o_text),
-                                 (s_text, o_text), candidates, rejections)
+        unit_reading = _join_readings(_join_readings(_read_piece(s_text), _read_piece(rendered)),
+                                      _read_piece(o_text))
+        kept = check.valid_foils("relation", text, unit_reading, (s_text, o_text), candidates,
+                                 rejections)
         units[text] = _make_unit("relation", text, tuple([_make_foil(*c) for c in kept]),
                                  s_text, rendered, o_text)
     if len(units) > MAX_RELATIONS:
@@ -1643,7 +1640,8 @@ def _relation_candidate(subject: str, predicate: str, object_: str,
     # predicates are words joined by single spaces, never empty, so `render_relation`'s
     # stripping and dropping of empty parts has nothing to do.
     return ((f"{subject} {predicate} {object_}", change_type, subject, predicate, object_),
-            (subject, predicate, object_))
+            _join_readings(_join_readings(_read_piece(subject), _read_piece(predicate)),
+                           _read_piece(object_)))
 
 
 @functools.lru_cache(maxsize=1 << 14)
