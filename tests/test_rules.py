@@ -711,6 +711,10 @@ _RIDING = Unit.relation("man", "is riding", "brown horse")
     (Unit.entity("man"), Foil("horse", ChangeType.OBJECT_CHANGE)),  # in the text, no entity
     (_HORSE, Foil("  ", ChangeType.OBJECT_CHANGE)),
     (_HORSE, Foil("N/A", ChangeType.OBJECT_CHANGE)),
+    # Placeholders with a space in them (the fast check skips the regex for other such texts).
+    (_HORSE, Foil("object 2", ChangeType.OBJECT_CHANGE)),
+    (_HORSE, Foil("<brown horse>", ChangeType.OBJECT_CHANGE)),
+    (_HORSE, Foil("Subject _", ChangeType.OBJECT_CHANGE)),
     (_HORSE, Foil("brown horse is under man", ChangeType.ANTONYM)),
     (_RIDING, Foil("black horse", ChangeType.ATTRIBUTE_CHANGE)),
     (_RIDING, Foil.relation("man", "is walking", "brown horse", ChangeType.ANTONYM)),
