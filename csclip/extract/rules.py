@@ -1339,23 +1339,25 @@ def _object_foil_candidates(phrase: _Phrase, taboo: frozenset[str],
     # "young man" -> "young woman", never "young boy": with an age word, the new noun must
     # say as much about age as the old one.
     age_bound = (phrase.head.singular in lx.AGE_BOUND_NOUNS
-                 if any(w in lx.AGE_WORDS for w in words[: phrase.head_start]) else None)
+                 if not lx.AGE_WORDS.isdisjoint(words[: phrase.head_start]) else None)
     kept_text = " ".join(kept)
     prefix = kept_text + " " if kept else ""
     kept_reading = _read_piece(kept_text)
     found = 0
     # Walk the category once from a seeded start and stop at three usable nouns: checking
     # every noun of the category for every phrase was most of the extractor's time.
-    for singular, plural, last_singular, last_plural, is_age_bound in islice(
-            entries, salt % num_nouns, salt % num_nouns + num_nouns):
+    for (singular, plural, last_singular, last_plural, is_age_bound, singular_reading,
+         plural_reading) in islice(entries, salt % num_nouns, salt % num_nouns + num_nouns):
         if singular in taboo:
             continue
         # "cats" in the caption rules out "cat" and "cats"; "cell phone" is ruled out by "phone".
         if (last_singular not in caption_words and last_plural not in caption_words
                 and (age_bound is None or is_age_bound == age_bound)):
-            form = plural if plural_form else singular
-            yield ((prefix + form, _OBJECT_CHANGE, None, None, None),
-                   _join_readings(kept_reading, _read_piece(form)))
+            form, reading = (plural, plural_reading) if plural_form else (
+                singular, singular_reading)
+            if kept:
+                reading = _join_readings(kept_reading, reading)
+            yield (prefix + form, _OBJECT_CHANGE, None, None, None), reading
             found += 1
             if found == 3:
                 return
@@ -1430,6 +1432,33 @@ def _attribute_pool(word: str, kind: str) -> tuple[str, ...]:
                  and word not in lx.COLOR_SYNONYMS.get(v, frozenset()))
 
 
+# What `foil_rejection` reads of a text: its normal form, its words, their stems (without
+# articles and "is"/"are"), as `normalize_text`, `.split()` and `units._stems` give them.
+_Reading = tuple[str, tuple[str, ...], tuple[str, ...]]
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _read_piece(text: str) -> _Reading:
+    norm = normalize_text(text)
+    words = tuple(norm.split())
+    return norm, words, tuple(_stem(w) for w in words if w not in _UNSTEMMED)
+
+
+def _join_readings(first: _Reading, second: _Reading) -> _Reading:
+    """The reading of two texts joined by a space, from theirs. Exact: a word never spans a
+    space, so the normal form of the joined text is the two normal forms joined (an empty
+    one left out), and its words and stems are theirs in order (an empty normal form has no
+    words and no stems)."""
+    if not first[0]:
+        return second
+    if not second[0]:
+        return first
+    return f"{first[0]} {second[0]}", first[1] + second[1], first[2] + second[2]
+
+
+_UNSTEMMED = frozenset({"a", "an", "the", "is", "are"})
+
+
 def _build_category_nouns() -> dict[str, list[lx.Noun]]:
     by_category: dict[str, list[lx.Noun]] = {}
     for noun in dict.fromkeys(lx.NOUNS.values()):
@@ -1444,11 +1473,12 @@ _LAST_WORDS = {noun.singular: (noun.singular.split()[-1], noun.plural.split()[-1
 
 _CATEGORY_NOUNS = _build_category_nouns()
 # Per category, what an object foil reads of each noun: (singular, plural, last word of
-# each, whether it carries an age), the list twice so that a walk from any start is one
-# slice.
+# each, whether it carries an age, the readings of singular and plural), the list twice so
+# that a walk from any start is one slice.
 _CATEGORY_ENTRIES = {
     category: tuple((n.singular, n.plural, *_LAST_WORDS[n.singular],
-                     n.singular in lx.AGE_BOUND_NOUNS) for n in nouns) * 2
+                     n.singular in lx.AGE_BOUND_NOUNS, _read_piece(n.singular),
+                     _read_piece(n.plural)) for n in nouns) * 2
     for category, nouns in _CATEGORY_NOUNS.items()}
 
 
@@ -1564,31 +1594,6 @@ class _FoilCheck:
         return kept
 
 
-# What `foil_rejection` reads of a text: its normal form, its words, their stems (without
-# articles and "is"/"are"), as `normalize_text`, `.split()` and `units._stems` give them.
-_Reading = tuple[str, tuple[str, ...], tuple[str, ...]]
-
-
-@functools.lru_cache(maxsize=1 << 15)
-def _read_piece(text: str) -> _Reading:
-    norm = normalize_text(text)
-    words = tuple(norm.split())
-    return norm, words, tuple(_stem(w) for w in words if w not in _UNSTEMMED)
-
-
-def _join_readings(first: _Reading, second: _Reading) -> _Reading:
-    """The reading of two texts joined by a space, from theirs. Exact: a word never spans a
-    space, so the normal form of the joined text is the two normal forms joined (an empty
-    one left out), and its words and stems are theirs in order (an empty normal form has no
-    words and no stems)."""
-    if not first[0]:
-        return second
-    if not second[0]:
-        return first
-    return f"{first[0]} {second[0]}", first[1] + second[1], first[2] + second[2]
-
-
-_UNSTEMMED = frozenset({"a", "an", "the", "is", "are"})
 _PLACEHOLDER_MATCH = PLACEHOLDER_PATTERN.match
 # Every change type is an entity's or a relation's (units.RELATION_CHANGES is the rest).
 _ENTITY_CHANGES = tuple(ENTITY_CHANGES)
