@@ -202,8 +202,9 @@ def extract_units(caption: str) -> RulesResult:
                            absent)
     rng_seed = _stable_seed(normalize_text(caption))
     rejections = list(parse.rejections)
-    entities, check = _entity_units(parse.phrases, caption, tokens, rng_seed, rejections)
-    relations = _relation_units(parse, entities, check, rejections)
+    entities, first_foils, check = _entity_units(parse.phrases, caption, tokens, rng_seed,
+                                                 rejections)
+    relations = _relation_units(parse, entities, first_foils, check, rejections)
     return RulesResult(tuple(entities.values()), tuple(relations), tuple(rejections), absent)
 
 
@@ -1275,9 +1276,12 @@ def _make_unit(kind: str, text: str, foils: tuple[Foil, ...], subject: str | Non
 
 
 def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed: int,
-                  rejections: list[Rejection]) -> tuple[dict[str, Unit], _FoilCheck]:
-    """Entity units keyed by text (first mention wins), with validated foils, and the
-    caption's foil check (the relations' foils are checked against the same entities)."""
+                  rejections: list[Rejection]
+                  ) -> tuple[dict[str, Unit], dict[str, tuple[str, _Reading]], _FoilCheck]:
+    """Entity units keyed by text (first mention wins), with validated foils; each entity's
+    first foil with its reading, by entity text (the relations' subject and object
+    replacements); and the caption's foil check (the relations' foils are checked against
+    the same entities)."""
     texts = list(dict.fromkeys(p.text for p in phrases))
     if len(texts) > MAX_ENTITIES:
         rejections.append(Rejection(RejectReason.TOO_MANY_UNITS,
@@ -1288,6 +1292,7 @@ def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed:
     # Nouns no object foil may use: the caption's own, their synonyms and hypernyms.
     taboo = frozenset().union(*[_taboo_of(h.singular) for h in heads])
     units: dict[str, Unit] = {}
+    first_foils: dict[str, tuple[str, _Reading]] = {}
     check = _FoilCheck(caption, texts)
     for phrase in phrases:
         text = phrase.text
@@ -1305,8 +1310,13 @@ def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed:
         kept += check.valid_foils("entity", text, reading, (None, None),
                                   _attribute_foil_candidates(phrase, caption_words, salt),
                                   rejections, limit=_MAX_ENTITY_FOILS - len(kept))
-        units[text] = _make_unit("entity", text, tuple([_make_foil(*c) for c in kept]))
-    return units, check
+        if kept:
+            # Object changes first: "woman is riding horse" is the SPEC's subject_replace
+            # example.
+            first_candidate, first_reading = kept[0]
+            first_foils[text] = (first_candidate[0], first_reading)
+        units[text] = _make_unit("entity", text, tuple([_make_foil(*c) for c, _ in kept]))
+    return units, first_foils, check
 
 
 @functools.lru_cache(maxsize=1 << 12)
@@ -1456,6 +1466,15 @@ def _join_readings(first: _Reading, second: _Reading) -> _Reading:
     return f"{first[0]} {second[0]}", first[1] + second[1], first[2] + second[2]
 
 
+def _join_three(first: _Reading, second: _Reading, third: _Reading) -> _Reading:
+    """`_join_readings` of three readings, in one step when none is empty (a relation's
+    subject, predicate and object never are)."""
+    if first[0] and second[0] and third[0]:
+        return (f"{first[0]} {second[0]} {third[0]}", first[1] + second[1] + third[1],
+                first[2] + second[2] + third[2])
+    return _join_readings(_join_readings(first, second), third)
+
+
 _UNSTEMMED = frozenset({"a", "an", "the", "is", "are"})
 
 
@@ -1569,24 +1588,25 @@ class _FoilCheck:
     def valid_foils(self, kind: str, unit_text: str, unit_reading: _Reading,
                     unit_arguments: tuple[str | None, str | None],
                     candidates: Iterable[_Judged], rejections: list[Rejection],
-                    max_object_changes: int = 1, limit: int | None = None) -> list[_Candidate]:
-        """The candidates that pass, recording the rejected ones, up to `limit`. Object
-        changes beyond `max_object_changes` were back-ups and are skipped."""
-        kept: list[_Candidate] = []
+                    max_object_changes: int = 1, limit: int | None = None) -> list[_Judged]:
+        """The candidates that pass (with their readings), recording the rejected ones, up to
+        `limit`. Object changes beyond `max_object_changes` were back-ups and are skipped."""
+        kept: list[_Judged] = []
         object_changes = 0
         is_entity = kind == "entity"
-        for candidate, reading in candidates:
+        for judged in candidates:
             if limit is not None and len(kept) == limit:
                 break
+            candidate, reading = judged
             is_object_change = is_entity and candidate[1] is _OBJECT_CHANGE
             if is_object_change and object_changes >= max_object_changes:
                 continue
-            if candidate in kept:
+            if judged in kept:  # equal candidates have equal readings
                 continue
             reason = self.candidate_rejection(kind, unit_text, unit_reading, unit_arguments,
                                               candidate, reading)
             if reason is None:
-                kept.append(candidate)
+                kept.append(judged)
                 object_changes += is_object_change
             else:
                 rejections.append(Rejection(
@@ -1600,7 +1620,8 @@ _ENTITY_CHANGES = tuple(ENTITY_CHANGES)
 assert RELATION_CHANGES == frozenset(ChangeType) - ENTITY_CHANGES
 
 
-def _relation_units(parse: _Parse, entities: dict[str, Unit], check: _FoilCheck,
+def _relation_units(parse: _Parse, entities: dict[str, Unit],
+                    first_foils: dict[str, tuple[str, _Reading]], check: _FoilCheck,
                     rejections: list[Rejection]) -> list[Unit]:
     """Relation units over caption entities: antonym, negation, swap (not for symmetric
     predicates, where it would be true) and subject/object replacement foils."""
@@ -1616,12 +1637,13 @@ def _relation_units(parse: _Parse, entities: dict[str, Unit], check: _FoilCheck,
         text = f"{s_text} {rendered} {o_text}"  # render_relation's text (see _relation_candidate)
         if text in units:
             continue
-        candidates = _relation_foil_candidates(subject, forms, obj, rendered, entities)
-        unit_reading = _join_readings(_join_readings(_read_piece(s_text), _read_piece(rendered)),
-                                      _read_piece(o_text))
+        s_reading, o_reading = _read_piece(s_text), _read_piece(o_text)
+        candidates = _relation_foil_candidates(subject, s_reading, forms, obj, o_reading,
+                                               rendered, first_foils)
+        unit_reading = _join_three(s_reading, _read_piece(rendered), o_reading)
         kept = check.valid_foils("relation", text, unit_reading, (s_text, o_text), candidates,
                                  rejections)
-        units[text] = _make_unit("relation", text, tuple([_make_foil(*c) for c in kept]),
+        units[text] = _make_unit("relation", text, tuple([_make_foil(*c) for c, _ in kept]),
                                  s_text, rendered, o_text)
     if len(units) > MAX_RELATIONS:
         rejections.append(Rejection(RejectReason.TOO_MANY_UNITS,
@@ -1629,39 +1651,41 @@ def _relation_units(parse: _Parse, entities: dict[str, Unit], check: _FoilCheck,
     return list(units.values())[:MAX_RELATIONS]
 
 
-def _relation_foil_candidates(subject: _Phrase, forms: _PredicateForms, obj: _Phrase,
-                              rendered: str, entities: dict[str, Unit]) -> list[_Judged]:
+def _relation_foil_candidates(subject: _Phrase, s_reading: _Reading, forms: _PredicateForms,
+                              obj: _Phrase, o_reading: _Reading, rendered: str,
+                              first_foils: dict[str, tuple[str, _Reading]]) -> list[_Judged]:
     s, o = subject.text, obj.text
     candidates = []
     if forms.antonym is not None:
-        candidates.append(_relation_candidate(s, forms.antonym[subject.is_plural], o,
-                                              _ANTONYM))
-    candidates.append(_relation_candidate(s, forms.negated[subject.is_plural], o,
-                                          _NEGATION))
+        candidates.append(_relation_candidate(s, s_reading, forms.antonym[subject.is_plural],
+                                              o, o_reading, _ANTONYM))
+    candidates.append(_relation_candidate(s, s_reading, forms.negated[subject.is_plural],
+                                          o, o_reading, _NEGATION))
     if not forms.is_symmetric:
-        candidates.append(_relation_candidate(o, forms.plain[obj.is_plural], s,
-                                              _SWAP))
-    subject_foil = _first_foil(entities[s])
+        candidates.append(_relation_candidate(o, o_reading, forms.plain[obj.is_plural],
+                                              s, s_reading, _SWAP))
+    subject_foil = first_foils.get(s)
     if subject_foil is not None:
+        foil_text, foil_reading = subject_foil
         # The new subject may differ in number ("cake" -> "chips"): the verb agrees with it.
-        agreeing = forms.plain[_is_plural_text(subject_foil, subject.is_plural)]
-        candidates.append(_relation_candidate(subject_foil, agreeing, o,
+        agreeing = forms.plain[_is_plural_text(foil_text, subject.is_plural)]
+        candidates.append(_relation_candidate(foil_text, foil_reading, agreeing, o, o_reading,
                                               _SUBJECT_REPLACE))
-    object_foil = _first_foil(entities[o])
+    object_foil = first_foils.get(o)
     if object_foil is not None:
-        candidates.append(_relation_candidate(s, rendered, object_foil,
+        foil_text, foil_reading = object_foil
+        candidates.append(_relation_candidate(s, s_reading, rendered, foil_text, foil_reading,
                                               _OBJECT_REPLACE))
     return candidates
 
 
-def _relation_candidate(subject: str, predicate: str, object_: str,
-                        change_type: ChangeType) -> _Judged:
+def _relation_candidate(subject: str, subject_reading: _Reading, predicate: str, object_: str,
+                        object_reading: _Reading, change_type: ChangeType) -> _Judged:
     # As `Foil.relation` would build it; its text is made of the three. Entity texts and
     # predicates are words joined by single spaces, never empty, so `render_relation`'s
     # stripping and dropping of empty parts has nothing to do.
     return ((f"{subject} {predicate} {object_}", change_type, subject, predicate, object_),
-            _join_readings(_join_readings(_read_piece(subject), _read_piece(predicate)),
-                           _read_piece(object_)))
+            _join_three(subject_reading, _read_piece(predicate), object_reading))
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -1687,11 +1711,6 @@ def _is_plural_text(text: str, default: bool) -> bool:
     is_plural = _is_plural_form(text)
     return default if is_plural is None else is_plural
 
-
-def _first_foil(entity: Unit) -> str | None:
-    # Object changes first: "woman is riding horse" is the SPEC's subject_replace example.
-    # An entity's foils are its object changes, then its attribute changes.
-    return entity.foils[0].text if entity.foils else None
 
 
 
