@@ -755,10 +755,10 @@ def test_fast_unit_and_foil_builders_give_the_dataclasses_objects():
     # the objects must be the ones __init__ builds, field for field (and stay frozen).
     from dataclasses import FrozenInstanceError, fields
 
-    from csclip.extract.rules import _make_foil, _make_unit
+    from csclip.extract.rules import _make_foils, _make_unit
 
     args = ("man is under horse", ChangeType.ANTONYM, "man", "is under", "horse")
-    foil, reference = _make_foil(*args), Foil(*args)
+    (foil,), reference = _make_foils([(args, None)]), Foil(*args)
     assert list(vars(foil).items()) == list(vars(reference).items())
     assert [f.name for f in fields(Foil)] == list(vars(foil))
     assert foil == reference and hash(foil) == hash(reference) and repr(foil) == repr(reference)

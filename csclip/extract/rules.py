@@ -1251,23 +1251,25 @@ _new_instance = object.__new__
 _set_attribute = object.__setattr__
 
 
-def _make_foil(text: str, change_type: ChangeType, subject: str | None = None,
-               predicate: str | None = None, object_: str | None = None) -> Foil:
-    """`Foil(text, change_type, subject, predicate, object_)`, the same object, built
-    without the frozen dataclass's five guarded setattr calls and its `__post_init__`
-    (whose only work, turning a string into a ChangeType, is not needed: the extractor
-    only passes ChangeTypes). ~10 foils a caption made `Foil()` a tenth of the extractor's
-    time; tests/test_rules.py checks the two agree field for field."""
-    foil = _new_instance(Foil)
-    _set_attribute(foil, "__dict__", {"text": text, "change_type": change_type,
-                                      "subject": subject, "predicate": predicate,
-                                      "object": object_})
-    return foil
+def _make_foils(kept: Sequence[_Judged]) -> tuple[Foil, ...]:
+    """`Foil(text, change_type, subject, predicate, object_)` of each kept candidate, the
+    same objects, built without the frozen dataclass's five guarded setattr calls and its
+    `__post_init__` (whose only work, turning a string into a ChangeType, is not needed: the
+    extractor only passes ChangeTypes). ~10 foils a caption made `Foil()` a tenth of the
+    extractor's time; tests/test_rules.py checks the two agree field for field."""
+    foils = []
+    for (text, change_type, subject, predicate, object_), _ in kept:
+        foil = _new_instance(Foil)
+        _set_attribute(foil, "__dict__", {"text": text, "change_type": change_type,
+                                          "subject": subject, "predicate": predicate,
+                                          "object": object_})
+        foils.append(foil)
+    return tuple(foils)
 
 
 def _make_unit(kind: str, text: str, foils: tuple[Foil, ...], subject: str | None = None,
                predicate: str | None = None, object_: str | None = None) -> Unit:
-    """`Unit(kind, text, foils, subject, predicate, object_)`, built as `_make_foil` is."""
+    """`Unit(kind, text, foils, subject, predicate, object_)`, built as `_make_foils` builds foils."""
     unit = _new_instance(Unit)
     _set_attribute(unit, "__dict__", {"kind": kind, "text": text, "foils": foils,
                                       "subject": subject, "predicate": predicate,
@@ -1315,7 +1317,7 @@ def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed:
             # example.
             first_candidate, first_reading = kept[0]
             first_foils[text] = (first_candidate[0], first_reading)
-        units[text] = _make_unit("entity", text, tuple([_make_foil(*c) for c, _ in kept]))
+        units[text] = _make_unit("entity", text, _make_foils(kept))
     return units, first_foils, check
 
 
@@ -1476,6 +1478,7 @@ def _join_three(first: _Reading, second: _Reading, third: _Reading) -> _Reading:
 
 
 _UNSTEMMED = frozenset({"a", "an", "the", "is", "are"})
+_SYNONYM_WORDS = frozenset(_SYNONYMS_OF)
 
 
 def _build_category_nouns() -> dict[str, list[lx.Noun]]:
@@ -1560,8 +1563,10 @@ class _FoilCheck:
                         and argument_norm not in self.entity_heads):
                     return RejectReason.SWAP_ARGUMENT_NOT_ENTITY
             return None
-        if len(unit_words) == len(foil_words):
-            # A synonym: some word changed, and every changed word to a synonym of it.
+        # A synonym: some word changed, and every changed word to a synonym of it (so both
+        # texts have a word of the synonym sets; most foils do not, and skip the loop).
+        if len(unit_words) == len(foil_words) and not _SYNONYM_WORDS.isdisjoint(foil_words) and (
+                not _SYNONYM_WORDS.isdisjoint(unit_words)):
             is_synonym = False
             for unit_word, foil_word in zip(unit_words, foil_words):  # noqa: B905 (same length)
                 if unit_word != foil_word:
@@ -1643,7 +1648,7 @@ def _relation_units(parse: _Parse, entities: dict[str, Unit],
         unit_reading = _join_three(s_reading, _read_piece(rendered), o_reading)
         kept = check.valid_foils("relation", text, unit_reading, (s_text, o_text), candidates,
                                  rejections)
-        units[text] = _make_unit("relation", text, tuple([_make_foil(*c) for c, _ in kept]),
+        units[text] = _make_unit("relation", text, _make_foils(kept),
                                  s_text, rendered, o_text)
     if len(units) > MAX_RELATIONS:
         rejections.append(Rejection(RejectReason.TOO_MANY_UNITS,
