@@ -1309,9 +1309,10 @@ def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed:
         kept = check.valid_foils("entity", text, reading, (None, None),
                                  _object_foil_candidates(phrase, taboo, caption_words, salt),
                                  rejections, max_object, limit=max_object)
-        kept += check.valid_foils("entity", text, reading, (None, None),
-                                  _attribute_foil_candidates(phrase, caption_words, salt),
-                                  rejections, limit=_MAX_ENTITY_FOILS - len(kept))
+        if phrase.attributes and len(kept) < _MAX_ENTITY_FOILS:  # else there are none to add
+            kept += check.valid_foils("entity", text, reading, (None, None),
+                                      _attribute_foil_candidates(phrase, caption_words, salt),
+                                      rejections, limit=_MAX_ENTITY_FOILS - len(kept))
         if kept:
             # Object changes first: "woman is riding horse" is the SPEC's subject_replace
             # example.
@@ -1331,30 +1332,12 @@ def _object_foil_candidates(phrase: _Phrase, taboo: frozenset[str],
                             caption_words: set[str], salt: int) -> Iterator[_Judged]:
     """Object changes: the head noun replaced by one of its category (not in the caption),
     at most three."""
-    words = phrase.words
-    entries = _CATEGORY_ENTRIES.get(foil_category(phrase.head))
-    if not entries:
+    plan = _object_foil_plan(phrase.words, phrase.head_start, phrase.attributes,
+                             phrase.is_plural)
+    if plan is None:
         return
+    entries, prefix, kept_reading, plural_form, age_bound = plan
     num_nouns = len(entries) // 2
-    kept = _object_foil_modifiers(phrase)
-    head_text = " ".join(words[phrase.head_start :])
-    # The new noun takes the old one's number: "group of small children" -> "group of
-    # small teenagers" (the group is one, its members many).
-    if phrase.head.plural != phrase.head.singular:
-        plural_form = head_text == phrase.head.plural
-    elif "of" in words[: phrase.head_start]:  # "herd of sheep" are many, "plate of rice" is not
-        collective = words[words.index("of") - 1]
-        plural_form = (collective in lx.GROUP_COLLECTIVES
-                       or phrase.head.category in ("animal", "person_other"))
-    else:
-        plural_form = phrase.is_plural
-    # "young man" -> "young woman", never "young boy": with an age word, the new noun must
-    # say as much about age as the old one.
-    age_bound = (phrase.head.singular in lx.AGE_BOUND_NOUNS
-                 if not lx.AGE_WORDS.isdisjoint(words[: phrase.head_start]) else None)
-    kept_text = " ".join(kept)
-    prefix = kept_text + " " if kept else ""
-    kept_reading = _read_piece(kept_text)
     found = 0
     # Walk the category once from a seeded start and stop at three usable nouns: checking
     # every noun of the category for every phrase was most of the extractor's time.
@@ -1367,7 +1350,7 @@ def _object_foil_candidates(phrase: _Phrase, taboo: frozenset[str],
                 and (age_bound is None or is_age_bound == age_bound)):
             form, reading = (plural, plural_reading) if plural_form else (
                 singular, singular_reading)
-            if kept:
+            if prefix:
                 reading = _join_readings(kept_reading, reading)
             yield (prefix + form, _OBJECT_CHANGE, None, None, None), reading
             found += 1
@@ -1396,14 +1379,57 @@ def _attribute_foil_candidates(phrase: _Phrase, caption_words: set[str],
                 break
 
 
-def _object_foil_modifiers(phrase: _Phrase) -> list[str]:
+class _ObjectFoilPlan(NamedTuple):
+    """What every object foil of a noun phrase shares, in any caption."""
+
+    entries: tuple  # the category's `_CATEGORY_ENTRIES`
+    prefix: str  # the modifiers kept before the new noun, with a space; or ""
+    kept_reading: _Reading  # the reading of the kept modifiers
+    plural_form: bool  # whether the new noun takes its plural form
+    age_bound: bool | None  # None: no age word; else whether the new noun must carry an age
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _object_foil_plan(words: tuple[str, ...], head_start: int,
+                      attributes: tuple[tuple[int, str], ...],
+                      is_plural: bool) -> _ObjectFoilPlan | None:
+    """The plan of a noun phrase's object foils, None when its category has no foils. A
+    function of the phrase's words, head and attributes only, and the same phrases recur
+    caption after caption, so it is remembered."""
+    head = lx.NOUNS[" ".join(words[head_start:])]
+    entries = _CATEGORY_ENTRIES.get(foil_category(head))
+    if not entries:
+        return None
+    kept = _object_foil_modifiers(words, head_start, attributes)
+    head_text = " ".join(words[head_start:])
+    # The new noun takes the old one's number: "group of small children" -> "group of
+    # small teenagers" (the group is one, its members many).
+    if head.plural != head.singular:
+        plural_form = head_text == head.plural
+    elif "of" in words[:head_start]:  # "herd of sheep" are many, "plate of rice" is not
+        collective = words[words.index("of") - 1]
+        plural_form = (collective in lx.GROUP_COLLECTIVES
+                       or head.category in ("animal", "person_other"))
+    else:
+        plural_form = is_plural
+    # "young man" -> "young woman", never "young boy": with an age word, the new noun must
+    # say as much about age as the old one.
+    age_bound = (head.singular in lx.AGE_BOUND_NOUNS
+                 if not lx.AGE_WORDS.isdisjoint(words[:head_start]) else None)
+    kept_text = " ".join(kept)
+    return _ObjectFoilPlan(entries, kept_text + " " if kept else "", _read_piece(kept_text),
+                           plural_form, age_bound)
+
+
+def _object_foil_modifiers(words: tuple[str, ...], head_start: int,
+                           attributes: tuple[tuple[int, str], ...]) -> list[str]:
     """The words an object foil keeps before its new noun: attributes (color, size, count,
     ...), adjectives that fit any noun, collectives ("group of"). Noun modifiers, unknown
     words, possessives and adjectives bound to the old noun go with it: "tennis player" ->
     "chef", never "tennis chef"; "polar bear" -> "zebra", never "polar zebra"."""
-    attribute_at = {index for index, _ in phrase.attributes}
+    attribute_at = {index for index, _ in attributes}
     kept = []
-    for index, word in enumerate(phrase.words[: phrase.head_start]):
+    for index, word in enumerate(words[:head_start]):
         if index in attribute_at or word in lx.QUANTITIES or word in lx.INTENSIFIERS or (
                 word in lx.OTHER_ADJECTIVES and word not in lx.HEAD_BOUND_ADJECTIVES):
             kept.append(word)
