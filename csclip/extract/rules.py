@@ -1371,14 +1371,14 @@ def _attribute_foil_candidates(phrase: _Phrase, caption_words: set[str],
     words = list(phrase.words)
     for index, kind in phrase.attributes:
         after = f" {words[index + 1]}" if index + 1 < len(words) else ""
+        before_reading = _read_piece(" ".join(words[:index]))
+        after_reading = _read_piece(" ".join(words[index + 1 :]))
         taken = 0
         for value in _attribute_values(words[index], kind, caption_words, salt >> (8 + index)):
             if value + after in lx.NOUNS:
                 continue  # never "cold dog" -> "hot dog"
             edited = words[:index] + [value] + words[index + 1 :]
-            reading = _join_readings(_join_readings(_read_piece(" ".join(words[:index])),
-                                                    _read_piece(value)),
-                                     _read_piece(" ".join(words[index + 1 :])))
+            reading = _join_three(before_reading, _read_piece(value), after_reading)
             yield (" ".join(edited), _ATTRIBUTE_CHANGE, None, None, None), reading
             taken += 1
             if taken == 2:
