@@ -27,7 +27,6 @@ from csclip.units import (
     GENERIC_WORDS,
     MAX_ENTITIES,
     MAX_RELATIONS,
-    PLACEHOLDER_PATTERN,
     RELATION_CHANGES,
     ChangeType,
     Foil,
@@ -1569,12 +1568,13 @@ class _FoilCheck:
         stripped = text.strip()
         if not stripped:
             return RejectReason.EMPTY_FOIL
-        # is_placeholder(text), without caching the text: a relation foil's is new. And
-        # without the regex (~3,000 instructions) for a text with a space that ends in a
-        # letter, as nearly every foil does: every placeholder form with a space in it ends in
-        # a digit, "_" or a bracket.
+        # is_placeholder(text), whose regex takes ~3,000 instructions, not asked of a text with
+        # a space that ends in a letter (every placeholder form with a space in it ends in a
+        # digit, "_" or a bracket): of the extractor's foils, only one-word ones are asked,
+        # and their few texts are cached. (A relation foil's text is new in nearly every
+        # caption, and would only churn the cache.)
         may_be_placeholder = " " not in stripped or not stripped[-1].isalpha()
-        if (may_be_placeholder and _PLACEHOLDER_MATCH(stripped)) or (
+        if (may_be_placeholder and is_placeholder(stripped)) or (
                 subject is not None and is_placeholder(subject)) or (
                 predicate is not None and is_placeholder(predicate)) or (
                 object_ is not None and is_placeholder(object_)):
@@ -1651,7 +1651,6 @@ class _FoilCheck:
         return kept
 
 
-_PLACEHOLDER_MATCH = PLACEHOLDER_PATTERN.match
 # Every change type is an entity's or a relation's (units.RELATION_CHANGES is the rest).
 _ENTITY_CHANGES = tuple(ENTITY_CHANGES)
 assert RELATION_CHANGES == frozenset(ChangeType) - ENTITY_CHANGES
