@@ -1295,9 +1295,8 @@ def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed:
                                     f"{len(texts)} entities, kept {MAX_ENTITIES}"))
         texts = texts[:MAX_ENTITIES]
     caption_words = set(tokens)
-    heads = [p.head for p in phrases]
     # Nouns no object foil may use: the caption's own, their synonyms and hypernyms.
-    taboo = frozenset().union(*[_taboo_of(h.singular) for h in heads])
+    taboo = frozenset().union(*[_taboo_of(p.head.singular) for p in phrases])
     units: dict[str, Unit] = {}
     first_foils: dict[str, tuple[str, _Reading]] = {}
     check = _FoilCheck(caption, texts)
@@ -1546,7 +1545,7 @@ class _FoilCheck:
     __slots__ = ("padded_caption", "entity_norms", "entity_heads")
 
     def __init__(self, caption: str, entity_texts: Sequence[str]) -> None:
-        norms = [normalize_text(e) for e in entity_texts]
+        norms = list(map(normalize_text, entity_texts))
         self.padded_caption = f" {normalize_text(caption)} "
         self.entity_norms = frozenset(norms)
         self.entity_heads = frozenset(n.split()[-1] for n in norms if n)
