@@ -503,8 +503,7 @@ def _frame_length(tokens: list[str], i: int) -> int:
         k += 1
     if k > j and k + 1 < len(tokens) and tokens[k] in lx.FRAME_WORDS and tokens[k + 1] == "of":
         return k + 2 - i
-    for phrase in lx.FRAME_PHRASES:
-        words = phrase.split()
+    for words in _FRAME_PHRASE_WORDS:
         if tokens[j : j + len(words)] == words:
             return j + len(words) - i
     if j + 1 < len(tokens) and tokens[j] in lx.FRAME_WORDS and tokens[j + 1] == "of":
@@ -525,6 +524,7 @@ def _noun_at(tokens: list[str], i: int) -> tuple[str, lx.Noun] | None:
 
 
 # A frame needs one of these words ("photo", "close", "view", ...).
+_FRAME_PHRASE_WORDS = tuple(p.split() for p in lx.FRAME_PHRASES)
 _FRAME_CUES = lx.FRAME_WORDS | frozenset(w for p in lx.FRAME_PHRASES for w in p.split()
                                          if w not in ("of", "with", "up"))
 _MULTIWORD_NOUN_STARTS = frozenset(form.split()[0] for form in lx.NOUNS if " " in form)
@@ -619,7 +619,8 @@ def _match_phrase(tokens: list[str], i: int) -> tuple[_Phrase | None, int, str |
         is_plural = is_counted  # "two sheep"
     else:
         is_plural = form == noun.plural
-    attributes = [(k, kind) for k, kind in attributes if k < head_index - start]
+    if attributes:
+        attributes = [(k, kind) for k, kind in attributes if k < head_index - start]
     return (_Phrase(start, end, i, words, head_index - start, noun, tuple(attributes),
                     is_plural, " ".join(words)), end, None)
 
