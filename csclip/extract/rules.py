@@ -1208,10 +1208,12 @@ _ING_FORMS = frozenset(lx.VERB_ING.values())
 def _check_leftover(gap: list[str], after: str | None, rejections: list[Rejection],
                     leading: bool = False) -> None:
     """Record words outside any unit that may have carried a relation."""
+    if not gap or lx.DETERMINERS.issuperset(gap):
+        return  # the common leading "a" or "the", or nothing at all: no content words
     content = _content_words(gap)
-    text = " ".join(content)
     if not content:
         return
+    text = " ".join(content)
     where = "before the first object" if leading else f"after {after!r}"
     rejections.append(Rejection(RejectReason.UNPARSED, f"{where}: {text!r} not parsed"))
 
