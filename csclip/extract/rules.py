@@ -1403,12 +1403,12 @@ def _object_foil_plan(words: tuple[str, ...], head_start: int,
     """The plan of a noun phrase's object foils, None when its category has no foils. A
     function of the phrase's words, head and attributes only, and the same phrases recur
     caption after caption, so it is remembered."""
-    head = lx.NOUNS[" ".join(words[head_start:])]
+    head_text = " ".join(words[head_start:])
+    head = lx.NOUNS[head_text]  # the phrase's head noun: its words end the phrase
     entries = _CATEGORY_ENTRIES.get(foil_category(head))
     if not entries:
         return None
     kept = _object_foil_modifiers(words, head_start, attributes)
-    head_text = " ".join(words[head_start:])
     # The new noun takes the old one's number: "group of small children" -> "group of
     # small teenagers" (the group is one, its members many).
     if head.plural != head.singular:
