@@ -1545,13 +1545,19 @@ class _FoilCheck:
     caption; the generic `foil_rejection` stays the reference (tests/test_rules.py runs
     both on every candidate of the SugarCrepe captions and wants the same answer)."""
 
-    __slots__ = ("padded_caption", "entity_norms", "entity_heads")
+    __slots__ = ("padded_caption", "entity_norms", "_entity_heads")
 
     def __init__(self, caption: str, entity_texts: Sequence[str]) -> None:
-        norms = list(map(normalize_text, entity_texts))
         self.padded_caption = f" {normalize_text(caption)} "
-        self.entity_norms = frozenset(norms)
-        self.entity_heads = frozenset(n.split()[-1] for n in norms if n)
+        self.entity_norms = frozenset(map(normalize_text, entity_texts))
+        self._entity_heads: frozenset[str] | None = None
+
+    def entity_heads(self) -> frozenset[str]:
+        """The last words of the entity texts, made when first asked: only a swap whose
+        argument is no entity text asks (the extractor's relations never do)."""
+        if self._entity_heads is None:
+            self._entity_heads = frozenset(n.split()[-1] for n in self.entity_norms if n)
+        return self._entity_heads
 
     def rejection(self, unit: Unit, foil: Foil) -> RejectReason | None:
         """Why `foil` is no foil of `unit` in this caption, as `foil_rejection` says."""
@@ -1594,7 +1600,7 @@ class _FoilCheck:
             for argument in unit_arguments:
                 argument_norm = normalize_text(argument or "")
                 if (argument_norm not in self.entity_norms
-                        and argument_norm not in self.entity_heads):
+                        and argument_norm not in self.entity_heads()):
                     return RejectReason.SWAP_ARGUMENT_NOT_ENTITY
             return None
         # A synonym: some word changed, and every changed word to a synonym of it (so both
