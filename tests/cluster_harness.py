@@ -197,14 +197,13 @@ def submit_until_accepted(submit: Callable[[], subprocess.CompletedProcess], att
                           wait_s: float = 5) -> subprocess.CompletedProcess:
     """Run `submit` (a `ray job submit` command) again while it fails with one of
     TRANSIENT_SUBMIT_ERRORS, up to `attempts` times; its last result."""
-    for attempt in range(1, attempts + 1):
+    for _ in range(attempts - 1):
         done = submit()
         output = f"{done.stdout or ''}{done.stderr or ''}"
-        if (done.returncode == 0 or attempt == attempts
-                or not any(message in output for message in TRANSIENT_SUBMIT_ERRORS)):
+        if done.returncode == 0 or not any(m in output for m in TRANSIENT_SUBMIT_ERRORS):
             return done
         time.sleep(wait_s)
-    raise AssertionError("unreachable")
+    return submit()
 
 
 def _stop(process: subprocess.Popen, timeout_s: float = 30) -> None:

@@ -62,8 +62,8 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        # address="local": a Ray of this process's own, never another test process's
-        # (a plain ray.init() joins the last local instance it finds).
+        # address="local": a Ray of this process's own, always (a plain ray.init() joins
+        # a running instance when it finds one recorded by `ray start`).
         ray.init(address="local", num_cpus=4, include_dashboard=False,
                  object_store_memory=300 * 1024**2, log_to_driver=False,
                  configure_logging=False)
