@@ -40,7 +40,10 @@ PYTEST_PARALLEL ?= -n 2 --dist loadscope --no-loadscope-reorder
 demo: $(STAMP)
 	$(VENV)/bin/python pipelines/train.py
 
-test: $(STAMP) $(VLLM_STAMP)
+# Both venvs at once: each pip is one core's work (unpacking and byte-compiling torch, then
+# vLLM), so on 2 cores the pair takes ~4.7 min instead of ~7 (measured from a fresh clone).
+test:
+	$(MAKE) --no-print-directory -j2 --output-sync=target $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/python -m ruff check csclip pipelines tune tests benchmarks research
 	CSCLIP_REQUIRE_VLLM=1 $(VENV)/bin/python -m pytest -q $(PYTEST_PARALLEL)
 
