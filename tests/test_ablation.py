@@ -202,62 +202,80 @@ def _child_runs(mlflow_uri: str, parent_id: str):
 @pytest.mark.slow
 def test_two_trial_sweep_logs_parent_and_children_and_resumes(tmp_path, mlflow_uri,
                                                               ray_session):
-    base = tiny_config(tmp_path, mlflow_uri)
-    grid = grids.expand_grid(base, grids.parse_grid(["units=1,2"]))  # base is N=2: 2 trials
-    assert [s.key for s in grid.settings] == ["base", "units=1"]
+    # Two of the authors' rows (--grid paper=units-1,units-3) on the tiny world, with their
+    # checkpoint selection: each trial keeps two checkpoints and is evaluated at the one
+    # with the highest I2T (the expansion of the other rows is
+    # test_paper_grid_selection_and_relative_rows').
+    base = grids.with_values(tiny_config(tmp_path, mlflow_uri),
+                             {"run.checkpoint_every": 1, "run.num_to_keep": 4}, origin="test")
+    grid = grids.expand_paper_grid(base, grids.parse_paper_grid(["paper=units-1,units-3"]))
+    assert [s.key for s in grid.settings] == ["units=1", "units=3"]
 
     # First run: trial units=1 fails after training, before evaluation (stands in for an
     # interrupted sweep).
     # Ray workers cannot import this test module: ship its functions by value.
     ray_session.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     interrupted = EvaluationInterruptedOnce(str(tmp_path / "markers"), "units=1")
-    first = sweeps.run_sweep(base, grid, max_concurrent=2, evaluate=interrupted)
+    first = sweeps.run_sweep(base, grid, max_concurrent=2, evaluate=interrupted,
+                             select="paper")
     assert not first.resumed and set(first.errors) == {"units=1"}
+    assert first.name.startswith("ablate-paper-")
+    assert first.name != grids.sweep_name(base, grid)  # the selection is part of the name
     client, children = _child_runs(mlflow_uri, first.parent_run_id)
-    assert set(children) == {"base", "units=1"}
+    assert set(children) == {"units=1", "units=3"}
     assert children["units=1"].info.status == "FAILED"
-    base_started = children["base"].data.tags["csclip_trial_started"]
+    kept_started = children["units=3"].data.tags["csclip_trial_started"]
 
     # Same command again: restores the experiment, reruns only the failed trial.
-    second = sweeps.run_sweep(base, grid, max_concurrent=2, evaluate=interrupted)
+    second = sweeps.run_sweep(base, grid, max_concurrent=2, evaluate=interrupted,
+                              select="paper")
     assert second.resumed and not second.errors and second.name == first.name
     assert second.parent_run_id == first.parent_run_id
     client, children = _child_runs(mlflow_uri, second.parent_run_id)
-    assert set(children) == {"base", "units=1"}  # no new child runs
-    assert children["base"].data.tags["csclip_trial_started"] == base_started  # not rerun
+    assert set(children) == {"units=1", "units=3"}  # no new child runs
+    assert children["units=3"].data.tags["csclip_trial_started"] == kept_started  # not rerun
     # The rerun trial found its finished Train run (named after the trial): one training
     # run per setting, none trained twice.
-    train_runs = client.search_runs([children["base"].info.experiment_id],
+    train_runs = client.search_runs([children["units=3"].info.experiment_id],
                                     filter_string="tags.`csclip.run_name` LIKE 'ablate-%'")
     assert sorted(r.data.tags["csclip.run_name"] for r in train_runs) == [
-        f"{first.name}-base", f"{first.name}-units-1"]
+        f"{first.name}-units-1", f"{first.name}-units-3"]
     for key, run in children.items():
         assert run.info.status == "FINISHED"
         assert run.data.params["setting"] == key
-        assert run.data.params["sampling.num_unit_slots"] == ("1" if key == "units=1" else "2")
+        assert run.data.params["sampling.num_unit_slots"] == key[-1]
         assert 0 <= run.data.metrics["ht_all"] <= 100
         assert {"ht_entity", "ht_relation"} <= set(run.data.metrics)
+        assert run.data.metrics["selected_step"] in (1.0, 2.0)
         assert any(k.startswith("train/") for k in run.data.metrics)  # the training curves
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert {"trial.md", "trial.csv", "table1.md", "figure3.png"} <= artifacts
+    trial_md = client.download_artifacts(children["units=1"].info.run_id, "trial.md",
+                                         str(tmp_path))
+    assert "Checkpoint selected on the test benchmarks: step" in Path(trial_md).read_text()
 
     parent = client.get_run(second.parent_run_id)
-    assert parent.info.status == "FINISHED" and parent.data.params["grid"] == "units=1,2"
+    assert parent.info.status == "FINISHED"
+    assert parent.data.params["grid"] == "paper: units=1, units=3"
     assert {"ablation.md", "ablation.csv", "ablation.png"} <= {
         a.path for a in client.list_artifacts(parent.info.run_id)}
     header = second.report.csv.read_text().splitlines()[0].split(",")
     assert header[6:] == PAPER_COLUMNS
     rows = list(csv.DictReader(io.StringIO(second.report.csv.read_text())))
-    assert [(r["setting"], r["is_base"], r["status"]) for r in rows] == [
-        ("N 1", "False", "done"), ("N 2", "True", "done")]
+    assert [(r["setting"], r["status"]) for r in rows] == [("N 1", "done"), ("N 3", "done")]
     check_table_matches_runs(second, children)
+    markdown = second.report.markdown.read_text()
+    assert "ablation_num_comp_captions.ipynb@16276c7" in markdown  # the row's source
+    assert "Checkpoints selected on the test benchmarks" in markdown
+    assert "Checkpoints selected on the test benchmarks" in \
+        second.table.markdown().splitlines()[0]
 
-    # --reevaluate: evaluates both checkpoints again, trains nothing, adds no runs.
-    third = sweeps.run_sweep(base, grid, max_concurrent=2, reevaluate=True)
+    # --reevaluate: evaluates both trials' checkpoints again, trains nothing, adds no runs.
+    third = sweeps.run_sweep(base, grid, max_concurrent=2, reevaluate=True, select="paper")
     assert third.resumed and not third.errors
     client, children = _child_runs(mlflow_uri, third.parent_run_id)
-    assert set(children) == {"base", "units=1"}
-    assert children["base"].data.tags["csclip_trial_started"] == base_started
+    assert set(children) == {"units=1", "units=3"}
+    assert children["units=3"].data.tags["csclip_trial_started"] == kept_started
     assert all("csclip_reevaluated" in run.data.tags for run in children.values())
     assert (third.report.markdown.parent / sweeps.EVALUATIONS_FILE).is_file()
     check_table_matches_runs(third, children)
@@ -266,7 +284,7 @@ def test_two_trial_sweep_logs_parent_and_children_and_resumes(tmp_path, mlflow_u
 def check_table_matches_runs(result, children) -> None:
     rows = list(csv.DictReader(io.StringIO(result.report.csv.read_text())))
     for row in rows:
-        measured = children["units=1" if row["setting"] == "N 1" else "base"].data.metrics
+        measured = children["units=" + row["setting"].split()[-1]].data.metrics
         assert float(row["HT All"]) == pytest.approx(measured["ht_all"], abs=0.006)
         # A column is filled exactly when its suite was measured; never a 0 for missing.
         assert bool(row["I2T"]) == ("comp_i2t" in measured)
@@ -365,31 +383,3 @@ def test_trial_selection_paper_evaluates_every_kept_step(tmp_path):
     picked = evaluate_selected(None, str(run / "final"), 0, evaluate, "paper")
     assert seen == ["checkpoint_000000", "checkpoint_000001"]  # final/ is step 2 again
     assert picked.metrics["selected_step"] == 1 and picked.metrics["comp_i2t"] == 70.0
-
-
-@pytest.mark.slow
-def test_a_paper_row_trains_and_fills_the_table(tmp_path, mlflow_uri, ray_session):
-    # One row (the expansion of several is test_paper_grid_selection_and_relative_rows'):
-    # two checkpoints per trial, and the authors' selection among them.
-    base = grids.with_values(tiny_config(tmp_path, mlflow_uri),
-                             {"run.checkpoint_every": 1, "run.num_to_keep": 4}, origin="test")
-    grid = grids.expand_paper_grid(base, grids.parse_paper_grid(["paper=units-1"]))
-    assert [s.key for s in grid.settings] == ["units=1"]
-    result = sweeps.run_sweep(base, grid, max_concurrent=2, select="paper")
-    assert not result.errors and result.name.startswith("ablate-paper-")
-    assert result.name != grids.sweep_name(base, grid)  # the selection is part of the name
-    client, children = _child_runs(mlflow_uri, result.parent_run_id)
-    assert set(children) == {"units=1"}
-    assert children["units=1"].data.params["sampling.num_unit_slots"] == "1"
-    [row] = list(csv.DictReader(io.StringIO(result.report.csv.read_text())))
-    assert (row["setting"], row["status"]) == ("N 1", "done")
-    assert float(row["HT All"]) == pytest.approx(children["units=1"].data.metrics["ht_all"],
-                                                 abs=0.006)
-    assert children["units=1"].data.metrics["selected_step"] in (1.0, 2.0)
-    markdown = result.report.markdown.read_text()
-    assert "ablation_num_comp_captions.ipynb@16276c7" in markdown
-    assert "Checkpoints selected on the test benchmarks" in result.table.markdown().splitlines()[0]
-    assert "Checkpoints selected on the test benchmarks" in markdown
-    trial_md = client.download_artifacts(children["units=1"].info.run_id, "trial.md", str(tmp_path))
-    assert "Checkpoint selected on the test benchmarks: step" in Path(trial_md).read_text()
-    assert client.get_run(result.parent_run_id).data.params["grid"] == "paper: units=1"
