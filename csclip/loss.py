@@ -27,6 +27,7 @@ from torch import Tensor
 
 from csclip.config import StrictModel, refuse_renamed
 from csclip.errors import ConfigError
+from csclip.units import unit_columns
 
 
 class LossConfig(StrictModel):
@@ -381,12 +382,6 @@ def _check_unit_shapes(image: Tensor, units: Tensor, foils: Tensor, mask: Tensor
 # ---------------------------------------------------------------------------------------
 # Objectives: a method's text columns and its loss, in one place
 # ---------------------------------------------------------------------------------------
-
-def unit_columns(num_unit_slots: int) -> tuple[str, ...]:
-    """The unit and foil token columns of slots 1..N, in encoding order."""
-    return (tuple(f"unit_{k}" for k in range(num_unit_slots))
-            + tuple(f"foil_{k}" for k in range(num_unit_slots)))
-
 
 @dataclass(frozen=True)
 class LayoutQuestion:

@@ -25,6 +25,7 @@ from pydantic import Field, field_validator, model_validator
 
 from csclip.config import StrictModel, refuse_renamed
 from csclip.errors import CheckpointMismatch, ConfigError
+from csclip.model_configs import SMALL_MODEL_CONFIGS
 
 logger = logging.getLogger(__name__)
 
@@ -37,33 +38,6 @@ OBJECTIVE_HEADS = ("layout_head",)
 SPEC_FILE = "model_spec.json"
 TRAIN_STATE_FILE = "train_state.pt"
 CONFIG_FILE = "config.json"
-
-# Small configs for CPU runs, registered with open_clip under these names. The text tower
-# keeps open_clip's BPE vocabulary (its tokenizer ships with the package and works
-# offline); widths, depths and context length are cut down.
-SMALL_MODEL_CONFIGS: dict[str, dict[str, Any]] = {
-    "csclip-tiny": {
-        "embed_dim": 64,
-        "vision_cfg": {"image_size": 64, "layers": 2, "width": 64, "patch_size": 8, "head_width": 32},
-        "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2},
-    },
-    # csclip-tiny with a deeper / wider text tower (docs/training.md, "Spatial relations").
-    "csclip-tiny-t4": {
-        "embed_dim": 64,
-        "vision_cfg": {"image_size": 64, "layers": 2, "width": 64, "patch_size": 8, "head_width": 32},
-        "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 4},
-    },
-    "csclip-tiny-w128": {
-        "embed_dim": 64,
-        "vision_cfg": {"image_size": 64, "layers": 2, "width": 64, "patch_size": 8, "head_width": 32},
-        "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 128, "heads": 4, "layers": 2},
-    },
-    "csclip-small": {
-        "embed_dim": 128,
-        "vision_cfg": {"image_size": 64, "layers": 4, "width": 128, "patch_size": 8, "head_width": 32},
-        "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 128, "heads": 4, "layers": 4},
-    },
-}
 
 
 def register_small_models() -> None:

@@ -469,3 +469,9 @@ def read_units(uri: str, *, filesystem=None) -> list[UnitsRecord]:
     except FileNotFoundError as err:
         raise DataError(f"units table not found: {uri}") from err
     return table_to_records(table)
+
+
+def unit_columns(num_unit_slots: int) -> tuple[str, ...]:
+    """The unit and foil token columns of slots 1..N, in encoding order."""
+    return (tuple(f"unit_{k}" for k in range(num_unit_slots))
+            + tuple(f"foil_{k}" for k in range(num_unit_slots)))

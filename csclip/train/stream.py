@@ -22,7 +22,6 @@ exactly the batches it trained on before (csclip.train.loop).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import io
 import logging
@@ -39,7 +38,7 @@ from pydantic import Field
 from csclip.config import StrictModel
 from csclip.errors import DataError
 from csclip.train.sampling import SamplingConfig, sample_text_columns
-from csclip.units import UnitsRecord, record_from_row
+from csclip.units import UnitsRecord, record_from_row, unit_columns
 from csclip.world.config import WorldConfig
 
 if TYPE_CHECKING:  # csclip.loss imports torch, which the dataset actors never need
@@ -110,13 +109,12 @@ def source_dataset(data: DataConfig):
 # Per-batch functions (run inside Ray Data tasks; pure, testable without Ray)
 # ---------------------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=8)
 def _transform(preprocess_key: tuple, is_train: bool = False):
-    from open_clip.transform import PreprocessCfg, image_transform_v2
+    """PIL image -> (3, H, W) float32 array; open_clip's transform without importing it
+    where csclip.preprocess covers the config (a data task then never loads open_clip)."""
+    from csclip.preprocess import image_transform
 
-    cfg = dict(preprocess_key)
-    cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()}
-    return image_transform_v2(PreprocessCfg(**cfg), is_train=is_train)
+    return image_transform(preprocess_key, is_train)
 
 
 def _augment_seed(seed: int, sample_id: str, epoch: int) -> int:
@@ -131,17 +129,13 @@ def _augmented(transform, image, seed: int) -> np.ndarray:
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return transform(image).numpy()
+        return transform(image)
 
 
-@functools.lru_cache(maxsize=4)
 def _tokenizer(model_name: str):
-    import open_clip
+    from csclip.preprocess import tokenizer
 
-    from csclip.model import register_small_models
-
-    register_small_models()
-    return open_clip.get_tokenizer(model_name)
+    return tokenizer(model_name)
 
 
 def preprocess_key(preprocess_cfg: dict) -> tuple:
@@ -261,7 +255,7 @@ def decode_batch(batch: pa.Table, *, preprocess: tuple, model_name: str, augment
             keep.append(index)
             images.append(
                 _augmented(transform, image, _augment_seed(seed, sample_ids[index], epoch))
-                if augment else transform(image).numpy())
+                if augment else transform(image))
     kept = batch.select(list(TEXT_COLUMNS)).take(pa.array(keep, type=pa.int64()))
     if not keep:
         empty_image = pa.array([], type=pa.list_(pa.float32(), 1))
@@ -307,8 +301,6 @@ def sample_batch(batch: pa.Table, *, sampling: dict, model_name: str, seed: int,
     """
     if batch.num_rows == 0:
         return {}
-    from csclip.loss import unit_columns
-
     config = SamplingConfig.model_validate(sampling)
     wanted = list(columns) if columns is not None else [
         "caption", "caption_negative", *unit_columns(config.num_unit_slots)]
@@ -397,7 +389,7 @@ def image_foil_columns(records: Sequence[UnitsRecord], decoded: Sequence, images
     for record, image, transformed in zip(records, decoded, images, strict=True):
         foil = draw_image_foil(record, image, sample_rng(seed, f"{record.sample_id}/image-foil",
                                                          epoch))
-        foil_images.append(transform(foil.image).numpy() if foil else transformed)
+        foil_images.append(transform(foil.image) if foil else transformed)
         units.append(foil.unit if foil else record.caption)
         foil_texts.append(foil.foil_text if foil else record.caption)
         mask.append(foil is not None)

@@ -1,0 +1,158 @@
+"""open_clip's eval image transform and its BPE tokenizer, for Ray Data's tasks, without
+importing the open_clip package.
+
+`import open_clip` costs ~5 s of CPU beyond torch in every fresh process (torchvision
+and torch._dynamo, transformers, timm, for towers we never build), and each Ray Data task
+worker that decodes images or tokenizes captions is one. Here the eval transform is
+rebuilt from PIL and numpy, step for step as torchvision applies it to a PIL image
+(Resize with PIL's resampling, CenterCrop's rounding, ToTensor, Normalize in float32), and
+the tokenizer is open_clip's own `tokenizer.py`, loaded as a module of its own. Both give
+exactly open_clip's output (tests/test_preprocess.py compares them bit for bit); a
+config they do not cover (an HF or SigLIP tokenizer, the `longest` resize, a non-square
+`shortest`) falls back to open_clip itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from csclip.model_configs import SMALL_MODEL_CONFIGS
+
+# open_clip's defaults (open_clip.constants, open_clip.factory), for a config without them.
+OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
+DEFAULT_CONTEXT_LENGTH = 77
+
+
+def _open_clip_dir() -> Path:
+    spec = importlib.util.find_spec("open_clip")  # finds the package, does not run it
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("open_clip is not installed")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def model_text_config(model_name: str) -> dict[str, Any] | None:
+    """The `text_cfg` open_clip's get_tokenizer reads for `model_name`: ours
+    (csclip.model_configs) or a built-in config file; None for a name open_clip resolves
+    otherwise (hf-hub:, local-dir:, an unknown name)."""
+    if model_name in SMALL_MODEL_CONFIGS:
+        return dict(SMALL_MODEL_CONFIGS[model_name].get("text_cfg", {}))
+    if ":" in model_name or "/" in model_name:
+        return None
+    path = _open_clip_dir() / "model_configs" / f"{model_name}.json"
+    if not path.is_file():
+        return None
+    return dict(json.loads(path.read_text()).get("text_cfg", {}))
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer_module():
+    """open_clip/tokenizer.py as a module of its own (it imports ftfy, regex, numpy and
+    torch, nothing of open_clip), or open_clip's when the package is imported already."""
+    if "open_clip" in sys.modules:
+        from open_clip import tokenizer
+
+        return tokenizer
+    path = _open_clip_dir() / "tokenizer.py"
+    spec = importlib.util.spec_from_file_location("csclip._open_clip_tokenizer", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.lru_cache(maxsize=4)
+def tokenizer(model_name: str) -> Callable:
+    """The tokenizer open_clip.get_tokenizer(model_name) returns: list[str] ->
+    (n, context_length) int64 tensor."""
+    text_cfg = model_text_config(model_name)
+    if (text_cfg is None or "hf_tokenizer_name" in text_cfg
+            or "siglip" in model_name.lower()):
+        import open_clip
+
+        from csclip.model import register_small_models
+
+        register_small_models()
+        return open_clip.get_tokenizer(model_name)
+    return _tokenizer_module().SimpleTokenizer(
+        context_length=text_cfg.get("context_length", DEFAULT_CONTEXT_LENGTH),
+        **text_cfg.get("tokenizer_kwargs", {}))
+
+
+@functools.lru_cache(maxsize=8)
+def image_transform(preprocess_key: tuple, is_train: bool = False) -> Callable:
+    """open_clip's image_transform_v2 for a ModelSpec.preprocess_cfg (as
+    csclip.train.stream.preprocess_key makes it hashable): PIL image -> (3, H, W) float32
+    numpy array. The eval transform is ours where it covers the config, open_clip's
+    otherwise (and always for training's random crops)."""
+    cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in dict(preprocess_key).items()}
+    ours = _EvalTransform.covering(cfg) if not is_train else None
+    if ours is not None:
+        return ours
+    from open_clip.transform import PreprocessCfg, image_transform_v2
+
+    transform = image_transform_v2(PreprocessCfg(**cfg), is_train=is_train)
+    return lambda image: transform(image).numpy()
+
+
+class _EvalTransform:
+    """Resize (shortest side, or both sides for `squash`), center crop, RGB, to float in
+    [0, 1], normalize: torchvision's steps on a PIL image, in the same arithmetic."""
+
+    def __init__(self, size: tuple[int, int], squash: bool, resample: int,
+                 mean: tuple, std: tuple) -> None:
+        self.size, self.squash, self.resample = size, squash, resample
+        self.mean = np.asarray(mean, dtype=np.float32).reshape(-1, 1, 1)
+        self.std = np.asarray(std, dtype=np.float32).reshape(-1, 1, 1)
+
+    @classmethod
+    def covering(cls, cfg: Mapping[str, Any]) -> _EvalTransform | None:
+        from PIL import Image
+
+        size = cfg.get("size", 224)
+        height, width = (size, size) if isinstance(size, int) else tuple(size)
+        resize_mode = cfg.get("resize_mode") or "shortest"
+        interpolation = cfg.get("interpolation") or "bicubic"
+        if resize_mode not in ("shortest", "squash") or interpolation not in ("bicubic",
+                                                                              "bilinear", "random"):
+            return None
+        if resize_mode == "shortest" and height != width:
+            return None  # open_clip's ResizeKeepRatio: left to open_clip
+        # open_clip maps anything but bilinear (random included) to bicubic for inference.
+        resample = Image.Resampling.BILINEAR if interpolation == "bilinear" else \
+            Image.Resampling.BICUBIC
+        mean, std = cfg.get("mean") or OPENAI_MEAN, cfg.get("std") or OPENAI_STD
+        mean = mean if isinstance(mean, tuple | list) else (mean,) * 3
+        std = std if isinstance(std, tuple | list) else (std,) * 3
+        return cls((int(height), int(width)), resize_mode == "squash", resample,
+                   tuple(mean), tuple(std))
+
+    def _resized_size(self, width: int, height: int) -> tuple[int, int]:
+        """(width, height) after torchvision's Resize (its _compute_resized_output_size)."""
+        if self.squash:
+            return self.size[1], self.size[0]
+        target = self.size[0]
+        short, long = (width, height) if width <= height else (height, width)
+        new_long = int(target * long / short)
+        return (target, new_long) if width <= height else (new_long, target)
+
+    def __call__(self, image) -> np.ndarray:
+        new_size = self._resized_size(*image.size)
+        if new_size != image.size:  # torchvision returns the image itself when it fits
+            image = image.resize(new_size, self.resample)
+        if not self.squash:
+            width, height = image.size
+            crop_height, crop_width = self.size
+            top = int(round((height - crop_height) / 2.0))
+            left = int(round((width - crop_width) / 2.0))
+            image = image.crop((left, top, left + crop_width, top + crop_height))
+        pixels = np.array(image.convert("RGB"), dtype=np.uint8)            # (H, W, 3)
+        tensor = pixels.transpose(2, 0, 1).astype(np.float32) / np.float32(255)
+        return (tensor - self.mean) / self.std
