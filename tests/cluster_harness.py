@@ -182,9 +182,47 @@ def ray_head(ray_tmp: Path, env: dict[str, str], num_cpus: int = 4,
     dashboard = f"http://127.0.0.1:{ports['dashboard-port']}"
     # A graceful stop can take half a minute after jobs ran; this head and its session
     # directory are ours alone, so after 5 s the rest is ended process by process.
-    service = Service(command, env, ray_tmp / "head.log", f"{dashboard}{ready_path}",
+    service = RayHead(command, env, ray_tmp / "head.log", f"{dashboard}{ready_path}",
                       stop_timeout_s=5)
     return service, {"address": f"127.0.0.1:{ports['port']}", "dashboard": dashboard}
+
+
+class RayHead(Service):
+    """`ray start --head --block`, ready once its dashboard answers and the node itself has
+    started ("Ray runtime started."): the dashboard answers before the raylet has
+    registered, and `ray start` gives up (and stops every process it started) when the
+    raylet takes more than Ray's fixed 30 s to register, as on a loaded 2-core machine.
+    Then it is started again, on the same ports, up to `attempts` times in all."""
+
+    STARTED = "Ray runtime started."
+    TIMED_OUT = "timed out during startup"
+
+    def __init__(self, *args, attempts: int = 3, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.attempts = attempts
+        self.env = {**self.env, "PYTHONUNBUFFERED": "1"}  # its log shows each line at once
+
+    def wait_ready(self) -> None:
+        for attempt in range(1, self.attempts + 1):
+            deadline = time.monotonic() + self.ready_timeout_s
+            while time.monotonic() < deadline:
+                log = self.log_path.read_text(errors="replace")
+                if self.process.poll() is not None:
+                    break
+                if self.STARTED in log:
+                    wait_for_http(self.ready_url, max(deadline - time.monotonic(), 1),
+                                  self.process)
+                    return
+                time.sleep(0.5)
+            else:
+                raise TimeoutError(f"the Ray head did not start within "
+                                   f"{self.ready_timeout_s:.0f} s:\n{log[-3000:]}")
+            if self.TIMED_OUT not in log or attempt == self.attempts:
+                raise RuntimeError(f"the Ray head exited with {self.process.returncode}:\n"
+                                   f"{log[-3000:]}")
+            self.stop()  # whatever it left behind, then the same command again
+            self.log_path.rename(self.log_path.with_suffix(f".attempt{attempt}.log"))
+            self.start()
 
 
 # What `ray job submit` answers while a head under load is still coming up: the dashboard
