@@ -217,7 +217,7 @@ class RayHead(Service):
             else:
                 raise TimeoutError(f"the Ray head did not start within "
                                    f"{self.ready_timeout_s:.0f} s:\n{log[-3000:]}")
-            if self.TIMED_OUT not in log or attempt == self.attempts:
+            if attempt == self.attempts:  # a timeout, or the dashboard failed to start
                 raise RuntimeError(f"the Ray head exited with {self.process.returncode}:\n"
                                    f"{log[-3000:]}")
             self.stop()  # whatever it left behind, then the same command again
