@@ -192,10 +192,10 @@ class RayHead(Service):
     started ("Ray runtime started."): the dashboard answers before the raylet has
     registered, and `ray start` gives up (and stops every process it started) when the
     raylet takes more than Ray's fixed 30 s to register, as on a loaded 2-core machine.
-    Then it is started again, on the same ports, up to `attempts` times in all."""
+    It is started again, on the same ports, whenever it exits before the node started
+    (that timeout, or "Failed to start the dashboard"), up to `attempts` times in all."""
 
     STARTED = "Ray runtime started."
-    TIMED_OUT = "timed out during startup"
 
     def __init__(self, *args, attempts: int = 3, **kwargs) -> None:
         super().__init__(*args, **kwargs)
