@@ -142,7 +142,9 @@ def built(head_requirements, extraction_vllm, tmp_path_factory) -> dict:
     assert not missing, f"this venv lacks what the head installs: {missing} (make test reinstalls)"
     tmp = tmp_path_factory.mktemp("head-env")
     python = build_env(tmp / "venv", distributions)
-    done = _run_build(python, tmp, extraction_vllm)
+    # With the tokenizer stages on: every stage the config can build (off, the same
+    # imports and a subset of the stages).
+    done = _run_build(python, tmp, {**extraction_vllm, "tokenizer_stages": True})
     assert done.returncode == 0, done.stderr[-4000:]
     [line] = [t for t in done.stdout.splitlines() if t.startswith("STAGES ")]
     return {"stages": json.loads(line[len("STAGES "):]), "stdout": done.stdout,

@@ -288,13 +288,25 @@ def test_engine_kwargs_may_not_shadow_a_field():
         load_config(BackendConfig, None, ["vllm.engine_kwargs.max_model_len=8192"])
 
 
-def test_stage_cpus_are_set_on_the_three_cpu_stages():
-    config = processor_config(VllmConfig(stage_num_cpus=0.25))
+def test_stage_cpus_are_set_on_every_cpu_stage():
+    config = processor_config(VllmConfig(stage_num_cpus=0.25, tokenizer_stages=True))
     for stage in (config.chat_template_stage, config.tokenize_stage, config.detokenize_stage):
         assert stage["enabled"] is True and stage["num_cpus"] == 0.25
     assert config.chat_template_stage["chat_template_kwargs"] == {"enable_thinking": False}
     default = processor_config(VllmConfig())
-    assert "num_cpus" not in default.tokenize_stage  # Ray's default: 1 per actor
+    assert "num_cpus" not in default.chat_template_stage  # Ray's default: 1 per actor
+
+
+def test_the_engine_tokenizes_unless_tokenizer_stages_are_asked_for():
+    from csclip.extract.vllm import logical_cpus_needed
+
+    default = processor_config(VllmConfig())
+    assert default.chat_template_stage["enabled"] is True
+    assert default.tokenize_stage["enabled"] is False and default.detokenize_stage["enabled"] is False
+    # Per engine: its ranks plus one actor per CPU stage; plus one for Ray Data's tasks.
+    assert logical_cpus_needed(VllmConfig(num_engines=2, tensor_parallel_size=2)) == 2 * (2 + 1) + 1
+    assert logical_cpus_needed(VllmConfig(num_engines=2, tensor_parallel_size=2,
+                                          tokenizer_stages=True, stage_num_cpus=0.5)) == 2 * (2 + 1.5) + 1
 
 
 def test_logprob_columns_are_engine_columns():

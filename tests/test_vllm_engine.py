@@ -57,7 +57,12 @@ TOO_LONG = ["A dog " + " ".join(f"q{i}z" for i in range(600))]
 
 
 def _env() -> dict[str, str]:
+    # VLLM_ENABLE_V1_MULTIPROCESSING=0: on CPU, vLLM moves a one-rank model into a worker
+    # process of its own (for OpenMP thread binding); with it off the model runs in the
+    # engine-core process, one process fewer (importing torch and vLLM, ~20 CPU-s) per
+    # engine start. The engine core stays a process of its own (AsyncLLM's client).
     return {**os.environ, "PYTHONPATH": str(REPO), "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
             "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false",
             "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
 
@@ -68,19 +73,12 @@ def _scenario(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def model_and_stages(tmp_path_factory) -> tuple[Path, dict]:
-    """The tiny model, and the stages our config builds for it (one interpreter for both)."""
-    root = tmp_path_factory.mktemp("vllm")
-    path, report = root / "tiny-qwen3", root / "stages.json"
-    done = _scenario("model", str(path), "--answer", "control", "--stages", str(report),
-                     timeout=300)
+def model_dir(tmp_path_factory) -> Path:
+    """The tiny model (no vLLM, no Ray: transformers and tokenizers only)."""
+    path = tmp_path_factory.mktemp("vllm") / "tiny-qwen3"
+    done = _scenario("model", str(path), "--answer", "control", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    return path, json.loads(report.read_text())
-
-
-@pytest.fixture(scope="module")
-def model_dir(model_and_stages) -> Path:
-    return model_and_stages[0]
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -92,13 +90,22 @@ def captions(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     return path, {r["sample_id"]: r["caption"] for r in rows}
 
 
-def _extract(captions: Path, out: Path, model: Path, *overrides: str,
-             num_cpus: int = 4, timeout: int = 900) -> subprocess.CompletedProcess:
-    sets = [f"backend.vllm.model_source={model}", "output.shard_size=4", *ENGINE, *overrides]
-    args = ["extract", str(captions), str(out), "--num-cpus", str(num_cpus)]
-    for item in sets:
+@pytest.fixture(scope="module")
+def engine_run(model_dir, captions, tmp_path_factory) -> dict:
+    """`csclip extract --backend vllm` on the captions (first pass + repair), once; in the
+    same Ray instance, before it, the stages report of our config for the model."""
+    path, _ = captions
+    root = tmp_path_factory.mktemp("engine-run")
+    out, report = root / "out", root / "stages.json"
+    args = ["extract", str(path), str(out), "--num-cpus", "4",
+            "--stages", str(model_dir), str(report)]
+    for item in [f"backend.vllm.model_source={model_dir}", "output.shard_size=4", *ENGINE]:
         args += ["--set", item]
-    return _scenario(*args, timeout=timeout)
+    started = time.monotonic()
+    done = _scenario(*args, timeout=900)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-5000:])
+    print(f"engine run (first pass + repair): {time.monotonic() - started:.0f} s")
+    return {"out": out, "stdout": done.stdout, "stages": json.loads(report.read_text())}
 
 
 def _table(out: Path, name: str) -> list[dict]:
@@ -118,18 +125,15 @@ def _check_accounting(out: Path, ids: dict[str, str], stdout: str) -> tuple[list
     return units, records
 
 
-def test_extract_runs_the_real_engine_end_to_end(model_dir, captions, tmp_path):
+def test_extract_runs_the_real_engine_end_to_end(engine_run, captions):
     """CPU placement (A), guidance (C), the screens before the engine, the repair pass."""
-    path, ids = captions
-    out = tmp_path / "out"
-    started = time.monotonic()
-    done = _extract(path, out, model_dir)
-    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-5000:])
-    print(f"engine run (first pass + repair): {time.monotonic() - started:.0f} s")
-    units, records = _check_accounting(out, ids, done.stdout)
+    _, ids = captions
+    stdout = engine_run["stdout"]
+    units, records = _check_accounting(engine_run["out"], ids, stdout)
     by_id = {r["sample_id"]: r for r in records}
 
-    # Structured outputs + chat template (thinking off) + detokenize + parse + validation:
+    # Structured outputs + chat template (thinking off) + the engine's own tokenizer +
+    # parse + validation:
     # the model's favourite answer is invalid JSON, which guidance never lets through.
     dog_ids = {k for k, c in ids.items() if c in DOG}
     assert {u["sample_id"] for u in units} == dog_ids
@@ -150,31 +154,46 @@ def test_extract_runs_the_real_engine_end_to_end(model_dir, captions, tmp_path):
             assert (by_id[key]["reason"], by_id[key]["stage"]) == ("prompt_too_long", "prompt")
             assert "max_model_len 2048" in by_id[key]["detail"]
     assert not any(r["reason"] in ("malformed_json", "inference_error") for r in records)
-    assert "rejected prompt_too_long: 1" in done.stdout and "rejected empty_caption: 2" in done.stdout
+    assert "rejected prompt_too_long: 1" in stdout and "rejected empty_caption: 2" in stdout
 
 
-def test_engine_that_cannot_be_placed_fails_fast_with_one_line(model_dir, captions, tmp_path):
+def test_engine_that_cannot_be_placed_fails_fast_with_one_line(ray_session, model_dir, captions,
+                                                               tmp_path):
     """B: wait_for_min_actors_s reaches the first pass (set on the dataset's own context),
-    so a GPU engine on a Ray instance without GPUs is an error in seconds, not a hang."""
+    so a GPU engine on a Ray instance without GPUs is an error in seconds, not a hang.
+
+    In this session's Ray (4 CPUs, no GPU) and venv, which has no vLLM: the driver builds
+    the processor as the head does, the chat-template actors start (transformers), and
+    the engine actor is never placed."""
+    from csclip.config import load_config
+    from csclip.errors import ConfigError
+    from csclip.extract.pipeline import ExtractConfig, run_extraction
+
     path, _ = captions
-    started = time.monotonic()
+    engine = [s for s in ENGINE if not s.startswith("backend.vllm.wait_for_min_actors_s")]
     # Short: on a busy machine a CPU stage's actors (importing transformers) may be the
     # ones that run out of it, which is the same fix at work (the old code waited forever).
-    done = _extract(path, tmp_path / "out", model_dir, "backend.vllm.device=gpu",
-                    "backend.vllm.wait_for_min_actors_s=10", timeout=600)
+    config = load_config(ExtractConfig, None, [
+        "backend.name=vllm", "input.format=jsonl", f"input.uri={path}",
+        f"output.uri={tmp_path / 'out'}", "output.shard_size=4", "tracking.enabled=false",
+        f"backend.vllm.model_source={model_dir}", *engine, "backend.vllm.device=gpu",
+        "backend.vllm.wait_for_min_actors_s=10"])
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as refused:
+        run_extraction(config)
     elapsed = time.monotonic() - started
-    assert done.returncode == 2, (done.stdout[-2000:], done.stderr[-5000:])
-    last = done.stderr.strip().splitlines()[-1]  # our one line, after Ray Data's own log
-    assert last.startswith("error: the vLLM processor's actors did not start within "
-                           "backend.vllm.wait_for_min_actors_s=10 s: an engine with device=gpu")
-    assert "0 GPUs" in last
+    message = str(refused.value)
+    assert "\n" not in message  # `csclip extract` prints it as its one `error:` line
+    assert message.startswith("the vLLM processor's actors did not start within "
+                              "backend.vllm.wait_for_min_actors_s=10 s: an engine with device=gpu")
+    assert "0 GPUs" in message
     print(f"unplaceable engine refused after {elapsed:.0f} s")
 
 
-def test_processor_stages_ask_for_what_the_device_has(model_and_stages):
-    """A: the engine stage asks for a GPU only with device=gpu; the CPU stages take
-    stage_num_cpus each."""
-    _, report = model_and_stages
+def test_processor_stages_ask_for_what_the_device_has(engine_run):
+    """A: the engine stage asks for a GPU only with device=gpu; the CPU stages (all three,
+    with tokenizer_stages) take stage_num_cpus each."""
+    report = engine_run["stages"]
     gpu = next(v for k, v in report["gpu"].items() if "vLLMEngine" in k)
     cpu = next(v for k, v in report["cpu"].items() if "vLLMEngine" in k)
     assert gpu.get("num_gpus") == 1
@@ -182,7 +201,7 @@ def test_processor_stages_ask_for_what_the_device_has(model_and_stages):
     assert cpu.get("accelerator_type") is None
     for device in ("gpu", "cpu"):
         others = [v for k, v in report[device].items() if "vLLMEngine" not in k]
-        assert others and all(v.get("num_cpus") == 0.5 for v in others)
+        assert len(others) == 3 and all(v.get("num_cpus") == 0.5 for v in others)
 
 
 def _free_port() -> int:

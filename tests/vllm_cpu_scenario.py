@@ -1,12 +1,14 @@
 """Runs inside .venv-vllm (the real vLLM engine, CPU build): tiny models made here, and the
 scenarios tests/test_vllm_engine.py drives through subprocesses.
 
-    python tests/vllm_cpu_scenario.py model DIR [--answer good|control] [--stages REPORT]
+    python tests/vllm_cpu_scenario.py model DIR [--answer good|control]
     python tests/vllm_cpu_scenario.py extract CAPTIONS OUT [--set key=value ...]
-    python tests/vllm_cpu_scenario.py stages DIR
+        [--stages MODEL_DIR REPORT]
 
-`model --stages REPORT` also writes the stages report (one interpreter, one import of vLLM
-and Ray for both: each costs seconds on a busy 2-core machine).
+`extract --stages` first writes the stages report (the ray remote args of each stage our
+config builds for MODEL_DIR), in the Ray instance the extraction then runs in: building a
+processor starts a Ray instance when none is up (ray.data.llm's telemetry actor), which
+costs ~20 CPU-s on a 2-core machine.
 
 The model is a 2-layer Qwen3 whose output ignores its input: every hidden state is the
 same vector, so the logits are a fixed ranking of the vocabulary (a "unigram" model). Its
@@ -117,9 +119,13 @@ def _ray_init(num_cpus: int) -> None:
              object_store_memory=200 * 1024 * 1024, log_to_driver=False)
 
 
-def run_extract(captions: str, out: str, overrides: list[str], num_cpus: int) -> int:
-    """Our own CLI (`csclip extract`), in a Ray instance started here: init_ray finds it."""
+def run_extract(captions: str, out: str, overrides: list[str], num_cpus: int,
+                stages_of: tuple[str, str] | None = None) -> int:
+    """Our own CLI (`csclip extract`), in a Ray instance started here: init_ray finds it.
+    stages_of: (model dir, report path) to write the stages report first."""
     _ray_init(num_cpus)
+    if stages_of is not None:
+        Path(stages_of[1]).write_text(json.dumps(stages(stages_of[0])))
     from csclip.entry.extract import main
 
     args = ["--backend", "vllm", "--format", "jsonl", "--input", captions, "--out", out,
@@ -138,7 +144,8 @@ def stages(model_dir: str) -> dict:
 
     report = {}
     for device in ("gpu", "cpu"):
-        cfg = VllmConfig(model_source=model_dir, device=device, stage_num_cpus=0.5)
+        cfg = VllmConfig(model_source=model_dir, device=device, stage_num_cpus=0.5,
+                         tokenizer_stages=True)  # every stage the config can build
         processor = build_processor(processor_config(cfg))
         report[device] = {name: {k: v for k, v in stage.map_batches_kwargs.items()
                                  if k in ("num_cpus", "num_gpus", "resources", "accelerator_type")}
@@ -152,26 +159,19 @@ def main() -> int:
     model = sub.add_parser("model")
     model.add_argument("dir")
     model.add_argument("--answer", choices=["good", "control"], default="good")
-    model.add_argument("--stages", dest="stages_report", default=None)
     extract = sub.add_parser("extract")
     extract.add_argument("captions")
     extract.add_argument("out")
     extract.add_argument("--set", dest="overrides", action="append", default=[])
     extract.add_argument("--num-cpus", type=int, default=4)
-    stage = sub.add_parser("stages")
-    stage.add_argument("model_dir")
+    extract.add_argument("--stages", nargs=2, metavar=("MODEL_DIR", "REPORT"), default=None)
     args = parser.parse_args()
     if args.command == "model":
         print(make_model(Path(args.dir), args.answer))
-        if args.stages_report:
-            Path(args.stages_report).write_text(json.dumps(stages(args.dir)))
-        return 0
-    if args.command == "stages":
-        print(json.dumps(stages(args.model_dir)))
         return 0
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    return run_extract(args.captions, args.out, args.overrides, args.num_cpus)
+    return run_extract(args.captions, args.out, args.overrides, args.num_cpus, args.stages)
 
 
 if __name__ == "__main__":

@@ -177,15 +177,15 @@ def _check_engine_resources(cfg: VllmConfig) -> None:
     once (they then wait for each other until wait_for_min_actors_s)."""
     import ray
 
-    from csclip.extract.vllm import logical_cpus_needed
+    from csclip.extract.vllm import cpu_stages, logical_cpus_needed
 
     have, need = ray.cluster_resources().get("CPU", 0), logical_cpus_needed(cfg)
     if have < need:
         log.warning("extract: the vLLM processor needs %g logical CPUs at once (per engine: "
-                    "%d for its ranks + 3 stage actors x stage_num_cpus=%g; +1 for Ray Data); "
+                    "%d for its ranks + %d stage actors x stage_num_cpus=%g; +1 for Ray Data); "
                     "this Ray instance has %g now. Unless nodes join, lower "
                     "backend.vllm.stage_num_cpus or start Ray with more CPUs.",
-                    need, cfg.tensor_parallel_size, cfg.stage_num_cpus, have)
+                    need, cfg.tensor_parallel_size, cpu_stages(cfg), cfg.stage_num_cpus, have)
 
 
 def _engines_did_not_start(cfg: VllmConfig) -> ConfigError:

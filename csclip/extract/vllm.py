@@ -69,9 +69,15 @@ class VllmConfig(StrictModel):
     # start it with `--structured-outputs-config.backend guidance`.
     structured_outputs_backend: Literal["guidance", "xgrammar", "outlines",
                                         "lm-format-enforcer", "auto"] = "guidance"
-    # Logical CPUs of each chat-template / tokenize / detokenize actor (one pool of each,
-    # num_engines actors). They sit beside the engines: a Ray instance needs
-    # num_engines * (engine CPUs + 3 * stage_num_cpus) + 1 logical CPUs or the run waits.
+    # Tokenize prompts and detokenize answers in CPU actors of their own (ray.data.llm's
+    # tokenize and detokenize stages). Off, each engine's own frontend does both, as vLLM
+    # does for a text prompt anyway: the same tokens and text (both skip special tokens),
+    # two actors fewer per engine, each loading transformers and the tokenizer before the
+    # first row. On, for engines whose frontend is the bottleneck (short answers, many GPUs).
+    tokenizer_stages: bool = False
+    # Logical CPUs of each CPU stage's actor (chat template, and tokenize / detokenize with
+    # tokenizer_stages; one pool of each, num_engines actors). They sit beside the engines:
+    # a Ray instance needs logical_cpus_needed() logical CPUs or the run waits.
     stage_num_cpus: float = Field(1.0, gt=0)
     # More vLLM engine arguments (vllm.EngineArgs), e.g. {"dtype": "bfloat16",
     # "enforce_eager": true, "quantization": "awq", "load_format": "dummy"}. The fields
@@ -142,8 +148,8 @@ def processor_config(cfg: VllmConfig) -> vLLMEngineProcessorConfig:
         # Qwen3 thinks by default, which multiplies output tokens; the paper runs it off.
         chat_template_stage={"enabled": True, **stage,
                              "chat_template_kwargs": {"enable_thinking": False}},
-        tokenize_stage={"enabled": True, **stage},
-        detokenize_stage={"enabled": True, **stage},
+        tokenize_stage={"enabled": cfg.tokenizer_stages, **stage},
+        detokenize_stage={"enabled": cfg.tokenizer_stages, **stage},
     )
 
 
@@ -161,10 +167,16 @@ def engine_placement(cfg: VllmConfig) -> dict[str, Any] | None:
     return {"bundle_per_worker": bundle}
 
 
+def cpu_stages(cfg: VllmConfig) -> int:
+    """The processor's CPU stages: the chat template, and tokenize and detokenize when
+    `tokenizer_stages` is on."""
+    return 3 if cfg.tokenizer_stages else 1
+
+
 def logical_cpus_needed(cfg: VllmConfig) -> float:
     """Logical CPUs the processor's actors hold at once: per engine, one per rank plus one
-    chat-template, tokenize and detokenize actor; plus one for Ray Data's own tasks."""
-    return cfg.num_engines * (cfg.tensor_parallel_size + 3 * cfg.stage_num_cpus) + 1
+    actor of each CPU stage; plus one for Ray Data's own tasks."""
+    return cfg.num_engines * (cfg.tensor_parallel_size + cpu_stages(cfg) * cfg.stage_num_cpus) + 1
 
 
 # ---------------------------------------------------------------------------------------
@@ -242,7 +254,7 @@ def build_engine(cfg: VllmConfig) -> Engine:
 # ---------------------------------------------------------------------------------------
 
 class PromptLength:
-    """Token count of a chat prompt as the engine's chat-template and tokenize stages make
+    """Token count of a chat prompt as the engine's chat-template stage and tokenizer make
     it (thinking off), from the model's own tokenizer. The system prompt, shared by every
     row, is counted once; the rest of each prompt after it, which starts at a special
     token, is tokenized per row."""
