@@ -315,3 +315,29 @@ def test_each_epoch_is_its_own_shuffled_dataset(ray_session):
         plan = str(epoch)  # the logical plan; nothing executes
         assert plan.count("RandomShuffle") == 1, plan
         assert plan.count("MapBatches(prepare_batch)") == 1, plan
+
+
+def test_a_units_table_streams_without_a_pool_of_footer_readers(ray_session, tmp_path):
+    """Ray 2.60's default Parquet reader lists files on 32 FooterReader actors, started
+    again at every execution (each epoch, each restart): 64 worker processes for a table
+    of three part files read twice. The training source reads with the first reader."""
+    import pyarrow.parquet as pq
+    import ray._private.state
+
+    from csclip.train.stream import DataConfig, source_dataset
+
+    units = tmp_path / "units"
+    units.mkdir()
+    for part in range(3):
+        records = [world_record(WORLD, "train", 4 * part + i) for i in range(4)]
+        pq.write_table(records_to_table(records), units / f"part-{part:05d}.parquet")
+
+    def footer_readers() -> int:
+        return sum(a["ActorClassName"] == "FooterReader"
+                   for a in ray._private.state.actors().values())
+
+    before = footer_readers()
+    source = source_dataset(DataConfig(units_uri=str(units)))
+    assert source.count() == 12 and source.count() == 12  # two executions, every row
+    assert footer_readers() == before
+    assert ray_session.data.DataContext.get_current().use_datasource_v2  # left as it was

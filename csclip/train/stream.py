@@ -87,7 +87,6 @@ class DataPlan:
 
 def source_dataset(data: DataConfig):
     """The units rows to train on, as a Ray Dataset in UNITS_SCHEMA."""
-    import ray.data
 
     if data.units_uri is None:
         from csclip.world.ray_source import world_dataset
@@ -97,12 +96,34 @@ def source_dataset(data: DataConfig):
 
     fs, path = filesystem_for(data.units_uri)
     try:
-        ds = ray.data.read_parquet(path, filesystem=fs)
+        ds = read_units_parquet(path, fs)
     except (FileNotFoundError, OSError) as err:
         raise DataError(f"data.units_uri: cannot read {data.units_uri} ({err}); "
                         "point it at a units Parquet file or directory") from err
     split = data.split
     return ds.filter(lambda row: row["split"] == split)
+
+
+def read_units_parquet(path: str, filesystem):
+    """`ray.data.read_parquet` through Ray Data's first Parquet reader.
+
+    Ray 2.60's default reader (DataSourceV2) lists the files on a pool of 32 FooterReader
+    actors, started anew each time the dataset executes: 32 worker processes (~3 CPU-s
+    each) for a units table of a few part files, again for every epoch and every restart.
+    Its gains (row-group statistics for predicate push-down) need a predicate, and the
+    split is filtered per row. The first reader lists the files in the driver (in tasks
+    past 24 files); the dataset keeps the setting (a Dataset keeps the context it was
+    created with)."""
+    import ray.data
+    from ray.data import DataContext
+
+    context = DataContext.get_current()
+    default = context.use_datasource_v2
+    context.use_datasource_v2 = False
+    try:
+        return ray.data.read_parquet(path, filesystem=filesystem)
+    finally:
+        context.use_datasource_v2 = default
 
 
 # ---------------------------------------------------------------------------------------
