@@ -18,6 +18,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # on a poll: seconds of waiting per training run. A late poll is not a failure (it waits
 # up to the 10-minute health-check timeout), so polling more often changes no outcome.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+# Ray Train starts an actor per worker group to watch for node preemption (spot
+# instances): one more process importing ray.train and ray.data (~3 CPU-s) in every
+# training run, and no test preempts a node.
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
 
 def pytest_configure(config) -> None:
