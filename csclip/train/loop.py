@@ -409,7 +409,8 @@ def _epoch_batches(config: TrainConfig, plan: WorkerPlan, step: int, device: tor
     of that epoch before `step` (trained on before a restart) already skipped.
 
     Each epoch is its own Ray Train dataset (csclip.train.stream.epoch_datasets), split
-    equally over the workers, and each gets its own iterator and local shuffle buffer
+    equally over the workers (one worker iterates it whole, without a split), and each
+    gets its own iterator and local shuffle buffer
     (seeded by seed, epoch and rank). Ray Train configures a dataset only when the workers
     first ask for its shard, and does so again for every worker group it starts: so a
     group restarted after a failure (run.max_failures) or a rerun of the config begins
@@ -641,7 +642,13 @@ def _trainer(config: TrainConfig, name: str, root: str, loop_config: dict, datas
             logging_config=ray.train.LoggingConfig(log_level=config.run.ray_train_log_level),
             callbacks=list(callbacks)),
         datasets=datasets,
-        dataset_config=ray.train.DataConfig(execution_options=ingest))
+        # One worker needs no split: it runs each epoch's pipeline itself. A split starts
+        # a SplitCoordinator actor per epoch dataset, and Ray Train keeps every one alive
+        # until the run ends (the demo's 2000-step layout warm start: 65 epochs, ~200 MB
+        # and a process each).
+        dataset_config=ray.train.DataConfig(
+            execution_options=ingest,
+            datasets_to_split="all" if config.run.num_workers > 1 else []))
 
 
 def _final_uri(root: str, name: str) -> str:
