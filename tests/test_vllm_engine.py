@@ -170,13 +170,12 @@ def test_engine_that_cannot_be_placed_fails_fast_with_one_line(ray_session, mode
     from csclip.extract.pipeline import ExtractConfig, run_extraction
 
     path, _ = captions
-    engine = [s for s in ENGINE if not s.startswith("backend.vllm.wait_for_min_actors_s")]
     # Short: on a busy machine a CPU stage's actors (importing transformers) may be the
     # ones that run out of it, which is the same fix at work (the old code waited forever).
     config = load_config(ExtractConfig, None, [
         "backend.name=vllm", "input.format=jsonl", f"input.uri={path}",
         f"output.uri={tmp_path / 'out'}", "output.shard_size=4", "tracking.enabled=false",
-        f"backend.vllm.model_source={model_dir}", *engine, "backend.vllm.device=gpu",
+        f"backend.vllm.model_source={model_dir}", *ENGINE, "backend.vllm.device=gpu",
         "backend.vllm.wait_for_min_actors_s=10"])
     started = time.monotonic()
     with pytest.raises(ConfigError) as refused:
