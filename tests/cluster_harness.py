@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -149,16 +150,36 @@ def running(*services: Service) -> Iterator[None]:
             thread.join()
 
 
-def mlflow_server(workdir: Path, env: dict[str, str],
-                  artifacts_destination: str | None = None) -> tuple[Service, str]:
+def mlflow_server(workdir: Path, env: dict[str, str], artifacts_destination: str | None = None,
+                  admin_password: str | None = None) -> tuple[Service, str]:
     """A real `mlflow server`: sqlite backend in `workdir`, artifacts in
     `artifacts_destination` (e.g. s3://bucket/mlflow on moto: set MLFLOW_S3_ENDPOINT_URL in
-    `env`) or in `workdir`. Returns the service and its URL."""
+    `env`) or in `workdir`. Returns the service and its URL.
+
+    admin_password: run it as the cluster's head does (cluster.yaml): MLflow's basic-auth
+    app with cluster/mlflow_auth.ini (its users' database moved into `workdir`), the admin
+    `csclip` created at the first start with this password, everyone else refused."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [str(VENV_BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
-               "--workers", "1", "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.db'}",
+    backend = workdir / "mlflow.db"
+    auth: list[str] = []
+    if admin_password is not None:
+        from mlflow_store import fresh_store
+
+        ini = (REPO_ROOT / "cluster" / "mlflow_auth.ini").read_text().replace(
+            "sqlite:////home/ray/mlflow/basic_auth.db", f"sqlite:///{workdir / 'basic_auth.db'}")
+        (workdir / "auth.ini").write_text(ini)
+        env = {**env, "MLFLOW_AUTH_CONFIG_PATH": str(workdir / "auth.ini"),
+               "MLFLOW_AUTH_ADMIN_PASSWORD": admin_password,
+               "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(32)}
+        auth = ["--app-name", "basic-auth"]
+        # The basic-auth app migrates only its users' database: the tracking store must be
+        # migrated already (its Default experiment, with a client-side artifact location,
+        # is not used by the tests).
+        backend = fresh_store(backend)
+    command = [str(VENV_BIN / "mlflow"), "server", *auth, "--host", "127.0.0.1",
+               "--port", str(port), "--workers", "1", "--backend-store-uri", f"sqlite:///{backend}",
                "--artifacts-destination", artifacts_destination or str(workdir / "artifacts")]
     return Service(command, env, workdir / "server.log", f"{url}/health", cwd=workdir), url
 

@@ -43,7 +43,7 @@ def pytest_configure(config) -> None:
 # Measured in a serial run (`--durations`); a module missing here only runs later.
 LONGEST_FIRST = ("test_vllm_engine.py", "test_cluster.py", "test_demo.py",
                  "test_job_submit.py", "test_ablation.py", "test_train.py",
-                 "test_eval_periodic.py", "test_cluster_auth.py", "test_cluster_head_env.py")
+                 "test_eval_periodic.py", "test_cluster_head_env.py")
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -1,15 +1,24 @@
-"""The commands users were promised, exactly as they type them, against a real local Ray
-head: `ray start --head`, `ray job submit --working-dir . -- python
-pipelines/train.py`, `python pipelines/evaluate.py` on the checkpoint, and `python
-tune/ablate.py --grid lr --address <head>`; the runs land in the tracking store the user
-configured (a real `mlflow server` here), not in the job's temporary working directory."""
+"""The commands users were promised, exactly as they type them, against a local Ray head
+and MLflow server started as cluster.yaml starts them: `ray start --head` with token
+authentication (RAY_AUTH_MODE=token, the token in a file named by RAY_AUTH_TOKEN_PATH,
+the dashboard on 127.0.0.1) and `mlflow server` behind MLflow's basic-auth app, the
+credentials in every Ray process's environment. A job submitted without the token, or with
+a wrong one, is refused; with it, `ray job submit --working-dir . -- python
+pipelines/train.py` runs, then `python pipelines/evaluate.py` on the checkpoint and
+`python tune/ablate.py --grid lr --address <head>`; the runs land in the tracking server
+the user configured, not in the job's temporary working directory; anonymous clients of
+that server are refused."""
 
 from __future__ import annotations
 
+import base64
 import json
+import secrets
 import shutil
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import cluster_harness as harness
@@ -37,21 +46,75 @@ def _run(command: list[str], env: dict, log, timeout: int = 300) -> subprocess.C
     return done
 
 
+def _post_job(head: dict, headers: dict[str, str]) -> int:
+    """The job API itself, as any host that reached the port would call it."""
+    request = urllib.request.Request(
+        f"{head['dashboard']}/api/jobs/", method="POST",
+        data=json.dumps({"entrypoint": "echo never-run"}).encode(),
+        headers={"Content-Type": "application/json", **headers})
+    return _status(request)
+
+
+def _status(request: urllib.request.Request | str) -> int:
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def _submit_marker(head: dict, env: dict, log, marker: str) -> subprocess.CompletedProcess:
+    return _run(["ray", "job", "submit", "--address", head["dashboard"], "--",
+                 "python", "-c", f"print('{marker}')"], env, log, timeout=180)
+
+
 @pytest.mark.slow
-def test_used_by_commands_against_a_real_ray_head(tmp_path):
+def test_used_by_commands_against_a_real_ray_head(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     ray_tmp = harness.short_tmpdir("csclip-head-")
+    token = tmp_path / "ray-token"  # as head_setup_commands makes it
+    token.write_text(secrets.token_hex(32))
+    token.chmod(0o600)
+    password = secrets.token_hex(32)
+    # As cluster.yaml exports them before every `ray start`: every driver, Train worker,
+    # Tune trial and Data task inherits the token and MLflow's credentials.
+    cluster_vars = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
+                    "MLFLOW_TRACKING_USERNAME": "csclip", "MLFLOW_TRACKING_PASSWORD": password}
     # Without the venv's bin first on PATH the job's `python` is the system one.
-    env = harness.isolated_env(ray_tmp, CSCLIP_CACHE_DIR=str(tmp_path / "cache"))
+    env = harness.isolated_env(ray_tmp, CSCLIP_CACHE_DIR=str(tmp_path / "cache"),
+                               **cluster_vars)
     env.pop("MLFLOW_TRACKING_URI", None)
+    # Clients that know nothing of the token, or have a wrong one.
+    without = {k: v for k, v in env.items() if k not in cluster_vars}
+    without["RAY_AUTH_MODE"] = "disabled"
+    wrong = {**env, "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    wrong.pop("RAY_AUTH_TOKEN_PATH")
     storage = tmp_path / "runs"
     project_stores = _local_stores()
-    mlflow, mlflow_uri = harness.mlflow_server(tmp_path / "mlflow", env)
-    ray_head, head = harness.ray_head(ray_tmp, env)
+    mlflow, mlflow_uri = harness.mlflow_server(tmp_path / "mlflow", without,
+                                               admin_password=password)
+    # With token authentication on, only the health checks answer without the token.
+    ray_head, head = harness.ray_head(ray_tmp, env, ready_path="/api/gcs_healthz")
     started = time.monotonic()
     with (tmp_path / "commands.log").open("w") as log, harness.running(ray_head, mlflow):
         log.write(f"[head and MLflow server ready after {time.monotonic() - started:.0f} s]\n")
+        with urllib.request.urlopen(f"{head['dashboard']}/api/authentication_mode") as answer:
+            assert json.loads(answer.read())["authentication_mode"] == "token"
+        assert _post_job(head, {}) == 401
+        assert _post_job(head, {"Authorization": f"Bearer {secrets.token_hex(32)}"}) == 403
+        refused = _submit_marker(head, without, log, "no-token-ran")
+        assert refused.returncode != 0 and "no-token-ran" not in refused.stdout
+        assert "Unauthorized: Missing authentication token" in refused.stdout
+        refused = _submit_marker(head, wrong, log, "wrong-token-ran")
+        assert refused.returncode != 0 and "wrong-token-ran" not in refused.stdout
+        assert "Forbidden: Invalid authentication token" in refused.stdout
+        # The tracking server: nothing for anonymous clients or a wrong password.
+        search = f"{mlflow_uri}/api/2.0/mlflow/experiments/search?max_results=1"
+        assert _status(search) == 401
+        assert _status(urllib.request.Request(search, headers={
+            "Authorization": "Basic " + base64.b64encode(b"csclip:wrong").decode()})) == 401
+
         runtime_env = json.dumps({"env_vars": {"MLFLOW_TRACKING_URI": mlflow_uri}})
         train_overrides = [*TINY, f"run.storage_path={storage}", "tracking.experiment=job"]
         train = harness.submit_until_accepted(lambda: _run(
@@ -83,6 +146,8 @@ def test_used_by_commands_against_a_real_ray_head(tmp_path):
                      user_env, log, timeout=400)
         assert sweep.returncode == 0, sweep.stdout[-3000:]
 
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "csclip")  # this process reads too
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password)
         client = MlflowClient(mlflow_uri)
         [train_run] = _search(client, "job")
         assert train_run.info.status == "FINISHED"
