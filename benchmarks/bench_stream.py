@@ -110,12 +110,13 @@ def main(argv: list[str] | None = None) -> int:
         + row("decoded once, shuffled, deterministic (as trained)", (True, True),
               (True, True, False))
         + "\nStreamed, the shuffle is one all-to-all `random_shuffle` per epoch over the units "
-        "rows (image bytes or paths, not decoded pixels). Decoded once (the world's path, "
-        "the world's path), it moves the decoded tensors (49 KB a row at 64 px) instead: decoding "
+        "rows (image bytes or paths, not decoded pixels). Decoded once (the world's path), "
+        "it moves the decoded tensors (49 KB a row at 64 px) instead: decoding "
         f"once is {median[(False, False)] / median[(False, True)]:.1f}x faster than decoding "
         f"every epoch in source order, {median[(True, False)] / median[(True, True)]:.1f}x "
-        "with the shuffle. The demo's workers wait for data for 0% of a step either way "
-        "(docs/performance.md, the demo's stages): there the training step is the cost. "
+        "with the shuffle. In the demo the training step is the cost: its steps wait for "
+        "data 12-17% of the time, at the epoch boundaries only (the demo's stages below; "
+        "docs/training.md, \"What it costs\"). "
         "The deterministic order (csclip.train.stream.deterministic: preserve_order, one "
         "dataset per epoch) costs the overlap of out-of-order tasks and of one epoch with "
         "the next.\n")
