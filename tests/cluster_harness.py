@@ -300,3 +300,23 @@ def session_members(session_id: int) -> list[int]:
 def files_under(directory: Path) -> list[str]:
     """Every file and directory under `directory`, relative, sorted."""
     return sorted(str(p.relative_to(directory)) for p in directory.rglob("*"))
+
+
+def split_coordinators() -> dict[str, dict]:
+    """Ray Data's SplitCoordinator actors the connected Ray instance has started, alive or
+    dead, by actor id: state, start and end (ms; 0 while alive) and owner (the worker
+    group's DatasetManager, which creates them)."""
+    import ray._private.state
+
+    return {actor_id: {"state": a["State"], "start": a["StartTime"], "end": a["EndTime"],
+                       "owner": f"{a['OwnerAddress']['IPAddress']}:{a['OwnerAddress']['Port']}"}
+            for actor_id, a in ray._private.state.actors().items()
+            if a["ActorClassName"] == "SplitCoordinator"}
+
+
+def overlapping_lifetimes(coordinators: list[dict]) -> list[tuple[dict, dict]]:
+    """Pairs of the same owner alive at once: (earlier, later) where the earlier had not
+    ended when the later started."""
+    by_start = sorted(coordinators, key=lambda c: c["start"])
+    return [(a, b) for i, a in enumerate(by_start) for b in by_start[i + 1:]
+            if a["owner"] == b["owner"] and not 0 < a["end"] <= b["start"]]

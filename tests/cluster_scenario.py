@@ -152,7 +152,8 @@ def train(result: dict, workdir: Path) -> dict:
     return {"checkpoint_uri": outcome.checkpoint_uri, "step": outcome.metrics.get("step"),
             "resumed_from": outcome.metrics.get("resumed_from"),
             "mlflow_run_id": outcome.mlflow_run_id,
-            "worker_nodes": sorted(a["Address"]["NodeID"] for a in workers)}
+            "worker_nodes": sorted(a["Address"]["NodeID"] for a in workers),
+            "split_coordinators": list(harness.split_coordinators().values())}
 
 
 def evaluate(result: dict, workdir: Path) -> dict:

@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections import Counter
 
 import cluster_harness as harness
 import pytest
@@ -36,7 +37,7 @@ def scenario(tmp_path_factory) -> dict:
     else:
         pytest.fail(f"cluster scenario failed ({process.returncode}); last lines of {log}:\n"
                     + "\n".join(log.read_text().splitlines()[-40:]))
-    return json.loads(result_path.read_text())
+    return {**json.loads(result_path.read_text()), "log": log.read_text()}
 
 
 def _runs(result: dict, experiment: str) -> list[dict]:
@@ -78,6 +79,14 @@ def test_training_on_two_nodes_resumes_from_s3_after_the_workers_fail(scenario):
     assert torch.allclose(torch.tensor(after, dtype=torch.float64),
                           torch.tensor(before, dtype=torch.float64), rtol=1e-6, atol=0), \
         run["loss_history"]
+    # Each epoch split over the two nodes by its own SplitCoordinator: the failed group's
+    # epoch 0, the restarted group's epochs 0 and 1 (steps 3-4, 5-6), the restarted
+    # group's first ended before its second began.
+    coordinators = train["split_coordinators"]
+    assert sorted(Counter(c["owner"] for c in coordinators).values()) == [1, 2]
+    assert harness.overlapping_lifetimes(coordinators) == []
+    # Ray Train never asks an ended coordinator to shut down (nor logs that it died).
+    assert "ActorDiedError" not in scenario["log"]
 
 
 @pytest.mark.slow

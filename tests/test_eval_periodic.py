@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import cluster_harness as harness
 import pytest
 import torch
 
@@ -61,7 +62,7 @@ def test_training_logs_validation_metrics_and_keeps_best(tmp_path, mlflow_uri, r
 
     config = load_config(TrainConfig, None, [
         "model.name=csclip-tiny", "model.image_size=32", "data.world.image_size=32",
-        "data.world.num_train=48", "data.world.num_val=10", "data.batch_size=4",
+        "data.world.num_train=16", "data.world.num_val=10", "data.batch_size=4",
         "data.shuffle_buffer=16", "optim.max_steps=4", "optim.warmup_steps=1",
         "optim.lr=1e-3", "run.checkpoint_every=2", "run.log_every=1", "run.eval_every=2",
         "run.eval_max_images=6", f"run.storage_path={tmp_path / 'runs'}",
@@ -71,8 +72,14 @@ def test_training_logs_validation_metrics_and_keeps_best(tmp_path, mlflow_uri, r
         "run.num_workers=2", "loss.method=negclip"])
     plain = config.model_copy(update={"run": config.run.model_copy(update={"eval_every": None})})
     assert run_name(plain) == run_name(config)  # evaluating does not change what is trained
+    before = harness.split_coordinators()
     result = run(config)
     assert result.metrics["step"] == 4
+    # Two epochs of 2 steps, each split over the two workers by its own SplitCoordinator:
+    # the first ended before the second started (Ray Train alone keeps both to the end).
+    coordinators = [c for key, c in harness.split_coordinators().items() if key not in before]
+    assert len(coordinators) == 2 and all(c["state"] == "DEAD" for c in coordinators)
+    assert harness.overlapping_lifetimes(coordinators) == []
     assert result.metrics["loss_unit"] == 0.0 and result.metrics["loss"] > 0  # NegCLIP: no units
     history = {key: tracking.run_metrics(mlflow_uri, result.mlflow_run_id, f"val_{key}")
                for key in LOGGED_KEYS}

@@ -147,8 +147,10 @@ def test_the_training_streams_functions_unpickle_without_torch():
         "from csclip.train.stream import decode_batch, prepare_batch, sample_batch\n"
         "kwargs = {'sampling': SamplingConfig().model_dump(mode='json'), 'seed': 0, 'epoch': 0}\n"
         "pickle.loads(pickle.dumps((decode_batch, prepare_batch, sample_batch, kwargs)))\n"
+        "from csclip.train.ingest import EpochSplitConfig\n"  # the DatasetManager's DataConfig
+        "pickle.loads(pickle.dumps(EpochSplitConfig(datasets_to_split='all')))\n"
         "import csclip.train\n")
-    assert "csclip.train.stream" in modules
+    assert {"csclip.train.stream", "csclip.train.ingest"} <= modules
     assert not _loaded(modules, ("torch", "csclip.train.loop", "csclip.loss"))
 
 

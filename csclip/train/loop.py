@@ -391,8 +391,6 @@ def train_loop_per_worker(loop_config: dict) -> None:
                 raise RuntimeError(f"injected failure after step {state.step} "
                                    "(fail_after_step)")
             tick = time.perf_counter()  # after logging and checkpointing: the next wait is the data's
-        if state.step >= total:
-            break
         if state.step < min(total, (epoch + 1) * plan.steps_per_epoch):
             raise RuntimeError(f"epoch {epoch} ran out of data at step {state.step} "
                                f"(planned {plan.steps_per_epoch} steps an epoch)")
@@ -416,10 +414,12 @@ def _epoch_batches(config: TrainConfig, plan: WorkerPlan, step: int, device: tor
     group restarted after a failure (run.max_failures) or a rerun of the config begins
     with the epoch it resumes in, and never runs the epochs before it. With the order
     deterministic (csclip.train.stream.deterministic), the skipped batches are exactly
-    those already trained on.
+    those already trained on. A split epoch's coordinator ends when the caller asks for
+    the next epoch (csclip.train.ingest): iterate this to its end.
     """
     import ray.train
 
+    from csclip.train.ingest import release_epoch
     from csclip.train.stream import epoch_dataset_name, local_shuffle_seed
 
     first = step // plan.steps_per_epoch
@@ -431,6 +431,8 @@ def _epoch_batches(config: TrainConfig, plan: WorkerPlan, step: int, device: tor
             for _ in range(step - first * plan.steps_per_epoch):
                 next(batches)  # trained on before the restart
         yield epoch, batches
+        batches.close()  # stops its prefetching (the last epoch may end before its data)
+        release_epoch(shard, rank)  # every worker is past it: its coordinator ends
 
 
 def _publish(metrics: StepMetrics, window: _Window, step_logger, steps_per_epoch: int) -> dict:
@@ -618,6 +620,8 @@ def _trainer(config: TrainConfig, name: str, root: str, loop_config: dict, datas
     from ray.data import DataContext, ExecutionOptions
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from csclip.train.ingest import EpochSplitConfig
+
     # Train's default ingest options copy the deprecated `exclude_resources` (a
     # RayDeprecationWarning in every run); these are the same options without it, and
     # with preserve_order: Train replaces each dataset's execution options by these, and
@@ -642,11 +646,10 @@ def _trainer(config: TrainConfig, name: str, root: str, loop_config: dict, datas
             logging_config=ray.train.LoggingConfig(log_level=config.run.ray_train_log_level),
             callbacks=list(callbacks)),
         datasets=datasets,
-        # One worker needs no split: it runs each epoch's pipeline itself. A split starts
-        # a SplitCoordinator actor per epoch dataset, and Ray Train keeps every one alive
-        # until the run ends (the demo's 2000-step layout warm start: 65 epochs, ~200 MB
-        # and a process each).
-        dataset_config=ray.train.DataConfig(
+        # One worker needs no split: it runs each epoch's pipeline itself. Several share
+        # a SplitCoordinator actor per epoch dataset, ended after its epoch
+        # (csclip.train.ingest; Ray Train would keep each until the run ends).
+        dataset_config=EpochSplitConfig(
             execution_options=ingest,
             datasets_to_split="all" if config.run.num_workers > 1 else []))
 
