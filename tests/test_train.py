@@ -14,7 +14,9 @@ from csclip.errors import CsclipError, DataError
 from csclip.loss import LossConfig, objective_for
 from csclip.model import WEIGHTS_FILE, create_bundle, register_small_models, spec_of
 from csclip.train.loop import (
+    RunSection,
     TrainConfig,
+    check_data_cpus,
     compute_loss,
     finished_result,
     run,
@@ -136,6 +138,17 @@ def test_decode_failures_are_counted(ray_session):
     assert (by_steps.steps_per_epoch, by_steps.num_epochs, by_steps.total_steps) == (2, 3, 5)
     with pytest.raises(DataError, match="batch_size"):
         plan_data(source, DataConfig(batch_size=64), num_workers=1, epochs=1, max_steps=None)
+
+
+def test_workers_taking_every_cpu_are_warned_of(ray_session, caplog):
+    # The session's Ray has 4 CPUs; Ray Data's tasks need one beside the workers.
+    caplog.set_level("WARNING", logger="csclip.train.loop")
+    check_data_cpus(RunSection(num_workers=2, cpus_per_worker=1.5))
+    assert caplog.records == []
+    check_data_cpus(RunSection(num_workers=2, cpus_per_worker=2))
+    [warning] = caplog.records
+    assert "take 4 of this Ray instance's 4 CPUs" in warning.getMessage()
+    assert "Lower run.cpus_per_worker or run.num_workers" in warning.getMessage()
 
 
 def _split_coordinators() -> int:

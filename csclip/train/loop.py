@@ -581,6 +581,7 @@ def run(config: TrainConfig, callbacks: Sequence = (), *, fail_after_step: int |
                      config.optim.max_steps)
     logger.info("run %s: %d rows (%d undecodable), %d epochs, %d steps", name, plan.num_rows,
                 plan.num_decode_failures, plan.num_epochs, plan.total_steps)
+    check_data_cpus(config.run)
     objective = step_options(config).objective
     # Image foils are drawn from the decoded image (and the scene) in each epoch.
     cache_images = (image_cache_fits(config.data, plan.num_rows, spec.preprocess_cfg)
@@ -612,6 +613,23 @@ def run(config: TrainConfig, callbacks: Sequence = (), *, fail_after_step: int |
                metrics={"data.decode_failures": plan.num_decode_failures,
                         "final_loss": float(metrics.get("loss") or 0.0)})
     return TrainResult(name, final_uri, metrics, run_id)
+
+
+def check_data_cpus(run_section: RunSection) -> None:
+    """Warn when the workers would take every CPU of this Ray instance: Ray Data's tasks
+    (each epoch's shuffle and text sampling, the decoding) need one of their own, and
+    without it the run waits for them with no error."""
+    import ray
+
+    have = ray.cluster_resources().get("CPU", 0)
+    workers = run_section.num_workers * run_section.cpus_per_worker
+    if have - workers < 1:
+        logger.warning(
+            "run.num_workers=%d x run.cpus_per_worker=%g take %g of this Ray instance's %g "
+            "CPUs, and Ray Data's tasks (the epochs' shuffle, sampling, decoding) need at "
+            "least 1 beside them: unless nodes join, the run waits for data forever. Lower "
+            "run.cpus_per_worker or run.num_workers, or give Ray more CPUs.",
+            run_section.num_workers, run_section.cpus_per_worker, workers, have)
 
 
 def _trainer(config: TrainConfig, name: str, root: str, loop_config: dict, datasets: dict,
