@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 
+import cluster_harness as harness
 import open_clip
 import pytest
 import torch
@@ -151,14 +152,6 @@ def test_workers_taking_every_cpu_are_warned_of(ray_session, caplog):
     assert "Lower run.cpus_per_worker or run.num_workers" in warning.getMessage()
 
 
-def _split_coordinators() -> int:
-    """SplitCoordinator actors this Ray instance has started, alive or dead."""
-    import ray._private.state
-
-    return sum(a["ActorClassName"] == "SplitCoordinator"
-               for a in ray._private.state.actors().values())
-
-
 def _loads_with_plain_open_clip(checkpoint_uri: str) -> None:
     register_small_models()
     model, _, _ = open_clip.create_model_and_transforms(
@@ -176,11 +169,11 @@ def test_killed_run_resumes_with_the_losses_of_an_uninterrupted_run(ray_session,
     # 24 rows in batches of 8: 3 steps an epoch; killed after step 4, the rerun resumes in
     # the second epoch, one batch in (the first epoch is not run again).
     resumable = ("data.world.num_train=24", "optim.max_steps=6")
-    coordinators = _split_coordinators()
+    coordinators = len(harness.split_coordinators())
     reference = run(tiny_config(tmp_path, mlflow_uri, *resumable, "run.name=uninterrupted"))
     # One worker iterates each epoch whole: no SplitCoordinator actor per epoch (Ray Train
     # keeps each alive until the run ends).
-    assert _split_coordinators() == coordinators
+    assert len(harness.split_coordinators()) == coordinators
     expected = run_metrics(mlflow_uri, reference.mlflow_run_id, "loss")
     assert [step for step, _ in expected] == [1, 2, 3, 4, 5, 6]
     killed = tiny_config(tmp_path, mlflow_uri, *resumable)
