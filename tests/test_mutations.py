@@ -1,0 +1,100 @@
+"""Tests that once passed with their feature removed, kept honest: each case removes the
+feature from a copy of the code and runs the test that guards it, which must then fail on
+its assertion (a test that still passes, or fails to import, is reported as such).
+
+A case whose line is no longer in the source fails with the line it looked for: move the
+mutation with the code it breaks, never delete it to get a green run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    file: str    # relative to the repository root
+    line: str    # replaced: must occur exactly once in the file
+    mutant: str
+    test: str    # the pytest node id that must fail on the mutant
+
+
+MUTATIONS = {
+    # The guard beyond the authors': a relation foil that is another relation of the same
+    # sample is true of the image, so it is no foil.
+    "true_relation_kept_as_foil": Mutation(
+        "csclip/train/sampling.py",
+        "    forbidden = [r.text for r in record.relations if r is not relation]\n"
+        "    candidates = _stored_candidates(",
+        "    forbidden = []\n    candidates = _stored_candidates(",
+        "tests/test_sampling.py::test_relation_foil_that_is_another_true_relation_is_dropped"),
+    # Python's hash() is salted per process: draws seeded with it differ between Ray
+    # Data's worker processes (the test compares processes, not two calls in one).
+    "draws_seeded_by_salted_hash": Mutation(
+        "csclip/train/sampling.py",
+        'return random.Random(int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big"))',
+        "return random.Random(hash(key))",
+        "tests/test_sampling.py::test_texts_are_the_same_in_another_process_and_under_another_hash_seed"),
+    # ARO's fourth order foil moves whole trigrams; shuffling inside them again is the
+    # third foil twice (the test checks the official perturbations, not the function
+    # against itself).
+    "aro_trigrams_not_moved": Mutation(
+        "csclip/eval/suites/aro.py",
+        "reordered = shuffle_trigrams(tokens, rng)",
+        "reordered = shuffle_within_trigrams(tokens, rng)",
+        "tests/test_suites_benchmarks.py::test_aro_order_foils_follow_the_official_four_perturbations"),
+    # A layout head that cannot see the image: "absent" is right for most kinds, so only
+    # a loss below the best image-blind head shows that the tower learned.
+    "layout_head_blind_to_the_image": Mutation(
+        "csclip/train/warm_start.py",
+        "return getattr(model, HEAD)(model.visual(images)), None, model.logit_scale.exp()",
+        "return getattr(model, HEAD)(0 * model.visual(images)), None, model.logit_scale.exp()",
+        "tests/test_warm_start.py::test_the_layout_objective_trains_the_image_tower_only_through_the_one_step"),
+}
+
+
+def mutated_copy(mutation: Mutation, destination: Path) -> Path:
+    """The package, the tests and the pytest settings copied to `destination`, with the
+    mutation applied."""
+    for folder in ("csclip", "tests"):
+        shutil.copytree(REPO_ROOT / folder, destination / folder,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO_ROOT / "pyproject.toml", destination)
+    target = destination / mutation.file
+    source = target.read_text()
+    count = source.count(mutation.line)
+    if count != 1:
+        pytest.fail(f"{mutation.file} holds {count} copies of the line to mutate (wanted 1); "
+                    f"move the mutation with the code:\n{mutation.line}")
+    target.write_text(source.replace(mutation.line, mutation.mutant))
+    return destination
+
+
+@pytest.mark.parametrize("name", sorted(MUTATIONS))
+def test_the_guarding_test_fails_on_the_mutant(name, tmp_path):
+    mutation = MUTATIONS[name]
+    root = mutated_copy(mutation, tmp_path)
+    # The copy first on the path: its csclip shadows the checkout's editable install.
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+         mutation.test],
+        cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    output = done.stdout + done.stderr
+    # Exit code 1: tests ran and one failed. 0 would be the mutant passing; 2-4 a
+    # collection or usage error, which proves nothing about the test.
+    assert done.returncode == 1, f"{mutation.test} on the mutant:\n{output[-3000:]}"
+    assert "1 failed" in output and "error" not in output.splitlines()[-1], output[-3000:]
+    # And the code that failed was the copy's: its module is imported from there.
+    module = mutation.file.removesuffix(".py").replace("/", ".")
+    where = subprocess.run([sys.executable, "-c", f"import {module} as m; print(m.__file__)"],
+                           cwd=root, env=env, capture_output=True, text=True, check=True)
+    assert Path(where.stdout.strip()) == root / mutation.file
