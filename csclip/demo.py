@@ -367,6 +367,19 @@ def load_note() -> str:
             f"{os.cpu_count()} cores")
 
 
+def compute_note(use_gpu: bool) -> str:
+    """What the numbers were computed with. The same code on the same versions and
+    kernels gives the same tables to the digit; other CPU kernels (AVX2 against AVX512)
+    or versions round differently, which moves the last digits of a long run."""
+    import platform
+
+    import torch
+
+    where = (torch.cuda.get_device_name(0) if use_gpu and torch.cuda.is_available()
+             else f"{torch.backends.cpu.get_cpu_capability()} CPU kernels")
+    return f"torch {torch.__version__}, Python {platform.python_version()}, {where}"
+
+
 def stages_section(stages: Sequence[StageTime], seconds: float, command: str) -> str:
     """The demo's section of docs/performance.md: the stage table of this run."""
     return "\n".join([
@@ -429,6 +442,7 @@ def results_section(demo: DemoConfig, pretrained: TrainResult, finetuned: dict[s
            "CLIP-FT never)" if cs_clip.loss.image_foils else ""),
         f"- evaluation: half-truth benchmark on the {world.num_val} validation scenes, seed "
         f"{demo.eval_seed}",
+        f"- computed with {compute_note(train.run.use_gpu)}",
         "- runs (`<run.storage_path>/<run>/final`): pretrained "
         f"`{pretrained.run_name}`; "
         + "; ".join(f"{label} `{r.run_name}`" for label, r in finetuned.items()), "",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import platform
 
 import cluster_harness as harness
 import open_clip
@@ -323,6 +324,9 @@ def test_publish_copies_the_demo_sections_and_keeps_the_other_sections(tmp_path)
     assert "ablation table" in text and "| second |" in text and "| first |" not in text
     assert "`make demo`" in text and "every stage run" in text and "`csclip-0123`" in text
     assert str(tmp_path) not in text  # runs are named, not located on this machine
+    # What to match a rerun against: the versions and the CPU kernels of this run.
+    assert (f"- computed with torch {torch.__version__}, Python {platform.python_version()}, "
+            f"{torch.backends.cpu.get_cpu_capability()} CPU kernels") in text
     assert "| pretrain | 9 |" in (docs / "performance.md").read_text()
     reused = results_section(DemoConfig(), fake, {"CS-CLIP": fake}, "| third |", "make demo",
                              60.0, reused=["pretrain"])
