@@ -106,6 +106,22 @@ def test_marked_section_replaces_only_its_own_text(tmp_path):
         update_marked_section(doc, "ablation", "t")
 
 
+def test_a_section_written_inside_another_writers_markers_is_not_deleted(tmp_path):
+    # docs/performance.md once had a benchmark's section pasted inside the demo's block,
+    # and `csclip demo --publish` replaced the block, the section with it.
+    doc = tmp_path / "performance.md"
+    text = ("# Performance\n\n<!-- BEGIN demo-stages -->\n## Split coordinators\n\ntable\n\n"
+            "## The demo, stage by stage\n\nold stages\n<!-- END demo-stages -->\n")
+    doc.write_text(text)
+    with pytest.raises(ConfigError, match="would delete '## Split coordinators'.*Move that text"):
+        update_marked_section(doc, "demo-stages", "## The demo, stage by stage\n\nnew stages")
+    assert doc.read_text() == text
+    # Its own heading renamed is still its own: one section replaced by one.
+    doc.write_text(text.replace("## Split coordinators\n\ntable\n\n", ""))
+    update_marked_section(doc, "demo-stages", "## The demo, by stage\n\nnew stages")
+    assert "new stages" in doc.read_text() and "old stages" not in doc.read_text()
+
+
 def test_max_concurrent_trials_from_cluster():
     assert sweeps.max_concurrent_trials({"CPU": 2}, num_workers=1, use_gpu=False) == 1
     assert sweeps.max_concurrent_trials({"CPU": 16}, num_workers=1, use_gpu=False) == 12
