@@ -85,10 +85,33 @@ def test_table_has_paper_columns_and_missing_is_not_zero():
     assert rows[2]["status"] == "failed" and rows[2]["HT All"] == ""
 
 
-def test_report_files_and_plot(tmp_path):
+def test_report_files_and_plot(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    saved = []  # the figure as it is saved: what the PNG shows
+    original = Figure.savefig
+
+    def savefig(figure, *args, **kwargs):
+        saved.append(figure)
+        return original(figure, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
     grid, metrics = _grid_and_metrics()
     files = reports.write_report(reports.build_table(grid, metrics), tmp_path / "rep", "t")
     assert files.png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # One panel per axis; on the units panel, each half-truth column over N = 1, 2 and
+    # the base (N 2) marked; the lr row has no metrics, so its points are gaps, not 0.
+    (figure,) = saved
+    units, lr = figure.axes[:2]
+    curves = {line.get_label(): line.get_xydata().tolist() for line in units.get_lines()
+              if not line.get_label().startswith("_")}
+    assert curves == {"HT All": [[0, 60.0], [1, 70.0]], "HT Ent": [[0, 62.0], [1, 75.5]],
+                      "HT Rel": [[0, 58.0], [1, 65.25]]}
+    assert [t.get_text() for t in units.get_xticklabels()] == ["1", "2"]
+    base_lines = [line for line in units.get_lines() if line.get_linestyle() == ":"]
+    assert [line.get_xdata()[0] for line in base_lines] == [1]
+    lr_points = [line.get_ydata() for line in lr.get_lines() if line.get_label() == "HT All"]
+    assert len(lr_points) == 1 and all(y != y for y in lr_points[0])  # NaN
     assert "| setting | I2T |" in files.markdown.read_text()
     assert files.csv.read_text().startswith("setting,axis,value,trial,is_base,status,I2T")
 

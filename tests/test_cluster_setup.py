@@ -18,6 +18,9 @@ themselves run by bash as a user who is not root. What stands in (and why):
 - the SSH user on the host and `ray` in the container are one uid (both are uid 1000 on
   the AMI and in Ray's images); when the test runs as root it is uid 1000, else the
   user running the test, and "owned by root" is then a directory without write permission;
+- rsync from the machine running `ray up`: that machine's user (this test's, who may be
+  root in a checkout only root can read) reads the source into the sandbox, handed to the
+  node's user; the node's user copies it from there, never from the checkout;
 - `pip` (no network, no image): a script that checks that every file given with -r / -c
   is readable and records the call; `pip freeze` prints an image's pins;
 - `ray` and `mlflow` in the start commands: scripts that record their arguments and the
@@ -89,6 +92,7 @@ class Sandbox:
 
     def __post_init__(self):
         self.log = self.root / "log.txt"
+        self.uploads = 0
         self.host = self.root / "host"
         self.ctr = self.root / "ctr"
         self.bin = self.root / "bin"
@@ -124,6 +128,26 @@ class Sandbox:
     def chown(self, path: Path) -> None:
         if self.as_root:
             os.chown(path, self.uid, self.gid)
+
+    def upload(self, source: Path) -> Path:
+        """What `ray up` sends of `source`: read by this process (the local side of rsync,
+        whose user can read its own checkout even under a 0700 directory, where the node's
+        uid 1000 cannot), laid down in the sandbox with its modes and owned by the node's
+        user (the remote side of rsync writes as the SSH user)."""
+        self.uploads += 1
+        staged = self.root / "upload" / f"{self.uploads}-{source.name}"
+        staged.parent.mkdir(exist_ok=True)
+        staged.parent.chmod(0o755)  # the node's user must reach it, whatever the umask
+        if source.is_dir():
+            shutil.copytree(source, staged, symlinks=True)
+            paths = [staged, *staged.rglob("*")]
+        else:
+            shutil.copy2(source, staged)
+            paths = [staged]
+        if self.as_root:
+            for path in paths:
+                os.lchown(path, self.uid, self.gid)
+        return staged
 
     def host_path(self, path: str) -> Path:
         return self.host / path.lstrip("/")
@@ -192,6 +216,7 @@ def rsync_up(box: Sandbox, source: Path, cluster_name: str, target: str) -> None
     cluster_synced_files use): `mkdir -p <dirname> && chown -R <ssh user>` under
     /tmp/ray_tmp_mount/<cluster>/ on the host, then rsync as the SSH user. Into the
     container only through the bind mounts of `docker run`."""
+    source = box.upload(source)
     destination = box.host_path(f"/tmp/ray_tmp_mount/{cluster_name}/{target.lstrip('/')}")
     home = box.host_path("/home/ubuntu")
     box.run(f"mkdir -p {destination.parent}", home=home, translate=False)
@@ -303,16 +328,20 @@ def test_head_setup_makes_the_secrets_on_the_head_only(head_box):
     assert secrets.resolve() == head_box.host_path("/home/ubuntu/csclip-secrets")
     assert secrets.resolve().stat().st_uid == head_box.uid
     assert stat.S_IMODE(secrets.resolve().stat().st_mode) == 0o700
-    for name in ("ray-token", "mlflow-password", "mlflow-flask-secret"):
-        path = secrets / name
+    # What the workers get (synced): the token and the jobs' MLflow password; the MLflow
+    # admin's password and session key stay in the head's own MLflow directory.
+    head_only = head_box.ctr_path("/home/ray/mlflow")
+    assert sorted(p.name for p in secrets.iterdir()) == ["mlflow-jobs-password", "ray-token"]
+    for path in (secrets / "ray-token", secrets / "mlflow-jobs-password",
+                 head_only / "admin-password", head_only / "flask-secret"):
         assert len(path.read_text()) == 64 and int(path.read_text(), 16) >= 0  # 256-bit hex
-        assert stat.S_IMODE(path.stat().st_mode) == 0o600, name
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path.name
     log = _log_with(head_box, "mlflow server")  # started in the background
     assert "read -r " in log and cluster.node_requirements_text() in log
     assert "mlflow server --app-name basic-auth" in log
     assert "ray start --head" in log and "RAY_AUTH_MODE=token" in log
     assert "MATCH=minor" in log and "MLFLOW_PASSWORD_SET=yes" in log
-    assert "ADMIN_PASSWORD_SET=yes" in log
+    assert "ADMIN_PASSWORD_SET=yes" in log and "MLFLOW_USER=csclip-jobs" in log
 
 
 def test_a_second_head_setup_keeps_the_secrets(head_box):
@@ -358,8 +387,33 @@ def test_the_sandbox_refuses_what_failed_on_aws(tmp_path):
     config["head_start_ray_commands"] = []
     box = _sandbox()
     try:
-        with pytest.raises(SetupFailed, match="Permission denied"):
+        # The setup's own write is refused (not the upload: tmp_path is 0700 under root).
+        with pytest.raises(SetupFailed, match="requirements.txt.*Permission denied"):
             run_node(box, config, "head", local)
+    finally:
+        box.unlock()
+        shutil.rmtree(box.root, ignore_errors=True)
+
+
+def test_head_setup_from_a_checkout_in_a_private_directory(tmp_path):
+    # A clone in a directory only its owner can read (`mktemp -d`, anything under /root):
+    # run as root, the node's user (uid 1000) cannot read it, yet `ray up` works, since
+    # rsync reads the checkout as the local user. Not root, the node's user is the one
+    # running the test and this only checks the copy.
+    private = tmp_path / "private"
+    private.mkdir()
+    private.chmod(0o700)
+    config = _config()
+    for source in config["file_mounts"].values():
+        (shutil.copytree if (REPO_ROOT / source).is_dir() else shutil.copy2)(
+            REPO_ROOT / source, private / source)
+    box = _sandbox()
+    try:
+        run_node(box, config, "head", private)
+        mount = box.ctr_path("/home/ray/csclip")
+        for path in (REPO_ROOT / "cluster").iterdir():
+            assert (mount / path.name).read_bytes() == path.read_bytes(), path.name
+        assert (box.ctr_path("/home/ray/csclip-secrets") / "ray-token").stat().st_size == 64
     finally:
         box.unlock()
         shutil.rmtree(box.root, ignore_errors=True)

@@ -182,6 +182,22 @@ def test_random_entity_comes_from_another_image_and_may_not_hold():
         assert not entity_may_hold(extra, entities[item.image_id])
 
 
+def test_random_entity_that_may_hold_is_drawn_again():
+    # Most of the pool names what the image shows already: four images with a red circle
+    # and a blue square, two with a green triangle and a yellow square. An X drawn from an
+    # image like this one may be true of it, so only the other pair's entities serve.
+    records = [record(i) for i in range(4)] + [
+        record(i, colors=("green", "yellow"), shapes=("triangle", "square")) for i in (4, 5)]
+    rand = [i for i in build_benchmark(records, seed=0) if i.condition == "rand"]
+    assert len(rand) == 6
+    for item in rand:
+        extra = item.half_truth.removeprefix(item.anchor + " and ")
+        mine = {"red circle", "blue square"} if item.image_id < "img-004" else \
+            {"green triangle", "yellow square"}
+        others = {"red circle", "blue square", "green triangle", "yellow square"} - mine
+        assert extra in others, (item.image_id, extra)
+
+
 def test_entity_may_hold_rule():
     assert entity_may_hold("circle", ["red circle"])
     assert entity_may_hold("large red circle", ["red circle"])
@@ -247,6 +263,19 @@ def test_bootstrap_ci_brackets_the_mean():
     low, high = bootstrap_ci(values, 1000, seed=0)
     assert low < 70 < high and 55 < low and high < 85
     assert bootstrap_ci(np.full(5, 100.0), 100) == (100.0, 100.0)
+
+
+def test_bootstrap_ci_is_a_95_percent_interval():
+    # 400 items, half right: the mean's standard error is 2.5 points, so a 95% interval
+    # is +-1.96 * 2.5 = +-4.9 (a 90% one +-4.1, an 80% one +-3.2), whatever the seed.
+    values = np.array([100.0, 0.0] * 200)
+    for seed in range(3):
+        low, high = bootstrap_ci(values, 4000, seed=seed)
+        assert 4.5 < (high - low) / 2 < 5.3 and low < 50 < high, (seed, low, high)
+    # And exactly the 2.5th and 97.5th percentiles of the resampled means.
+    rng = np.random.default_rng(0)
+    means = values[rng.integers(0, values.size, (4000, values.size))].mean(1)
+    assert bootstrap_ci(values, 4000, seed=0) == pytest.approx(np.percentile(means, [2.5, 97.5]))
 
 
 def test_image_side_metrics_known_answer():

@@ -1,9 +1,10 @@
 """The package layout's boundaries: arrows point down only (docs/architecture.md).
 
 Two checks. Every import statement of csclip/, the ones inside functions too, is read
-from the source (most stage-to-stage imports are deferred into functions, where a
-top-level import test cannot see them). And after a real evaluation and a real training
-step, `sys.modules` holds nothing of the stages they must not reach.
+from the source, relative ones resolved to absolute names (most stage-to-stage imports
+are deferred into functions, where a top-level import test cannot see them). And after a
+real evaluation and a real training step, `sys.modules` holds nothing of the stages they
+must not reach.
 """
 
 from __future__ import annotations
@@ -36,14 +37,27 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path) -> set[str]:
+def _imports(path: Path, module: str | None = None) -> set[str]:
+    """The absolute names `path` imports; `module` is its own name, which relative imports
+    (`from ..train import loop`) are resolved against."""
     names: set[str] = set()
+    package = None
+    if module is not None:
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module
+            if node.level:
+                parts = (package or "").split(".")
+                if package is None or node.level > len(parts):
+                    raise ValueError(f"{path}: relative import beyond its package")
+                base = ".".join(parts[: len(parts) - node.level + 1] + [node.module or ""])
+                base = base.rstrip(".")
+            if base:
+                names.add(base)
+                names |= {f"{base}.{alias.name}" for alias in node.names}
     return {name for name in names if name.split(".")[0] in ("csclip", "research", "benchmarks")}
 
 
@@ -54,7 +68,7 @@ def _stage(module: str) -> str | None:
 
 
 def import_graph() -> dict[str, set[str]]:
-    return {_module_name(path): _imports(path) for path in PACKAGE.rglob("*.py")}
+    return {_module_name(path): _imports(path, _module_name(path)) for path in PACKAGE.rglob("*.py")}
 
 
 def test_every_import_in_csclip_points_down():
@@ -82,6 +96,21 @@ def test_the_graph_reader_sees_imports_inside_functions(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from csclip.train.loop import run\n    import csclip.demo\n")
     assert _imports(module) == {"csclip.train.loop", "csclip.train.loop.run", "csclip.demo"}
+
+
+def test_the_graph_reader_resolves_relative_imports(tmp_path):
+    # `from ..train import loop` inside csclip/eval/ is csclip.train.loop, and is refused.
+    module = tmp_path / "m.py"
+    module.write_text("from ..train import loop\nfrom . import encoder\n"
+                      "def f():\n    from .suites.core import Item\n")
+    assert _imports(module, "csclip.eval.m") == {
+        "csclip.train", "csclip.train.loop", "csclip.eval", "csclip.eval.encoder",
+        "csclip.eval.suites.core", "csclip.eval.suites.core.Item"}
+    package = tmp_path / "__init__.py"
+    package.write_text("from .rules import extract_units\nfrom .. import units\n")
+    assert _imports(package, "csclip.extract") == {
+        "csclip.extract.rules", "csclip.extract.rules.extract_units", "csclip",
+        "csclip.units"}
 
 
 def _modules_after(code: str) -> set[str]:

@@ -9,7 +9,6 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from open_clip.loss import ClipLoss
 
 from csclip.loss import LossParts, clip_loss, csclip_loss, gather_features, negclip_loss, unit_loss
 
@@ -117,6 +116,10 @@ def test_all_masked_batch_gives_zero_unit_loss_and_backward_works():
 
 @pytest.mark.parametrize("batch", [1, 5, 16])
 def test_clip_loss_equals_open_clip_clip_loss(batch):
+    # Imported here: open_clip costs seconds, and tests/test_mutations.py runs this module's
+    # pure tests in a fresh process.
+    from open_clip.loss import ClipLoss
+
     image, text = _normalised(batch, 32, seed=batch), _normalised(batch, 32, seed=batch + 100)
     logit_scale = torch.tensor(math.log(1 / 0.07), requires_grad=True)
     ours_image, ours_text = image.clone().requires_grad_(True), text.clone().requires_grad_(True)

@@ -58,6 +58,48 @@ MUTATIONS = {
         "return getattr(model, HEAD)(model.visual(images)), None, model.logit_scale.exp()",
         "return getattr(model, HEAD)(0 * model.visual(images)), None, model.logit_scale.exp()",
         "tests/test_warm_start.py::test_the_layout_objective_trains_the_image_tower_only_through_the_one_step"),
+    # The rules backend: what a caption says is absent ("without a rainbow umbrella") is cut
+    # out before reading, so it never becomes a unit or a relation's argument.
+    "absence_after_without_read_as_present": Mutation(
+        "csclip/extract/rules/absence.py",
+        "            span = _cut_after_without(tokens, i, absent)\n",
+        "            span = None\n",
+        "tests/test_rules.py::test_absence_reads_the_rest_as_if_it_were_not_written"),
+    # The half-truth builder: a +Rand entity X drawn from another image that may describe
+    # this image's own entities ("circle" for a red circle) would be true, so it is drawn
+    # again.
+    "rand_entity_that_may_hold_kept": Mutation(
+        "csclip/eval/halftruth/construction.py",
+        "        if source != image_id and not entity_may_hold(text, image_entities):",
+        "        if source != image_id:",
+        "tests/test_halftruth.py::test_random_entity_that_may_hold_is_drawn_again"),
+    # The metrics: the bootstrap interval is a 95% one (a 90% one is narrower, and looks
+    # just as plausible).
+    "bootstrap_ci_at_90_percent": Mutation(
+        "csclip/eval/halftruth/metrics.py",
+        "seed: int = 0, level: float = 0.95",
+        "seed: int = 0, level: float = 0.90",
+        "tests/test_halftruth.py::test_bootstrap_ci_is_a_95_percent_interval"),
+    # The ablation report's plot: its curves, not only a PNG.
+    "ablation_plot_without_points": Mutation(
+        "csclip/ablation/report.py",
+        "panel.plot(xs, [math.nan if y is None else y for y in ys], marker=marker, label=name)",
+        "panel.plot([], [], marker=marker, label=name)",
+        "tests/test_ablation.py::test_report_files_and_plot"),
+    # The loss: a sample without units is no column of L_unit for the others (its unit
+    # text is a placeholder).
+    "masked_unit_scored_as_a_negative": Mutation(
+        "csclip/loss.py",
+        "    unit_scores = unit_scores.masked_fill(~valid_pair, _NEVER)\n",
+        "",
+        "tests/test_loss.py::test_masked_sample_is_neither_row_nor_negative"),
+    # The training loop's schedule: the authors' scheduler is stepped once per epoch, so
+    # their run stays near a tenth of lr throughout (SPEC §6), not warmed up per step.
+    "authors_schedule_stepped_per_step": Mutation(
+        "csclip/train/optim.py",
+        'position = step if optim.schedule == "cosine" else step // max(1, steps_per_epoch)',
+        "position = step",
+        "tests/test_optim.py::test_authors_run_stays_near_a_tenth_of_lr_throughout"),
 }
 
 

@@ -319,11 +319,6 @@ FOIL_CATEGORY_OF_GENERIC: dict[str, str] = {
 }
 
 
-def same_thing(a: Noun, b: Noun) -> bool:
-    """Whether two nouns may name the same thing (so one cannot foil the other)."""
-    return a.singular == b.singular or b.singular in SAME_THING_GROUPS.get(a.singular, ())
-
-
 MAX_NOUN_WORDS = max(len(form.split()) for form in NOUNS)
 
 # Nouns that frame the picture rather than name something in it: "a photo of a cat" is a

@@ -14,6 +14,9 @@ so that an extractor is not punished for keeping or dropping one adjective:
 
 Counts are micro-averaged over captions, and reported for the whole set and per split
 ("tune", what the rules were developed on, and "heldout", never looked at while tuning).
+
+`score_against_gold` scores units against gold `UnitsRecord`s instead (the synthetic
+world's, matched on normalized text); both count with the one `PRF`.
 """
 
 from __future__ import annotations
@@ -22,10 +25,14 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from csclip.errors import DataError
 from csclip.extract import lexicon as lx
-from csclip.units import Unit, normalize_text
+from csclip.units import Unit, UnitsRecord, normalize_text
+
+if TYPE_CHECKING:
+    from csclip.extract.rules import RulesResult
 
 # "X of Y" phrases whose object is the thing ("a group of people", "a slice of pizza",
 # "different types of couches"); other "X of Y" are the X ("a box of pizza", "a plate of food").
@@ -118,20 +125,33 @@ class Prediction:
 
 
 @dataclass
-class _Counts:
-    tp: int = 0
-    fp: int = 0
-    fn: int = 0
+class PRF:
+    """Precision, recall and F1 with the counts behind them, counted set by set."""
+
+    true_positives: int = 0
+    false_positives: int = 0
+    false_negatives: int = 0
 
     def add(self, found: set, wanted: set) -> None:
-        self.tp += len(found & wanted)
-        self.fp += len(found - wanted)
-        self.fn += len(wanted - found)
+        """Count one caption's (or record's) predicted set against its gold set."""
+        self.true_positives += len(found & wanted)
+        self.false_positives += len(found - wanted)
+        self.false_negatives += len(wanted - found)
 
-    def prf(self) -> tuple[float, float, float]:
-        p = self.tp / (self.tp + self.fp) if self.tp + self.fp else 0.0
-        r = self.tp / (self.tp + self.fn) if self.tp + self.fn else 0.0
-        return p, r, (2 * p * r / (p + r) if p + r else 0.0)
+    @property
+    def precision(self) -> float:
+        found = self.true_positives + self.false_positives
+        return self.true_positives / found if found else 0.0
+
+    @property
+    def recall(self) -> float:
+        wanted = self.true_positives + self.false_negatives
+        return self.true_positives / wanted if wanted else 0.0
+
+    @property
+    def f1(self) -> float:
+        p, r = self.precision, self.recall
+        return 2 * p * r / (p + r) if p + r else 0.0
 
 
 @dataclass
@@ -139,9 +159,9 @@ class GoldScores:
     """Scores of one split (or all) of the gold set, with the errors behind them."""
 
     captions: int = 0
-    entity: _Counts = field(default_factory=_Counts)
-    relation: _Counts = field(default_factory=_Counts)
-    absent: _Counts = field(default_factory=_Counts)
+    entity: PRF = field(default_factory=PRF)
+    relation: PRF = field(default_factory=PRF)
+    absent: PRF = field(default_factory=PRF)
     predicates_matched: int = 0
     predicates_exact: int = 0
     attributes_matched: int = 0
@@ -154,8 +174,8 @@ class GoldScores:
         out: dict[str, float] = {"captions": float(self.captions)}
         for name, counts in (("entity", self.entity), ("relation", self.relation),
                              ("absent", self.absent)):
-            p, r, f = counts.prf()
-            out.update({f"{name}_precision": p, f"{name}_recall": r, f"{name}_f1": f})
+            out.update({f"{name}_precision": counts.precision, f"{name}_recall": counts.recall,
+                        f"{name}_f1": counts.f1})
         out["predicate_exact"] = (self.predicates_exact / self.predicates_matched
                                   if self.predicates_matched else 0.0)
         out["attribute_exact"] = (self.attributes_exact / self.attributes_matched
@@ -206,6 +226,47 @@ def score_gold(gold: Sequence[GoldCaption],
         for key in ("all", item.split):
             score_caption(item, predicted, scores.setdefault(key, GoldScores()))
     return scores
+
+
+@dataclass(frozen=True)
+class ExtractionScores:
+    """Entity and relation P/R/F1 of predicted units against gold, micro-averaged over
+    records, units matched on normalized text."""
+
+    entity: PRF
+    relation: PRF
+    num_records: int
+
+    def as_dict(self) -> dict[str, float]:
+        """Flat metrics (`entity_precision`, ..., `relation_f1`) for tables and MLflow."""
+        out: dict[str, float] = {"num_records": float(self.num_records)}
+        for name, prf in (("entity", self.entity), ("relation", self.relation)):
+            out[f"{name}_precision"] = prf.precision
+            out[f"{name}_recall"] = prf.recall
+            out[f"{name}_f1"] = prf.f1
+        return out
+
+
+def score_against_gold(predicted: Sequence[UnitsRecord] | Sequence[RulesResult],
+                       gold: Sequence[UnitsRecord]) -> ExtractionScores:
+    """Score predicted units against gold units, record by record (same order).
+
+    Raises:
+        DataError: the two sequences differ in length, or records' sample_ids differ.
+    """
+    if len(predicted) != len(gold):
+        raise DataError(f"{len(predicted)} predicted records but {len(gold)} gold records; "
+                        "score the same captions in the same order")
+    entity, relation = PRF(), PRF()
+    for pred, ref in zip(predicted, gold, strict=True):
+        if isinstance(pred, UnitsRecord) and pred.sample_id != ref.sample_id:
+            raise DataError(f"predicted record {pred.sample_id!r} is paired with gold "
+                            f"{ref.sample_id!r}; sort both by sample_id")
+        for counts, mine, theirs in ((entity, pred.entities, ref.entities),
+                                     (relation, pred.relations, ref.relations)):
+            counts.add({normalize_text(u.text) for u in mine},
+                       {normalize_text(u.text) for u in theirs})
+    return ExtractionScores(entity, relation, len(gold))
 
 
 def rules_prediction(caption: str) -> Prediction:
