@@ -37,6 +37,31 @@ def refuse_renamed(data: object, section: str, renamed: dict[str, str]) -> objec
     return data
 
 
+def refuse_given(data: object, fields: dict[str, str], prefix: str = "",
+                 accepted: dict[str, object] | None = None) -> None:
+    """Refuse the settings a command would overwrite or ignore: raise ConfigError for the
+    first of `fields` (dotted path -> why it is not used; a section's path covers every
+    field under it) that `data` gives (a config as read from YAML and --set, before
+    validation), unless its value is the one the command uses anyway (`accepted`).
+    One line: "<prefix><path>=<value>: <why>; leave it unset"."""
+    accepted = accepted or {}
+    for path, why in fields.items():
+        node = data
+        for key in path.split("."):
+            if not isinstance(node, dict) or key not in node:
+                break
+            node = node[key]
+        else:
+            if isinstance(node, dict):  # a section: name the first field given in it
+                given = flatten(node, path + ".")
+                if not given:
+                    continue
+                path, node = next(iter(given.items()))
+            if path in accepted and node == accepted[path]:
+                continue
+            raise ConfigError(f"{prefix}{path}={node!r}: {why}; leave it unset")
+
+
 def parse_override(text: str) -> tuple[list[str], object]:
     """Parse `a.b.c=value` into (["a", "b", "c"], value), the value read as YAML
     (so `1e-5` is a float, `true` a bool, `[1, 2]` a list, `abc` a string)."""
@@ -80,7 +105,9 @@ def read_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start}); save it as UTF-8") from err
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({err})") from err
     if not isinstance(data, dict):

@@ -9,6 +9,7 @@ docs/performance.md, on purpose, never as a side effect of a run."""
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import os
 import statistics
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from csclip.config import StrictModel, refuse_renamed, validate_config
+from csclip.config import StrictModel, refuse_given, refuse_renamed, validate_config
 from csclip.errors import ConfigError
 from csclip.train import TrainConfig, TrainResult, finished_result, run
 
@@ -29,49 +30,30 @@ logger = logging.getLogger(__name__)
 # The demo's runs, each a delta (a partial TrainConfig, merged field by field) on top of
 # another: the pretraining on top of `train` (configs/default.yaml, the fine-tuning
 # config), the layout warm start on top of the pretraining, both fine-tunings on top of
-# `train`. `--set pretrain.optim.max_steps=300` changes that one field of the delta
+# `train`. The deltas, and why each field is what it is, are configs/demo.yaml: DemoConfig's
+# defaults. `--set pretrain.optim.max_steps=300` changes that one field of the delta
 # (csclip.config.with_section_defaults keeps the others).
+DELTAS_FILE = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 
-# The stand-in for web-scale pretraining: plain CLIP loss on world captions (which state
-# relations, so the model can learn spatial layout) from scenes the fine-tuning never sees
-# (another world seed). 1000 steps (16 epochs): 1500 cost a third more for no difference
-# the benchmark resolves (docs/training.md, "The demo").
-PRETRAIN = {
-    "data": {"world": {"seed": 1000, "num_train": 4000}, "batch_size": 64},
-    # Ours: image-side foils in the pretraining too (μ), so the text tower starts
-    # fine-tuning already reading the locked image tower's layout. Without them CS-CLIP's
-    # image foils did not take from one of two pretrainings (docs/research/spatial.md,
-    # study C).
-    # λ is pinned (plain CLIP ignores it) so that the fine-tuning's λ does not rename, and
-    # so retrain, the cached pretraining.
-    "loss": {"method": "clip", "image_foil_weight": 2.0, "unit_loss_weight": 0.5},
-    "optim": {"lr": 1e-3, "weight_decay": 0.1, "warmup_steps": 50, "max_steps": 1000},
-    # Ours, LiT (Zhai et al. 2022): the warm image tower locked, the text tower tuned to it.
-    # Contrastive training on the world washes layout out of an unlocked image embedding.
-    "model": {"lock": {"image": True}},
-    "run": {"storage_path": "runs/pretrain"},
-}
-# Ours: before pretraining, the image tower answers the world's layout question (which
-# object kind is in which grid cell; loss.method layout, csclip.train.warm_start) on the
-# pretraining scenes, with a plain AdamW at a constant lr. 2000 steps put 71% of the 300
-# held-out scenes' objects in their cell (run.seed 42; chance ~11%; the in-process loop this
-# run replaced, same math and seed: 73%). Contrastive pretraining alone never makes
-# the image tower encode layout, and then no fine-tuning objective can teach "left of"
-# (docs/training.md, "Spatial relations"). null: pretraining from random weights.
-WARM_START = {
-    "loss": {"method": "layout", "image_foil_weight": None},
-    "model": {"lock": {"image": False}},
-    "optim": {"lr": 1e-3, "weight_decay": 0.1, "decay_all_params": True, "betas": [0.9, 0.999],
-              "eps": 1e-8, "schedule": "constant", "warmup_steps": 0, "grad_clip": None,
-              "max_steps": 2000},
-}
-# Both fine-tunings (CLIP-FT and CS-CLIP): the warm image tower stays locked (ours), and
-# CS-CLIP adds the image-side foils with this μ (ours; CLIP-FT, the paper's baseline, never
-# has them: the demo sets its loss.image_foil_weight to null).
-FINETUNE = {"model": {"lock": {"image": True}}, "loss": {"image_foil_weight": 2.0}}
 
-# Fields the demo sets itself in each run, refused in its delta: `delta: {field: why}`.
+@functools.cache
+def _deltas() -> dict:
+    from csclip.config import read_yaml
+
+    return read_yaml(DELTAS_FILE)
+
+
+def default_delta(name: str) -> dict | None:
+    """The demo's `name` delta (pretrain, warm_start, finetune) as configs/demo.yaml gives it."""
+    return copy.deepcopy(_deltas()[name])
+
+
+# Fields the demo sets itself in each run, refused when given: `section: {field: why}`,
+# with the value the demo uses anyway (accepted) in _ACCEPTED.
 _SET_BY_THE_DEMO = {
+    "train": {"run.name": "the demo names its runs (by config hash, one per method)",
+              "model.pretrained": "the demo fine-tunes from its own pretraining",
+              "loss.method": "the demo fine-tunes with both clip (CLIP-FT) and csclip"},
     "pretrain": {"run.name": "the demo names its runs (by config hash)",
                  "model.pretrained": "the pretraining starts from the warm start (or random "
                                      "weights without one)"},
@@ -80,18 +62,20 @@ _SET_BY_THE_DEMO = {
                  "model.pretrained": "the demo fine-tunes from its own pretraining",
                  "loss.method": "the demo fine-tunes with both clip (CLIP-FT) and csclip"},
 }
+# `train` is a whole TrainConfig (its defaults filled in): these values are its defaults.
+_ACCEPTED = {"train": {"run.name": None, "model.pretrained": None, "loss.method": "csclip"}}
 
 
 class DemoConfig(StrictModel):
     """`train` is the fine-tuning config (configs/default.yaml); `pretrain`, `warm_start`
-    and `finetune` are the demo's deltas (partial TrainConfigs) on top of it: see PRETRAIN,
-    WARM_START and FINETUNE. The fine-tuning runs twice, with loss.method csclip and clip,
+    and `finetune` are the demo's deltas (partial TrainConfigs) on top of it, by default
+    configs/demo.yaml's. The fine-tuning runs twice, with loss.method csclip and clip,
     from the pretrained checkpoint."""
 
     train: TrainConfig = TrainConfig()
-    pretrain: dict = Field(default_factory=lambda: copy.deepcopy(PRETRAIN))
-    warm_start: dict | None = Field(default_factory=lambda: copy.deepcopy(WARM_START))
-    finetune: dict = Field(default_factory=lambda: copy.deepcopy(FINETUNE))
+    pretrain: dict = Field(default_factory=lambda: default_delta("pretrain"))
+    warm_start: dict | None = Field(default_factory=lambda: default_delta("warm_start"))
+    finetune: dict = Field(default_factory=lambda: default_delta("finetune"))
     eval_seed: int = 0
     out_dir: str = "runs/demo"  # tables, figures, the results section, the stage timings
 
@@ -106,30 +90,25 @@ class DemoConfig(StrictModel):
                 "num_train": "pretrain.data.world.num_train",
                 "batch_size": "pretrain.data.batch_size",
                 "storage_path": "pretrain.run.storage_path"})
-        return refuse_renamed(data, "demo", {
+        refuse_renamed(data, "demo", {
             "lock_image": "finetune.model.lock.image (and pretrain.model.lock.image)",
             "image_foil_weight": "finetune.loss.image_foil_weight (CS-CLIP's μ)"})
+        if isinstance(data, dict):
+            # The demo names its runs, fine-tunes from its own pretraining and runs both
+            # methods: these fields would be overwritten, so they are refused.
+            for section, fields in _SET_BY_THE_DEMO.items():
+                given = data.get(section)
+                if isinstance(given, TrainConfig):
+                    given = given.model_dump(mode="json")
+                try:
+                    refuse_given(given, fields, prefix=f"{section}.",
+                                 accepted=_ACCEPTED.get(section))
+                except ConfigError as err:
+                    raise ValueError(str(err)) from None
+        return data
 
     @model_validator(mode="after")
-    def _fields_the_demo_sets_itself(self) -> DemoConfig:
-        # The demo names its runs, fine-tunes from its own pretraining and runs both
-        # methods: these fields would be overwritten, so they are refused.
-        train = self.train
-        if train.run.name is not None:
-            raise ValueError(f"train.run.name={train.run.name!r}: the demo names its runs "
-                             "(by config hash, one per method); leave it unset")
-        if train.model.pretrained is not None:
-            raise ValueError(f"train.model.pretrained={train.model.pretrained!r}: the demo "
-                             "fine-tunes from its own pretraining; leave it unset")
-        if train.loss.method != "csclip":
-            raise ValueError(f"train.loss.method={train.loss.method!r}: the demo fine-tunes "
-                             "with both clip (CLIP-FT) and csclip; leave it at csclip")
-        for delta_name, fields in _SET_BY_THE_DEMO.items():
-            delta = getattr(self, delta_name) or {}
-            for field_path, why in fields.items():
-                section, key = field_path.split(".")
-                if key in (delta.get(section) or {}):
-                    raise ValueError(f"{delta_name}.{field_path}: {why}; leave it unset")
+    def _deltas_are_training_configs(self) -> DemoConfig:
         pre = self.pretrain_config()  # each delta validates as a TrainConfig
         if self.warm_start is None and pre.model.lock.image:
             raise ValueError("warm_start is null but pretrain.model.lock.image is true: the "
@@ -454,6 +433,7 @@ def evaluate(demo: DemoConfig, pretrained: TrainResult, finetuned: dict[str, Tra
     """Compare the three models on the world's validation split; return the markdown."""
     from csclip.eval.halftruth import BenchmarkConfig
     from csclip.eval.pipeline import compare_models
+    from csclip.eval.suites import SuitesConfig
     from csclip.model import load_bundle
     from csclip.records import load_split
     from csclip.tracking import resolve_uri
@@ -464,6 +444,8 @@ def evaluate(demo: DemoConfig, pretrained: TrainResult, finetuned: dict[str, Tra
     uri = resolve_uri(demo.train.tracking.uri) if demo.train.tracking.enabled else None
     report = compare_models(bundles, records, demo.out_dir, uri,
                             benchmark=BenchmarkConfig(seed=demo.eval_seed),
+                            # the world suites' draws (mirrored pairs, zero-shot) too
+                            suites=SuitesConfig(seed=demo.eval_seed),
                             experiment=demo.train.tracking.experiment + "-eval")
     Path(demo.out_dir).mkdir(parents=True, exist_ok=True)
     Path(demo.out_dir, "results.md").write_text(report.markdown)

@@ -93,6 +93,21 @@ def test_entry_point_reports_bad_field_in_one_line_and_exits_2(capsys):
     assert "pretrain.optim.max_steps" in capsys.readouterr().err
 
 
+
+def test_demo_yaml_holds_the_demos_deltas():
+    # configs/demo.yaml is DemoConfig's defaults: its three deltas, each validated as a
+    # training config when the demo loads.
+    import yaml
+
+    from csclip.demo import DemoConfig
+
+    data = yaml.safe_load((CONFIGS / "demo.yaml").read_text())
+    assert set(data) == {"pretrain", "warm_start", "finetune"}
+    demo = DemoConfig()
+    assert (demo.pretrain, demo.warm_start, demo.finetune) == (
+        data["pretrain"], data["warm_start"], data["finetune"])
+    assert demo.warm_start_config().loss.method == "layout"
+
 def test_world_gpu_is_a_demo_yaml_with_image_foils_for_cs_clip_only():
     # the GPU world config runs through the demo; image foils are ours, opt-in,
     # and never reach the CLIP-FT baseline.

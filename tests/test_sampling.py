@@ -23,7 +23,6 @@ from csclip.train.sampling import (
     draw_caption_negative,
     draw_unit_slots,
     entity_foil_candidates,
-    records_from_batch,
     relation_foil_candidates,
     sample_rng,
     sample_text_columns,
@@ -449,9 +448,11 @@ def test_text_columns_from_a_ray_style_numpy_batch():
     config = SamplingConfig(num_unit_slots=2)
     recs = [horse_record("a"), UnitsRecord("b", "b", "nothing here", "train")]
     table = records_to_table(recs)
-    # Ray Data's "numpy" batches hold nested list<struct> columns as numpy object arrays.
+    # Ray Data's "numpy" batches hold nested list<struct> columns as numpy object arrays;
+    # sample_text_columns takes their rows as they are.
     batch = {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
-    columns = sample_text_columns(records_from_batch(batch), config, seed=3, epoch=2)
+    rows = [{name: values[i] for name, values in batch.items()} for i in range(len(recs))]
+    columns = sample_text_columns(rows, config, seed=3, epoch=2)
     assert set(columns) == {"caption", "caption_negative", "unit_0", "foil_0", "unit_1", "foil_1",
                             "unit_mask", "negative_mask"}
     assert columns["unit_mask"] == [True, False]

@@ -10,18 +10,24 @@ from csclip.errors import DataError
 from csclip.eval.encoder import (
     BundleScorer,
     CaptionLengthScorer,
+    Encoder,
     encode_features,
     encode_features_with_ray,
-    image_bytes_by_id,
     image_sources,
+    load_image,
 )
 from csclip.eval.halftruth import BenchmarkConfig, build_benchmark, prepare_benchmark, score_items
-from csclip.eval.pipeline import evaluate_scorer
+from csclip.eval.pipeline import evaluate_encoder
 from csclip.model import create_bundle
 from csclip.units import UnitsRecord
 from csclip.world import WorldConfig, iter_world
 
 NO_CI = BenchmarkConfig(num_bootstrap=0, image_side=False)
+
+
+def read_images(records: list[UnitsRecord], image_ids: list[str]) -> dict[str, bytes]:
+    """Each image's bytes, read as the encoders read them (image_sources, load_image)."""
+    return {i: load_image(s) for i, s in image_sources(records, image_ids).items()}
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +70,7 @@ def test_each_unique_text_and_image_is_encoded_once(world_records):
 
 def test_batched_scores_equal_one_pair_at_a_time(world_records, tiny):
     items = build_benchmark(world_records, seed=0)[:4]
-    images = image_bytes_by_id(world_records, [i.image_id for i in items])
+    images = read_images(world_records, [i.image_id for i in items])
     scorer = BundleScorer(tiny, batch_size=7)
     scores = score_items(
         encode_features(
@@ -83,7 +89,9 @@ def test_batched_scores_equal_one_pair_at_a_time(world_records, tiny):
 
 @pytest.mark.parametrize("prefer_short", [False, True])
 def test_caption_length_scorer_gets_the_known_answer(world_records, prefer_short):
-    report = evaluate_scorer(CaptionLengthScorer(prefer_short), world_records, benchmark=NO_CI)
+    prepared = prepare_benchmark(world_records, NO_CI)  # as compare_models, one scorer
+    report = evaluate_encoder("scorer", Encoder(CaptionLengthScorer(prefer_short)), prepared,
+                              world_records, NO_CI)
     items = report.items
     # Every A- is "A and ..." or a relation clause: strictly longer than the anchor A.
     assert all(len(i.half_truth) > len(i.anchor) for i in items)
@@ -103,9 +111,9 @@ def test_caption_length_scorer_gets_the_known_answer(world_records, prefer_short
 def test_missing_image_raises_with_the_image_named(world_records):
     bare = UnitsRecord("s1", "img-without-pixels", "a red circle", "val")
     with pytest.raises(DataError, match="img-without-pixels"):
-        image_bytes_by_id([bare], ["img-without-pixels"])
+        read_images([bare], ["img-without-pixels"])
     with pytest.raises(DataError, match="not in the units table"):
-        image_bytes_by_id(world_records, ["unknown-image"])
+        read_images(world_records, ["unknown-image"])
 
 
 def test_images_are_read_in_chunks_from_their_paths(tmp_path, world_records, monkeypatch):
@@ -128,7 +136,7 @@ def test_images_are_read_in_chunks_from_their_paths(tmp_path, world_records, mon
     scorer = CountingScorer()
     from_paths = encode_features(scorer, ["red circle"], image_sources(records, ids))
     from_bytes = encode_features(
-        CaptionLengthScorer(), ["red circle"], image_bytes_by_id(world_records, ids)
+        CaptionLengthScorer(), ["red circle"], read_images(world_records, ids)
     )
     assert scorer.num_images == len(records) == 12 and scorer.image_calls == 3  # 5 + 5 + 2
     np.testing.assert_array_equal(from_paths.image_features, from_bytes.image_features)
@@ -138,10 +146,10 @@ def test_image_path_is_read_from_disk(tmp_path, world_records):
     path = tmp_path / "image.png"
     path.write_bytes(world_records[0].image_bytes)
     record = UnitsRecord("s1", "img-1", "a red circle", "val", image_path=str(path))
-    assert image_bytes_by_id([record], ["img-1"]) == {"img-1": world_records[0].image_bytes}
+    assert read_images([record], ["img-1"]) == {"img-1": world_records[0].image_bytes}
     missing = UnitsRecord("s2", "img-2", "a red circle", "val", image_path=str(tmp_path / "no.png"))
     with pytest.raises(DataError, match="no.png"):
-        image_bytes_by_id([missing], ["img-2"])
+        read_images([missing], ["img-2"])
 
 
 def test_ray_scores_equal_in_process_scores(ray_session, world_records, tiny, tmp_path):

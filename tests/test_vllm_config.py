@@ -72,12 +72,19 @@ def test_backends_and_prompts_do_not_import_ray():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+
+def caption_from_messages(messages: list[dict[str, str]]) -> str:
+    """The caption a message list asks about: its user message is `Caption: <JSON
+    string>\nAnswer:` (csclip.extract.prompts.user_prompt)."""
+    content = next(m["content"] for m in messages if m["role"] == "user")
+    return json.loads(content[len("Caption: "): content.rindex("\n")])
+
 def test_prompt_columns_carry_messages_and_sampling():
     batch = pa.Table.from_pylist([ROW | {"caption": 'A sign saying "stop" on a pole.'}])
     out = add_prompt_columns(batch, cfg_json=VllmConfig(max_tokens=99).model_dump_json())
     messages = json.loads(out.column("prompt_json")[0].as_py())
     assert [m["role"] for m in messages] == ["system", "user"]
-    assert prompts.caption_from_messages(messages) == 'A sign saying "stop" on a pole.'
+    assert caption_from_messages(messages) == 'A sign saying "stop" on a pole.'
     assert json.loads(out.column("sampling_json")[0].as_py())["max_tokens"] == 99
 
 
@@ -88,7 +95,7 @@ def test_repair_prompt_shows_the_answer_and_the_error():
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
     assert messages[2]["content"] == '{"entities": ['
     assert "not JSON: x" in messages[3]["content"]
-    assert prompts.caption_from_messages(messages) == ROW["caption"]
+    assert caption_from_messages(messages) == ROW["caption"]
 
 
 def test_few_shot_examples_are_valid_answers():

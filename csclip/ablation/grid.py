@@ -10,12 +10,13 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-from pydantic import BaseModel
+from typing import TYPE_CHECKING, Any
 
 from csclip.config import parse_override, validate_config
 from csclip.errors import ConfigError
+
+if TYPE_CHECKING:  # torch: not for --help
+    from csclip.train import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ class Grid:
     # A named grid ("paper"): its name stands for the axes in the sweep's name and params.
     label: str = ""
 
-    def describe(self, base: BaseModel) -> str:
+    def describe(self, base: TrainConfig) -> str:
         """The grid as the sweep's `grid` parameter: "units=1,2", or the named grid's rows."""
         if self.label:
             return f"{self.label}: " + ", ".join(s.key for s in self.settings)
@@ -157,7 +158,7 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def get_field(config: BaseModel, path: str) -> Any:
+def get_field(config: TrainConfig, path: str) -> Any:
     """The value of a dotted field path ("optim.lr") of a config."""
     node: Any = config
     for part in path.split("."):
@@ -168,7 +169,7 @@ def get_field(config: BaseModel, path: str) -> Any:
     return node
 
 
-def with_values(config: BaseModel, values: Mapping[str, Any], origin: str) -> BaseModel:
+def with_values(config: TrainConfig, values: Mapping[str, Any], origin: str) -> TrainConfig:
     """A copy of `config` with dotted fields set, validated again (so every range and
     cross-field rule of the config applies to grid points too)."""
     data = config.model_dump()
@@ -181,7 +182,7 @@ def with_values(config: BaseModel, values: Mapping[str, Any], origin: str) -> Ba
     return validate_config(type(config), data, origin=origin)
 
 
-def axis_values(spec: AxisSpec, base: BaseModel) -> tuple[Any, ...]:
+def axis_values(spec: AxisSpec, base: TrainConfig) -> tuple[Any, ...]:
     """The actual values of an axis: explicit, or its defaults (scaled if relative)."""
     axis = AXES[spec.axis]
     if spec.values is not None:
@@ -192,7 +193,7 @@ def axis_values(spec: AxisSpec, base: BaseModel) -> tuple[Any, ...]:
     return axis.default_values
 
 
-def expand_grid(base: BaseModel, specs: Sequence[AxisSpec], full: bool = False) -> Grid:
+def expand_grid(base: TrainConfig, specs: Sequence[AxisSpec], full: bool = False) -> Grid:
     """Expand axis specs around `base` into settings and table rows.
 
     One-at-a-time (the paper's tables): each axis varies alone, the others stay at the
@@ -231,13 +232,13 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def check_setting(base: BaseModel, setting: Setting) -> BaseModel:
+def check_setting(base: TrainConfig, setting: Setting) -> TrainConfig:
     """The config of a setting, validated; ConfigError names the axis and value."""
     values = {AXES[a].field: v for a, v in setting.values}
     return with_values(base, values, origin=f"--grid {setting.key}")
 
 
-def sweep_name(base: BaseModel, grid: Grid, select: str = "final") -> str:
+def sweep_name(base: TrainConfig, grid: Grid, select: str = "final") -> str:
     """Deterministic experiment name: the axes plus a hash of the base config, the
     settings and the checkpoint selection, so the same command finds (and resumes) the
     same sweep."""
@@ -370,7 +371,7 @@ def parse_paper_grid(tokens: Sequence[str]) -> tuple[PaperRow, ...]:
     return tuple(r for r in PAPER_ROWS if r.id in chosen)
 
 
-def paper_values(base: BaseModel, row: PaperRow) -> tuple[tuple[str, Any], ...]:
+def paper_values(base: TrainConfig, row: PaperRow) -> tuple[tuple[str, Any], ...]:
     """A row's values on `base`. On the authors' base (configs/coco.yaml: lr 5e-6, batch
     128) they are theirs exactly. Learning rates are the paper's ratios to its 5e-6 (as
     the `lr` axis), so on another base they bracket its lr the same way; a batch-size row
@@ -386,7 +387,7 @@ def paper_values(base: BaseModel, row: PaperRow) -> tuple[tuple[str, Any], ...]:
     return row.values
 
 
-def expand_paper_grid(base: BaseModel, rows: Sequence[PaperRow] = PAPER_ROWS) -> Grid:
+def expand_paper_grid(base: TrainConfig, rows: Sequence[PaperRow] = PAPER_ROWS) -> Grid:
     """The authors' rows around `base`, one table row each (in their notebooks' order);
     the rows equal to `base` share its trial, rows csclip cannot train are kept in the
     table as unavailable (with the reason) and get no trial. Every trained setting is

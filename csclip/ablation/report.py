@@ -10,13 +10,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from csclip.ablation.grid import AXES, Grid, Row, format_value
-from csclip.markdoc import update_marked_section
-
-if TYPE_CHECKING:
-    from csclip.ablation.sweep import SweepResult
 
 # Paper column -> metric keys that can fill it, first found wins. A column none of whose
 # keys was measured is shown as missing ("—"), never as 0.
@@ -188,24 +184,6 @@ def publish_report(table: AblationTable, uri: str, title: str) -> ReportFiles:
     files = write_report(table, local, title)
     upload_dir(local, uri)
     return files
-
-
-def update_results_doc(path: str | Path, result: SweepResult, command: str) -> Path:
-    """Put the sweep's table, with the command that made it, in the ablation section of a
-    shared results file (docs/results.md); the PNG is copied next to it."""
-    import shutil
-
-    path = Path(path)
-    image = path.parent / "img" / "ablation.png"
-    image.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(result.report.png, image)
-    failed = f" {len(result.errors)} trial(s) failed: rerun to resume." if result.errors else ""
-    body = (f"## Ablations (Tables 16-17, synthetic world)\n\n"
-            f"Made by `{command}` (sweep `{result.name}`, {result.num_trials} trials, "
-            f"{result.seconds / 60:.1f} min wall clock{' after resuming' if result.resumed else ''})."
-            f"{failed}\n\n{TABLE_CAPTION}\n\n{result.table.markdown()}\n"
-            f"![half-truth accuracy per axis]({image.relative_to(path.parent)})\n")
-    return update_marked_section(path, "ablation", body)
 
 
 def plot_curves(curves: Mapping[str, list[tuple[int, float]]], path: str | Path,

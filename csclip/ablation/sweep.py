@@ -10,8 +10,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-
-from pydantic import BaseModel
+from typing import TYPE_CHECKING
 
 from csclip import tracking
 from csclip.ablation.grid import (
@@ -21,7 +20,13 @@ from csclip.ablation.grid import (
     sweep_name,
     with_values,
 )
-from csclip.ablation.report import AblationTable, ReportFiles, build_table, publish_report
+from csclip.ablation.report import (
+    TABLE_CAPTION,
+    AblationTable,
+    ReportFiles,
+    build_table,
+    publish_report,
+)
 from csclip.ablation.trial import (
     SweepContext,
     evaluate_selected,
@@ -30,6 +35,10 @@ from csclip.ablation.trial import (
     trial_config,
 )
 from csclip.errors import ConfigError
+from csclip.markdoc import update_marked_section
+
+if TYPE_CHECKING:
+    from csclip.train import TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +56,7 @@ def absolute_uri(uri: str) -> str:
     return str(Path(uri).resolve())
 
 
-def resolve_paths(config: BaseModel) -> BaseModel:
+def resolve_paths(config: TrainConfig) -> TrainConfig:
     """The config with its tracking URI resolved and its local paths (storage, units table)
     absolute; inside a Ray job a relative tracking store or storage path is refused
     (csclip.tracking.resolve_uri, csclip.storage.resolve_output)."""
@@ -106,11 +115,11 @@ class SweepResult:
     seconds: float
 
 
-def tune_storage(config: BaseModel) -> str:
+def tune_storage(config: TrainConfig) -> str:
     return f"{str(config.run.storage_path).rstrip('/')}/tune"
 
 
-def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
+def run_sweep(base: TrainConfig, grid: Grid, *, max_concurrent: int | None = None,
               trial_cpus: float = TRIAL_CPUS, eval_seed: int = 0, reevaluate: bool = False,
               evaluate: Callable | None = None, suites: dict | None = None,
               select: str = "final") -> SweepResult:
@@ -206,10 +215,28 @@ def run_sweep(base: BaseModel, grid: Grid, *, max_concurrent: int | None = None,
                        errors, time.time() - started)
 
 
+def update_results_doc(path: str | Path, result: SweepResult, command: str) -> Path:
+    """Put the sweep's table, with the command that made it, in the ablation section of a
+    shared results file (docs/results.md); the PNG is copied next to it."""
+    import shutil
+
+    path = Path(path)
+    image = path.parent / "img" / "ablation.png"
+    image.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(result.report.png, image)
+    failed = f" {len(result.errors)} trial(s) failed: rerun to resume." if result.errors else ""
+    body = (f"## Ablations (Tables 16-17, synthetic world)\n\n"
+            f"Made by `{command}` (sweep `{result.name}`, {result.num_trials} trials, "
+            f"{result.seconds / 60:.1f} min wall clock{' after resuming' if result.resumed else ''})."
+            f"{failed}\n\n{TABLE_CAPTION}\n\n{result.table.markdown()}\n"
+            f"![half-truth accuracy per axis]({image.relative_to(path.parent)})\n")
+    return update_marked_section(path, "ablation", body)
+
+
 EVALUATIONS_FILE = "evaluations.json"  # re-evaluated metrics, by setting key
 
 
-def reevaluate_trials(base: BaseModel, grid: Grid, sweep: str, metrics: Mapping[str, dict],
+def reevaluate_trials(base: TrainConfig, grid: Grid, sweep: str, metrics: Mapping[str, dict],
                       client, eval_seed: int, report_uri: str,
                       suites: dict | None = None, select: str = "final") -> None:
     """Evaluate each finished trial's checkpoint again (the evaluation grew a suite, or was

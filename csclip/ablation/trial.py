@@ -8,6 +8,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
@@ -15,6 +16,9 @@ from csclip import tracking
 from csclip.ablation.grid import Grid, Row, Setting, check_setting, with_values
 from csclip.ablation.report import TABLE_CAPTION, build_table, plot_curves
 from csclip.config import validate_config
+
+if TYPE_CHECKING:
+    from csclip.train import TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +43,7 @@ class SweepContext(BaseModel):
         return Setting(tuple((str(a), v) for a, v in self.settings[key]))
 
 
-def trial_config(base: BaseModel, setting: Setting, sweep: str) -> BaseModel:
+def trial_config(base: TrainConfig, setting: Setting, sweep: str) -> TrainConfig:
     """The setting's TrainConfig, its Train run named after the sweep and setting, so that
     a restarted trial resumes its own Train run from its last checkpoint."""
     config = check_setting(base, setting)
@@ -89,7 +93,7 @@ def run_trial(params: dict, sweep: dict, evaluate: Callable | None = None) -> No
                  "mlflow_child_run_id": run_id})
 
 
-def _train_and_evaluate(config: BaseModel, setting: Setting, context: SweepContext, client,
+def _train_and_evaluate(config: TrainConfig, setting: Setting, context: SweepContext, client,
                         experiment_id: str, run_id: str,
                         evaluate: Callable) -> tuple[dict[str, float], str]:
     """The trial's work, logged to its child run: metrics and the checkpoint URI."""
@@ -126,14 +130,14 @@ def _train_run_id(client, experiment_id: str, run_name: str) -> str | None:
     return tracking.find_run(client, experiment_id, {tracking.RUN_NAME_TAG: run_name})
 
 
-def validation_records(config: BaseModel) -> list:
+def validation_records(config: TrainConfig) -> list:
     """The validation split the trial is evaluated on (csclip.records.load_split)."""
     from csclip.records import load_split
 
     return load_split(config.data.units_uri, "val", config.data.world)
 
 
-def evaluate_trial(config: BaseModel, checkpoint_uri: str, seed: int, suites: dict | None = None):
+def evaluate_trial(config: TrainConfig, checkpoint_uri: str, seed: int, suites: dict | None = None):
     """The HalfTruthReport (half-truth, image-side, and the suites: the world's by default,
     or `suites`, a SuitesConfig as a dict, e.g. real-data suites under a data root) of a
     trained checkpoint on the validation split."""
@@ -143,11 +147,12 @@ def evaluate_trial(config: BaseModel, checkpoint_uri: str, seed: int, suites: di
     from csclip.model import load_bundle
 
     bundle = load_bundle(checkpoint_uri)
+    # One seed for the trial's evaluation: the benchmark's and the world suites' draws.
     return evaluate_bundle(bundle, validation_records(config), benchmark=BenchmarkConfig(seed=seed),
-                           suites=SuitesConfig.model_validate(suites or {}))
+                           suites=SuitesConfig.model_validate({**(suites or {}), "seed": seed}))
 
 
-def evaluate_selected(config: BaseModel, checkpoint_uri: str, seed: int, evaluate: Callable,
+def evaluate_selected(config: TrainConfig, checkpoint_uri: str, seed: int, evaluate: Callable,
                       select: str = "final"):
     """The trial's evaluation report. select "final": `evaluate` on the final checkpoint;
     "paper": `evaluate` on every checkpoint the Train run kept (the final checkpoint's

@@ -89,19 +89,37 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     return run_guarded(lambda: _ablate(args, command))
 
 
-def _ablate(args: argparse.Namespace, command: str) -> int:
+# Fields of the base config the sweep sets itself, refused when given (not overwritten).
+SET_BY_THE_SWEEP = {
+    "run.name": "the sweep names each trial's run <sweep>-<setting> (so a restarted trial "
+                "resumes its own run)",
+    "tracking.enabled": "the sweep logs every trial to MLflow (its table is built from the "
+                        "parent and child runs)",
+}
+
+
+def base_config(args: argparse.Namespace):
+    """The sweep's base TrainConfig: --config, then the shortcuts, then --set; the fields
+    the sweep sets itself (SET_BY_THE_SWEEP) refused in one line."""
     from csclip import train
-    from csclip.ablation import grid as grids
-    from csclip.ablation import report, sweep
-    from csclip.config import load_config
-    from csclip.entry.ray_init import init_ray
-    from csclip.errors import ConfigError
+    from csclip.config import apply_overrides, read_yaml, refuse_given, validate_config
 
     overrides = shortcut_overrides({
         "loss.method": args.method, "optim.max_steps": args.max_steps,
         "data.units_uri": args.units, "run.storage_path": args.out,
     }, args.overrides)
-    base = load_config(train.TrainConfig, args.config, overrides)
+    data = apply_overrides(read_yaml(args.config), overrides)
+    refuse_given(data, SET_BY_THE_SWEEP, accepted={"run.name": None, "tracking.enabled": True})
+    return validate_config(train.TrainConfig, data, origin=str(args.config))
+
+
+def _ablate(args: argparse.Namespace, command: str) -> int:
+    from csclip.ablation import grid as grids
+    from csclip.ablation import sweep
+    from csclip.entry.ray_init import init_ray
+    from csclip.errors import ConfigError
+
+    base = base_config(args)
     if grids.is_paper_grid(args.grid):
         if args.full_grid:
             raise ConfigError("--full-grid: the authors' rows (--grid paper) are one-at-a-time; "
@@ -136,7 +154,7 @@ def _ablate(args: argparse.Namespace, command: str) -> int:
     result = sweep.run_sweep(base, grid, max_concurrent=max_concurrent,
                              reevaluate=args.reevaluate, suites=suites, select=args.select)
     if args.results_doc:
-        report.update_results_doc(args.results_doc, result, command=command)
+        sweep.update_results_doc(args.results_doc, result, command=command)
     print(result.table.markdown())
     print(f"sweep {result.name}: {result.num_trials} trials in {result.seconds:.0f} s "
           f"({'resumed' if result.resumed else 'new'}); report in "

@@ -153,7 +153,7 @@ def evaluate_retrieval(
     rset = retrieval_set(records)
     features = encoder.features(rset.texts, image_sources(records, rset.image_ids))
     metrics = retrieval_metrics(features, rset, ks)
-    log.info(
+    log.debug(  # every evaluation runs it (csclip.eval.suites): not a line of the demo's log
         "retrieval over %d images, %d texts: R@1 i2t %.1f t2i %.1f",
         len(rset.image_ids),
         len(rset.texts),

@@ -132,9 +132,3 @@ def repair_messages(caption: str, answer: str, error: str) -> list[dict[str, str
             f"That answer was rejected: {error}. Write the corrected JSON for the same "
             "caption, following every rule above.")},
     ]
-
-
-def caption_from_messages(messages: list[dict[str, str]]) -> str:
-    """The caption a message list asks about (used by recorded-answer engines in tests)."""
-    content = next(m["content"] for m in messages if m["role"] == "user")
-    return json.loads(content[len("Caption: "): content.rindex("\n")])

@@ -442,19 +442,6 @@ def sample_text_columns(records: Iterable[UnitsRecord | Mapping[str, Any]], conf
     return columns
 
 
-_SAMPLING_COLUMNS = ("sample_id", "image_id", "caption", "split", "entities", "relations")
-
-
-def records_from_batch(batch: Mapping[str, Sequence]) -> list[UnitsRecord]:
-    """Rebuild the records of a columnar batch (Ray Data's "numpy" or "pandas" format, or
-    a dict of lists) with just what sampling needs: ids, caption, entities, relations.
-    Ray gives nested list<struct> columns as numpy object arrays; they are made plain."""
-    present = [c for c in _SAMPLING_COLUMNS if c in batch]
-    num_rows = len(batch["sample_id"])
-    rows = ({c: _plain(batch[c][i]) for c in present} for i in range(num_rows))
-    return [record_from_row(_row_defaults(row)) for row in rows]
-
-
 def _row_defaults(row: Mapping[str, Any]) -> dict[str, Any]:
     row = {key: _plain(value) for key, value in row.items() if key != "image_bytes"}
     row.setdefault("image_id", row.get("sample_id", ""))

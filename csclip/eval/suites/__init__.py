@@ -13,12 +13,11 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from csclip.config import StrictModel
-from csclip.eval.encoder import Encoder, image_sources
+from csclip.eval.encoder import Encoder
 from csclip.eval.retrieval import (
     KARPATHY_LAYOUT,
     evaluate_karpathy,
-    retrieval_metrics,
-    retrieval_set,
+    evaluate_retrieval,
 )
 from csclip.eval.suites.core import first_existing, join
 from csclip.eval.suites.protocol import expand_paper_suite
@@ -108,9 +107,7 @@ def evaluate_suites(
     metrics: dict[str, float] = {}
     has_images = bool(records) and all(r.image_bytes is not None or r.image_path for r in records)
     if config.retrieval and has_images:
-        rset = retrieval_set(records)
-        features = encoder.features(rset.texts, image_sources(records, rset.image_ids))
-        metrics.update(retrieval_metrics(features, rset))
+        metrics.update(evaluate_retrieval(encoder, records))
     if config.world_pairs:
         metrics.update(evaluate_world_suites(encoder, records, config.seed, config.num_world_pairs,
                                              config.num_replace_items))
