@@ -105,15 +105,8 @@ class ReadResult:
     rejections: list[ReadRejection] = field(default_factory=list)
     item_rejections: list[ReadRejection] = field(default_factory=list)
 
-    @property
-    def num_read(self) -> int:
-        return len(self.records) + len(self.rejections)
-
     def counts_by_reason(self) -> dict[str, int]:
         return dict(Counter(r.reason.value for r in self.rejections))
-
-    def item_counts_by_reason(self) -> dict[str, int]:
-        return dict(Counter(r.reason.value for r in self.item_rejections))
 
 
 @dataclass(frozen=True)
@@ -495,10 +488,18 @@ def read_authors_units(paths: str | Path | list[str | Path], split: str | None =
             path = Path(path)
             if not path.is_file():
                 raise DataError(f"unit file not found: {path}")
-            yield from _items(path.name, path.read_text(encoding="utf-8"))
+            yield from _items(path.name, _utf8(path.read_bytes(), str(path)))
 
     _parse_items(items(), result, split=split)
     return result
+
+
+def _utf8(data: bytes, path: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text, so not a unit file (byte {err.start}: "
+                        f"{err.reason})") from err
 
 
 def expand_uri(uri: str, endpoint_url: str | None = None) -> list[str]:
@@ -560,7 +561,7 @@ def read_authors_uri(uri: str, image_root: str | None = None,
 
     def items() -> Iterator[_Item]:
         for path in expand_uri(uri, endpoint_url):
-            yield from _items(posixpath.basename(path), storage.read_bytes(fs, path).decode("utf-8"))
+            yield from _items(posixpath.basename(path), _utf8(storage.read_bytes(fs, path), path))
 
     result = ReadResult()
     _parse_items(items(), result, split=split, image_root=image_root,

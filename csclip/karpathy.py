@@ -36,19 +36,27 @@ def read_karpathy(fs: pafs.FileSystem, path: str, restval_as_train: bool = True
         data = json.loads(read_bytes(fs, path))
     except json.JSONDecodeError as err:
         raise DataError(f"{path}: not valid JSON ({err}); check input.format") from err
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text (byte {err.start}); check input.uri") from err
     _expect(isinstance(data, dict) and isinstance(data.get("images"), list), path, "no 'images' list")
-    for image in data["images"]:
-        _expect("sentences" in image and "split" in image, path,
-                "an image without 'sentences' or 'split'")
-        image_id = str(image.get("cocoid", image.get("imgid")))
-        split = image["split"]
-        if split == "restval" and restval_as_train:
-            split = "train"
-        parts = [p for p in (image.get("filepath", ""), image["filename"]) if p]
-        image_file = posixpath.join(*parts)
-        for sentence in image["sentences"]:
-            caption = sentence.get("raw") or " ".join(sentence.get("tokens", []))
-            yield KarpathyCaption(str(sentence["sentid"]), image_id, image_file, caption, split)
+    for number, image in enumerate(data["images"]):
+        _expect(isinstance(image, dict) and "sentences" in image and "split" in image, path,
+                f"image {number} without 'sentences' or 'split'")
+        try:
+            image_id = str(image.get("cocoid", image.get("imgid")))
+            split = image["split"]
+            if split == "restval" and restval_as_train:
+                split = "train"
+            parts = [p for p in (image.get("filepath", ""), image["filename"]) if p]
+            image_file = posixpath.join(*parts)
+            captions = [(str(sentence["sentid"]),
+                         sentence.get("raw") or " ".join(sentence.get("tokens", [])))
+                        for sentence in image["sentences"]]
+        except (KeyError, TypeError, AttributeError) as err:
+            # A missing field (KeyError names it) or one of another type.
+            _expect(False, path, f"image {number}: {type(err).__name__} {err}")
+        for sentence_id, caption in captions:
+            yield KarpathyCaption(sentence_id, image_id, image_file, caption, split)
 
 
 def _expect(cond: bool, path: str, what: str) -> None:

@@ -6,16 +6,20 @@ store the config beside the weights and refuse a mismatch).
 Checkpoint directory layout (written by `save_checkpoint`):
     model.pt          plain state dict; loads with open_clip's `pretrained=<path>`
     model_spec.json   ModelSpec: name, quick_gelu, image size, context length, full config
-    train_state.pt    optional: optimizer / schedule state and step (training resumes)
+    train_state.pt    optional: optimizer / schedule state, step and every rank's random
+                      generator states (training resumes); tensors and plain types only
     config.json       optional: the resolved training config
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
-from collections.abc import Callable
+import pickle
+import zipfile
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,8 +28,9 @@ import torch
 from pydantic import Field, field_validator, model_validator
 
 from csclip.config import StrictModel, refuse_renamed
-from csclip.errors import CheckpointMismatch, ConfigError
+from csclip.errors import CheckpointMismatch, ConfigError, DataError
 from csclip.model_configs import SMALL_MODEL_CONFIGS
+from csclip.storage import check_export, write_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -255,6 +260,29 @@ def _build_from_checkpoint(directory: str | Path, name: str, device: str, quick_
     return ClipBundle(bundle.model, bundle.preprocess, bundle.tokenizer, name, str(weights))
 
 
+# What torch.load and load_state_dict raise for a file that is not (all) a state dict: a
+# truncated or foreign file, or weights of another model. Other errors are bugs.
+_UNREADABLE_WEIGHTS = ("PytorchStreamReader", "zip archive", "magic number",
+                       "Error(s) in loading state_dict", "Weights only load failed",
+                       "mmap can only be used")
+
+
+@contextlib.contextmanager
+def unreadable_weights_as_data_error(directory: str | Path) -> Iterator[None]:
+    """Turn the errors of reading a checkpoint's weights into one DataError naming it."""
+    try:
+        yield
+    except (pickle.UnpicklingError, EOFError, zipfile.BadZipFile) as err:
+        raise DataError(f"{Path(directory) / WEIGHTS_FILE}: not a readable state dict "
+                        f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+                        ) from err
+    except RuntimeError as err:
+        if not any(marker in str(err) for marker in _UNREADABLE_WEIGHTS):
+            raise
+        raise DataError(f"{Path(directory) / WEIGHTS_FILE}: not a readable state dict of "
+                        f"this model ({str(err).splitlines()[0]})") from err
+
+
 def _skip_no_weights_warning(record: logging.LogRecord) -> bool:
     # open_clip logs "No pretrained weights loaded for model ..." through the root logger.
     return not record.getMessage().startswith("No pretrained weights loaded")
@@ -311,10 +339,12 @@ def load_bundle(checkpoint_or_name: str | Path, pretrained: str | None = None,
         from csclip.storage import local_dir
 
         uri = str(checkpoint_or_name)
-        local = local_dir(uri, kind="checkpoints")
+        wanted = (lambda: spec_from_config(expected)) if expected is not None else None
+        local = local_dir(uri, kind="checkpoints", check=remote_checkpoint_check(uri, wanted))
         if not is_checkpoint_dir(local):
             raise CheckpointMismatch(f"{uri} has no {SPEC_FILE}; it is not a csclip checkpoint "
                                      "(a run's checkpoint is <run.storage_path>/<run>/final)")
+        check_export(local, shown_as=uri)
         bundle = load_bundle(local, pretrained, device, expected)
         return ClipBundle(bundle.model, bundle.preprocess, bundle.tokenizer, bundle.name, uri)
     if not is_checkpoint_dir(checkpoint_or_name):
@@ -324,11 +354,30 @@ def load_bundle(checkpoint_or_name: str | Path, pretrained: str | None = None,
     saved = read_spec(checkpoint_or_name)
     if expected is not None:
         check_spec(saved, spec_from_config(expected), str(checkpoint_or_name))
-    bundle = _build_from_checkpoint(checkpoint_or_name, saved.name, device, saved.quick_gelu,
-                                    saved.image_size)
+    check_export(checkpoint_or_name)
+    with unreadable_weights_as_data_error(checkpoint_or_name):
+        bundle = _build_from_checkpoint(checkpoint_or_name, saved.name, device,
+                                        saved.quick_gelu, saved.image_size)
     check_spec(saved, spec_of(bundle.model, saved.name), str(checkpoint_or_name))
     return ClipBundle(bundle.model, bundle.preprocess, bundle.tokenizer, saved.name,
                       str(checkpoint_or_name))
+
+
+def remote_checkpoint_check(uri: str, wanted: Callable[[], ModelSpec] | None = None
+                            ) -> Callable[[Callable[[str], bytes | None]], None]:
+    """csclip.storage.local_dir's `check` for a checkpoint on S3: its spec is read, and
+    compared with `wanted()` when given, before any other file of the prefix is
+    downloaded (a prefix that is no checkpoint of this model costs one small read)."""
+
+    def check(read: Callable[[str], bytes | None]) -> None:
+        text = read(SPEC_FILE)
+        if text is None:
+            raise CheckpointMismatch(f"{uri} has no {SPEC_FILE}; it is not a csclip checkpoint "
+                                     "(a run's checkpoint is <run.storage_path>/<run>/final)")
+        if wanted is not None:
+            check_spec(ModelSpec.from_json(text.decode()), wanted(), uri)
+
+    return check
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -379,17 +428,37 @@ def save_checkpoint(model: torch.nn.Module, spec: ModelSpec, directory: str | Pa
         torch.save(train_state, directory / TRAIN_STATE_FILE)
     if config is not None:
         (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
+    # Last: a directory whose manifest matches its files is complete (csclip.storage).
+    write_manifest(directory)
     return directory
 
 
 def load_train_state(directory: str | Path) -> dict | None:
-    """The optimizer / schedule / step state saved with a checkpoint, or None."""
+    """The optimizer / schedule / step state saved with a checkpoint, or None.
+
+    Loaded with weights_only=True: tensors and plain containers and numbers only, so a
+    train_state.pt from a shared prefix or someone's run directory runs no code when read
+    (a full unpickle would run whatever the file names). Whatever the trainer saves here
+    must stay of those types (an RNG state as tensors or tuples of ints, not numpy arrays).
+
+    Raises CheckpointMismatch for a file holding anything else.
+    """
     path = Path(directory) / TRAIN_STATE_FILE
-    return torch.load(path, map_location="cpu", weights_only=False) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        first = next((line for line in str(err).splitlines() if "unsupported" in line.lower()), "")
+        raise CheckpointMismatch(
+            f"{path}: refused, it holds objects a training state never does "
+            f"({first.strip() or type(err).__name__}); it is read with weights_only=True so "
+            "that a crafted file cannot run code; resume from a checkpoint csclip wrote") from err
 
 
 def load_weights_into(model: torch.nn.Module, directory: str | Path, expected: ModelSpec) -> None:
     """Load a checkpoint's weights into an existing model after checking its spec."""
     check_spec(read_spec(directory), expected, str(directory))
+    check_export(directory)
     state = torch.load(Path(directory) / WEIGHTS_FILE, map_location="cpu", weights_only=True)
     unwrap(model).load_state_dict(state)

@@ -29,9 +29,10 @@ def load_split(units_uri: str | None, split: str, world: WorldConfig) -> list[Un
     import pyarrow.parquet as pq
 
     from csclip.storage import filesystem_for
-    from csclip.units import UNITS_SCHEMA, table_to_records
+    from csclip.units import UNITS_SCHEMA, check_units_table, table_to_records
 
     fs, path = filesystem_for(units_uri)
+    check_units_table(fs, path, units_uri)  # unfinished, unreadable, another schema
     try:
         table = pq.read_table(path, filesystem=fs, schema=UNITS_SCHEMA,
                               filters=[("split", "=", split)])

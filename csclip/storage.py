@@ -1,17 +1,28 @@
 """URIs to filesystems: a local path and `s3://bucket/key` go through the same code
 (pyarrow filesystems, one S3 client per process), with an S3 endpoint override for MinIO,
 moto or other S3 clones; output paths checked against Ray's temporary working dirs; local
-copies of remote directories in a cache (checkpoints on s3:// for evaluation)."""
+copies of remote directories in a cache (checkpoints on s3:// for evaluation); directory
+exports that a crash cannot leave half-written (a manifest of sizes and sha256, written
+last); leases that keep a second writer out of an output."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import glob
 import hashlib
 import json
+import logging
 import os
 import posixpath
 import shutil
+import socket
+import sys
+import time
 import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -19,6 +30,7 @@ import pyarrow.fs as pafs
 from csclip.errors import DataError
 
 ENDPOINT_ENV = "AWS_ENDPOINT_URL"
+logger = logging.getLogger(__name__)
 
 
 def is_s3(uri: str) -> bool:
@@ -136,13 +148,120 @@ def write_bytes_atomic(fs: pafs.FileSystem, path: str, data: bytes) -> None:
 
 
 def upload_dir(local: str | Path, uri: str) -> str:
-    """Copy the files of the local directory `local` into `uri` (a local path or s3://),
-    creating it; files already there under the same names are replaced. Returns `uri`.
-    The one directory upload of the package: checkpoints' final/ and best/, reports."""
+    """Copy the files of the local directory `local` into `uri` (a local path or s3://)
+    so that a crash at any moment leaves nothing that verifies (check_export) but the
+    whole directory. Returns `uri`. The one directory upload of the package: checkpoints'
+    final/ and best/, reports.
+
+    Locally the copy goes to a hidden sibling that is renamed into place (what was at
+    `uri` is replaced as a whole). On S3, which has no rename, the old manifest is deleted
+    first and the new one (MANIFEST_FILE: every file's size and sha256) is written last.
+    """
+    local = Path(local).resolve()
+    manifest = json.dumps(manifest_of(local), indent=1, sort_keys=True).encode()
     fs, path = filesystem_for(uri)
+    if isinstance(fs, pafs.LocalFileSystem):
+        _replace_local_dir(local, Path(path), manifest)
+        return uri
+    delete_file(fs, join(path, MANIFEST_FILE))
     fs.create_dir(path, recursive=True)
-    pafs.copy_files(str(Path(local).resolve()), path, destination_filesystem=fs)
+    files = [p for p in sorted(local.rglob("*")) if p.is_file() and p.name != MANIFEST_FILE]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda file: pafs.copy_files(
+            str(file), join(path, file.relative_to(local).as_posix()),
+            destination_filesystem=fs), files))
+    write_bytes_atomic(fs, join(path, MANIFEST_FILE), manifest)
     return uri
+
+
+def _replace_local_dir(local: Path, target: Path, manifest: bytes) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Leftovers of an export killed earlier (one writer per run: csclip.storage leases).
+    for stale in target.parent.glob(f".*-*-{glob.escape(target.name)}"):
+        if stale.name.startswith((".tmp-", ".old-")):
+            shutil.rmtree(stale, ignore_errors=True)
+    staging = target.with_name(f".tmp-{uuid.uuid4().hex}-{target.name}")
+    shutil.copytree(local, staging, ignore=shutil.ignore_patterns(MANIFEST_FILE))
+    (staging / MANIFEST_FILE).write_bytes(manifest)
+    # rename() cannot replace a non-empty directory: the old one moves aside first. For a
+    # moment there is none, which reads as "not finished", never as half-written.
+    old = target.with_name(f".old-{uuid.uuid4().hex}-{target.name}") if target.exists() else None
+    if old is not None:
+        target.rename(old)
+    staging.rename(target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Manifests: what makes a directory (a checkpoint, an export) complete
+# ---------------------------------------------------------------------------------------
+
+MANIFEST_FILE = "manifest.json"
+
+
+def _sha256(stream) -> str:
+    digest = hashlib.sha256()
+    while chunk := stream.read(1 << 20):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def manifest_of(local: str | Path) -> dict:
+    """{"files": {relative path: {"size", "sha256"}}} of every file under `local` (the
+    manifest itself aside)."""
+    local = Path(local)
+    files = {}
+    for file in sorted(p for p in local.rglob("*") if p.is_file() and p.name != MANIFEST_FILE):
+        with file.open("rb") as stream:
+            files[file.relative_to(local).as_posix()] = {"size": file.stat().st_size,
+                                                         "sha256": _sha256(stream)}
+    return {"files": files}
+
+
+def write_manifest(local: str | Path) -> None:
+    """Write MANIFEST_FILE of the local directory `local`, last (atomically)."""
+    data = json.dumps(manifest_of(local), indent=1, sort_keys=True).encode()
+    write_bytes_atomic(pafs.LocalFileSystem(), str(Path(local).absolute() / MANIFEST_FILE), data)
+
+
+def export_problem(fs: pafs.FileSystem, path: str, check_hashes: bool = False) -> str | None:
+    """Why the directory at `path` is not a complete export (None when it is): no
+    manifest, or a listed file missing, of another size or (check_hashes) other bytes."""
+    file = join(path, MANIFEST_FILE)
+    if not exists(fs, file):
+        return f"it has no {MANIFEST_FILE}"
+    try:
+        entries = json.loads(read_bytes(fs, file))["files"]
+        listed = [(str(name), int(entry["size"]), str(entry["sha256"]))
+                  for name, entry in entries.items()]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return f"its {MANIFEST_FILE} is unreadable"
+    for name, size, sha256 in listed:
+        if name.startswith("/") or ".." in name.split("/"):
+            return f"its {MANIFEST_FILE} lists {name!r}, outside the directory"
+        info = fs.get_file_info(join(path, name))
+        if info.type != pafs.FileType.File:
+            return f"{name} is missing"
+        if info.size != size:
+            return f"{name} has {info.size} bytes, its manifest says {size}"
+        if check_hashes:
+            with fs.open_input_stream(join(path, name)) as stream:
+                if _sha256(stream) != sha256:
+                    return f"{name} differs from its manifest's sha256"
+    return None
+
+
+def check_export(uri: str | Path, check_hashes: bool = True, shown_as: str | None = None) -> None:
+    """Raise DataError when the checkpoint directory `uri` is not complete (an export
+    killed mid-way, or one written before csclip wrote manifests: rerunning the command
+    that wrote it writes one). shown_as: the name in the message (an s3:// URI whose
+    local copy `uri` is)."""
+    fs, path = filesystem_for(str(uri))
+    problem = export_problem(fs, path, check_hashes)
+    if problem is not None:
+        raise DataError(f"checkpoint {shown_as or uri} is incomplete (export interrupted?): "
+                        f"rerun the same command ({problem})")
 
 
 def delete_file(fs: pafs.FileSystem, path: str) -> None:
@@ -167,12 +286,20 @@ def cache_root() -> Path:
     return Path(base).expanduser() / "csclip"
 
 
-def local_dir(uri: str, kind: str = "dirs") -> Path:
+def local_dir(uri: str, kind: str = "dirs",
+              check: Callable[[Callable[[str], bytes | None]], None] | None = None) -> Path:
     """A local directory with the files of `uri`: the path itself when local; for s3:// a
     copy under cache_root()/<kind>/<hash of the URI>, downloaded once and again only when
     the remote listing (names, sizes, modification times) changed.
 
-    Raises DataError when the remote directory is empty or missing.
+    Whoever can write under `uri` chooses the keys: every key must name a file inside the
+    copy (no absolute path, no empty, "." or ".." component), or nothing is copied.
+    check: called before anything is downloaded with `read(relative name) -> bytes or None`
+    (None: no such file); it raises to refuse the directory (load_bundle reads the model
+    spec there, so a foreign prefix is refused before its weights are fetched).
+
+    Raises DataError when the remote directory is empty or missing, or for a key that
+    would land outside the copy.
     """
     if not is_s3(uri):
         return Path(filesystem_for(uri)[1])
@@ -182,21 +309,32 @@ def local_dir(uri: str, kind: str = "dirs") -> Path:
     if not files:
         raise DataError(f"{uri}: no files there; check the URI (and the S3 endpoint and "
                         "credentials)")
-    listing = [[posixpath.relpath(i.path, path), i.size, str(i.mtime)] for i in files]
+    # Not posixpath.relpath: it normalizes "final/../../x" into a path that climbs out.
+    listing = [[_key_inside(i.path, path, uri), i.size, str(i.mtime)] for i in files]
     target = cache_root() / kind / hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:24]
     expected = {"uri": uri, "files": listing}
     if _stamp(target) == expected:
         return target
+    if check is not None:
+        listed = {relative: info.path for (relative, _, _), info in zip(listing, files, strict=True)}
+        check(lambda name: read_bytes(fs, listed[name]) if name in listed else None)
     staging = target.with_name(f".tmp-{uuid.uuid4().hex}")
     staging.mkdir(parents=True)
+    root = staging.resolve()
     try:
         for (relative, _, _), info in zip(listing, files, strict=True):
             local = staging / relative
+            if not local.resolve().is_relative_to(root):  # the lexical check, once more
+                raise DataError(f"{uri}: key {info.path!r} resolves outside the local copy; "
+                                "nothing copied")
             local.parent.mkdir(parents=True, exist_ok=True)
             local.write_bytes(read_bytes(fs, info.path))
         (staging / _LISTING_FILE).write_text(json.dumps(expected))
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
+    except DataError:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
         if _stamp(target) != expected:  # not another process that won the race
@@ -204,6 +342,171 @@ def local_dir(uri: str, kind: str = "dirs") -> Path:
     return target
 
 
+def _key_inside(key: str, prefix: str, uri: str) -> str:
+    """`key` relative to `prefix`, refused (DataError naming it) unless every component
+    is a plain name: a listing may hold "final/../../.bashrc" or "final//etc/x"."""
+    relative = key[len(prefix) + 1:] if key.startswith(prefix + "/") else None
+    parts = relative.split("/") if relative else [""]
+    bad = next((part for part in parts if part in ("", ".", "..")), None)
+    if relative is None or bad is not None or "\x00" in relative:
+        reason = "not under the prefix" if relative is None else (
+            "an absolute path or an empty component" if bad == "" else f"a {bad!r} component")
+        raise DataError(f"{uri}: refusing to copy key {key!r} ({reason}): it would be written "
+                        "outside the local copy; nothing copied")
+    return relative
+
+
 def _stamp(directory: Path) -> dict | None:
     path = directory / _LISTING_FILE
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+# ---------------------------------------------------------------------------------------
+# Leases: one writer per output directory or training run
+# ---------------------------------------------------------------------------------------
+
+LEASE_FILE = ".csclip-lease.json"
+
+
+@dataclass(frozen=True)
+class Lease:
+    """This process's hold on an output (LEASE_FILE in it, naming the holder)."""
+
+    uri: str
+    holder: dict
+
+
+def _holder(what: str) -> dict:
+    return {"what": what, "pid": os.getpid(), "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "command": " ".join(sys.argv)[:300], "token": uuid.uuid4().hex}
+
+
+def _describe(holder: dict) -> str:
+    return (f"{holder.get('what', '?')} (pid {holder.get('pid', '?')} on "
+            f"{holder.get('host', '?')}, since {holder.get('started', '?')})")
+
+
+def _is_stale(holder: dict) -> bool:
+    """Whether the holder is a process of this host that no longer runs (a crash)."""
+    if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+        return False
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
+def acquire_lease(uri: str, what: str, endpoint_url: str | None = None) -> Lease:
+    """Take the lease on the output directory `uri` (local or s3://) for this process.
+
+    Locally the lease file is created with O_EXCL; on S3 with a conditional PUT
+    (If-None-Match: *). A lease whose holder was a process of this host that is gone is
+    taken over. Raises DataError naming the holder when another writer holds it.
+    """
+    holder = _holder(what)
+    data = json.dumps(holder, indent=1).encode()
+    fs, path = filesystem_for(uri, endpoint_url)
+    file = join(path, LEASE_FILE)
+    for _ in range(3):  # a stale lease moved aside, then taken
+        if isinstance(fs, pafs.LocalFileSystem):
+            taken = _create_local(file, data)
+        else:
+            taken = _create_s3(file, data, endpoint_url)
+        if taken:
+            return Lease(uri, holder)
+        try:
+            current = json.loads(read_bytes(fs, file))
+        except (DataError, ValueError):
+            continue  # released (or being written) meanwhile: try again
+        if not _is_stale(current):
+            raise DataError(f"{uri} is being written by {_describe(current)}; wait for it to "
+                            f"finish, or write elsewhere (if that process is gone, delete "
+                            f"{join(uri, LEASE_FILE)})")
+        _remove_stale(fs, file, current)
+    raise DataError(f"{uri}: could not take its lease {join(uri, LEASE_FILE)}; try again")
+
+
+def _create_local(file: str, data: bytes) -> bool:
+    Path(file).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        descriptor = os.open(file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(descriptor, "wb") as out:
+        out.write(data)
+    return True
+
+
+def _s3_client(endpoint_url: str | None):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=endpoint_url or os.environ.get(ENDPOINT_ENV) or None)
+
+
+def _create_s3(file: str, data: bytes, endpoint_url: str | None) -> bool:
+    bucket, _, key = file.partition("/")
+    try:
+        from botocore.exceptions import ClientError
+        client = _s3_client(endpoint_url)
+    except ImportError:
+        # Without boto3 (pyarrow has no conditional PUT): look, then write. Two writers
+        # starting in the same instant may both pass.
+        fs, _ = filesystem_for(f"s3://{file}", endpoint_url)
+        if exists(fs, file):
+            return False
+        write_bytes_atomic(fs, file, data)
+        return True
+    try:
+        client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") in ("PreconditionFailed",
+                                                         "ConditionalRequestConflict"):
+            return False
+        raise
+    return True
+
+
+def _remove_stale(fs: pafs.FileSystem, file: str, holder: dict) -> None:
+    logger.warning("taking over the lease %s of %s, which no longer runs", file,
+                   _describe(holder))
+    if isinstance(fs, pafs.LocalFileSystem):
+        # A rename succeeds once: of two processes taking over, one moves it aside. What
+        # was moved is checked: a fresh lease another process took meanwhile goes back.
+        aside = f"{file}.stale-{uuid.uuid4().hex}"
+        try:
+            os.rename(file, aside)
+        except FileNotFoundError:
+            return
+        with contextlib.suppress(ValueError, OSError):
+            if json.loads(Path(aside).read_bytes()).get("token") != holder.get("token"):
+                os.link(aside, file)  # fails (and leaves it) if yet another lease is there
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(aside)
+        return
+    delete_file(fs, file)
+
+
+def release_lease(lease: Lease, endpoint_url: str | None = None) -> None:
+    """Give the lease back (when it is still this process's)."""
+    fs, path = filesystem_for(lease.uri, endpoint_url)
+    file = join(path, LEASE_FILE)
+    try:
+        current = json.loads(read_bytes(fs, file))
+    except (DataError, ValueError):
+        return
+    if current.get("token") == lease.holder["token"]:
+        delete_file(fs, file)
+
+
+@contextlib.contextmanager
+def output_lease(uri: str, what: str, endpoint_url: str | None = None) -> Iterator[Lease]:
+    """Hold the lease on `uri` for the duration of the block (acquire_lease)."""
+    lease = acquire_lease(uri, what, endpoint_url)
+    try:
+        yield lease
+    finally:
+        release_lease(lease, endpoint_url)

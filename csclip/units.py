@@ -57,6 +57,7 @@ class RejectReason(StrEnum):
     ENTITY_NOT_IN_CAPTION = "entity_not_in_caption"  # an LLM entity the caption never says
     UNMATCHED_NEGATIVE = "unmatched_negative"  # a stored negative of no unit of its record
     PROMPT_TOO_LONG = "prompt_too_long"  # prompt + max_tokens exceed the model's context
+    CAPTION_TOO_LONG = "caption_too_long"  # past the rules backend's cap
 
 
 MAX_ENTITIES = 12
@@ -459,16 +460,150 @@ def write_units(records: Iterable[UnitsRecord], uri: str, *, filesystem=None) ->
 
 
 def read_units(uri: str, *, filesystem=None) -> list[UnitsRecord]:
-    """Read a units Parquet file or directory of files (local path or s3://)."""
+    """Read a units Parquet file or directory of files (local path or s3://), after
+    check_units_table. Raises DataError naming the file for what it refuses."""
     import pyarrow.parquet as pq
 
     from csclip.errors import DataError
 
+    if filesystem is None:
+        from csclip.storage import filesystem_for
+
+        filesystem, uri = filesystem_for(uri)
+    check_units_table(filesystem, uri, uri)
     try:
         table = pq.read_table(uri, filesystem=filesystem, schema=UNITS_SCHEMA)
     except FileNotFoundError as err:
         raise DataError(f"units table not found: {uri}") from err
     return table_to_records(table)
+
+
+# ---------------------------------------------------------------------------------------
+# Checks of a units table before it is read (read with schema=UNITS_SCHEMA, pyarrow
+# would fill a missing column with nulls and cast what it can)
+# ---------------------------------------------------------------------------------------
+
+# Columns a units table may leave out (read as nulls): where the image is, and provenance.
+OPTIONAL_UNITS_COLUMNS = frozenset({"image_path", "image_bytes", "source", "meta"})
+# An extraction output folder (csclip.extract.pipeline): its manifest, each shard's done
+# marker, and the completion marker written after the summary.
+EXTRACTION_MANIFEST = "_manifest.json"
+EXTRACTION_DONE_DIR = "_done"
+EXTRACTION_COMPLETE = "_complete.json"
+
+
+def _type_problem(actual: pa.DataType, expected: pa.DataType) -> bool:
+    """Whether `actual` is not the kind of `expected` (string vs large_string, list vs
+    large_list and the names of list items do not matter; a struct may have more fields)."""
+    if pa.types.is_string(expected):
+        return not (pa.types.is_string(actual) or pa.types.is_large_string(actual))
+    if pa.types.is_binary(expected):
+        return not (pa.types.is_binary(actual) or pa.types.is_large_binary(actual))
+    if pa.types.is_map(expected):
+        return not (pa.types.is_map(actual)
+                    and not _type_problem(actual.key_type, expected.key_type)
+                    and not _type_problem(actual.item_type, expected.item_type))
+    if pa.types.is_list(expected):
+        return not ((pa.types.is_list(actual) or pa.types.is_large_list(actual))
+                    and not _type_problem(actual.value_type, expected.value_type))
+    if pa.types.is_struct(expected):
+        if not pa.types.is_struct(actual):
+            return True
+        names = [actual.field(i).name for i in range(actual.num_fields)]
+        return any(expected.field(i).name not in names or _type_problem(
+            actual.field(expected.field(i).name).type, expected.field(i).type)
+            for i in range(expected.num_fields))
+    return actual != expected
+
+
+def units_schema_problems(schema: pa.Schema) -> list[str]:
+    """What makes `schema` not a units table's: missing columns, columns of another type
+    (an all-null optional column is fine)."""
+    missing = [f.name for f in UNITS_SCHEMA
+               if f.name not in schema.names and f.name not in OPTIONAL_UNITS_COLUMNS]
+    wrong = [f"{f.name} ({schema.field(f.name).type}, expected {f.type})" for f in UNITS_SCHEMA
+             if f.name in schema.names and _type_problem(schema.field(f.name).type, f.type)
+             and not (f.nullable and pa.types.is_null(schema.field(f.name).type))]
+    problems = [f"missing columns {', '.join(missing)}"] if missing else []
+    return problems + ([f"wrong types: {', '.join(wrong)}"] if wrong else [])
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def check_units_table(filesystem, path: str, uri: str) -> None:
+    """Refuse, in one DataError line naming the file, a units table that would read
+    wrong: an extraction output whose run has not finished, a file that is not Parquet
+    (corrupt, empty, random bytes), a schema that is not UNITS_SCHEMA's (columns missing
+    or of another type), or sample_ids that occur more than once (refused, not dropped:
+    every record is counted once)."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as pads
+
+    from csclip.errors import DataError
+
+    check_extraction_complete(filesystem, path, uri)
+    try:
+        dataset = pads.dataset(path, filesystem=filesystem, format="parquet")
+        fragments = list(dataset.get_fragments())
+    except FileNotFoundError as err:
+        raise DataError(f"units table not found: {uri}") from err
+    except (pa.ArrowInvalid, OSError) as err:
+        raise DataError(f"{uri}: not a readable Parquet units table ({_first_line(err)})") from err
+    if not fragments:
+        raise DataError(f"{uri}: no Parquet files there; point it at a units table "
+                        "(an extraction's units/ folder or a .parquet file)")
+    for fragment in fragments:
+        try:
+            schema = fragment.physical_schema
+        except (pa.ArrowInvalid, OSError) as err:
+            raise DataError(f"{fragment.path}: not a readable Parquet file "
+                            f"({_first_line(err)})") from err
+        problems = units_schema_problems(schema)
+        if problems:
+            raise DataError(f"{fragment.path}: not a units table: {'; '.join(problems)}")
+    try:
+        ids = dataset.to_table(columns=["sample_id"]).column("sample_id")
+    except (pa.ArrowInvalid, OSError) as err:
+        raise DataError(f"{uri}: not a readable Parquet units table ({_first_line(err)})") from err
+    counts = pc.value_counts(ids)
+    repeated = counts.filter(pc.greater(counts.field("counts"), 1))
+    if len(repeated):
+        example = repeated[0]["values"].as_py()
+        extra = sum(repeated.field("counts").to_pylist()) - len(repeated)
+        raise DataError(f"{uri}: {len(repeated)} sample_ids occur more than once ({extra} "
+                        f"extra rows; e.g. {example!r}); each record needs its own sample_id")
+
+
+def check_extraction_complete(filesystem, path: str, uri: str) -> None:
+    """Refuse the units/ folder of an extraction output (or the output folder itself)
+    whose run has not written its completion marker, naming how far it got."""
+    import json
+    import posixpath
+
+    from csclip.errors import DataError
+    from csclip.storage import exists, list_files, read_bytes
+
+    path = path.rstrip("/")
+    root = posixpath.dirname(path) if posixpath.basename(path) == "units" else path
+    manifest = posixpath.join(root, EXTRACTION_MANIFEST)
+    if not exists(filesystem, manifest) or exists(filesystem,
+                                                  posixpath.join(root, EXTRACTION_COMPLETE)):
+        return
+    try:
+        saved = json.loads(read_bytes(filesystem, manifest))
+        num_shards = -(-int(saved["num_rows"]) // int(saved["shard_size"]))
+    except (ValueError, KeyError, TypeError) as err:
+        raise DataError(f"{manifest}: not an extraction manifest ({_first_line(err)})") from err
+    done = len(list_files(filesystem, posixpath.join(root, EXTRACTION_DONE_DIR), ".json"))
+    where = uri.rstrip("/")
+    where = where[: -len("/units")] if where.endswith("/units") else where
+    if done >= num_shards:  # killed while summarizing, or written before the marker existed
+        raise DataError(f"extraction at {where} has all {num_shards} shards but no "
+                        f"{EXTRACTION_COMPLETE}; rerun the same command to finish")
+    raise DataError(f"extraction at {where} stopped at shard {done} of {num_shards}; rerun the "
+                    "same command to finish")
 
 
 def unit_columns(num_unit_slots: int) -> tuple[str, ...]:

@@ -10,11 +10,14 @@ whose URL every node inherits as MLFLOW_TRACKING_URI (as cluster.yaml exports it
 
   1. extraction with the rules backend from captions on s3:// to a units table on s3://;
   2. training with 2 workers, one per node (each takes the node's only csclip_train),
-     checkpoints on s3:// every 2 steps; the workers fail after step 3 (fail_after_step=3)
-     and Ray Train restarts the group, which resumes from the step-2 checkpoint on S3
-     (max_failures=1), trains step 3 again and finishes step 6: the losses the restarted
-     workers log for step 3 must be the ones the failed workers logged;
-  3. evaluation of the s3:// checkpoint (pipelines/evaluate.py).
+     each through a local shuffle buffer, 4 steps an epoch, checkpoints on s3:// every 3
+     steps; rank 1's worker process is SIGKILLed after step 7, in the middle of the second
+     epoch, and Ray Train restarts the group (max_failures=1), which resumes from the
+     step-6 checkpoint on S3 (or the step-3 one: see test_cluster.py), trains the steps
+     after it again and finishes step 8; every rank records its losses;
+  3. the same training again, uninterrupted (storage in WORKDIR, no MLflow): every rank's
+     losses after the restart must be this run's;
+  4. evaluation of the s3:// checkpoint (pipelines/evaluate.py).
 
 Ray Tune's sweep runs against a real head in tests/test_job_submit.py, its trials and
 their resumption in tests/test_ablation.py: a sweep here would repeat them at the price of
@@ -42,8 +45,8 @@ import cluster_harness as harness  # noqa: E402
 
 BUCKET = "csclip-cluster"
 TINY = ["model.name=csclip-tiny", "model.image_size=32", "data.batch_size=4",
-        "data.shuffle_buffer=0", "optim.warmup_steps=1", "optim.lr=1e-4",
-        "run.checkpoint_every=2", "run.log_every=1", "run.num_workers=2",
+        "data.shuffle_buffer=8", "optim.warmup_steps=1", "optim.lr=1e-4",
+        "run.checkpoint_every=3", "run.log_every=1", "run.num_workers=2",
         "run.worker_resources={csclip_train: 1}"]
 
 
@@ -113,7 +116,7 @@ def run_on_cluster(result: dict, workdir: Path, servers_ready) -> None:
         DataContext.get_current().enable_progress_bars = False
         result["nodes"] = {name: node.node_id for name, node in nodes.items()}
         result["cluster_resources"] = dict(ray.cluster_resources())
-        for step in (extract, train, evaluate):
+        for step in (extract, train, train_reference, evaluate):
             tick = time.monotonic()
             result[step.__name__] = step(result, workdir)
             result["seconds"][step.__name__] = time.monotonic() - tick
@@ -137,14 +140,16 @@ def extract(result: dict, workdir: Path) -> dict:
 
 def train(result: dict, workdir: Path) -> dict:
     from csclip.config import load_config
-    from csclip.train import TrainConfig, run
+    from csclip.train.loop import TrainConfig, WorkerHooks, read_loss_log, run
 
     units = result["extract"]["units_uri"]
     config = load_config(TrainConfig, None, [
-        *TINY, f"data.units_uri={units}", "optim.max_steps=6",
+        *TINY, f"data.units_uri={units}", "optim.max_steps=8",
         "run.max_failures=1", f"run.storage_path=s3://{BUCKET}/runs", "run.name=two-nodes",
         "tracking.experiment=cluster-train"])
-    outcome = run(config, fail_after_step=3)
+    losses = workdir / "losses" / "killed"
+    outcome = run(config, hooks=WorkerHooks(fail_after_step=7, fail_by="sigkill", fail_rank=1,
+                                            loss_log=str(losses)))
     import ray._private.state
 
     workers = [a for a in ray._private.state.actors().values()
@@ -153,7 +158,22 @@ def train(result: dict, workdir: Path) -> dict:
             "resumed_from": outcome.metrics.get("resumed_from"),
             "mlflow_run_id": outcome.mlflow_run_id,
             "worker_nodes": sorted(a["Address"]["NodeID"] for a in workers),
-            "split_coordinators": list(harness.split_coordinators().values())}
+            "split_coordinators": list(harness.split_coordinators().values()),
+            "losses": read_loss_log(losses)}
+
+
+def train_reference(result: dict, workdir: Path) -> dict:
+    """`train`'s config, uninterrupted: what every rank's losses after the kill must be."""
+    from csclip.config import load_config
+    from csclip.train.loop import TrainConfig, WorkerHooks, read_loss_log, run
+
+    config = load_config(TrainConfig, None, [
+        *TINY, f"data.units_uri={result['extract']['units_uri']}", "optim.max_steps=8",
+        f"run.storage_path={workdir / 'runs'}", "run.name=two-nodes-reference",
+        "tracking.enabled=false"])
+    losses = workdir / "losses" / "reference"
+    outcome = run(config, hooks=WorkerHooks(loss_log=str(losses)))
+    return {"step": outcome.metrics.get("step"), "losses": read_loss_log(losses)}
 
 
 def evaluate(result: dict, workdir: Path) -> dict:

@@ -64,7 +64,8 @@ def test_no_control_port_on_all_interfaces_without_authentication(raw):
     env = _exports(mlflow)
     assert env["MLFLOW_AUTH_CONFIG_PATH"] == "/home/ray/csclip/mlflow_auth.ini"
     assert env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"  # no job runner beside it
-    assert env["MLFLOW_AUTH_ADMIN_PASSWORD"] == "$(cat /home/ray/csclip-secrets/mlflow-password)"
+    # The admin's password from the head's own MLflow directory (never synced to workers).
+    assert env["MLFLOW_AUTH_ADMIN_PASSWORD"] == "$(cat /home/ray/mlflow/admin-password)"
     assert "0.0.0.0/0" not in str(raw["provider"])  # no rule open to everyone here
     # Every node type brings its own security group: without one Ray makes a group whose
     # SSH rule is 0.0.0.0/0 (ray/autoscaler/_private/aws/config.py).
@@ -79,7 +80,9 @@ def test_mlflow_auth_config_keeps_everyone_else_out():
     ini = configparser.ConfigParser()
     ini.read(harness.REPO_ROOT / "cluster" / "mlflow_auth.ini")
     section = ini["mlflow"]
-    assert section["default_permission"] == "NO_PERMISSIONS"
+    # The one user who is not the admin is the jobs' (csclip-jobs): EDIT, never MANAGE or
+    # admin; anonymous requests are refused by the basic-auth app whatever this says.
+    assert section["default_permission"] == "EDIT"
     assert "admin_password" not in section  # from the head's secrets, at the first start
     assert section["database_uri"].startswith("sqlite:////home/ray/mlflow/")
 
@@ -96,3 +99,20 @@ def test_secrets_are_made_on_the_head_and_never_committed(raw):
                              text=True).stdout.split()
     assert not [p for p in tracked if "secret" in Path(p).name or "token" in Path(p).name
                 or Path(p).name == "auth_token"]
+
+
+
+def test_the_jobs_user_script_fails_at_once_without_a_server(tmp_path):
+    # cluster/mlflow_jobs_user.py waits for the MLflow server only while it runs: a server
+    # that died is one line in jobs-user.log, not a five-minute wait. (Against a real
+    # basic-auth server it runs in tests/test_job_submit.py: the jobs log as its user.)
+    import sys
+
+    for name in ("admin-password", "jobs-password"):
+        (tmp_path / name).write_text("x" * 64)
+    (tmp_path / "server.pid").write_text("999999999")  # no such process
+    done = subprocess.run([sys.executable, str(harness.REPO_ROOT / "cluster" / "mlflow_jobs_user.py"),
+                           "http://127.0.0.1:9", str(tmp_path / "admin-password"),
+                           str(tmp_path / "jobs-password"), str(tmp_path / "server.pid")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "not running" in done.stderr and "csclip-jobs" in done.stderr

@@ -40,14 +40,14 @@ def test_cluster_yaml_passes_rays_cluster_schema(prepared):
     validate_config(prepared)  # Ray's ray-schema.json plus its cross-field checks
 
 
-def test_every_node_type_has_the_instance_profile_and_the_pinned_ami(raw):
+def test_every_node_type_has_an_instance_profile_and_the_pinned_ami(raw):
     node_types = raw["available_node_types"]
     assert set(node_types) == {"head", "cpu_worker", "gpu_train", "vllm_worker"}
     profiles = {str(t["node_config"].get("IamInstanceProfile")) for t in node_types.values()}
     amis = {t["node_config"].get("ImageId") for t in node_types.values()}
-    # One profile and one AMI for all: worker nodes read and write S3 too, and the
+    # Every node has a profile (workers read and write S3 too) and one AMI for all: the
     # provider's default AMI (an old driver) is never used.
-    assert len(profiles) == 1 and "None" not in profiles
+    assert "None" not in profiles
     assert len(amis) == 1 and None not in amis
     text = CLUSTER_YAML.read_text()
     assert "/aws/service/deeplearning/ami/x86_64/" in text  # how to pin it per region
@@ -233,3 +233,143 @@ def test_cluster_guide_rehearses_the_same_commands_on_one_machine():
     for heading in ("## What to install where", "## Time and cost", "## Watching it",
                     "## When a node dies"):
         assert heading in guide
+
+
+# ---------------------------------------------------------------------------------------
+# Least privilege: two roles, IMDSv2, versioned runs, the jobs' own MLflow user
+# ---------------------------------------------------------------------------------------
+
+AWS_DIR = REPO_ROOT / "cluster"
+
+
+def _policy(name: str) -> list[dict]:
+    """The statements of cluster/<name>, Action and Resource always lists."""
+    import json
+
+    statements = json.loads((AWS_DIR / name).read_text())["Statement"]
+    for statement in statements:
+        for key in ("Action", "Resource"):
+            if isinstance(statement.get(key), str):
+                statement[key] = [statement[key]]
+    return statements
+
+
+def _profiles(raw: dict) -> dict[str, str]:
+    return {name: t["node_config"]["IamInstanceProfile"]["Name"]
+            for name, t in raw["available_node_types"].items()}
+
+
+def test_the_head_and_the_workers_have_their_own_instance_profile(raw):
+    profiles = _profiles(raw)
+    head = profiles.pop(raw["head_node_type"])
+    # Code on a worker (a job, a model's own code) gets the worker's rights only.
+    assert set(profiles.values()) == {"csclip-worker"} and head == "csclip-head"
+
+
+def test_every_node_type_requires_imdsv2(raw):
+    for name, node_type in raw["available_node_types"].items():
+        options = node_type["node_config"].get("MetadataOptions") or {}
+        assert options.get("HttpTokens") == "required", name
+        assert options.get("HttpEndpoint", "enabled") == "enabled", name
+        # Ray's containers share the host's network: one hop reaches the metadata service.
+        assert options.get("HttpPutResponseHopLimit", 1) == 1, name
+
+
+def test_the_heads_ec2_rights_are_conditioned_on_the_cluster_tag(raw):
+    statements = _policy("aws-head-policy.json")
+    assert all(s["Effect"] == "Allow" for s in statements)
+    actions = [a for s in statements for a in s["Action"]]
+    assert not [a for a in actions if a.endswith("*") and not a.startswith("ec2:Describe")]
+    tag = {"ec2:ResourceTag/ray-cluster-name": raw["cluster_name"]}
+    request_tag = {"aws:RequestTag/ray-cluster-name": raw["cluster_name"]}
+    for statement in statements:
+        ec2 = [a for a in statement["Action"] if a.startswith("ec2:")]
+        condition = statement.get("Condition", {}).get("StringEquals", {})
+        if not ec2 or all(a.startswith("ec2:Describe") for a in ec2):
+            continue
+        instances = [r for r in statement["Resource"] if ":instance/" in r]
+        if ec2 == ["ec2:RunInstances"] and not instances:
+            # What a launch also touches (image, subnet, volume, the cluster's group)
+            # carries no tag; an instance is launched only with the cluster's tag (below).
+            assert not [r for r in statement["Resource"] if r == "*"]
+            assert any(r.endswith(":security-group/SG-ID") for r in statement["Resource"])
+            continue
+        assert instances == statement["Resource"], statement["Sid"]
+        if ec2 == ["ec2:RunInstances"]:
+            assert condition == request_tag, statement["Sid"]
+        elif ec2 == ["ec2:CreateTags"]:  # tags set by the launch itself
+            assert condition == {"ec2:CreateAction": "RunInstances"}, statement["Sid"]
+        else:
+            assert condition == tag, statement["Sid"]
+            assert {"ec2:TerminateInstances", "ec2:CreateTags"} <= set(ec2)
+    launch = [s for s in statements if "ec2:RunInstances" in s["Action"]
+              and any(":instance/" in r for r in s["Resource"])]
+    assert launch and all(s.get("Condition") for s in launch)
+
+
+def test_the_head_may_pass_only_the_worker_role(raw):
+    statements = _policy("aws-head-policy.json")
+    passing = [s for s in statements if any(a.startswith("iam:PassRole") or a in ("iam:*", "*")
+                                            for a in s["Action"])]
+    assert len(passing) == 1
+    [worker_profile] = set(_profiles(raw).values()) - {"csclip-head"}
+    assert passing[0]["Resource"] == [f"arn:aws:iam::ACCOUNT-ID:role/{worker_profile}"]
+    assert passing[0]["Condition"] == {
+        "StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}
+    iam = {a for s in statements for a in s["Action"] if a.startswith("iam:")}
+    assert iam == {"iam:PassRole", "iam:GetInstanceProfile"}
+
+
+def test_workers_get_s3_only_and_no_delete_on_the_data():
+    statements = _policy("aws-worker-policy.json")
+    actions = {a for s in statements for a in s["Action"]}
+    assert all(a.startswith("s3:") for a in actions) and "s3:*" not in actions
+    data = ("arn:aws:s3:::MY-BUCKET/coco/*", "arn:aws:s3:::MY-BUCKET/bench/*")
+    for statement in statements:
+        if {"s3:DeleteObject", "s3:PutObject"} & set(statement["Action"]):
+            assert not set(data) & set(statement["Resource"]), statement["Sid"]
+            assert not [r for r in statement["Resource"] if r.endswith(("MY-BUCKET/*", "*:::*"))]
+    assert not [a for a in actions if "Version" in a or "Bucket" in a and a != "s3:ListBucket"]
+    readable = {r for s in statements if "s3:GetObject" in s["Action"] for r in s["Resource"]}
+    assert set(data) <= readable and "arn:aws:s3:::MY-BUCKET/runs/*" in readable
+    # Nor has the head the right to purge: no object versions deleted, no versioning off.
+    head = {a for s in _policy("aws-head-policy.json") for a in s["Action"]}
+    assert not [a for a in head | actions if "Version" in a or a == "s3:PutBucketVersioning"]
+
+
+def test_the_guide_applies_these_policies_and_versions_the_bucket(raw):
+    guide = (REPO_ROOT / "docs" / "cluster.md").read_text()
+    commands = " ".join(_code_blocks(guide)).replace("\\\n", " ")
+    for role, policy in (("csclip-head", "aws-head-policy.json"),
+                         ("csclip-worker", "aws-worker-policy.json")):
+        assert f"--role-name {role}" in commands and f"cluster/{policy}" in commands
+        assert f"--instance-profile-name {role}" in commands
+    assert "AmazonEC2FullAccess" not in guide
+    assert "put-bucket-versioning" in commands and "Status=Enabled" in commands
+    assert "cluster/aws-s3-lifecycle.json" in commands
+    # The exposure table says where the GCS and raylet listen: all interfaces, not "each
+    # node's address"; what crosses the network in clear is named, with how to close it.
+    assert "each node's address" not in guide
+    section = guide[guide.index("## What crosses the network"):]
+    for words in ("MLflow", "metrics", "RAY_USE_TLS", "basic-auth"):
+        assert words in section, words
+
+
+def test_jobs_log_to_mlflow_as_their_own_user_not_the_admin(raw):
+    import configparser
+
+    ini = configparser.ConfigParser()
+    ini.read(REPO_ROOT / "cluster" / "mlflow_auth.ini")
+    admin = ini["mlflow"]["admin_username"]
+    assert ini["mlflow"]["default_permission"] == "EDIT"
+    starts = [c for c in [*raw["head_start_ray_commands"], *raw["worker_start_ray_commands"]]
+              if "ray start" in c]
+    for command in starts:
+        assert "MLFLOW_TRACKING_USERNAME=csclip-jobs " in command and admin != "csclip-jobs"
+        assert "MLFLOW_TRACKING_PASSWORD=$(cat /home/ray/csclip-secrets/mlflow-jobs-password)" \
+            in command
+    # The admin's password is read from the head's MLflow directory, which is not synced.
+    [server] = [c for c in raw["head_start_ray_commands"] if "mlflow server" in c]
+    assert "MLFLOW_AUTH_ADMIN_PASSWORD=$(cat /home/ray/mlflow/admin-password)" in server
+    assert not [p for p in raw["cluster_synced_files"] if p.startswith("/home/ray/mlflow")]
+    assert any("mlflow_jobs_user.py" in c for c in raw["head_start_ray_commands"])

@@ -216,7 +216,7 @@ def test_load_bundle_reads_an_s3_checkpoint_through_the_cache(s3, s3_checkpoint,
         assert torch.equal(bundle.model.state_dict()[key], value), key
     [cached] = (tmp_path / "cache" / "checkpoints").iterdir()
     assert sorted(p.name for p in cached.iterdir()) == sorted(
-        [".csclip-source.json", "model.pt", "model_spec.json", "train_state.pt"])
+        [".csclip-source.json", "manifest.json", "model.pt", "model_spec.json", "train_state.pt"])
     # Loaded again: no download (the copy is reused) ...
     before = (cached / "model.pt").stat().st_mtime_ns
     load_bundle(uri)

@@ -4,6 +4,7 @@ any process; a tampered or bad file is a one-line error."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -19,11 +20,12 @@ from csclip.entry import evaluate as evaluate_entry
 from csclip.errors import DataError
 from csclip.eval.benchmark_file import (
     build_frozen_benchmark,
+    images_digest,
     prepare_frozen,
     read_benchmark_file,
     write_benchmark_file,
 )
-from csclip.eval.halftruth import BenchmarkConfig, build_paper_benchmark
+from csclip.eval.halftruth import BenchmarkConfig, benchmark_hash, build_paper_benchmark
 from csclip.model import create_bundle, save_checkpoint, spec_of
 from csclip.world import WorldConfig, iter_world
 from tests.conftest import REPO_ROOT
@@ -44,10 +46,10 @@ def images(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def frozen_file(tmp_path_factory) -> Path:
+def frozen_file(tmp_path_factory, images) -> Path:
     path = tmp_path_factory.mktemp("bench") / "paper.json"
     assert benchmark_entry.main(["build", "--units", str(UNITS), "--protocol", "paper",
-                                 "--out", str(path)]) == 0
+                                 "--image-root", str(images), "--out", str(path)]) == 0
     return path
 
 
@@ -58,13 +60,19 @@ def checkpoint(tmp_path_factory) -> Path:
                            tmp_path_factory.mktemp("ckpt") / "final")
 
 
-def test_file_holds_the_paper_items_with_provenance_and_hash(frozen_file):
+def test_file_holds_the_paper_items_with_provenance_and_hash(frozen_file, images):
     frozen = read_benchmark_file(frozen_file)
     built = build_paper_benchmark(read_verbatim_records(str(UNITS)))
-    assert frozen.benchmark.items == built.items
-    assert frozen.content_hash == built.content_hash and frozen.benchmark.protocol == "paper"
+    assert frozen.benchmark.items == built.items and frozen.benchmark.protocol == "paper"
+    # The hash covers the items and the images' bytes.
+    digests = {image_id: hashlib.sha256((images / path).read_bytes()).hexdigest()
+               for image_id, path in frozen.images.items()}
+    assert frozen.image_sha256 == digests
+    assert frozen.content_hash == benchmark_hash(built.items, "paper", images_digest(digests))
+    assert frozen.content_hash != built.content_hash
     data = json.loads(frozen_file.read_text())
-    assert data["content_hash"] == built.content_hash
+    assert data["content_hash"] == frozen.content_hash
+    assert data["images_digest"] == images_digest(digests)
     assert data["built_from"]["num_samples"] == 1000 and data["built_from"]["seed"] == 42
     item = data["items"][0]
     assert item["image"] == "val2014/COCO_val2014_000000000101.jpg"
@@ -72,9 +80,9 @@ def test_file_holds_the_paper_items_with_provenance_and_hash(frozen_file):
     assert sum(data["counts"].values()) == len(data["items"])
 
 
-def test_build_prints_the_hash_and_counts(frozen_file, capsys, tmp_path):
-    assert benchmark_entry.main(["build", "--units", str(UNITS), "--out",
-                                 str(tmp_path / "again.json")]) == 0
+def test_build_prints_the_hash_and_counts(frozen_file, images, capsys, tmp_path):
+    assert benchmark_entry.main(["build", "--units", str(UNITS), "--image-root", str(images),
+                                 "--out", str(tmp_path / "again.json")]) == 0
     out = capsys.readouterr().out
     assert read_benchmark_file(frozen_file).content_hash in out and "Swap 10" in out
     # Same input, same file, byte for byte.
@@ -156,10 +164,11 @@ def test_world_file_takes_its_images_from_the_world(tmp_path):
     assert set(prepared.images) == {i.image_id for i in again.benchmark.items}
 
 
-def test_csclip_protocol_reads_the_unit_file_through_our_validation(tmp_path):
-    frozen = build_frozen_benchmark(str(UNITS), BenchmarkConfig(protocol="csclip"))
+def test_csclip_protocol_reads_the_unit_file_through_our_validation(images):
+    frozen = build_frozen_benchmark(str(UNITS), BenchmarkConfig(protocol="csclip"),
+                                    image_root=str(images))
     assert frozen.benchmark.protocol == "csclip"
-    paper = build_frozen_benchmark(str(UNITS), BenchmarkConfig())
+    paper = build_frozen_benchmark(str(UNITS), BenchmarkConfig(), image_root=str(images))
     assert frozen.content_hash != paper.content_hash
 
 

@@ -76,11 +76,15 @@ def test_used_by_commands_against_a_real_ray_head(tmp_path, monkeypatch):
     token = tmp_path / "ray-token"  # as head_setup_commands makes it
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
-    password = secrets.token_hex(32)
+    password = secrets.token_hex(32)  # the jobs' (mlflow-jobs-password)
+    admin_password = tmp_path / "admin-password"  # the head's own
+    admin_password.write_text(secrets.token_hex(32))
     # As cluster.yaml exports them before every `ray start`: every driver, Train worker,
-    # Tune trial and Data task inherits the token and MLflow's credentials.
+    # Tune trial and Data task inherits the token and MLflow's credentials, the jobs' user's
+    # (made by cluster/mlflow_jobs_user.py below), not the admin's.
     cluster_vars = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
-                    "MLFLOW_TRACKING_USERNAME": "csclip", "MLFLOW_TRACKING_PASSWORD": password}
+                    "MLFLOW_TRACKING_USERNAME": "csclip-jobs",
+                    "MLFLOW_TRACKING_PASSWORD": password}
     # Without the venv's bin first on PATH the job's `python` is the system one.
     env = harness.isolated_env(ray_tmp, CSCLIP_CACHE_DIR=str(tmp_path / "cache"),
                                **cluster_vars)
@@ -93,12 +97,24 @@ def test_used_by_commands_against_a_real_ray_head(tmp_path, monkeypatch):
     storage = tmp_path / "runs"
     project_stores = _local_stores()
     mlflow, mlflow_uri = harness.mlflow_server(tmp_path / "mlflow", without,
-                                               admin_password=password)
+                                               admin_password=admin_password.read_text())
     # With token authentication on, only the health checks answer without the token.
     ray_head, head = harness.ray_head(ray_tmp, env, ready_path="/api/gcs_healthz")
     started = time.monotonic()
     with (tmp_path / "commands.log").open("w") as log, harness.running(ray_head, mlflow):
         log.write(f"[head and MLflow server ready after {time.monotonic() - started:.0f} s]\n")
+        # As head_start_ray_commands does once the server runs: the jobs' user, no admin.
+        (tmp_path / "jobs-password").write_text(password)
+        (tmp_path / "server.pid").write_text(str(mlflow.process.pid))
+        jobs_user = _run(["python", str(harness.REPO_ROOT / "cluster" / "mlflow_jobs_user.py"),
+                          mlflow_uri, str(admin_password), str(tmp_path / "jobs-password"),
+                          str(tmp_path / "server.pid")], without, log, timeout=120)
+        assert jobs_user.returncode == 0 and "csclip-jobs: created" in jobs_user.stdout
+        assert _status(urllib.request.Request(
+            f"{mlflow_uri}/api/2.0/mlflow/users/create", method="POST",
+            data=json.dumps({"username": "mallory", "password": "x"}).encode(),
+            headers={"Content-Type": "application/json", "Authorization": "Basic " +
+                     base64.b64encode(f"csclip-jobs:{password}".encode()).decode()})) == 403
         with urllib.request.urlopen(f"{head['dashboard']}/api/authentication_mode") as answer:
             assert json.loads(answer.read())["authentication_mode"] == "token"
         assert _post_job(head, {}) == 401
@@ -146,7 +162,7 @@ def test_used_by_commands_against_a_real_ray_head(tmp_path, monkeypatch):
                      user_env, log, timeout=400)
         assert sweep.returncode == 0, sweep.stdout[-3000:]
 
-        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "csclip")  # this process reads too
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "csclip-jobs")  # this process reads too
         monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password)
         client = MlflowClient(mlflow_uri)
         [train_run] = _search(client, "job")

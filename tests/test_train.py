@@ -18,9 +18,11 @@ from csclip.model import WEIGHTS_FILE, create_bundle, register_small_models, spe
 from csclip.train.loop import (
     RunSection,
     TrainConfig,
+    WorkerHooks,
     check_data_cpus,
     compute_loss,
     finished_result,
+    read_loss_log,
     run,
     run_name,
 )
@@ -167,8 +169,13 @@ def test_killed_run_resumes_with_the_losses_of_an_uninterrupted_run(ray_session,
 
     from csclip.tracking import run_metrics
 
-    # 24 rows in batches of 8: 3 steps an epoch; killed after step 4, the rerun resumes in
-    # the second epoch, one batch in (the first epoch is not run again).
+    # 24 rows in batches of 8 through a local shuffle buffer of 16 rows: 3 steps an epoch,
+    # checkpoints at steps 2 and 4. The worker's process is SIGKILLed after step 5, in the
+    # middle of the second epoch. Ray Train registers a reported checkpoint when its
+    # controller takes the report from the worker, and takes one report at a time: step 4's
+    # report waited for step 2's to be taken, but may itself die with the worker. So the
+    # rerun resumes from step 4 (one batch into the second epoch's shuffled stream) or
+    # from step 2 (two batches into the first's), and trains the steps after it again.
     resumable = ("data.world.num_train=24", "optim.max_steps=6")
     coordinators = len(harness.split_coordinators())
     reference = run(tiny_config(tmp_path, mlflow_uri, *resumable, "run.name=uninterrupted"))
@@ -177,26 +184,67 @@ def test_killed_run_resumes_with_the_losses_of_an_uninterrupted_run(ray_session,
     assert len(harness.split_coordinators()) == coordinators
     expected = run_metrics(mlflow_uri, reference.mlflow_run_id, "loss")
     assert [step for step, _ in expected] == [1, 2, 3, 4, 5, 6]
-    killed = tiny_config(tmp_path, mlflow_uri, *resumable)
-    with pytest.raises(Exception, match="injected failure"):
-        run(killed, fail_after_step=4)
+    killed, losses = tiny_config(tmp_path, mlflow_uri, *resumable), tmp_path / "losses"
+    with pytest.raises(Exception, match="health check failed"):  # the worker is gone
+        run(killed, hooks=WorkerHooks(fail_after_step=5, fail_by="sigkill", loss_log=str(losses)))
+    [[before]] = read_loss_log(losses).values()
+    assert before == expected[:5]
     assert finished_result(killed) is None
     # The same command again, with how-to-run fields changed: the same run resumes.
     config = tiny_config(tmp_path, mlflow_uri, *resumable, "run.num_to_keep=3",
                          "run.checkpoint_every=3")
-    result = run(config)
+    result = run(config, hooks=WorkerHooks(loss_log=str(losses)))
     assert result.run_name == run_name(killed)
-    assert result.metrics["step"] == 6 and result.metrics["resumed_from"] == 4
-    # One MLflow run across the kill, every step's loss equal to the uninterrupted run's:
-    # steps 1-4 before the kill, 5-6 after it.
-    assert run_metrics(mlflow_uri, result.mlflow_run_id, "loss") == expected
-    assert len(run_metrics(mlflow_uri, result.mlflow_run_id, "samples_per_s")) == 6
+    resumed = result.metrics["resumed_from"]
+    assert result.metrics["step"] == 6 and resumed in (2, 4)
+    # The killed process logged steps 1-5, the new one the steps after its checkpoint: each
+    # the uninterrupted run's loss, to the last bit.
+    assert read_loss_log(losses) == {0: [expected[:5], expected[resumed:]]}
+    # One MLflow run across the kill, the steps trained again logged by both processes.
+    assert run_metrics(mlflow_uri, result.mlflow_run_id, "loss") == sorted(
+        expected + expected[resumed:5])
+    assert len(run_metrics(mlflow_uri, result.mlflow_run_id, "samples_per_s")) == 11 - resumed
     logged = MlflowClient(mlflow_uri).get_run(result.mlflow_run_id).data
     assert logged.params["optim.lr"] == "0.0001" and logged.params["loss.method"] == "csclip"
     assert logged.tags["checkpoint_uri"] == result.checkpoint_uri
     _loads_with_plain_open_clip(result.checkpoint_uri)
     # A finished run is returned as it is, without training again.
     assert run(config).checkpoint_uri == result.checkpoint_uri
+
+
+def test_random_generators_resume_where_the_checkpoint_left_them(tmp_path, caplog):
+    # A restarted worker draws what the uninterrupted one drew next: torch's, Python's and
+    # NumPy's generators are saved with the checkpoint as plain tensors.
+    import random
+
+    import numpy as np
+
+    from csclip.model import TRAIN_STATE_FILE, save_checkpoint
+    from csclip.train import rng as generators
+    from csclip.train.loop import _restore_generators, _State
+
+    def draws() -> list:
+        return [torch.rand(3).tolist(), torch.randn(2).tolist(), random.random(),
+                random.gauss(0, 1), np.random.rand(2).tolist(), np.random.randn()]
+
+    cpu = torch.device("cpu")
+    generators.seed_all(7)
+    draws()  # mid-stream, with the Gaussian spares of Python and NumPy held
+    tiny = create_bundle("csclip-tiny", image_size=32).model
+    save_checkpoint(tiny, spec_of(tiny, "csclip-tiny"), tmp_path, {
+        "step": 4, "rng": generators.gather(generators.capture(cpu), world_size=1)})
+    expected = draws()
+    saved = torch.load(tmp_path / TRAIN_STATE_FILE, map_location="cpu", weights_only=True)
+    generators.seed_all(43)  # a new process: seeded by run.seed, then restored
+    _restore_generators(_State(step=4, restored_from=4, rng=saved["rng"]), 0, 1, cpu)
+    assert draws() == expected
+    # Saved by two workers, resumed by one: the seeded generators, and a warning.
+    generators.seed_all(43)
+    seeded = draws()
+    generators.seed_all(43)
+    _restore_generators(_State(step=4, restored_from=4, rng=saved["rng"] * 2), 0, 1, cpu)
+    assert draws() == seeded
+    assert "generator states of 2 workers, not 1" in caplog.text
 
 
 def test_a_restart_restores_its_own_checkpoint_before_run_resume_from(monkeypatch, tmp_path):
@@ -223,6 +271,7 @@ def test_a_restart_restores_its_own_checkpoint_before_run_resume_from(monkeypatc
 def test_reused_run_name_with_other_config_is_refused(tmp_path, mlflow_uri):
     import json
 
+    from csclip.storage import write_manifest
     from csclip.train.loop import _final_uri, storage_root
 
     config = tiny_config(tmp_path, mlflow_uri, "run.name=fixed")
@@ -231,6 +280,8 @@ def test_reused_run_name_with_other_config_is_refused(tmp_path, mlflow_uri):
     final.mkdir(parents=True)
     (final / "config.json").write_text(json.dumps(config.model_dump(mode="json")))
     (final / "metrics.json").write_text(json.dumps({"step": 4}))
+    assert finished_result(config) is None  # no manifest: an export that did not finish
+    write_manifest(final)
     assert finished_result(config).metrics == {"step": 4}
     with pytest.raises(CsclipError, match="different config"):
         finished_result(tiny_config(tmp_path, mlflow_uri, "run.name=fixed", "optim.lr=1e-3"))

@@ -19,7 +19,7 @@ synthetic world's split. docs/evaluation.md, "Protocols" and "Frozen benchmark f
 EXAMPLES = (
     "%(prog)s build --units coco_val_units.json --protocol paper --out coco_val_paper.json",
     "%(prog)s build --units s3://bucket/coco/units/val --split val --out coco_val_paper.json",
-    "%(prog)s verify coco_val_paper.json",
+    "%(prog)s verify coco_val_paper.json --image-root /data/coco",
 )
 
 
@@ -45,8 +45,16 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                             "(default 0)")
     build.add_argument("--image-root", metavar="DIR|URI",
                        help="joined to the unit file's relative image paths")
-    verify = commands.add_parser("verify", help="check a benchmark file and print its hash")
+    verify = commands.add_parser("verify", help="check a benchmark file and its images' "
+                                                "sha256, and print its hash")
     verify.add_argument("file", metavar="FILE")
+    verify.add_argument("--image-root", metavar="DIR|URI",
+                        help="root of the file's relative image paths (as for evaluate)")
+    verify.add_argument("--allow-outside-image-root", action="store_true",
+                        help="read absolute, URI or ../ image paths where the file says")
+    verify.add_argument("--units", metavar="URI",
+                        help="the units the file was built from, for images it holds no path "
+                             "for (default: the synthetic world)")
     return parser
 
 
@@ -64,9 +72,15 @@ def _config(args: argparse.Namespace):
 
     fields: dict[str, object] = {"protocol": args.protocol}
     if args.num_samples is not None:
+        if args.protocol == "csclip" or (args.protocol == "auto" and not args.units):
+            # the world (no --units) is built with the csclip protocol, which takes every image
+            raise ConfigError("--num-samples: only the paper protocol draws images per pass; "
+                              "drop it, or give --protocol paper")
         fields["num_samples"] = args.num_samples or None
     if args.seed is not None:
-        fields["paper_seed" if args.protocol != "csclip" else "seed"] = args.seed
+        # auto picks the builder only once the records are read: the seed goes to both.
+        fields.update({"paper": {"paper_seed": args.seed}, "csclip": {"seed": args.seed}}.get(
+            args.protocol, {"paper_seed": args.seed, "seed": args.seed}))
     try:
         return BenchmarkConfig(**fields)
     except ValidationError as err:
@@ -87,10 +101,18 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from csclip.eval.benchmark_file import read_benchmark_file
+    from csclip.eval.benchmark_file import read_benchmark_file, verify_images
 
     frozen = read_benchmark_file(args.file)
-    print(f"{args.file}: ok")
+    records = []
+    if None in frozen.images.values():  # images held by the units (the world's bytes)
+        from csclip.records import load_split
+        from csclip.world.config import WorldConfig
+
+        split = frozen.built_from.get("split")
+        records = load_split(args.units, str(split or "val"), WorldConfig())
+    checked = verify_images(frozen, records, args.image_root, args.allow_outside_image_root)
+    print(f"{args.file}: ok ({checked} images, each with the sha256 the file records)")
     print(summary(frozen))
     return 0
 

@@ -69,7 +69,9 @@ def run_guarded(call: Callable[[], int]) -> int:
     try:
         return call()
     except CsclipError as err:
-        print(f"error: {err}", file=sys.stderr)
+        # One line, whatever the message quotes (a YAML parser's or pyarrow's own lines).
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        print(f"error: {'; '.join(lines)}", file=sys.stderr)
         return 2
 
 

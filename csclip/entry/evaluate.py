@@ -56,6 +56,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     shortcuts.add_argument("--image-root", metavar="DIR|URI",
                            help="root of the benchmark file's relative image paths: "
                                 "benchmark.image_root")
+    shortcuts.add_argument("--allow-outside-image-root", action="store_const", const=True,
+                           default=None,
+                           help="read a benchmark file's absolute, URI or ../ image paths "
+                                "where it says (refused by default; their sha256 is checked "
+                                "either way): benchmark.allow_outside_image_root")
     shortcuts.add_argument("--protocol", choices=("auto", "paper", "csclip"),
                            help="how the half-truth items are built (auto: paper for a units "
                                 "table, csclip for the synthetic world): benchmark.protocol")
@@ -93,6 +98,7 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
         "model.name": args.model, "model.pretrained": args.pretrained,
         "checkpoint": args.checkpoint, "data.units_uri": args.units, "out_dir": args.out,
         "benchmark.file": args.benchmark, "benchmark.image_root": args.image_root,
+        "benchmark.allow_outside_image_root": args.allow_outside_image_root,
         "benchmark.protocol": args.protocol,
         "suites.sugarcrepe_dir": args.sugarcrepe, "suites.coco_images": args.coco_images,
         "suites.names": args.suite, "suites.data_root": args.data_root,
@@ -106,11 +112,50 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     return run_guarded(lambda: _evaluate(args))
 
 
-def _evaluate(args: argparse.Namespace) -> int:
-    from csclip.config import load_config
-    from csclip.eval.pipeline import EvalConfig, run_evaluation
+# Fields a run would not use, refused when given (not ignored). With a checkpoint the
+# model is the checkpoint's. With a frozen benchmark file its items are fixed and no
+# image-side items are built; benchmark.seed still seeds the bootstrap intervals.
+UNUSED_WITH_CHECKPOINT = {
+    "model": "checkpoint (--checkpoint) loads the model its directory holds; give one of "
+             "the two",
+}
+UNUSED_WITH_BENCHMARK_FILE = {
+    **{f"benchmark.{field}": "benchmark.file (--benchmark) fixes the items; the builder's "
+                             "fields are unused" for field in ("num_samples", "paper_seed")},
+    **{f"benchmark.{field}": "benchmark.file (--benchmark) holds no image-side items; "
+                             "image-side fields are unused"
+       for field in ("image_side", "min_distractors", "max_distractors")},
+}
 
-    config = load_config(EvalConfig, args.config, overrides_from_args(args))
+
+def eval_config(args: argparse.Namespace):
+    """The EvalConfig of the parsed flags (--config, shortcuts, --set), refusing the
+    fields the run would not use (UNUSED_WITH_CHECKPOINT, UNUSED_WITH_BENCHMARK_FILE)."""
+    from csclip.config import apply_overrides, read_yaml, refuse_given, validate_config
+    from csclip.eval.pipeline import EvalConfig
+
+    data = apply_overrides(read_yaml(args.config) if args.config else {},
+                           overrides_from_args(args))
+    if data.get("checkpoint"):
+        refuse_given(data, UNUSED_WITH_CHECKPOINT)
+    benchmark = data.get("benchmark")
+    if isinstance(benchmark, dict) and benchmark.get("file"):
+        refuse_given(data, UNUSED_WITH_BENCHMARK_FILE)
+    return validate_config(EvalConfig, data, origin=str(args.config or "config"))
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from csclip.storage import output_lease, resolve_output
+
+    config = eval_config(args)
+    # One evaluation per --out at a time: a second one's tables would replace the first's.
+    with output_lease(resolve_output(config.out_dir, "out_dir"), "csclip evaluate"):
+        return _evaluate_into(config, args)
+
+
+def _evaluate_into(config, args: argparse.Namespace) -> int:
+    from csclip.eval.pipeline import run_evaluation
+
     if args.select == "paper":  # csclip.eval.selection: every saved step, the authors' pick
         from csclip.eval.selection import run_selected_evaluation
 

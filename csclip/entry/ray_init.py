@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -69,14 +70,43 @@ loggers:
 
 
 def _ray_data_logging_file() -> str:
-    path = Path(tempfile.gettempdir(), "csclip", "ray_data_logging.yaml")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists() or path.read_text() != RAY_DATA_LOGGING:
+    """The logging YAML Ray Data reads in every process, in a directory only this user can
+    write. Ray Data instantiates any `class:` the file names, so whoever could write it
+    would run code in our workers: a shared /tmp path made first by another user (or left
+    group/world writable) is never used; a fresh private directory is made instead."""
+    directory = _private_dir(Path(tempfile.gettempdir()) / f"csclip-{os.getuid()}")
+    path = directory / "ray_data_logging.yaml"
+    if not path.is_file() or path.is_symlink() or path.read_text() != RAY_DATA_LOGGING:
         # Written aside and renamed: another process may be reading it right now.
-        staging = path.with_name(f"{path.name}.{os.getpid()}")
-        staging.write_text(RAY_DATA_LOGGING)
+        descriptor, staging = tempfile.mkstemp(prefix=".ray_data_logging-", dir=directory)
+        with os.fdopen(descriptor, "w") as out:
+            out.write(RAY_DATA_LOGGING)
         os.replace(staging, path)
     return str(path)
+
+
+def _private_dir(path: Path) -> Path:
+    """`path`, made 0700 if missing; used only if it is a real directory owned by this user
+    that nobody else may write. Otherwise a new private directory (mkdtemp, 0700) beside
+    it, with a warning naming what was wrong."""
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    problem = None
+    if not stat.S_ISDIR(info.st_mode):
+        problem = "is not a directory (a link or a file)"
+    elif info.st_uid != os.getuid():
+        problem = f"belongs to uid {info.st_uid}"
+    elif info.st_mode & 0o022:
+        problem = f"is writable by others (mode {stat.S_IMODE(info.st_mode):o})"
+    if problem is None:
+        return path
+    fresh = Path(tempfile.mkdtemp(prefix=f"csclip-{os.getuid()}-", dir=path.parent))
+    logger.warning("%s %s: not used for Ray Data's logging config; using %s", path, problem,
+                   fresh)
+    return fresh
 
 
 def _worker_setup() -> None:

@@ -3,25 +3,34 @@ provenance and a content hash, so that any model is scored on exactly those item
 (`csclip benchmark build`, `csclip evaluate --benchmark FILE`). The authors never released
 their benchmark as a file; this makes it one that people can share and cite. Pure: no ray.
 
-Layout (JSON): format, version, protocol, content_hash, built_from (units URI, split,
-num_samples, seed, counts of records and images), counts per condition, skipped
-({condition: {reason: images}}) and items, each with image_id, image (its path or URI; null
-where the source held the bytes), sample_id (the caption), condition, group, unit, foil,
-anchor, completion, half_truth. The hash covers the protocol and every item's ids,
-condition and texts, not where the images are stored: images moved to another root score
-the same benchmark.
+Layout (JSON): format, version, protocol, content_hash, images_digest, built_from (units
+URI, split, num_samples, seed, counts of records and images), counts per condition, skipped
+({condition: {reason: images}}) and items, each with image_id, image (its path, relative to
+the build's image root where it was under it; null where the source held the bytes),
+image_sha256 (the image file's bytes), sample_id (the caption), condition, group, unit,
+foil, anchor, completion, half_truth. The hash covers the protocol, every item's ids,
+condition and texts, and the images' bytes (images_digest), not where the images are
+stored: images moved to another root score the same benchmark, and an image whose bytes
+changed is refused when scored or verified. So two files with one hash score any model
+identically.
+
+A file is someone else's input: its image paths must stay inside the image root
+(resolve_image) unless benchmark.allow_outside_image_root says otherwise.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections import Counter
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from csclip.errors import DataError
-from csclip.eval.encoder import ImageSource, image_sources
+from csclip.eval.encoder import CROP_MARK, DIGEST_MARK, ImageSource, image_sources
 from csclip.eval.halftruth import (
     ALL_CONDITIONS,
     CONDITION_BY_SLUG,
@@ -39,22 +48,33 @@ from csclip.units import UnitsRecord
 log = logging.getLogger(__name__)
 
 FORMAT = "csclip-halftruth-benchmark"
-VERSION = 1
+# 2: each image's sha256 (image_sha256) and their digest in the hash. Version 1 files did
+# not pin their images and are refused with a line saying to rebuild them.
+VERSION = 2
 _ITEM_FIELDS = tuple(f.name for f in fields(HalfTruthItem))
+_READ_THREADS = 16  # image reads at build time (S3 latency, not CPU, is the limit)
 
 
 @dataclass(frozen=True)
 class FrozenBenchmark:
-    """A benchmark file's content: the benchmark, each image's path (None: bytes held by
-    the source records) and where it was built from."""
+    """A benchmark file's content: the benchmark (its images_digest set), each image's path
+    (None: bytes held by the source records), each image's sha256 and where it was built
+    from."""
 
     benchmark: HalfTruthBenchmark
     images: dict[str, str | None]
     built_from: dict[str, object]
+    image_sha256: dict[str, str]
 
     @property
     def content_hash(self) -> str:
         return self.benchmark.content_hash
+
+
+def images_digest(image_sha256: Mapping[str, str]) -> str:
+    """ "sha256:<hex>" of every (image id, sha256 of its bytes), sorted by id."""
+    lines = "".join(f"{image_id}\t{digest}\n" for image_id, digest in sorted(image_sha256.items()))
+    return "sha256:" + hashlib.sha256(lines.encode("utf-8")).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------
@@ -102,13 +122,15 @@ def build_frozen_benchmark(
             verbatim = read_verbatim_records(units_uri, image_root)
             benchmark = build_paper_benchmark(verbatim, config.num_samples, config.paper_seed)
             images = {r.image_id: r.image_path for r in verbatim}
-            return _frozen(benchmark, images, built_from, config)
+            sources: Mapping[str, ImageSource | None] = images
+            return _frozen(benchmark, images, built_from, config, sources, image_root)
         records = _authors_records(units_uri, image_root)
     else:
         records = load_split(units_uri, split, WorldConfig())
     benchmark = build_for_protocol(records, config)
     images = {r.image_id: r.image_path for r in records}
-    return _frozen(benchmark, images, built_from, config)
+    sources = image_sources(records, sorted({item.image_id for item in benchmark.items}))
+    return _frozen(benchmark, images, built_from, config, sources, image_root)
 
 
 def _authors_records(uri: str, image_root: str | None) -> list[UnitsRecord]:
@@ -126,6 +148,8 @@ def _frozen(
     images: dict[str, str | None],
     built_from: dict[str, object],
     config: BenchmarkConfig,
+    sources: Mapping[str, ImageSource | None],
+    image_root: str | None,
 ) -> FrozenBenchmark:
     if not benchmark.items:
         reasons = ", ".join(f"{c}/{r}: {n}" for (c, r), n in benchmark.skipped.items())
@@ -136,8 +160,46 @@ def _frozen(
     else:
         built_from.update(seed=config.seed)
     built_from.update(num_records=benchmark.num_records, num_images=benchmark.num_images)
-    used = {item.image_id for item in benchmark.items}
-    return FrozenBenchmark(benchmark, {k: v for k, v in images.items() if k in used}, built_from)
+    used = sorted({item.image_id for item in benchmark.items})
+    digests = _read_digests({image_id: sources.get(image_id) for image_id in used})
+    pinned = HalfTruthBenchmark(benchmark.items, benchmark.skipped, benchmark.num_images,
+                                benchmark.num_records, benchmark.protocol, images_digest(digests))
+    stored = {image_id: _under_root(images.get(image_id), image_root) for image_id in used}
+    return FrozenBenchmark(pinned, stored, built_from, digests)
+
+
+def _read_digests(sources: Mapping[str, ImageSource | None]) -> dict[str, str]:
+    """The sha256 of each image's bytes (a URI read now, several at a time). Raises
+    DataError naming an image that cannot be read: a file pins its images, so they must be
+    there when it is built."""
+
+    def digest(item: tuple[str, ImageSource | None]) -> tuple[str, str]:
+        image_id, source = item
+        if source is None:
+            raise DataError(f"benchmark build: image {image_id!r} has neither a path nor bytes "
+                            "in the units")
+        if isinstance(source, str):
+            from csclip.storage import filesystem_for, read_bytes
+
+            try:
+                source = read_bytes(*filesystem_for(source.partition(CROP_MARK)[0]))
+            except DataError as err:
+                raise DataError(f"benchmark build: image {image_id!r} cannot be read ({err}); "
+                                "the file records each image's sha256, so its images must be "
+                                "there (--image-root joins a unit file's relative paths)") from err
+        return image_id, hashlib.sha256(bytes(source)).hexdigest()
+
+    with ThreadPoolExecutor(_READ_THREADS) as pool:
+        return dict(pool.map(digest, sources.items()))
+
+
+def _under_root(path: str | None, image_root: str | None) -> str | None:
+    """A path under the build's image root stored relative to it (scored with any copy of
+    the images: --image-root); other paths as they are."""
+    if path is None or not image_root:
+        return path
+    root = image_root.rstrip("/") + "/"
+    return path[len(root):] if path.startswith(root) else path
 
 
 # ---------------------------------------------------------------------------------------
@@ -158,13 +220,15 @@ def write_benchmark_file(frozen: FrozenBenchmark, path: str | Path) -> Path:
         "version": VERSION,
         "protocol": bench.protocol,
         "content_hash": frozen.content_hash,
+        "images_digest": bench.images_digest,
         "built_from": frozen.built_from,
         "counts": {c.slug: counts.get(c.slug, 0) for c in ALL_CONDITIONS},
         "skipped": {},
     }
     for (condition, reason), count in bench.skipped.items():
         header["skipped"].setdefault(condition, {})[reason] = count
-    lines = [json.dumps({**asdict(item), "image": frozen.images.get(item.image_id)},
+    lines = [json.dumps({**asdict(item), "image": frozen.images.get(item.image_id),
+                         "image_sha256": frozen.image_sha256[item.image_id]},
                         ensure_ascii=False) for item in bench.items]
     text = json.dumps(header, indent=1, ensure_ascii=False)[:-2]
     text += ',\n "items": [\n' + ",\n".join(lines) + "\n ]\n}\n"
@@ -186,6 +250,10 @@ def read_benchmark_file(path: str | Path) -> FrozenBenchmark:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise DataError(f"{path}: not a benchmark file (no \"format\": \"{FORMAT}\"); "
                         "write one with `csclip benchmark build`")
+    if data.get("version") == 1:
+        raise DataError(f"{path}: a version 1 benchmark file, whose hash does not pin its "
+                        "images; rebuild it with `csclip benchmark build` (the same --units and "
+                        "flags give the same items, now with each image's sha256)")
     if data.get("version") != VERSION:
         raise DataError(f"{path}: benchmark file version {data.get('version')!r}; this csclip "
                         f"reads version {VERSION}")
@@ -195,12 +263,21 @@ def read_benchmark_file(path: str | Path) -> FrozenBenchmark:
     raw_items = data.get("items")
     if not isinstance(raw_items, list) or not raw_items:
         raise DataError(f"{path}: \"items\" must be a non-empty list")
-    items, images = [], {}
+    items, images, digests = [], {}, {}
     for index, raw in enumerate(raw_items):
-        item, image = _item(raw, f"{path}: items[{index}]")
+        where = f"{path}: items[{index}]"
+        item, image, digest = _item(raw, where)
         items.append(item)
-        images.setdefault(item.image_id, image)
-    stated, actual = data.get("content_hash"), benchmark_hash(items, protocol)
+        if images.setdefault(item.image_id, image) != image or \
+                digests.setdefault(item.image_id, digest) != digest:
+            raise DataError(f"{where}: image {item.image_id!r} has another path or sha256 than "
+                            "in an earlier item: the file was edited or damaged")
+    digest = images_digest(digests)
+    if data.get("images_digest") != digest:
+        raise DataError(f"{path}: images_digest {data.get('images_digest')} does not match its "
+                        f"items' image_sha256 ({digest}): the file was edited or damaged; "
+                        "rebuild it with `csclip benchmark build`")
+    stated, actual = data.get("content_hash"), benchmark_hash(items, protocol, digest)
     if stated != actual:
         raise DataError(f"{path}: content hash {stated} does not match its items ({actual}): "
                         "the file was edited or damaged; rebuild it with `csclip benchmark build`")
@@ -209,12 +286,13 @@ def read_benchmark_file(path: str | Path) -> FrozenBenchmark:
     skipped = {(c, r): n for c, reasons in raw_skipped.items() if isinstance(reasons, dict)
                for r, n in reasons.items()}
     benchmark = HalfTruthBenchmark(
-        tuple(items), skipped, len(images), int(built_from.get("num_records") or 0), protocol
+        tuple(items), skipped, len(images), int(built_from.get("num_records") or 0), protocol,
+        digest,
     )
-    return FrozenBenchmark(benchmark, images, built_from)
+    return FrozenBenchmark(benchmark, images, built_from, digests)
 
 
-def _item(raw: object, where: str) -> tuple[HalfTruthItem, str | None]:
+def _item(raw: object, where: str) -> tuple[HalfTruthItem, str | None, str]:
     if not isinstance(raw, dict):
         raise DataError(f"{where}: an item must be an object")
     missing = [name for name in _ITEM_FIELDS if not isinstance(raw.get(name), str)]
@@ -228,7 +306,12 @@ def _item(raw: object, where: str) -> tuple[HalfTruthItem, str | None]:
     image = raw.get("image")
     if image is not None and not isinstance(image, str):
         raise DataError(f"{where}: \"image\" must be a path, a URI or null")
-    return item, image
+    digest = raw.get("image_sha256")
+    if not isinstance(digest, str) or len(digest) != 64 or \
+            any(c not in "0123456789abcdef" for c in digest):
+        raise DataError(f"{where}: \"image_sha256\" must be the 64 hex digits of the image's "
+                        "sha256")
+    return item, image, digest
 
 
 # ---------------------------------------------------------------------------------------
@@ -240,24 +323,76 @@ def prepare_frozen(
     frozen: FrozenBenchmark,
     records: list[UnitsRecord] | None = None,
     image_root: str | None = None,
+    allow_outside_image_root: bool = False,
 ) -> PreparedBenchmark:
     """The frozen items ready to score (no image-side items: those are built from units).
-    Images come from the file's paths (relative ones under image_root); an image the file
-    has no path for comes from `records` (the units it was built from). Raises DataError
-    for an image found in neither."""
+    Images come from the file's paths (resolve_image: relative ones under image_root), each
+    read with its sha256 checked (csclip.eval.encoder.DIGEST_MARK); an image the file has no
+    path for comes from `records` (the units it was built from), checked here. Raises
+    DataError for an image found in neither, outside the root or with other bytes."""
     images: dict[str, ImageSource] = {}
     without_path = []
     for image_id, image in frozen.images.items():
         if image is None:
             without_path.append(image_id)
-        elif image_root and not image.startswith("/") and "://" not in image:
-            images[image_id] = f"{image_root.rstrip('/')}/{image}"
         else:
-            images[image_id] = image
+            uri = resolve_image(image_id, image, image_root, allow_outside_image_root)
+            images[image_id] = f"{uri}{DIGEST_MARK}{frozen.image_sha256[image_id]}"
     if without_path:
         if not records:
             raise DataError(f"benchmark file: {len(without_path)} images (e.g. "
                             f"{without_path[0]!r}) have no path in the file; pass the units "
                             "they were built from (--units, or the synthetic world's config)")
-        images.update(image_sources(records, without_path))
+        held = image_sources(records, without_path)
+        for image_id, source in held.items():
+            _check_bytes(image_id, source, frozen.image_sha256[image_id])
+        images.update(held)
     return PreparedBenchmark(frozen.benchmark, (), images)
+
+
+def resolve_image(image_id: str, path: str, image_root: str | None,
+                  allow_outside: bool = False) -> str:
+    """Where the file's image `path` is read from: a relative path joined to image_root
+    (the current directory without one); an absolute path or URI as it is. Unless
+    allow_outside, the path must stay inside the root: no ".." component, no absolute path
+    or URI that is not under image_root, no "~". The check is on the path's text; links
+    inside the root are its owner's choice. Raises DataError naming the image otherwise."""
+    root = image_root.rstrip("/") if image_root else None
+    absolute = path.startswith(("/", "~")) or "://" in path
+    uri = path if absolute or not root else f"{root}/{path}"
+    if allow_outside:
+        return uri
+    inside = ".." not in path.split("/") and (
+        not absolute or bool(root and path.startswith(root + "/")))
+    if not inside:
+        where = f"--image-root {root}" if root else "the current directory (no --image-root)"
+        raise DataError(f"benchmark file: image {image_id!r} is at {path!r}, outside {where}; "
+                        "give --image-root with the root its paths are under, or "
+                        "--allow-outside-image-root to read it where the file says (its bytes "
+                        "are checked against the file's sha256 either way)")
+    return uri
+
+
+def _check_bytes(image_id: str, source: ImageSource, expected: str) -> None:
+    from csclip.eval.encoder import load_image
+
+    actual = hashlib.sha256(load_image(source)).hexdigest()
+    if actual != expected:
+        raise DataError(f"image {image_id!r}: its bytes in the units differ from those the "
+                        f"benchmark file was built with (sha256 {actual[:16]}..., the file says "
+                        f"{expected[:16]}...); score it against the units it was built from")
+
+
+def verify_images(frozen: FrozenBenchmark, records: list[UnitsRecord] | None = None,
+                  image_root: str | None = None, allow_outside_image_root: bool = False) -> int:
+    """Read every image of the file (as prepare_frozen would) and check its sha256; the
+    number of images read. Raises DataError naming the first image that differs, is
+    missing or lies outside the root."""
+    from csclip.eval.encoder import load_image
+
+    prepared = prepare_frozen(frozen, records, image_root, allow_outside_image_root)
+    with ThreadPoolExecutor(_READ_THREADS) as pool:
+        # Each image is dropped once checked: a benchmark's images need not fit in memory.
+        list(pool.map(lambda source: len(load_image(source)),
+                      [s for s in prepared.images.values() if isinstance(s, str)]))
+    return len(prepared.images)

@@ -5,6 +5,7 @@ are then cosine similarities looked up from the cached features."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 from collections.abc import Mapping, Sequence
@@ -169,29 +170,34 @@ def image_sources(
 
 
 CROP_MARK = "#crop="  # "<uri>#crop=x,y,w,h": a box of the image (ARO's VG items)
+# "<uri>#sha256=<hex>": the file's bytes must have this digest (a frozen benchmark file's
+# images, csclip.eval.benchmark_file), checked where it is read, on a Ray actor too.
+DIGEST_MARK = "#sha256="
 
 
 def load_image(source: ImageSource) -> bytes:
     """The encoded bytes of an image source (reading a URI through csclip.storage; a URI
-    ending in `#crop=x,y,w,h` is cropped to that box and re-encoded as PNG)."""
+    ending in `#crop=x,y,w,h` is cropped to that box and re-encoded as PNG; one ending in
+    `#sha256=<hex>` is refused with a DataError unless the file's bytes have that digest)."""
     if isinstance(source, bytes | bytearray | memoryview):
         return bytes(source)
     from csclip.storage import filesystem_for, read_bytes
 
+    source, mark, digest = source.rpartition(DIGEST_MARK) if DIGEST_MARK in source else (
+        source, "", "")
     uri, _, box = source.partition(CROP_MARK)
     filesystem, path = filesystem_for(uri)
     data = read_bytes(filesystem, path)
+    if mark and hashlib.sha256(data).hexdigest() != digest:
+        raise DataError(f"image {uri}: its bytes differ from those the benchmark file was "
+                        f"built with (sha256 {hashlib.sha256(data).hexdigest()[:16]}..., the "
+                        f"file says {digest[:16]}...); restore the image or rebuild the file")
     if not box:
         return data
     x, y, w, h = (int(v) for v in box.split(","))
     buffer = io.BytesIO()
     decode_image(data).crop((x, y, x + w, y + h)).save(buffer, format="PNG")
     return buffer.getvalue()
-
-
-def image_bytes_by_id(records: Sequence[UnitsRecord], image_ids: Sequence[str]) -> dict[str, bytes]:
-    """image_sources with every URI read now."""
-    return {i: load_image(s) for i, s in image_sources(records, image_ids).items()}
 
 
 def _encode_image_chunk(scorer: Scorer, images: Mapping[str, ImageSource],

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from csclip.config import StrictModel, flatten
 from csclip.errors import ConfigError
-from csclip.eval.encoder import Encoder, Scorer, ScoringConfig
+from csclip.eval.encoder import Encoder, ScoringConfig
 from csclip.eval.halftruth import (
     CONDITIONS,
     BenchmarkConfig,
@@ -83,19 +83,6 @@ def evaluate_encoder(
     if suites is not None:
         metrics.update(evaluate_suites(encoder, records, suites))
     return HalfTruthReport(name, metrics, bench.items, scores, bench.skipped)
-
-
-def evaluate_scorer(
-    scorer: Scorer,
-    records: Sequence[UnitsRecord],
-    *,
-    name: str = "scorer",
-    benchmark: BenchmarkConfig | None = None,
-) -> HalfTruthReport:
-    """The half-truth report of any Scorer (e.g. CaptionLengthScorer), in process."""
-    benchmark = benchmark or BenchmarkConfig()
-    prepared = prepare_benchmark(records, benchmark)
-    return evaluate_encoder(name, Encoder(scorer), prepared, records, benchmark)
 
 
 def evaluate_bundle(
@@ -192,7 +179,8 @@ def run_evaluation(config: EvalConfig) -> ComparisonReport:
         # for some image (built from records that carried the bytes, e.g. the world).
         needs_units = config.data.units_uri is not None or None in frozen.images.values()
         records = load_records(config.data) if needs_units else []
-        prepared = prepare_frozen(frozen, records, config.benchmark.image_root)
+        prepared = prepare_frozen(frozen, records, config.benchmark.image_root,
+                                  config.benchmark.allow_outside_image_root)
     else:
         records = load_records(config.data)
     if config.checkpoint:

@@ -5,6 +5,7 @@ split). Parsing is pure (no Ray); `caption_dataset` wraps the table as a Ray Dat
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -83,6 +84,26 @@ def _load_json(fs: pafs.FileSystem, path: str) -> object:
         return json.loads(storage.read_bytes(fs, path))
     except json.JSONDecodeError as err:
         raise DataError(f"{path}: not valid JSON ({err}); check input.format") from err
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text (byte {err.start}); check input.uri") from err
+
+
+def _text(fs: pafs.FileSystem, path: str, encoding: str = "utf-8") -> str:
+    try:
+        return storage.read_bytes(fs, path).decode(encoding)
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text (byte {err.start}); check input.uri") from err
+
+
+@contextlib.contextmanager
+def _entry(path: str, fmt: str, where: str) -> Iterator[None]:
+    """A field missing (KeyError names it) or of another type in one entry of a file is
+    a DataError naming the file and the entry."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise DataError(f"{path}: not a {fmt} file ({where}: {type(err).__name__} {err}); "
+                        "check input.format and input.uri") from err
 
 
 def _expect(cond: bool, path: str, fmt: str, what: str) -> None:
@@ -111,11 +132,15 @@ def iter_coco(fs: pafs.FileSystem, path: str, cfg: InputConfig) -> Iterator[dict
         if not found:
             raise DataError(f"{path}: cannot infer the split from the file name; set input.split")
         split = found.group(1)
-    files = {img["id"]: img.get("file_name") for img in data.get("images", [])}
-    for ann in data["annotations"]:
-        image_id = ann["image_id"]
-        ref = _image_ref(cfg.image_root, files.get(image_id) or f"{int(image_id):012d}.jpg")
-        yield _row(f"coco-{image_id}-{ann['id']}", str(image_id), ref, ann.get("caption", ""), split)
+    with _entry(path, "COCO captions", "images"):
+        files = {img["id"]: img.get("file_name") for img in data.get("images", [])}
+    for number, ann in enumerate(data["annotations"]):
+        with _entry(path, "COCO captions", f"annotation {number}"):
+            image_id = ann["image_id"]
+            ref = _image_ref(cfg.image_root, files.get(image_id) or f"{int(image_id):012d}.jpg")
+            row = _row(f"coco-{image_id}-{ann['id']}", str(image_id), ref,
+                       ann.get("caption", ""), split)
+        yield row
 
 
 def iter_sugarcrepe(fs: pafs.FileSystem, path: str, cfg: InputConfig) -> Iterator[dict]:
@@ -131,15 +156,20 @@ def iter_sugarcrepe(fs: pafs.FileSystem, path: str, cfg: InputConfig) -> Iterato
         for key, entry in data.items():
             _expect(isinstance(entry, dict) and "filename" in entry, file, "SugarCrepe",
                     f"entry {key!r} has no 'filename'")
-            image_id = posixpath.splitext(entry["filename"])[0]
-            yield _row(f"sugarcrepe-{subset}-{int(key):06d}", image_id,
-                       _image_ref(cfg.image_root, entry["filename"]), entry.get("caption", ""),
-                       cfg.split or "test")
+            with _entry(file, "SugarCrepe", f"entry {key!r}"):
+                image_id = posixpath.splitext(entry["filename"])[0]
+                row = _row(f"sugarcrepe-{subset}-{int(key):06d}", image_id,
+                           _image_ref(cfg.image_root, entry["filename"]),
+                           entry.get("caption", ""), cfg.split or "test")
+            yield row
 
 
 def _table_rows(rows: list[dict], path: str, cfg: InputConfig) -> Iterator[dict]:
     stem = posixpath.splitext(posixpath.basename(path))[0]
     for number, item in enumerate(rows):
+        if not isinstance(item, dict):
+            raise DataError(f"{path}: row {number} is a JSON {type(item).__name__}, not an "
+                            "object with 'image' and 'caption'")
         if "caption" not in item or "image" not in item:
             raise DataError(f"{path}: row {number} needs 'image' and 'caption' columns "
                             f"(has {sorted(item)})")
@@ -152,14 +182,14 @@ def _table_rows(rows: list[dict], path: str, cfg: InputConfig) -> Iterator[dict]
 
 def iter_csv(fs: pafs.FileSystem, path: str, cfg: InputConfig) -> Iterator[dict]:
     """CSV with a header: `image`, `caption`, optional `split`, `image_id`, `sample_id`."""
-    text = storage.read_bytes(fs, path).decode("utf-8-sig")
+    text = _text(fs, path, "utf-8-sig")
     yield from _table_rows(list(csv.DictReader(io.StringIO(text))), path, cfg)
 
 
 def iter_jsonl(fs: pafs.FileSystem, path: str, cfg: InputConfig) -> Iterator[dict]:
     """JSON Lines, one object per line with the same keys as the CSV format."""
     rows = []
-    for number, line in enumerate(storage.read_bytes(fs, path).decode("utf-8").splitlines()):
+    for number, line in enumerate(_text(fs, path).splitlines()):
         if not line.strip():
             continue
         try:

@@ -7,7 +7,8 @@ with `csclip.train.step.train_step`. Rerunning the same config resumes: the run 
 the resolved config (or `run.name`). The batches are a function of the config
 (csclip.train.stream.deterministic), and each epoch is its own Ray Train dataset: a resumed
 worker starts with its step's epoch and skips exactly the batches of it trained on before
-(`_epoch_batches`), so its losses are those of an uninterrupted run.
+(`_epoch_batches`) and restores its random generators (csclip.train.rng), so its losses
+are those of an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
+import re
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -49,6 +53,7 @@ from csclip.model import (
     spec_of,
 )
 from csclip.tracking import TrackingConfig
+from csclip.train import rng as generators
 from csclip.train.optim import OptimConfig, lr_at
 from csclip.train.sampling import SamplingConfig
 from csclip.train.step import (
@@ -68,6 +73,10 @@ logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.json"
 FINAL_DIR = "final"
+
+
+RUN_NAME_MAX = 200
+RUN_NAME_PATTERN = re.compile(rf"[A-Za-z0-9_-][A-Za-z0-9._-]{{0,{RUN_NAME_MAX - 1}}}")
 
 
 class RunSection(StrictModel):
@@ -113,6 +122,18 @@ class RunSection(StrictModel):
     best_metric: str = "ht_all"
     best_mode: Literal["max", "min"] = "max"
 
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str | None) -> str | None:
+        # The name is a directory under storage_path (a "/" or ".." would leave it) and a
+        # value inside MLflow's search filters (a quote would break them).
+        if value is None:
+            return None
+        if not RUN_NAME_PATTERN.fullmatch(value) or ".." in value:
+            raise ValueError(f"{value[:80]!r}: a run name is 1-{RUN_NAME_MAX} characters of "
+                             "A-Z a-z 0-9 . _ -, not starting with '.' and without '..'")
+        return value
+
     @field_validator("resume_from")
     @classmethod
     def _local_absolute_path(cls, value: str | None) -> str | None:
@@ -155,40 +176,64 @@ class TrainResult:
     mlflow_run_id: str | None = None
 
 
-# Fields that say where/how to run, not what is trained: they do not change the run name
-# (a run restarted with compilation or accumulation on resumes the same run).
-_NOT_IN_NAME = {"run": {"name", "storage_path", "max_failures", "log_every", "num_to_keep",
-                        "cpus_per_worker", "checkpoint_every",
-                        "eval_every", "eval_max_images", "best_metric", "best_mode",
-                        "compile", "compile_mode", "channels_last", "worker_resources",
-                        "torch_threads", "ray_train_log_level"},
-                "data": {"prefetch_batches", "pin_memory", "image_cache_mb"},
-                "model": {"grad_checkpointing"},
-                "optim": {"accum_freq", "fused"},
-                "tracking": None}
-# Fields added after runs were named: part of the name only when not at their default, so
-# the runs named before them keep their names (and resume).
-_IN_NAME_WHEN_SET = {"run": {"resume_from"}, "data": {"augment"},
-                     "model": {"lock"}}
+# A run's identity: the fields that say what is trained. The run name is
+# "<loss.method>-<12 hex digits of their hash>", so rerunning a config resumes its run and
+# reuses its checkpoints; a field added here renames every earlier run (and loses their
+# cache and resume): tests/test_run_identity.py pins a few names on purpose. A path names
+# a field or a whole section (data.world: every field of the world, so a field added to
+# WorldConfig renames runs too, and the pinned names say so).
+IDENTITY_FIELDS: tuple[str, ...] = (
+    "model.name", "model.pretrained", "model.quick_gelu", "model.image_size",
+    "data.world", "data.units_uri", "data.split", "data.batch_size", "data.shuffle_buffer",
+    "sampling.num_unit_slots", "sampling.relation_prob", "sampling.swap_prob",
+    "sampling.inplace_prob", "sampling.relation_negative_prob",
+    "sampling.entity_context_prob", "sampling.use_negation", "sampling.relation_foil_weights",
+    "loss.method", "loss.unit_loss_weight", "loss.gather", "loss.image_foil_weight",
+    "optim.lr", "optim.weight_decay", "optim.decay_all_params", "optim.betas", "optim.eps",
+    "optim.warmup_steps", "optim.warmup_epochs", "optim.warmup_start_ratio",
+    "optim.min_lr_ratio", "optim.epochs", "optim.max_steps", "optim.grad_clip",
+    "optim.schedule",
+    "run.num_workers", "run.use_gpu", "run.precision", "run.seed",
+)
+# Identity fields added after runs were named: part of the hash only when not at their
+# default, so the runs named before them keep their names (and resume).
+IDENTITY_FIELDS_WHEN_SET: tuple[str, ...] = ("model.lock", "data.augment", "run.resume_from")
+# How a run runs, not what it trains: never in its name (a run restarted with compilation
+# or accumulation on, or moved to other storage, resumes the same run). Every TrainConfig
+# field is in exactly one of these three lists (tests/test_run_identity.py).
+HOW_IT_RUNS_FIELDS: tuple[str, ...] = (
+    "model.grad_checkpointing",
+    "data.image_cache_mb", "data.prefetch_batches", "data.pin_memory",
+    "optim.accum_freq", "optim.fused",
+    "run.name", "run.storage_path", "run.checkpoint_every", "run.num_to_keep",
+    "run.cpus_per_worker", "run.torch_threads", "run.ray_train_log_level", "run.compile",
+    "run.compile_mode", "run.channels_last", "run.log_every", "run.max_failures",
+    "run.worker_resources", "run.eval_every", "run.eval_max_images", "run.best_metric",
+    "run.best_mode",
+    "tracking",
+)
 
 
 def run_name(config: TrainConfig) -> str:
-    """`run.name`, or "<method>-<12 hex digits of the resolved config's hash>"."""
-    if config.run.name:
-        return config.run.name
-    data = config.model_dump(mode="json")
-    for section, keys in _NOT_IN_NAME.items():
-        if keys is None:
-            data.pop(section, None)
-        else:
-            for key in keys:
-                data[section].pop(key, None)
-    for section, keys in _IN_NAME_WHEN_SET.items():
-        defaults = type(getattr(config, section))().model_dump(mode="json")
-        for key in keys:
-            if data[section].get(key) == defaults[key]:
-                data[section].pop(key)
-    digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+    """`run.name`, or "<method>-<12 hex digits of the hash of its identity>" (_identity)."""
+    return config.run.name or _identity(config)
+
+
+def _identity(config: TrainConfig) -> str:
+    """What a run trains, whatever its name: "<loss.method>-<12 hex digits>" of the JSON of
+    its IDENTITY_FIELDS (and IDENTITY_FIELDS_WHEN_SET away from their defaults), nested as
+    in the config."""
+    data, default = config.model_dump(mode="json"), TrainConfig().model_dump(mode="json")
+    identity: dict = {}
+    for path in IDENTITY_FIELDS + IDENTITY_FIELDS_WHEN_SET:
+        *sections, key = path.split(".")
+        source, fallback, target = data, default, identity
+        for section in sections:
+            source, fallback = source[section], fallback[section]
+            target = target.setdefault(section, {})
+        if path in IDENTITY_FIELDS or source[key] != fallback[key]:
+            target[key] = source[key]
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
     return f"{config.loss.method}-{digest}"
 
 
@@ -220,11 +265,26 @@ def _layout_question(data: DataConfig):
 
 
 @dataclass(frozen=True)
+class WorkerHooks:
+    """Test hooks, never user config (`run(..., hooks=)` only).
+
+    fail_after_step: once this step is logged (and checkpointed, if it is a checkpoint
+    step) on a fresh attempt (not a restored one), end the worker as a crash would:
+    fail_by "raise" raises in the loop; "sigkill" kills the worker's process with SIGKILL
+    (nothing of it runs after that). fail_rank: the rank that fails; None: every rank.
+    loss_log: a local directory every worker reaches; each rank appends every logged
+    step's losses, with its process id, to rank-<rank>.jsonl (read_loss_log)."""
+
+    fail_after_step: int | None = None
+    fail_by: Literal["raise", "sigkill"] = "raise"
+    fail_rank: int | None = None
+    loss_log: str | None = None
+
+
+@dataclass(frozen=True)
 class WorkerPlan:
     """What the driver tells every worker besides the config: the step budget, where to
-    log and where best/ goes. fail_after_step: a test hook (never user config): raise
-    once this step is logged (and checkpointed, if it is a checkpoint step) on a fresh, not
-    restored, attempt, as a killed job would."""
+    log, where best/ goes, and the test hooks."""
 
     total_steps: int
     steps_per_epoch: int
@@ -232,7 +292,7 @@ class WorkerPlan:
     mlflow_run_id: str | None
     tracking_uri: str | None
     best_uri: str
-    fail_after_step: int | None = None
+    hooks: WorkerHooks = WorkerHooks()
 
 
 @dataclass
@@ -240,6 +300,9 @@ class _State:
     step: int = 0
     samples: int = 0
     restored_from: int | None = None
+    # Every rank's generator states at the restored checkpoint (csclip.train.rng), in rank
+    # order; None when it has none (a fresh start, or a checkpoint written before them).
+    rng: list[dict] | None = None
 
 
 @dataclass(frozen=True)
@@ -278,7 +341,8 @@ def prepare_training(config: TrainConfig, device: torch.device, checkpoint_dir: 
                               train_state=saved, wrap=wrap)
     step = int(saved.get("step", 0))
     state = _State(step=step, samples=int(saved.get("samples", 0)),
-                   restored_from=step if checkpoint_dir is not None else None)
+                   restored_from=step if checkpoint_dir is not None else None,
+                   rng=saved.get("rng"))
     return WorkerSetup(training, spec, bundle, state)
 
 
@@ -335,7 +399,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     _worker_logging()
     context = ray.train.get_context()
     rank = context.get_world_rank()
-    torch.manual_seed(config.run.seed + rank)
+    generators.seed_all(config.run.seed + rank)
     if config.run.torch_threads is not None:
         torch.set_num_threads(config.run.torch_threads)
     device = ray.train.torch.get_device()
@@ -350,6 +414,11 @@ def train_loop_per_worker(loop_config: dict) -> None:
     step_logger = StepLogger(plan.tracking_uri, plan.mlflow_run_id if rank == 0 else None,
                              flush_every=config.run.log_every)
     evaluator = _periodic_evaluator(config, plan) if rank == 0 else None
+    _restore_generators(state, rank, context.get_world_size(), device)  # the last draw first
+    loss_log = None
+    if plan.hooks.loss_log is not None:
+        Path(plan.hooks.loss_log).mkdir(parents=True, exist_ok=True)
+        loss_log = Path(plan.hooks.loss_log, f"rank-{rank}.jsonl")
     total = plan.total_steps
     metrics, window, last = StepMetrics(), _Window(time.perf_counter()), {}
     for epoch, batches in _epoch_batches(config, plan, state.step, device, rank):
@@ -370,7 +439,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             metrics.add(state.step, parts, training.model.logit_scale, lr)
             checkpoint_now = state.step % config.run.checkpoint_every == 0 or state.step == total
             if state.step % config.run.log_every == 0 or checkpoint_now:
-                last = _publish(metrics, window, step_logger, plan.steps_per_epoch)
+                last = _publish(metrics, window, step_logger, plan.steps_per_epoch, loss_log)
                 if state.step % config.run.log_every == 0 and rank == 0:
                     logger.info("%s step %d/%d loss %.4f (full %.4f unit %.4f%s) lr %.2e "
                                 "%.0f samples/s (data wait %.0f%%)", config.loss.method,
@@ -385,11 +454,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
                                           str(device))
                 window.start += time.perf_counter() - started  # samples/s counts training only
             if checkpoint_now:
-                _checkpoint(training, setup.spec, state, config, last, rank)
-            if (plan.fail_after_step is not None and state.restored_from is None
-                    and state.step >= plan.fail_after_step):
-                raise RuntimeError(f"injected failure after step {state.step} "
-                                   "(fail_after_step)")
+                _checkpoint(training, setup.spec, state, config, last, rank, device)
+            _injected_failure(plan.hooks, state, rank)
             tick = time.perf_counter()  # after logging and checkpointing: the next wait is the data's
         if state.step < min(total, (epoch + 1) * plan.steps_per_epoch):
             raise RuntimeError(f"epoch {epoch} ran out of data at step {state.step} "
@@ -435,19 +501,67 @@ def _epoch_batches(config: TrainConfig, plan: WorkerPlan, step: int, device: tor
         release_epoch(shard, rank)  # every worker is past it: its coordinator ends
 
 
-def _publish(metrics: StepMetrics, window: _Window, step_logger, steps_per_epoch: int) -> dict:
-    """Read the buffered steps' metrics (one host sync), log each to MLflow, and return
-    the last step's, with the window's samples/s."""
+def _publish(metrics: StepMetrics, window: _Window, step_logger, steps_per_epoch: int,
+             loss_log: Path | None = None) -> dict:
+    """Read the buffered steps' metrics (one host sync), log each to MLflow (and to
+    `loss_log`, WorkerHooks.loss_log's file of this rank), and return the last step's,
+    with the window's samples/s."""
     rows = metrics.take()
     now = time.perf_counter()
     elapsed = max(now - window.start, 1e-9)
     rows[-1]["samples_per_s"] = window.samples / elapsed
     rows[-1]["data_wait_frac"] = window.data_wait / elapsed
     window.start, window.samples, window.data_wait = now, 0, 0.0
+    if loss_log is not None:  # closed at once: a SIGKILL right after loses nothing
+        with loss_log.open("a") as out:
+            out.writelines(json.dumps({"pid": os.getpid(), "step": row["step"],
+                                       "loss": row["loss"]}) + "\n" for row in rows)
     for row in rows:
         row["epoch"] = row["step"] / max(1, steps_per_epoch)
         step_logger.log(row["step"], row)
     return rows[-1]
+
+
+def read_loss_log(directory: str | Path) -> dict[int, list[list[tuple[int, float]]]]:
+    """What WorkerHooks.loss_log recorded: for each rank, the (step, loss) pairs of each
+    worker process it ran in (an attempt: before a kill, after the restart), in order."""
+    ranks: dict[int, list[list[tuple[int, float]]]] = {}
+    for file in sorted(Path(directory).glob("rank-*.jsonl")):
+        attempts: dict[int, list[tuple[int, float]]] = {}  # by process id, in order
+        for line in file.read_text().splitlines():
+            row = json.loads(line)
+            attempts.setdefault(row["pid"], []).append((row["step"], row["loss"]))
+        ranks[int(file.stem.removeprefix("rank-"))] = list(attempts.values())
+    return ranks
+
+
+def _injected_failure(hooks: WorkerHooks, state: _State, rank: int) -> None:
+    """WorkerHooks.fail_after_step: end a fresh attempt after that step, as a crash would."""
+    if (hooks.fail_after_step is None or state.restored_from is not None
+            or state.step < hooks.fail_after_step or hooks.fail_rank not in (None, rank)):
+        return
+    if hooks.fail_by == "sigkill":
+        logger.warning("rank %d: killing this worker (pid %d) after step %d (test hook)",
+                       rank, os.getpid(), state.step)
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise RuntimeError(f"injected failure after step {state.step} (fail_after_step)")
+
+
+def _restore_generators(state: _State, rank: int, world_size: int,
+                        device: torch.device) -> None:
+    """Set this worker's random generators to its rank's state at the restored
+    checkpoint, so the steps after a restart draw what the uninterrupted run drew. A
+    checkpoint without them (written before they were saved) or of another number of
+    workers leaves the generators seeded by (run.seed, rank), and says so."""
+    if state.restored_from is None:
+        return
+    if state.rng is None or len(state.rng) != world_size:
+        logger.warning("the checkpoint of step %d has %s; the random generators start from "
+                       "run.seed instead", state.restored_from,
+                       "no generator states" if state.rng is None else
+                       f"the generator states of {len(state.rng)} workers, not {world_size}")
+        return
+    generators.restore(state.rng[rank], device)
 
 
 # -- evaluation during training (run.eval_every; the logic lives in csclip.train.periodic) --
@@ -510,17 +624,19 @@ def _checkpoint_dir(run_section: RunSection) -> Iterator[str | None]:
 
 
 def _checkpoint(training: Training, spec: ModelSpec, state: _State, config: TrainConfig,
-                metrics: dict, rank: int) -> None:
+                metrics: dict, rank: int, device: torch.device) -> None:
     import ray.train
 
     report = {**metrics, "resumed_from": state.restored_from}
+    # Every rank's generators, gathered to rank 0 (a collective), saved as plain tensors.
+    rng = generators.gather(generators.capture(device), ray.train.get_context().get_world_size())
     if rank != 0:  # every rank reports (a barrier); only rank 0 writes
         ray.train.report(report, checkpoint=None)
         return
     with tempfile.TemporaryDirectory() as directory:
         train_state = {"optimizer": training.optimizer.state_dict(),
                        "scaler": training.scaler.state_dict(),
-                       "step": state.step, "samples": state.samples}
+                       "step": state.step, "samples": state.samples, "rng": rng}
         save_checkpoint(training.model, spec, directory, train_state, config.model_dump(mode="json"))
         Path(directory, METRICS_FILE).write_text(json.dumps(report, default=str))
         ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(directory))
@@ -530,14 +646,26 @@ def _checkpoint(training: Training, spec: ModelSpec, state: _State, config: Trai
 # The driver
 # ---------------------------------------------------------------------------------------
 
-def run(config: TrainConfig, callbacks: Sequence = (), *, fail_after_step: int | None = None
+def run(config: TrainConfig, callbacks: Sequence = (), *, hooks: WorkerHooks = WorkerHooks()
         ) -> TrainResult:
+    """_train under the lease of the run's storage, <run.storage_path>/<run name>: two
+    trainings of one run name would resume the same checkpoints and MLflow run, so a
+    second one is refused (a DataError naming the holder)."""
+    from csclip.storage import output_lease
+
+    uri = f"{storage_root(config).rstrip('/')}/{run_name(config)}"
+    with output_lease(uri, "csclip train"):
+        return _train(config, callbacks, hooks=hooks)
+
+
+def _train(config: TrainConfig, callbacks: Sequence = (), *, hooks: WorkerHooks = WorkerHooks()
+           ) -> TrainResult:
     """Train `config` on Ray Train and return where the final checkpoint went.
 
     callbacks: `ray.train.UserCallback`s for the Train RunConfig (e.g. Tune's
     `TuneReportCallback()` inside a Tune trial). A finished run with the same name is not
-    trained again; an unfinished one resumes from its last checkpoint. fail_after_step:
-    a test hook (WorkerPlan).
+    trained again; an unfinished one resumes from its last checkpoint. hooks: for tests
+    only (WorkerHooks).
     Raises CsclipError for bad data or a run name reused with a different config.
     """
     name, root = run_name(config), storage_root(config)
@@ -598,7 +726,7 @@ def run(config: TrainConfig, callbacks: Sequence = (), *, fail_after_step: int |
         total_steps=plan.total_steps, steps_per_epoch=plan.steps_per_epoch,
         num_epochs=plan.num_epochs, mlflow_run_id=run_id,
         tracking_uri=resolve_uri(config.tracking.uri) if config.tracking.enabled else None,
-        best_uri=f"{root.rstrip('/')}/{name}/best", fail_after_step=fail_after_step)
+        best_uri=f"{root.rstrip('/')}/{name}/best", hooks=hooks)
     loop_config = {"config": config.model_dump(mode="json"), "plan": worker_plan}
     try:
         result = _trainer(config, name, root, loop_config, datasets, callbacks).fit()
@@ -708,12 +836,19 @@ def finished_result(config: TrainConfig) -> TrainResult | None:
 
     Raises CsclipError when `run.name` names a finished run with a different config.
     """
-    from csclip.storage import exists, filesystem_for
+    from csclip.storage import exists, export_problem, filesystem_for
 
     name = run_name(config)
     uri = _final_uri(storage_root(config), name)
     fs, path = filesystem_for(uri)
-    if not exists(fs, f"{path}/{METRICS_FILE}"):
+    # final/ is finished when its manifest (written last) matches its files: an export
+    # killed mid-way is not, and the rerun resumes from the last checkpoint and exports again.
+    if not exists(fs, path):
+        return None
+    problem = export_problem(fs, path)
+    if problem is not None:
+        logger.info("run %s: %s is not a finished export (%s); training resumes", name, uri,
+                    problem)
         return None
     if _saved_identity(fs, f"{path}/{CONFIG_FILE}") != _identity(config):
         raise CsclipError(f"run.name {name!r} already finished with a different config at {uri}; "
@@ -741,11 +876,6 @@ def check_unfinished_run(config: TrainConfig) -> None:
     if saved and _saved_identity(fs, f"{saved[-1]}/{CONFIG_FILE}") != _identity(config):
         raise CsclipError(f"run.name {name!r}: {uri} holds an unfinished run of a different "
                           "config; rerun that config to resume it, or choose another run.name")
-
-
-def _identity(config: TrainConfig) -> str:
-    """What a run trains, whatever its name: the run name its config would hash to."""
-    return run_name(config.model_copy(update={"run": config.run.model_copy(update={"name": None})}))
 
 
 # Fields that were once in RunSection and live elsewhere now (a saved config may hold them).

@@ -55,11 +55,13 @@ class PeriodicEvaluator:
         self.best_value = self._saved_best()
 
     def _saved_best(self) -> float | None:
-        from csclip.storage import exists, filesystem_for, read_bytes
+        from csclip.storage import export_problem, filesystem_for, read_bytes
 
         filesystem, path = filesystem_for(self.best_uri)
         file = f"{path}/{BEST_METRICS_FILE}"
-        if not exists(filesystem, file):
+        # A best/ whose export was killed (no manifest, or files that do not match it) sets
+        # no bar: the next better step replaces it whole (csclip.storage.upload_dir).
+        if export_problem(filesystem, path) is not None:
             return None
         return float(json.loads(read_bytes(filesystem, file))["value"])
 

@@ -93,8 +93,10 @@ def source_dataset(data: DataConfig):
 
         return world_dataset(data.world, data.split)
     from csclip.storage import filesystem_for
+    from csclip.units import check_units_table
 
     fs, path = filesystem_for(data.units_uri)
+    check_units_table(fs, path, data.units_uri)  # unfinished, unreadable, another schema
     try:
         ds = read_units_parquet(path, fs)
     except (FileNotFoundError, OSError) as err:
@@ -237,7 +239,7 @@ def image_status(batch: pa.Table) -> dict[str, np.ndarray]:
             "ok": np.array(ok, dtype=bool)}
 
 
-# The columns sampling reads (csclip.train.sampling.records_from_batch); the decoded rows keep
+# The columns sampling reads (csclip.train.sampling.sample_text_columns); the decoded rows keep
 # only these, the image and the caption's tokens (not the PNG bytes, not the scene JSON).
 TEXT_COLUMNS = ("sample_id", "image_id", "caption", "split", "entities", "relations")
 CAPTION_TOKENS = "caption_tokens"

@@ -161,12 +161,16 @@ def measure_checkpoint(checkpoint_uri: str, model_config, world: WorldConfig,
                        held_out: int | None = None) -> WarmStartResult:
     """measure_layout of a layout run's checkpoint (its model, with the head it was saved
     with). model_config: the run's `model` section; held_out: default world.num_val."""
-    from csclip.model import bundle_from_config, load_weights_into, spec_of
+    from csclip.model import bundle_from_config, load_weights_into, remote_checkpoint_check, spec_of
     from csclip.storage import is_s3, local_dir
 
     bundle = bundle_from_config(model_config.model_copy(update={"pretrained": None}))
     add_layout_head(bundle.model, layout_question(world))
-    local = local_dir(checkpoint_uri, kind="checkpoints") if is_s3(checkpoint_uri) else checkpoint_uri
-    load_weights_into(bundle.model, local, spec_of(bundle.model, model_config.name))
+    spec = spec_of(bundle.model, model_config.name)
+    # From S3: the spec is checked before the rest of the prefix is copied.
+    local = local_dir(checkpoint_uri, kind="checkpoints",
+                      check=remote_checkpoint_check(checkpoint_uri, lambda: spec)
+                      ) if is_s3(checkpoint_uri) else checkpoint_uri
+    load_weights_into(bundle.model, local, spec)
     return measure_layout(bundle.model, bundle.preprocess, world,
                           world.num_val if held_out is None else held_out)

@@ -1,0 +1,364 @@
+"""A crash leaves nothing that reads as finished: a checkpoint export (final/, best/)
+SIGKILLed mid-way, locally and on S3 (moto); then what the next reader says."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from csclip import storage
+from csclip.config import load_config
+from csclip.errors import DataError
+from csclip.model import create_bundle, load_bundle, save_checkpoint, spec_of
+from csclip.train import TrainConfig, finished_result
+from csclip.train.loop import _export_final
+from tests.conftest import REPO_ROOT
+
+BUCKET = "csclip-crash"
+
+# The exporting process: the copies are slowed down (a pause after each file, small files
+# first, as pyarrow's multi-threaded copy lands them) so that the kill lands mid-export.
+# Both copy paths are slowed: pyarrow's copy_files (S3, and the old local export) and
+# shutil's (the local export's staging copy).
+_EXPORTER = textwrap.dedent("""
+    import shutil, sys, time
+    from pathlib import Path
+    import pyarrow.fs as pafs
+
+    real_copy_files, real_copy2 = pafs.copy_files, shutil.copy2
+
+    def slow_copy_files(source, destination, destination_filesystem=None, **kwargs):
+        files = [Path(source)] if Path(source).is_file() else sorted(
+            (p for p in Path(source).rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+        for file in files:
+            target = destination if Path(source).is_file() else \\
+                destination + "/" + file.relative_to(source).as_posix()
+            real_copy_files(str(file), target, destination_filesystem=destination_filesystem)
+            time.sleep(0.5)
+
+    def slow_copy2(source, destination, **kwargs):
+        real_copy2(source, destination, **kwargs)
+        time.sleep(0.5)
+
+    def slow_copytree(source, destination, **kwargs):
+        return real_copytree(source, destination, **{"copy_function": slow_copy2, **kwargs})
+
+    real_copytree = shutil.copytree
+    pafs.copy_files, shutil.copytree = slow_copy_files, slow_copytree
+
+    class Checkpoint:  # what _export_final reads of Ray's checkpoint
+        def to_directory(self, path):
+            shutil.copytree(sys.argv[1], path, dirs_exist_ok=True)
+
+    if sys.argv[2] == "final":
+        from csclip.train.loop import _export_final
+        _export_final(Checkpoint(), sys.argv[3], sys.argv[4])
+    else:  # best/ (csclip.train.periodic) is the same upload
+        from csclip.storage import upload_dir
+        upload_dir(sys.argv[1], sys.argv[3])
+    print("export finished", flush=True)
+""")
+
+
+def _config(storage_path: str) -> TrainConfig:
+    return load_config(TrainConfig, None, [
+        "model.name=csclip-tiny", "model.image_size=32", "run.name=crash",
+        f"run.storage_path={storage_path}", "tracking.enabled=false"])
+
+
+def _checkpoint(directory: Path, config: TrainConfig, seed: int, step: int) -> Path:
+    """A training checkpoint as Ray Train hands it to the export (weights, spec, config,
+    train state, metrics)."""
+    torch.manual_seed(seed)
+    model = create_bundle("csclip-tiny", image_size=32).model
+    save_checkpoint(model, spec_of(model, "csclip-tiny"), directory, {"step": step},
+                    config.model_dump(mode="json"))
+    (directory / "metrics.json").write_text(json.dumps({"step": step, "loss": 1.0}))
+    return directory
+
+
+def _kill_export(args: list[str], landed: Callable[[], bool], env: dict | None = None) -> None:
+    """Run the exporter and SIGKILL it as soon as `landed()` (a file of the export is
+    there); fail if it finished first."""
+    process = subprocess.Popen([sys.executable, "-c", _EXPORTER, *args], cwd=REPO_ROOT,
+                               env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not landed():
+        if process.poll() is not None or time.monotonic() > deadline:
+            out, err = process.communicate()
+            pytest.fail(f"the export ended before the kill (rc {process.returncode}): {out}{err}")
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL
+
+
+def _local_files(root: Path) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+
+
+def test_local_export_killed_mid_way_reads_as_unfinished_and_keeps_the_old_best(tmp_path):
+    config = _config(str(tmp_path / "runs"))
+    run_dir = tmp_path / "runs" / "crash"
+    source = _checkpoint(tmp_path / "ckpt", config, seed=1, step=4)
+    _kill_export([str(source), "final", str(tmp_path / "runs"), "crash"],
+                 lambda: run_dir.exists() and any(name.endswith("metrics.json")
+                                                   for name in _local_files(run_dir)))
+    assert finished_result(config) is None  # the rerun trains (resumes) and exports again
+
+    # best/ replaced mid-way: the old best stays whole, or there is none; never a mix.
+    best = run_dir / "best"
+    old = _checkpoint(tmp_path / "old", config, seed=2, step=2)
+    storage.upload_dir(old, str(best))
+    before = _local_files(run_dir)
+    _kill_export([str(source), "best", str(best)],
+                 lambda: len(_local_files(run_dir)) > len(before))
+    loaded = load_bundle(best).model.state_dict()
+    saved = torch.load(old / "model.pt", weights_only=True)
+    assert all(torch.equal(loaded[key], saved[key]) for key in saved)
+
+    # The same command again finishes, and reads as finished.
+    _export_final(_Checkpoint(source), str(tmp_path / "runs"), "crash")
+    result = finished_result(config)
+    assert result is not None and result.metrics["step"] == 4
+    assert not list(run_dir.glob(".*final"))  # the killed export's staging copy is gone
+
+
+class _Checkpoint:
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+    def to_directory(self, path: str) -> None:
+        import shutil
+
+        shutil.copytree(self.directory, path, dirs_exist_ok=True)
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_endpoint, monkeypatch, tmp_path):
+    import boto3
+
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": s3_endpoint,
+           "CSCLIP_CACHE_DIR": str(tmp_path / "cache")}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    client.create_bucket(Bucket=BUCKET)
+    yield client
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
+        for obj in page.get("Contents", []):
+            client.delete_object(Bucket=BUCKET, Key=obj["Key"])
+    client.delete_bucket(Bucket=BUCKET)
+
+
+def _keys(s3, prefix: str) -> set[str]:
+    listed = s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
+    return {obj["Key"].rsplit("/", 1)[1] for obj in listed}
+
+
+def test_s3_export_killed_mid_way_is_refused_in_one_line_then_the_rerun_finishes(s3, tmp_path):
+    config = _config(f"s3://{BUCKET}/runs")
+    source = _checkpoint(tmp_path / "ckpt", config, seed=1, step=4)
+    final = f"s3://{BUCKET}/runs/crash/final"
+    # Killed once the small files (metrics.json among them) are there, model.pt not yet.
+    _kill_export([str(source), "final", f"s3://{BUCKET}/runs", "crash"],
+                 lambda: "metrics.json" in _keys(s3, "runs/crash/final/"))
+    assert "manifest.json" not in _keys(s3, "runs/crash/final/")
+    assert finished_result(config) is None
+    with pytest.raises(DataError) as refused:
+        load_bundle(final)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(
+        f"checkpoint {final} is incomplete (export interrupted?): rerun the same command")
+
+    _export_final(_Checkpoint(source), f"s3://{BUCKET}/runs", "crash")
+    assert finished_result(config).metrics["step"] == 4
+    loaded = load_bundle(final).model.state_dict()
+    saved = torch.load(source / "model.pt", weights_only=True)
+    assert all(torch.equal(loaded[key], saved[key]) for key in saved)
+    # A file changed after the export (here: truncated) no longer verifies.
+    s3.put_object(Bucket=BUCKET, Key="runs/crash/final/model.pt", Body=b"truncated")
+    assert finished_result(config) is None
+    with pytest.raises(DataError, match="model.pt has 9 bytes"):
+        load_bundle(final)
+
+
+# ---------------------------------------------------------------------------------------
+# Extraction: SIGKILLed after a few shards, then the readers, then the same command again
+# ---------------------------------------------------------------------------------------
+
+# The extraction driver, joined to the test session's Ray; a pause after each shard's
+# marker so the kill lands between shards.
+_EXTRACTOR = textwrap.dedent("""
+    import sys, time
+    import ray
+    ray.init(address=sys.argv[1], log_to_driver=False, configure_logging=False)
+    from csclip.config import load_config
+    from csclip.extract.pipeline import ExtractConfig, run_extraction
+    run_extraction(load_config(ExtractConfig, None, sys.argv[2:]),
+                   on_shard_written=lambda shard: time.sleep(1.0))
+""")
+
+CAPTIONS = ["a red cube on a blue table", "two dogs running on the grass", "a man holding a cup",
+            "a small cat under a wooden chair", "a woman riding a brown horse",
+            "a green bus next to a tall building", "a boy kicking a white ball",
+            "an old car parked near a tree"]
+
+
+def _extract_overrides(captions: Path, out: Path) -> list[str]:
+    return ["input.format=jsonl", f"input.uri={captions}", "input.split=val",
+            "backend.name=rules", "output.shard_size=2", f"output.uri={out}",
+            "tracking.enabled=false"]
+
+
+def test_extraction_killed_mid_way_is_refused_by_its_readers_then_the_rerun_finishes(
+        ray_session, tmp_path, capsys):
+    from csclip.entry import benchmark
+    from csclip.extract.backends import rules_outcome
+    from csclip.extract.captions import caption_table
+    from csclip.extract.pipeline import ExtractConfig, run_extraction
+    from csclip.records import load_split
+    from csclip.units import read_units
+    from csclip.world.config import WorldConfig
+
+    captions = tmp_path / "captions.jsonl"
+    captions.write_text("".join(json.dumps({"image": f"img{i}.jpg", "caption": text}) + "\n"
+                                for i, text in enumerate(CAPTIONS * 2)))
+    out = tmp_path / "out"
+    overrides = _extract_overrides(captions, out)
+    address = ray_session.get_runtime_context().gcs_address
+    process = subprocess.Popen([sys.executable, "-c", _EXTRACTOR, address, *overrides],
+                               cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    deadline = time.monotonic() + 240
+    while len(list((out / "_done").glob("*.json")) if (out / "_done").is_dir() else []) < 2:
+        if process.poll() is not None or time.monotonic() > deadline:
+            stdout, stderr = process.communicate()
+            pytest.fail(f"extraction ended before the kill (rc {process.returncode}): {stderr}")
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert len(list((out / "units").glob("*.parquet"))) == 2  # 2 of 8 shards written
+
+    refusal = f"extraction at {out} stopped at shard 2 of 8; rerun the same command to finish"
+    with pytest.raises(DataError) as refused:
+        load_split(str(out / "units"), "val", WorldConfig())  # evaluate, training's val
+    assert str(refused.value) == refusal
+    with pytest.raises(DataError, match="stopped at shard 2 of 8"):
+        read_units(str(out / "units"))
+    code = benchmark.main(["build", "--units", str(out / "units"), "--out",
+                           str(tmp_path / "bench.json")])
+    assert code == 2 and not (tmp_path / "bench.json").exists()
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: {refusal}"]
+
+    # The same command again writes the other 6 shards and equals an uninterrupted run.
+    config = load_config(ExtractConfig, None, overrides)
+    summary = run_extraction(config)
+    assert (summary.shards_written, summary.shards_skipped, summary.read) == (6, 2, 16)
+    # What an uninterrupted run writes: the rules backend's records of every caption.
+    direct = [rules_outcome(row).record for row in caption_table(config.input).to_pylist()]
+    expected = sorted((r for r in direct if r is not None), key=lambda r: r.sample_id)
+    assert [r.units for r in read_units(str(out / "units"))] == [r.units for r in expected]
+    assert summary.with_units == len(expected) and summary.read == len(direct)
+    assert len(load_split(str(out / "units"), "val", WorldConfig())) == len(expected)
+
+
+# ---------------------------------------------------------------------------------------
+# One writer per output: a lease on an output directory and on a training run
+# ---------------------------------------------------------------------------------------
+
+_HOLDER = textwrap.dedent("""
+    import sys, time
+    from csclip.storage import output_lease
+    with output_lease(sys.argv[1], "a test writer"):
+        print("held", flush=True)
+        time.sleep(120)
+""")
+
+
+def _hold(uri: str) -> subprocess.Popen:
+    """A process that holds the lease on `uri` until killed."""
+    process = subprocess.Popen([sys.executable, "-c", _HOLDER, uri], cwd=REPO_ROOT,
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "held"
+    return process
+
+
+def _kill(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+
+
+def test_a_second_writer_is_refused_and_a_dead_writers_lease_is_taken_over(tmp_path, capsys):
+    from csclip.entry import evaluate
+    from csclip.extract.pipeline import ExtractConfig, run_extraction
+    from csclip.train import run
+
+    out = tmp_path / "eval"
+    holder = _hold(str(out))
+    try:
+        code = evaluate.main(["--out", str(out), "--set", "tracking.enabled=false"])
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and line.startswith(f"error: {out} is being written by a test writer "
+                                             f"(pid {holder.pid} on ")
+        with pytest.raises(DataError, match=f"pid {holder.pid}"):
+            storage.acquire_lease(str(out), "csclip evaluate")
+    finally:
+        _kill(holder)
+    # The holder was SIGKILLed: its lease (pid gone, this host) is taken over.
+    lease = storage.acquire_lease(str(out), "csclip evaluate")
+    saved = json.loads((out / storage.LEASE_FILE).read_text())
+    assert saved["pid"] == os.getpid() and saved["what"] == "csclip evaluate"
+    storage.release_lease(lease)
+    assert not (out / storage.LEASE_FILE).exists()
+
+    # An extraction's output and a training run's storage (<storage>/<run name>).
+    extraction = tmp_path / "extract"
+    config = _config(str(tmp_path / "runs"))
+    training = tmp_path / "runs" / "crash"
+    with storage.output_lease(str(extraction), "another extraction"), \
+            storage.output_lease(str(training), "another training"):
+        with pytest.raises(DataError, match="being written by another extraction"):
+            run_extraction(load_config(ExtractConfig, None, [
+                f"output.uri={extraction}", "tracking.enabled=false"]))
+        with pytest.raises(DataError, match="being written by another training"):
+            run(config)
+
+
+def test_the_lease_on_s3_is_a_conditional_put(s3):
+    uri = f"s3://{BUCKET}/runs/r"
+    holder = _hold(uri)
+    try:
+        with pytest.raises(DataError, match=f"being written by a test writer \\(pid {holder.pid}"):
+            storage.acquire_lease(uri, "csclip train")
+    finally:
+        _kill(holder)
+    with storage.output_lease(uri, "csclip train"):
+        body = s3.get_object(Bucket=BUCKET, Key=f"runs/r/{storage.LEASE_FILE}")["Body"].read()
+        assert json.loads(body)["pid"] == os.getpid()
+        # The put is conditional: a second one for the same key fails on the server.
+        assert not storage._create_s3(f"{BUCKET}/runs/r/{storage.LEASE_FILE}", b"{}", None)
+    assert storage.LEASE_FILE not in _keys(s3, "runs/r/")  # released
