@@ -103,15 +103,17 @@ def recorded_engine(first=FIRST, second=SECOND, failing=FAILING, crash_flag=None
 
         import pyarrow as pa
 
-        from csclip.extract.prompts import caption_from_messages
-
         texts, errors = [], []
         for row in batch.to_pylist():
             if crash_flag and row["shard"] == crash_shard and not os.path.exists(crash_flag):
                 open(crash_flag, "w").close()
                 raise RuntimeError("engine actor died (injected)")
             messages = json.loads(row["prompt_json"])
-            caption = " ".join(caption_from_messages(messages).split())  # keys: single spaces
+            # The user message is `Caption: <JSON string>\nAnswer:` (csclip.extract.prompts);
+            # parsed here, inside the Ray task, so that it imports nothing of the tests.
+            user = next(m["content"] for m in messages if m["role"] == "user")
+            caption = json.loads(user[len("Caption: "):user.rindex("\n")])
+            caption = " ".join(caption.split())  # keys: single spaces
             answers = second if len(messages) > 2 else first
             if call_log:
                 with open(call_log, "a") as log:
@@ -309,7 +311,7 @@ def chat_server():
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from csclip.extract.prompts import caption_from_messages
+    from tests.test_vllm_config import caption_from_messages
 
     requests = []
 

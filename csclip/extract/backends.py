@@ -4,7 +4,10 @@ Every backend turns one caption row into an `Outcome`: a validated UnitsRecord, 
 rejection with its stage, reason and raw answer. `gold` passes the synthetic world's
 units through; `rules` wraps `csclip.extract.rules.extract_units`; `vllm` parses an LLM
 answer (the engine itself lives in `csclip.extract.vllm`); `authors` validates a record
-of the CS-CLIP authors' unit files (read by `csclip.authors`). Pure: no Ray imports.
+of the CS-CLIP authors' unit files (read by `csclip.authors`); `replay` re-derives units
+from the raw answers a vllm run stored (`csclip.extract.answers`). `prompts` picks the
+prompt set of vllm and replay: `csclip` (ours, csclip.extract.prompts) or `authors` (the
+authors' three calls, csclip.extract.authors_prompts). Pure: no Ray imports.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import pyarrow as pa
+from pydantic import model_validator
 
 from csclip.config import StrictModel
 from csclip.extract.prompts import UNITS_ANSWER_SCHEMA
@@ -33,7 +37,8 @@ from csclip.units import (
     validate_record,
 )
 
-BackendName = Literal["vllm", "rules", "gold", "authors"]
+BackendName = Literal["vllm", "rules", "gold", "authors", "replay"]
+PromptSet = Literal["csclip", "authors"]
 
 
 class BackendConfig(StrictModel):
@@ -41,6 +46,23 @@ class BackendConfig(StrictModel):
 
     name: BackendName = "gold"
     vllm: VllmConfig = VllmConfig()
+    # The LLM's prompt set (vllm, replay). csclip: one call per caption, our prompt and
+    # foil rules (docs/extraction.md says what it changes). authors: the authors' three
+    # calls, prompts, sampling and filters, to reproduce the paper's units.
+    prompts: PromptSet = "csclip"
+    # replay: the raw answers a vllm run stored (its answers/ folder, a *.jsonl file or a
+    # glob; local or s3://); the units are re-derived from them with no LLM.
+    answers: str | None = None
+
+    @model_validator(mode="after")
+    def _replay_needs_answers(self) -> BackendConfig:
+        if self.name == "replay" and not self.answers:
+            raise ValueError("backend.name=replay needs backend.answers: the answers/ folder "
+                             "(or a .jsonl file) of an earlier vllm run")
+        if self.prompts != "csclip" and self.name not in ("vllm", "replay"):
+            raise ValueError(f"backend.prompts={self.prompts} is a prompt set of the LLM: "
+                             "it needs backend.name=vllm or replay")
+        return self
 
 
 class Status:
@@ -67,6 +89,10 @@ class Outcome:
     detail: str = ""
     raw_answer: str = ""
     item_rejections: list[Rejection] = field(default_factory=list)
+    # Every LLM call of the caption with its raw answer (csclip.extract.answers records),
+    # and for the authors' prompt set the caption's entry in their released format.
+    calls: list[dict] = field(default_factory=list)
+    authors_entry: dict | None = None
 
 
 class AnswerError(ValueError):
@@ -127,6 +153,10 @@ def gold_outcome(row: dict) -> Outcome:
     return _empty_caption(row) or finish(gold)
 
 
+# Longer captions are rejected by the rules backend (counted, with their length).
+MAX_RULES_CAPTION_CHARS = 2000
+
+
 def rules_outcome(row: dict) -> Outcome:
     """Units from the lexicon + pattern extractor (CPU, no model)."""
     from csclip.extract.rules import ABSENT_META_KEY, extract_units
@@ -134,6 +164,10 @@ def rules_outcome(row: dict) -> Outcome:
     empty = _empty_caption(row)
     if empty:
         return empty
+    if len(row["caption"]) > MAX_RULES_CAPTION_CHARS:
+        # The pattern extractor's time grows with the caption; no caption is this long.
+        return Outcome("read", reason=RejectReason.CAPTION_TOO_LONG, detail=(
+            f"caption of {len(row['caption'])} characters > {MAX_RULES_CAPTION_CHARS}"))
     result = extract_units(row["caption"])
     record = _base_record(row, "rules", result.entities, result.relations)
     if result.absent:  # what the caption says is not there: a true negative for later use
@@ -265,6 +299,9 @@ RESULT_SCHEMA = pa.schema([
     pa.field("caption", pa.string()),
     pa.field("split", pa.string()),
     pa.field("image_path", pa.string()),
+    pa.field("caption_index", pa.int64()),  # the caption's position in the input
+    pa.field("calls_json", pa.string()),  # the caption's LLM calls with their raw answers
+    pa.field("authors_json", pa.string()),  # its entry in the authors' format (or null)
 ])
 
 
@@ -287,6 +324,10 @@ def outcome_row(row: dict, outcome: Outcome, *, attempt: int = 0, repair: bool =
         "item_rejects_json": json.dumps([[r.reason.value, r.detail] for r in outcome.item_rejections]),
         "attempt": attempt, "image_id": row["image_id"], "caption": row["caption"],
         "split": row["split"], "image_path": row.get("image_path"),
+        "caption_index": row.get("caption_index"),
+        "calls_json": json.dumps(outcome.calls) if outcome.calls else None,
+        "authors_json": (json.dumps(outcome.authors_entry) if outcome.authors_entry is not None
+                         else None),
     }
 
 

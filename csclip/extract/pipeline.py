@@ -5,7 +5,9 @@ Captions are sorted by sample_id and cut into shards of `output.shard_size`. One
 execution streams all unfinished shards through the backend; the driver writes each
 shard as soon as all its rows are back: `units/part-K.parquet`, `rejects/part-K.parquet`,
 then the marker `_done/part-K.json` (its counts). A rerun skips shards with a marker and
-rewrites the others under the same names, so rows are never duplicated. Shards with rows
+rewrites the others under the same names, so rows are never duplicated. After the summary
+the output gets `_complete.json`: until then every reader of the folder refuses it
+(csclip.units.check_extraction_complete). Shards with rows
 that failed LLM validation first park them in `_stage1/part-K.parquet`; one repair pass
 re-prompts those rows and then finishes the shards.
 """
@@ -17,8 +19,9 @@ import json
 import logging
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from functools import partial
+from typing import Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,14 +31,20 @@ from pydantic import Field, model_validator
 from csclip import storage
 from csclip.config import StrictModel, flatten
 from csclip.errors import ConfigError, DataError
-from csclip.extract import backends
+from csclip.extract import answers, backends
 from csclip.extract.authors import authors_caption_table
 from csclip.extract.backends import RESULT_SCHEMA, BackendConfig, Outcome, Status
 from csclip.extract.captions import InputConfig, caption_table
 from csclip.extract.prompts import extraction_messages, repair_messages
 from csclip.extract.vllm import ERROR_COLUMN, Engine, VllmConfig, add_prompt_columns
 from csclip.tracking import TrackingConfig
-from csclip.units import RejectReason, records_to_table
+from csclip.units import (
+    EXTRACTION_COMPLETE,
+    EXTRACTION_DONE_DIR,
+    EXTRACTION_MANIFEST,
+    RejectReason,
+    records_to_table,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +56,7 @@ REJECTS_SCHEMA = pa.schema([
     pa.field("detail", pa.string()),
     pa.field("raw_answer", pa.string()),
 ])
-MANIFEST = "_manifest.json"
+MANIFEST = EXTRACTION_MANIFEST
 
 
 class OutputConfig(StrictModel):
@@ -56,6 +65,12 @@ class OutputConfig(StrictModel):
     uri: str = "runs/extract"  # local dir or s3://bucket/prefix; units/ and rejects/ below
     shard_size: int = Field(1000, ge=1)  # captions per shard (unit of resume)
     endpoint_url: str | None = None  # S3 endpoint override (else AWS_ENDPOINT_URL)
+    # authors: also write authors/part-K.json, the units in the authors' released format
+    # (backend.prompts=authors only: the entries their code would write).
+    format: Literal["units", "authors"] = "units"
+    # A JSON Lines file (local or s3://) of every request sent, rebuilt after the run from
+    # the stored answers (csclip.extract.answers.prompt_requests).
+    dump_prompts: str | None = None
 
 
 class ExtractTrackingConfig(TrackingConfig):
@@ -79,6 +94,12 @@ class ExtractConfig(StrictModel):
         if self.backend.name == "gold" and self.input.format != "world":
             raise ValueError("backend.name=gold needs input.format=world (only the synthetic "
                              "world has gold units); use backend.name=rules or vllm")
+        if self.output.format == "authors" and self.backend.prompts != "authors":
+            raise ValueError("output.format=authors writes the entries of the authors' prompt "
+                             "set: it needs backend.prompts=authors")
+        if self.output.dump_prompts and self.backend.name not in ("vllm", "replay"):
+            raise ValueError("output.dump_prompts writes LLM requests: it needs backend.name="
+                             "vllm or replay")
         if self.backend.name == "authors" and not self.input.uri:
             raise ValueError("backend.name=authors needs input.uri: the authors' unit files "
                              "(a JSON/JSONL file, a directory of them or a glob, local or s3://)")
@@ -118,7 +139,7 @@ class ExtractSummary:
 # ---------------------------------------------------------------------------------------
 
 _ROW_BACKENDS = {"gold": backends.gold_outcome, "rules": backends.rules_outcome,
-                 "authors": backends.authors_outcome}
+                 "authors": backends.authors_outcome, "replay": answers.replay_outcome}
 
 
 def backend_stage(batch: pa.Table, *, backend: str) -> pa.Table:
@@ -133,6 +154,12 @@ def answer_stage(batch: pa.Table, *, attempt: int, repair: bool) -> pa.Table:
     out = []
     for row in batch.to_pylist():
         outcome = backends.llm_outcome(row, row.get("generated_text"), row.get(ERROR_COLUMN))
+        error = row.get(ERROR_COLUMN) or ""
+        call = {"kind": answers.REPAIR if attempt else "extract", "sample_id": row["sample_id"],
+                "caption_index": row.get("caption_index"), "entity": None, "occurrence": 0,
+                "answer": None if error else row.get("generated_text") or "", "error": error,
+                "prompts": "csclip"}
+        outcome = replace(outcome, calls=[call])
         out.append(backends.outcome_row(row, outcome, attempt=attempt, repair=repair))
     return pa.Table.from_pylist(out, schema=RESULT_SCHEMA)
 
@@ -140,7 +167,7 @@ def answer_stage(batch: pa.Table, *, attempt: int, repair: bool) -> pa.Table:
 def _llm_passthrough(batch: pa.Table) -> pa.Table:
     # Repair rows keep their identity columns; the answer columns are replaced.
     keep = ["sample_id", "shard", "image_id", "caption", "split", "image_path", "image_bytes",
-            "raw_answer", "detail"]
+            "raw_answer", "detail", "caption_index"]
     return batch.select(keep)
 
 
@@ -218,6 +245,11 @@ def _run_backend(rows: pa.Table, config: ExtractConfig, engine: Engine | None,
     # and a crash loses little finished work.
     name = config.backend.name
     vcfg = config.backend.vllm
+    if name == "vllm" and config.backend.prompts == "authors":
+        from csclip.extract.authors_stages import run_authors_stages
+
+        yield from run_authors_stages(rows, vcfg, engine)
+        return
     in_process = name == "vllm" and engine is None and not vcfg.server_url
     if name == "vllm":
         # Rows that need no engine call are answered here; the in-process engine's own
@@ -290,7 +322,7 @@ class _Output:
         return pq.read_table(io.BytesIO(storage.read_bytes(self.fs, self.path(*parts))))
 
     def done_shards(self) -> dict[int, dict]:
-        markers = storage.list_files(self.fs, self.path("_done"), ".json")
+        markers = storage.list_files(self.fs, self.path(EXTRACTION_DONE_DIR), ".json")
         return {int(p.rsplit("part-", 1)[1][:-5]): json.loads(storage.read_bytes(self.fs, p))
                 for p in markers}
 
@@ -310,6 +342,8 @@ def _check_manifest(out: _Output, config: ExtractConfig, captions: pa.Table) -> 
                 "backend": config.backend.name, "shard_size": config.output.shard_size,
                 "num_rows": captions.num_rows, "first_sample_id": ids[0].as_py(),
                 "last_sample_id": ids[-1].as_py()}
+    if config.backend.prompts != "csclip":  # absent for ours: older outputs still resume
+        manifest["prompts"] = config.backend.prompts
     if out.has(MANIFEST):
         saved = json.loads(storage.read_bytes(out.fs, out.path(MANIFEST)))
         if saved != manifest:
@@ -320,8 +354,10 @@ def _check_manifest(out: _Output, config: ExtractConfig, captions: pa.Table) -> 
     storage.write_bytes_atomic(out.fs, out.path(MANIFEST), json.dumps(manifest, indent=1).encode())
 
 
-def _finish_shard(out: _Output, shard: int, results: pa.Table, expected: int) -> dict:
-    """Write units, rejects, then the done marker of one shard; return its counts."""
+def _finish_shard(out: _Output, shard: int, results: pa.Table, expected: int,
+                  authors_format: bool = False) -> dict:
+    """Write units, rejects (the raw answers, the authors' format), then the done marker
+    of one shard; return its counts."""
     rows = results.to_pylist()
     ids = [r["sample_id"] for r in rows]
     # Every caption of the shard comes back exactly once, or the accounting is wrong.
@@ -339,13 +375,19 @@ def _finish_shard(out: _Output, shard: int, results: pa.Table, expected: int) ->
     out.write_parquet(records_to_table(records), "units", _part(shard, ".parquet"))
     out.write_parquet(pa.Table.from_pylist(rejects, schema=REJECTS_SCHEMA), "rejects",
                       _part(shard, ".parquet"))
+    if any(r.get("calls_json") for r in rows):
+        storage.write_bytes_atomic(out.fs, out.path("answers", _part(shard, ".jsonl")),
+                                   answers.answers_lines(sorted(rows, key=lambda r: r["sample_id"])))
+    if authors_format:
+        storage.write_bytes_atomic(out.fs, out.path("authors", _part(shard, ".json")),
+                                   answers.authors_file(sorted(rows, key=lambda r: r["sample_id"])))
     counts = {
         "shard": shard, "read": expected, "with_units": len(records),
         "rejected": expected - len(records),
         "rejected_by_reason": dict(Counter(r["reason"] for r in rejects if r["level"] == "record")),
         "items_rejected_by_reason": dict(Counter(r["reason"] for r in rejects if r["level"] == "item")),
     }
-    storage.write_bytes_atomic(out.fs, out.path("_done", _part(shard, ".json")),
+    storage.write_bytes_atomic(out.fs, out.path(EXTRACTION_DONE_DIR, _part(shard, ".json")),
                                json.dumps(counts).encode())
     if out.has("_stage1", _part(shard, ".parquet")):
         storage.delete_file(out.fs, out.path("_stage1", _part(shard, ".parquet")))
@@ -359,12 +401,34 @@ def _finish_shard(out: _Output, shard: int, results: pa.Table, expected: int) ->
 ShardCallback = Callable[[int], None]
 
 
+def read_input(config: ExtractConfig) -> pa.Table:
+    """The caption rows of `config.input` (CAPTION_SCHEMA), read without Ray: the entry
+    point reads them before starting Ray, so a bad input file fails at once.
+
+    The authors' files already hold units: their records are the rows, and a record that
+    cannot be read is a row too (rejected by the backend), so read = loaded + rejected."""
+    return (authors_caption_table(config.input) if config.backend.name == "authors"
+            else caption_table(config.input))
+
+
 def run_extraction(config: ExtractConfig, engine: Engine | None = None,
-                   on_shard_written: ShardCallback | None = None) -> ExtractSummary:
+                   on_shard_written: ShardCallback | None = None, *,
+                   captions: pa.Table | None = None) -> ExtractSummary:
+    """_extract under the lease of `config.output.uri` (one writer per output; a second
+    one is refused with a DataError naming the holder)."""
+    output = storage.resolve_output(config.output.uri, "output.uri")
+    with storage.output_lease(output, "csclip extract", config.output.endpoint_url):
+        return _extract(config, engine, on_shard_written, captions=captions)
+
+
+def _extract(config: ExtractConfig, engine: Engine | None = None,
+             on_shard_written: ShardCallback | None = None, *,
+             captions: pa.Table | None = None) -> ExtractSummary:
     """Extract units for every caption of `config.input` into `config.output.uri`.
 
     engine: the LLM stage for backend `vllm` (default: the ray.data.llm vLLM processor);
     tests pass a CPU stand-in. on_shard_written: called after each shard's marker.
+    captions: read_input(config) when the caller read it already.
     Raises DataError for unreadable/empty input or an output written by another config,
     ConfigError for a relative output or tracking store inside a Ray job.
     """
@@ -375,14 +439,15 @@ def run_extraction(config: ExtractConfig, engine: Engine | None = None,
         from csclip.tracking import resolve_uri
 
         resolve_uri(config.tracking.uri)
-    # The authors' files already hold units: their records are the rows, and a record that
-    # cannot be read is a row too (rejected by the backend), so read = loaded + rejected.
-    captions = (authors_caption_table(config.input) if config.backend.name == "authors"
-                else caption_table(config.input))
+    if captions is None:
+        captions = read_input(config)
     shard_size = config.output.shard_size
     num_rows = captions.num_rows
     captions = captions.append_column("shard", pa.array(
         [i // shard_size for i in range(num_rows)], pa.int64()))
+    captions = captions.append_column("caption_index", pa.array(range(num_rows), pa.int64()))
+    if config.backend.name == "replay":
+        captions = answers.attach_answers(captions, config.backend, config.input.endpoint_url)
     num_shards = -(-num_rows // shard_size)
     out = _Output(config.output)
     _check_manifest(out, config, captions)
@@ -398,7 +463,8 @@ def run_extraction(config: ExtractConfig, engine: Engine | None = None,
 
     def finished(shard: int, results: pa.Table) -> None:
         nonlocal written
-        done[shard] = _finish_shard(out, shard, results, expected[shard])
+        done[shard] = _finish_shard(out, shard, results, expected[shard],
+                                    config.output.format == "authors")
         written += 1
         log.info("extract: shard %d/%d written (%d/%d shards done)", shard + 1, num_shards,
                  len(done), num_shards)
@@ -425,7 +491,15 @@ def run_extraction(config: ExtractConfig, engine: Engine | None = None,
             raise RuntimeError(f"extract: shards {sorted(buffers)} came back incomplete")
     if parked:
         _repair(out, sorted(parked), config, engine, finished)
-    return _summarize(out, config, num_shards, written, num_rows)
+    if config.output.dump_prompts:
+        answers.dump_prompts(out.fs, out.path("answers"), captions, config)
+    summary = _summarize(out, config, num_shards, written, num_rows)
+    # Last: readers of the output (csclip.units.check_extraction_complete) refuse it until
+    # this marker is there.
+    complete = {k: v for k, v in asdict(summary).items() if k != "mlflow_run_id"}
+    storage.write_bytes_atomic(out.fs, out.path(EXTRACTION_COMPLETE),
+                               json.dumps(complete, indent=1).encode())
+    return summary
 
 
 def _repair(out: _Output, parked: list[int], config: ExtractConfig, engine: Engine | None,
@@ -443,8 +517,8 @@ def _repair(out: _Output, parked: list[int], config: ExtractConfig, engine: Engi
         for row in batch.to_pylist():
             repaired[row["sample_id"]] = row
     for shard in parked:
-        rows = [repaired.get(r["sample_id"], r) if r["status"] == Status.REPAIR else r
-                for r in stage1(shard).to_pylist()]
+        rows = [answers.with_earlier_calls(repaired.get(r["sample_id"], r), r)
+                if r["status"] == Status.REPAIR else r for r in stage1(shard).to_pylist()]
         finished(shard, pa.Table.from_pylist(rows, schema=RESULT_SCHEMA))
 
 
