@@ -60,6 +60,18 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
 
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    """A local S3 server (moto in server mode) on 127.0.0.1, one per test module."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """One local Ray instance for the whole test run (ray.init costs ~8 s)."""

@@ -26,17 +26,6 @@ BUCKET = "csclip-storage"
 WORLD = WorldConfig(image_size=32, num_train=8, num_val=8, num_test=0)
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
 @pytest.fixture
 def s3(s3_endpoint, monkeypatch, tmp_path):
     """A fresh bucket; credentials and endpoint through the usual AWS variables (as an

@@ -145,17 +145,6 @@ class _Checkpoint:
         shutil.copytree(self.directory, path, dirs_exist_ok=True)
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
 @pytest.fixture
 def s3(s3_endpoint, monkeypatch, tmp_path):
     import boto3

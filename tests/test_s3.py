@@ -17,17 +17,6 @@ from csclip.units import read_units
 BUCKET = "csclip-test"
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
 @pytest.fixture
 def s3(s3_endpoint, monkeypatch):
     """A fresh bucket; credentials and endpoint through the usual AWS variables."""

@@ -23,17 +23,6 @@ from csclip.model import create_bundle, load_bundle, load_train_state, save_chec
 BUCKET = "csclip-trust"
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
 @pytest.fixture
 def s3(s3_endpoint, monkeypatch, tmp_path):
     """A fresh bucket, the cache five directories below the test's directory."""
