@@ -147,20 +147,11 @@ class _Checkpoint:
 
 @pytest.fixture
 def s3(s3_endpoint, monkeypatch, tmp_path):
-    import boto3
+    from s3_helpers import fresh_bucket
 
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": s3_endpoint,
-           "CSCLIP_CACHE_DIR": str(tmp_path / "cache")}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    client = boto3.client("s3", endpoint_url=s3_endpoint)
-    client.create_bucket(Bucket=BUCKET)
-    yield client
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
-        for obj in page.get("Contents", []):
-            client.delete_object(Bucket=BUCKET, Key=obj["Key"])
-    client.delete_bucket(Bucket=BUCKET)
+    with fresh_bucket(s3_endpoint, monkeypatch, BUCKET,
+                      CSCLIP_CACHE_DIR=str(tmp_path / "cache")) as client:
+        yield client
 
 
 def _keys(s3, prefix: str) -> set[str]:

@@ -12,9 +12,9 @@ import stat
 import tempfile
 from pathlib import Path
 
-import boto3
 import pytest
 import torch
+from s3_helpers import fresh_bucket
 
 from csclip import storage
 from csclip.errors import CheckpointMismatch, DataError
@@ -26,17 +26,9 @@ BUCKET = "csclip-trust"
 @pytest.fixture
 def s3(s3_endpoint, monkeypatch, tmp_path):
     """A fresh bucket, the cache five directories below the test's directory."""
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": s3_endpoint,
-                       storage.CACHE_ENV: str(tmp_path / "a" / "b" / "c" / "cache")}.items():
-        monkeypatch.setenv(key, value)
-    client = boto3.client("s3", endpoint_url=s3_endpoint)
-    client.create_bucket(Bucket=BUCKET)
-    yield client
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
-        for obj in page.get("Contents", []):
-            client.delete_object(Bucket=BUCKET, Key=obj["Key"])
-    client.delete_bucket(Bucket=BUCKET)
+    with fresh_bucket(s3_endpoint, monkeypatch, BUCKET, **{
+            storage.CACHE_ENV: str(tmp_path / "a" / "b" / "c" / "cache")}) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
