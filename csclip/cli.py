@@ -28,9 +28,22 @@ def usage() -> str:
              "ablations on Ray Tune, half-truth evaluation; everything tracked in MLflow.", "",
              "commands:"]
     lines += [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
-    lines += ["", "`csclip <command> --help` lists a command's flags and gives examples.",
+    lines += ["", "`csclip <command> --help` lists a command's flags and gives examples;",
+              "`csclip --version` prints the installed version.",
               "Start with `csclip demo`; docs/quickstart.md walks through the first 10 minutes."]
     return "\n".join(lines)
+
+
+def package_version() -> str:
+    """The installed distribution's version (pyproject.toml's, as pip recorded it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("csclip")
+    except PackageNotFoundError:  # imported from a checkout that was never pip-installed
+        from csclip import __version__
+
+        return f"{__version__} (not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0 if argv else 2
+    if argv[0] == "--version":
+        print(f"csclip {package_version()}")
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         print(f"error: unknown command {name!r}; choose one of {', '.join(COMMANDS)}",

@@ -8,6 +8,9 @@ that names the field, before any Ray work starts.
 from __future__ import annotations
 
 import argparse
+import difflib
+import importlib
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -159,10 +162,60 @@ def validate_config(model: type[ConfigT], data: dict, origin: str = "config",
         problems = []
         for item in err.errors():
             where = (prefix + ".".join(str(p) for p in item["loc"])).rstrip(".") or "(top level)"
-            problems.append(f"{where}: {item['msg']}" + (
-                f" (got {item['input']!r})" if item["type"] != "extra_forbidden" and
-                not isinstance(item.get("input"), dict) else ""))
-        raise ConfigError(f"{origin}: invalid " + "; ".join(problems)) from err
+            if item["type"] == "extra_forbidden":
+                fields = _fields_at(model, item["loc"][:-1])
+                near = difflib.get_close_matches(str(item["loc"][-1]), fields, n=3, cutoff=0.6)
+                parent = where.rpartition(".")[0]
+                problems.append(unknown_setting_text(
+                    where, [f"{parent}.{m}" if parent else m for m in near]))
+                continue
+            problems.append(f"invalid {where}: {item['msg']}" + (
+                f" (got {item['input']!r})" if not isinstance(item.get("input"), dict) else ""))
+        raise ConfigError(f"{origin}: " + "; ".join(problems)) from err
+
+
+def unknown_setting_text(path: str, near: Sequence[str]) -> str:
+    """ "unknown setting a.b (did you mean a.c?)": a setting no field has, its near misses."""
+    hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+    return f"unknown setting {path}{hint}"
+
+
+def _fields_at(model: type[BaseModel], loc: Sequence[object]) -> list[str]:
+    """The field names of the section of `model` at `loc` (empty where it is no model)."""
+    for part in loc:
+        info = model.model_fields.get(str(part))
+        if info is None:
+            return []
+        sections = [a for a in (typing.get_args(info.annotation) or (info.annotation,))
+                    if isinstance(a, type) and issubclass(a, BaseModel)]
+        if len(sections) != 1:
+            return []
+        model = sections[0]
+    return list(model.model_fields)
+
+
+def check_settings(target: str, data: dict, origin: str = "config") -> None:
+    """Refuse the first setting of `data` that no field of the config class `target`
+    ("module:Class") has, read from csclip's source (csclip.config_fields) without
+    importing the class's module: a typo costs no torch import. ConfigError:
+    "<origin>: unknown setting a.b (did you mean a.c?)"."""
+    from csclip.config_fields import unknown_setting
+
+    found = unknown_setting(target, data)
+    if found is not None:
+        raise ConfigError(f"{origin}: {unknown_setting_text(*found)}")
+
+
+def load_named_config(target: str, path: str | Path | None = None,
+                      overrides: Sequence[str] = ()) -> BaseModel:
+    """load_config for the config class `target` ("module:Class"), imported only once
+    check_settings has passed: a typo is refused before torch is imported."""
+    data = read_yaml(path) if path is not None else {}
+    data = apply_overrides(data, overrides)
+    origin = str(path) if path else "config"
+    check_settings(target, data, origin)
+    module, _, name = target.partition(":")
+    return validate_config(getattr(importlib.import_module(module), name), data, origin=origin)
 
 
 def load_config(model: type[ConfigT], path: str | Path | None = None,

@@ -113,7 +113,8 @@ def test_sugarcrepe_single_file_and_limit(sugarcrepe_dir):
 def test_csv_and_jsonl_read_image_caption_rows(tmp_path):
     (tmp_path / "pairs.csv").write_text(
         "\ufeffimage,caption,split\nimgs/a.jpg,\"A dog, brown, on grass.\",val\nimgs/b.jpg,A cat.,\n")
-    rows = caption_table(_config(format="csv", uri=str(tmp_path / "pairs.csv"))).to_pylist()
+    rows = caption_table(_config(format="csv", uri=str(tmp_path / "pairs.csv"), csv_img_key="image",
+                                 csv_caption_key="caption", csv_separator=",")).to_pylist()
     assert [(r["sample_id"], r["image_id"], r["caption"], r["split"]) for r in rows] == [
         ("pairs-00000000", "a", "A dog, brown, on grass.", "val"),
         ("pairs-00000001", "b", "A cat.", "train")]
@@ -130,8 +131,8 @@ def test_bad_inputs_raise_data_errors_naming_the_file(tmp_path, sugarcrepe_dir):
                                         '{"image": "b", "caption": "y", "sample_id": "s"}\n')
     with pytest.raises(DataError, match="occurs twice"):
         caption_table(_config(format="jsonl", uri=str(tmp_path / "dup.jsonl")))
-    (tmp_path / "nocap.csv").write_text("image,text\na.jpg,hello\n")
-    with pytest.raises(DataError, match="nocap.csv.*'caption'"):
+    (tmp_path / "nocap.csv").write_text("filepath\ttext\na.jpg\thello\n")
+    with pytest.raises(DataError, match="nocap.csv.*'title'"):
         caption_table(_config(format="csv", uri=str(tmp_path / "nocap.csv")))
     with pytest.raises(DataError, match="not a Karpathy file"):
         caption_table(_config(format="karpathy", uri=str(sugarcrepe_dir / "add_att.json")))

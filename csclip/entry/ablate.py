@@ -102,7 +102,13 @@ def base_config(args: argparse.Namespace):
     """The sweep's base TrainConfig: --config, then the shortcuts, then --set; the fields
     the sweep sets itself (SET_BY_THE_SWEEP) refused in one line."""
     from csclip import train
-    from csclip.config import apply_overrides, read_yaml, refuse_given, validate_config
+    from csclip.config import (
+        apply_overrides,
+        check_settings,
+        read_yaml,
+        refuse_given,
+        validate_config,
+    )
 
     overrides = shortcut_overrides({
         "loss.method": args.method, "optim.max_steps": args.max_steps,
@@ -110,6 +116,7 @@ def base_config(args: argparse.Namespace):
     }, args.overrides)
     data = apply_overrides(read_yaml(args.config), overrides)
     refuse_given(data, SET_BY_THE_SWEEP, accepted={"run.name": None, "tracking.enabled": True})
+    check_settings("csclip.train.loop:TrainConfig", data, str(args.config))  # before torch
     return validate_config(train.TrainConfig, data, origin=str(args.config))
 
 

@@ -17,14 +17,30 @@ LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"
 
 
 def make_parser(prog: str | None, description: str, examples: Sequence[str],
-                default_config: str | None) -> argparse.ArgumentParser:
-    """A parser with `--config` and `--set`, and an epilog of examples ("%(prog)s" in an
-    example is the command as the user typed it: `csclip train` or the script)."""
+                default_config: str | None,
+                tracking_field: str = "tracking.enabled") -> argparse.ArgumentParser:
+    """A parser with `--config`, `--set` and `--no-tracking` (`--set <tracking_field>=false`),
+    and an epilog of examples ("%(prog)s" in an example is the command as the user typed
+    it: `csclip train` or the script)."""
     epilog = "examples:\n" + "\n".join(f"  {example}" for example in examples)
     parser = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_arguments(parser, default_config)
+    parser.add_argument("--no-tracking", action=_SetFalse, field=tracking_field,
+                        help=f"log nothing to MLflow: --set {tracking_field}=false")
     return parser
+
+
+class _SetFalse(argparse.Action):
+    """A flag that appends `<field>=false` to the `--set` overrides, where it sits, so a
+    later `--set` of the same field still wins."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, field: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+        self.field = field
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        namespace.overrides = [*namespace.overrides, f"{self.field}=false"]
 
 
 def shortcut_overrides(values: Mapping[str, object], overrides: Sequence[str]) -> list[str]:

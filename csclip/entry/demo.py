@@ -39,7 +39,8 @@ EXAMPLES = (
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    parser = make_parser(prog, DESCRIPTION, EXAMPLES, default_config_path("default.yaml"))
+    parser = make_parser(prog, DESCRIPTION, EXAMPLES, default_config_path("default.yaml"),
+                         tracking_field="train.tracking.enabled")
     shortcuts = parser.add_argument_group("shortcuts (each sets one config field)")
     shortcuts.add_argument("--max-steps", type=int, metavar="N",
                            help="fine-tuning steps of CLIP-FT and CS-CLIP: train.optim.max_steps")
@@ -69,8 +70,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 def demo_config(args: argparse.Namespace):
     """The DemoConfig of the parsed flags: --config (a fine-tuning YAML, or a demo YAML
     with DemoConfig's sections), then the shortcuts, then --set."""
-    from csclip.config import apply_overrides, read_yaml, validate_config
-    from csclip.demo import DemoConfig
+    from csclip.config import apply_overrides, check_settings, read_yaml, validate_config
 
     no_warm_start = args.layout_steps == 0
     overrides = shortcut_overrides({
@@ -82,14 +82,18 @@ def demo_config(args: argparse.Namespace):
     loaded = read_yaml(args.config)
     data = apply_overrides(loaded if DEMO_SECTIONS & set(loaded) else {"train": loaded},
                            overrides)
-    return validate_config(DemoConfig, data, origin=f"demo with {args.config}")
+    origin = f"demo with {args.config}"
+    check_settings("csclip.demo:DemoConfig", data, origin)  # before torch is imported
+    from csclip.demo import DemoConfig
+
+    return validate_config(DemoConfig, data, origin=origin)
 
 
 def _demo(args: argparse.Namespace, command: str) -> int:
+    config = demo_config(args)  # before csclip.demo (and torch) is imported
     from csclip.demo import demo_summary, publish, run_demo
     from csclip.entry.ray_init import init_ray
 
-    config = demo_config(args)
     if args.publish:
         for path in publish(config.out_dir):
             print(f"published: {path}")

@@ -9,6 +9,7 @@ import typing
 from csclip.entry.common import (
     add_address_argument,
     make_parser,
+    mlflow_line,
     run_guarded,
     setup_logging,
     shortcut_overrides,
@@ -24,7 +25,7 @@ call per caption) or authors (the authors' three calls, as they ran them): `--ba
 --prompts authors --out-format authors` also writes the authors' unit format; every raw
 answer lands in answers/, and `--backend replay --answers OUT/answers` re-derives the units
 from them. A rerun with the same config skips finished shards. Prints the accounting (read = with units +
-rejected, by reason) and logs it to MLflow (`--set tracking.uri=null` to skip). Fields:
+rejected, by reason) and logs it to MLflow (`--no-tracking` to skip). Fields:
 csclip.extract.pipeline.ExtractConfig."""
 
 EXAMPLES = (
@@ -56,11 +57,24 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     shortcuts = parser.add_argument_group("shortcuts (each sets one config field)")
     shortcuts.add_argument("--backend", choices=_backends(), help="backend.name")
     shortcuts.add_argument("--input", metavar="URI",
-                           help="captions file, folder or glob (local or s3://): input.uri")
+                           help="captions file, folder or glob (local or s3://): input.uri; "
+                                "its format follows its name (.txt: a caption a line, .csv / "
+                                ".tsv, .jsonl, .json: Karpathy, COCO or SugarCrepe) unless "
+                                "--format says")
     shortcuts.add_argument("--out", metavar="URI",
                            help="output folder for units/ and rejects/ (local or s3://): "
                                 "output.uri")
-    shortcuts.add_argument("--format", choices=_input_formats(), help="input.format")
+    shortcuts.add_argument("--format", choices=_input_formats(),
+                           help="input.format (default: from --input's name; without "
+                                "--input, the synthetic world)")
+    shortcuts.add_argument("--csv-img-key", metavar="COLUMN",
+                           help="csv: the image path column (default filepath, as "
+                                "open_clip_train): input.csv_img_key")
+    shortcuts.add_argument("--csv-caption-key", metavar="COLUMN",
+                           help="csv: the caption column (default title): input.csv_caption_key")
+    shortcuts.add_argument("--csv-separator", metavar="CHAR",
+                           help="csv: the cell separator (default a tab, as open_clip_train, "
+                                "whatever the suffix): input.csv_separator")
     shortcuts.add_argument("--limit", type=int, metavar="N",
                            help="the first N captions by sample_id: input.limit")
     shortcuts.add_argument("--prompts", choices=_prompt_sets(),
@@ -82,6 +96,8 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
         "input.format": args.format, "input.limit": args.limit,
         "backend.prompts": args.prompts, "backend.answers": args.answers,
         "output.dump_prompts": args.dump_prompts, "output.format": args.out_format,
+        "input.csv_img_key": args.csv_img_key, "input.csv_caption_key": args.csv_caption_key,
+        "input.csv_separator": args.csv_separator,
     }, args.overrides)
 
 
@@ -92,15 +108,18 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
 
 def _extract(args: argparse.Namespace) -> int:
-    from csclip.config import load_config
-    from csclip.entry.ray_init import init_ray
-    from csclip.extract.pipeline import ExtractConfig, read_input, run_extraction
+    from csclip.config import load_named_config
 
-    config = load_config(ExtractConfig, args.config, overrides_from_args(args))
+    config = load_named_config("csclip.extract.pipeline:ExtractConfig", args.config,
+                               overrides_from_args(args))
+    from csclip.entry.ray_init import init_ray
+    from csclip.extract.pipeline import read_input, run_extraction, with_input_format
+
+    config = with_input_format(config)  # --input's format, from its name or content
     captions = read_input(config)  # a bad input file fails here, before Ray starts
     init_ray(args.address)
     summary = run_extraction(config, captions=captions)
     print(summary.format())
     if summary.mlflow_run_id:
-        print(f"MLflow run {summary.mlflow_run_id} at {config.tracking.uri}")
+        print(mlflow_line(summary.mlflow_run_id, config.tracking))
     return 0

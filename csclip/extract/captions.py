@@ -1,7 +1,9 @@
 """Caption readers: COCO Karpathy `dataset_coco.json`, COCO
-`captions_*.json`, SugarCrepe JSON, plain CSV / JSONL of (image, caption) and the synthetic
-world, from local paths or s3://, into one table of (sample_id, image reference, caption,
-split). Parsing is pure (no Ray); `caption_dataset` wraps the table as a Ray Dataset."""
+`captions_*.json`, SugarCrepe JSON, CSV / TSV as open_clip_train reads them, JSONL of
+(image, caption), plain text (one caption a line) and the synthetic world, from local paths
+or s3://, into one table of (sample_id, image reference, caption, split). A file's format
+follows its name unless input.format is given (resolve_format). Parsing is pure (no Ray);
+`caption_dataset` wraps the table as a Ray Dataset."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import contextlib
 import csv
 import io
 import json
+import logging
 import posixpath
 import re
 from collections.abc import Iterator
@@ -16,7 +19,7 @@ from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from csclip import storage
 from csclip.config import StrictModel
@@ -28,7 +31,13 @@ from csclip.world.config import WorldConfig
 if TYPE_CHECKING:
     import ray.data
 
-InputFormat = Literal["karpathy", "coco", "sugarcrepe", "csv", "jsonl", "world"]
+log = logging.getLogger(__name__)
+
+InputFormat = Literal["karpathy", "coco", "sugarcrepe", "csv", "jsonl", "txt", "world"]
+
+# A file's format from its suffix (resolve_format); .json is told apart by name, else content.
+SUFFIX_FORMATS: dict[str, InputFormat] = {".txt": "txt", ".csv": "csv", ".tsv": "csv",
+                                          ".jsonl": "jsonl"}
 
 # One row per caption. `image_path` is the image reference (URI or path relative to
 # input.image_root); world rows carry the rendered PNG in `image_bytes` and their gold
@@ -47,7 +56,9 @@ CAPTION_SCHEMA = pa.schema([
 class InputConfig(StrictModel):
     """Where the captions come from."""
 
-    format: InputFormat = "world"
+    # None: the synthetic world without input.uri, else the file's format, from its name
+    # (.txt, .csv/.tsv, .jsonl; a .json by name or content: resolve_format).
+    format: InputFormat | None = None
     uri: str | None = None  # file or directory (SugarCrepe: a directory of *.json); s3:// ok
     # The split written for formats that carry none (COCO captions_*.json is inferred from
     # its file name, SugarCrepe defaults to "test", CSV/JSONL to "train" unless a column has it).
@@ -59,12 +70,31 @@ class InputConfig(StrictModel):
     # Karpathy's "restval" images are train images in every CLIP fine-tuning recipe.
     restval_as_train: bool = True
     world: WorldConfig = WorldConfig()
+    # CSV / TSV columns and separator, as open_clip_train's --csv-img-key, --csv-caption-key
+    # and --csv-separator name them, with its defaults (a tab whatever the suffix; a
+    # backslash and a t, as a shell passes "\t", is a tab too, as open_clip's pandas reads it).
+    csv_img_key: str = "filepath"
+    csv_caption_key: str = "title"
+    csv_separator: str = "\t"
+
+    @field_validator("csv_separator")
+    @classmethod
+    def _one_character(cls, value: str) -> str:
+        value = "\t" if value == "\\t" else value
+        if len(value) != 1:
+            raise ValueError(f"input.csv_separator must be one character, got {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _uri_for_files(self) -> InputConfig:
-        if self.format != "world" and not self.uri:
+        if self.format not in (None, "world") and not self.uri:
             raise ValueError(f"input.uri is required for format {self.format!r}")
         return self
+
+    @property
+    def is_world(self) -> bool:
+        """Whether the captions are the synthetic world's (format world, or none and no uri)."""
+        return self.format == "world" or (self.format is None and self.uri is None)
 
 
 def _row(sample_id: str, image_id: str, image_path: str | None, caption: str, split: str,
@@ -164,26 +194,53 @@ def iter_sugarcrepe(fs: pafs.FileSystem, path: str, cfg: InputConfig) -> Iterato
             yield row
 
 
-def _table_rows(rows: list[dict], path: str, cfg: InputConfig) -> Iterator[dict]:
+def _table_rows(rows: list[dict], path: str, cfg: InputConfig, image_key: str = "image",
+                caption_key: str = "caption") -> Iterator[dict]:
     stem = posixpath.splitext(posixpath.basename(path))[0]
     for number, item in enumerate(rows):
         if not isinstance(item, dict):
             raise DataError(f"{path}: row {number} is a JSON {type(item).__name__}, not an "
-                            "object with 'image' and 'caption'")
-        if "caption" not in item or "image" not in item:
-            raise DataError(f"{path}: row {number} needs 'image' and 'caption' columns "
-                            f"(has {sorted(item)})")
-        image = str(item["image"])
+                            f"object with {image_key!r} and {caption_key!r}")
+        if caption_key not in item or image_key not in item:
+            raise DataError(f"{path}: row {number} needs {image_key!r} and {caption_key!r} "
+                            f"columns (has {sorted(item)})")
+        image = str(item[image_key])
         image_id = str(item.get("image_id") or posixpath.splitext(posixpath.basename(image))[0])
         sample_id = str(item.get("sample_id") or f"{stem}-{number:08d}")
-        yield _row(sample_id, image_id, _image_ref(cfg.image_root, image), item["caption"],
+        yield _row(sample_id, image_id, _image_ref(cfg.image_root, image), item[caption_key],
                    str(item.get("split") or cfg.split or "train"))
 
 
 def iter_csv(fs: pafs.FileSystem, path: str, cfg: InputConfig) -> Iterator[dict]:
-    """CSV with a header: `image`, `caption`, optional `split`, `image_id`, `sample_id`."""
+    """CSV / TSV with a header, as open_clip_train reads it: the image path in column
+    input.csv_img_key, the caption in input.csv_caption_key, cells separated by
+    input.csv_separator; optional `split`, `image_id`, `sample_id` columns."""
     text = _text(fs, path, "utf-8-sig")
-    yield from _table_rows(list(csv.DictReader(io.StringIO(text))), path, cfg)
+    reader = csv.DictReader(io.StringIO(text), delimiter=cfg.csv_separator)
+    rows = list(reader)
+    header = reader.fieldnames or []
+    for key, flag in ((cfg.csv_img_key, "--csv-img-key"), (cfg.csv_caption_key, "--csv-caption-key")):
+        if key not in header:
+            raise DataError(
+                f"{path}: no column {key!r} ({flag}) in the header {header} read with "
+                f"--csv-separator {cfg.csv_separator!r}; set --csv-img-key, --csv-caption-key "
+                "and --csv-separator (input.csv_*; open_clip_train's names and defaults) to "
+                "the file's")
+    yield from _table_rows(rows, path, cfg, cfg.csv_img_key, cfg.csv_caption_key)
+
+
+def iter_txt(fs: pafs.FileSystem, path: str, cfg: InputConfig) -> Iterator[dict]:
+    """Plain text, one caption a line. A line has no image: image_path is None and the
+    caption is its own image, image_id = sample_id = `<file stem>-<line:08d>` (the line
+    number, from 1). A blank line is an empty caption (a counted `empty_caption` rejection),
+    so every line keeps its number."""
+    if cfg.image_root:
+        raise DataError(f"{path}: a .txt input names no images; leave input.image_root unset "
+                        "or give a CSV / JSONL with an image column")
+    stem = posixpath.splitext(posixpath.basename(path))[0]
+    for number, line in enumerate(_text(fs, path, "utf-8-sig").splitlines(), start=1):
+        sample_id = f"{stem}-{number:08d}"
+        yield _row(sample_id, sample_id, None, line.strip(), cfg.split or "train")
 
 
 def iter_jsonl(fs: pafs.FileSystem, path: str, cfg: InputConfig) -> Iterator[dict]:
@@ -211,11 +268,58 @@ def iter_world_captions(cfg: InputConfig) -> Iterator[dict]:
 
 
 _FILE_READERS = {"karpathy": iter_karpathy, "coco": iter_coco, "sugarcrepe": iter_sugarcrepe,
-                 "csv": iter_csv, "jsonl": iter_jsonl}
+                 "csv": iter_csv, "jsonl": iter_jsonl, "txt": iter_txt}
+
+
+def resolve_format(cfg: InputConfig) -> InputConfig:
+    """`cfg` with input.format decided: as given; "world" without input.uri; else from the
+    file's name: .txt, .csv / .tsv, .jsonl by suffix; a .json by name (Karpathy's
+    `dataset_*.json`, COCO's `captions_*.json`), else by its content (read once more).
+
+    Raises DataError for a directory or a suffix that names no format.
+    """
+    if cfg.format is not None:
+        return cfg
+    if cfg.uri is None:
+        return cfg.model_copy(update={"format": "world"})
+    fs, path = storage.filesystem_for(cfg.uri, cfg.endpoint_url)
+    name = posixpath.basename(path.rstrip("/"))
+    suffix = posixpath.splitext(name)[1].lower()
+    if suffix in SUFFIX_FORMATS:
+        fmt = SUFFIX_FORMATS[suffix]
+    elif suffix == ".json":
+        fmt = ("karpathy" if name.startswith("dataset_") else
+               "coco" if name.startswith("captions_") else _json_format(fs, path))
+    elif storage.is_dir(fs, path):
+        raise DataError(f"{cfg.uri} is a directory: give its format (--format sugarcrepe for "
+                        "a directory of SugarCrepe subsets; input.format)")
+    else:
+        raise DataError(f"{cfg.uri}: the suffix {suffix or '(none)'!r} names no caption format "
+                        f"(.txt, .csv, .tsv, .jsonl, .json); give --format (input.format)")
+    log.info("input %s read as format %s (from its name or content; --format to override)",
+             cfg.uri, fmt)
+    return cfg.model_copy(update={"format": fmt})
+
+
+def _json_format(fs: pafs.FileSystem, path: str) -> InputFormat:
+    """Which caption JSON `path` is, from its layout (the readers' own checks)."""
+    data = _load_json(fs, path)
+    if isinstance(data, dict):
+        images = data.get("images")
+        if isinstance(images, list) and images and isinstance(images[0], dict) \
+                and "sentences" in images[0]:
+            return "karpathy"
+        if isinstance(data.get("annotations"), list):
+            return "coco"
+        if data and all(isinstance(v, dict) and "filename" in v for v in data.values()):
+            return "sugarcrepe"
+    raise DataError(f"{path}: neither a Karpathy, a COCO captions nor a SugarCrepe JSON "
+                    "file; give --format (input.format)")
 
 
 def iter_captions(cfg: InputConfig) -> Iterator[dict]:
     """Caption rows (CAPTION_SCHEMA dicts) in file order, filtered to `cfg.splits`."""
+    cfg = resolve_format(cfg)
     if cfg.format == "world":
         yield from iter_world_captions(cfg)
         return
@@ -231,6 +335,7 @@ def caption_table(cfg: InputConfig) -> pa.Table:
     Raises DataError when the input is empty or a sample_id repeats (resume relies on
     unique ids).
     """
+    cfg = resolve_format(cfg)
     rows = sorted(iter_captions(cfg), key=lambda r: r["sample_id"])
     if not rows:
         raise DataError(f"no captions read from {cfg.uri or 'the world'} "

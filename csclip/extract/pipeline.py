@@ -34,7 +34,7 @@ from csclip.errors import ConfigError, DataError
 from csclip.extract import answers, backends
 from csclip.extract.authors import authors_caption_table
 from csclip.extract.backends import RESULT_SCHEMA, BackendConfig, Outcome, Status
-from csclip.extract.captions import InputConfig, caption_table
+from csclip.extract.captions import InputConfig, caption_table, resolve_format
 from csclip.extract.prompts import extraction_messages, repair_messages
 from csclip.extract.vllm import ERROR_COLUMN, Engine, VllmConfig, add_prompt_columns
 from csclip.tracking import TrackingConfig
@@ -91,7 +91,7 @@ class ExtractConfig(StrictModel):
 
     @model_validator(mode="after")
     def _gold_needs_world(self) -> ExtractConfig:
-        if self.backend.name == "gold" and self.input.format != "world":
+        if self.backend.name == "gold" and not self.input.is_world:
             raise ValueError("backend.name=gold needs input.format=world (only the synthetic "
                              "world has gold units); use backend.name=rules or vllm")
         if self.output.format == "authors" and self.backend.prompts != "authors":
@@ -100,6 +100,10 @@ class ExtractConfig(StrictModel):
         if self.output.dump_prompts and self.backend.name not in ("vllm", "replay"):
             raise ValueError("output.dump_prompts writes LLM requests: it needs backend.name="
                              "vllm or replay")
+        if self.input.format == "world" and self.input.uri and self.backend.name != "authors":
+            raise ValueError(f"input.format=world generates its captions: input.uri "
+                             f"{self.input.uri} would be ignored; drop input.format (the "
+                             "file's format follows its name) or input.uri")
         if self.backend.name == "authors" and not self.input.uri:
             raise ValueError("backend.name=authors needs input.uri: the authors' unit files "
                              "(a JSON/JSONL file, a directory of them or a glob, local or s3://)")
@@ -411,11 +415,20 @@ def read_input(config: ExtractConfig) -> pa.Table:
             else caption_table(config.input))
 
 
+def with_input_format(config: ExtractConfig) -> ExtractConfig:
+    """`config` with input.format decided from the file (captions.resolve_format), so the
+    run's params and name say which reader ran. The authors' backend reads its own files."""
+    if config.backend.name == "authors" or config.input.format is not None:
+        return config
+    return config.model_copy(update={"input": resolve_format(config.input)})
+
+
 def run_extraction(config: ExtractConfig, engine: Engine | None = None,
                    on_shard_written: ShardCallback | None = None, *,
                    captions: pa.Table | None = None) -> ExtractSummary:
     """_extract under the lease of `config.output.uri` (one writer per output; a second
     one is refused with a DataError naming the holder)."""
+    config = with_input_format(config)
     output = storage.resolve_output(config.output.uri, "output.uri")
     with storage.output_lease(output, "csclip extract", config.output.endpoint_url):
         return _extract(config, engine, on_shard_written, captions=captions)

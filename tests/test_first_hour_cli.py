@@ -1,0 +1,215 @@
+"""A new user's first commands: `extract --input FILE` reads that file in the format its
+name says (never the synthetic world), `--no-tracking` logs nothing, `csclip --version`,
+and a typo in a setting refused with its near miss before torch is imported."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import json
+import subprocess
+import sys
+import types
+import typing
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from csclip.config import load_config
+from csclip.errors import ConfigError, DataError
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG_CLASSES = ("csclip.train.loop:TrainConfig", "csclip.eval.pipeline:EvalConfig",
+                  "csclip.extract.pipeline:ExtractConfig", "csclip.demo:DemoConfig")
+
+
+def _input(**fields):
+    from csclip.extract.captions import InputConfig
+
+    return InputConfig.model_validate(fields)
+
+
+def test_a_txt_file_is_one_caption_a_line_not_the_world(tmp_path):
+    from csclip.extract.captions import caption_table
+
+    path = tmp_path / "captions.txt"
+    path.write_text("A red cube left of a blue ball.\n\n  Two dogs on a bench.  \n")
+    rows = caption_table(_input(uri=str(path))).to_pylist()
+    assert [(r["sample_id"], r["image_id"], r["image_path"], r["caption"], r["split"])
+            for r in rows] == [
+        ("captions-00000001", "captions-00000001", None, "A red cube left of a blue ball.", "train"),
+        ("captions-00000002", "captions-00000002", None, "", "train"),  # rejected downstream
+        ("captions-00000003", "captions-00000003", None, "Two dogs on a bench.", "train")]
+    with pytest.raises(DataError, match="names no images"):
+        caption_table(_input(uri=str(path), image_root="/images"))
+
+
+def test_the_input_format_follows_the_file_name_then_its_content(tmp_path):
+    from csclip.extract.captions import resolve_format
+
+    karpathy = {"images": [{"filename": "a.jpg", "split": "val", "cocoid": 1,
+                            "sentences": [{"sentid": 7, "raw": "A cat."}]}]}
+    coco = {"images": [{"id": 1, "file_name": "a.jpg"}],
+            "annotations": [{"image_id": 1, "id": 2, "caption": "A cat."}]}
+    files = {"c.txt": "a cat\n", "c.csv": "", "c.TSV": "", "c.jsonl": "",
+             "dataset_flickr30k.json": "{}", "captions_val2014.json": "{}",
+             "mine.json": json.dumps(karpathy), "theirs.json": json.dumps(coco)}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    formats = {name: resolve_format(_input(uri=str(tmp_path / name))).format for name in files}
+    assert formats == {"c.txt": "txt", "c.csv": "csv", "c.TSV": "csv", "c.jsonl": "jsonl",
+                       "dataset_flickr30k.json": "karpathy", "captions_val2014.json": "coco",
+                       "mine.json": "karpathy", "theirs.json": "coco"}
+    assert resolve_format(_input()).format == "world"
+    assert resolve_format(_input(format="jsonl", uri=str(tmp_path / "c.txt"))).format == "jsonl"
+    for name, message in (("c.md", "suffix '.md' names no caption format"),
+                          ("", "is a directory")):
+        (tmp_path / "c.md").write_text("a cat\n")
+        with pytest.raises(DataError, match=message):
+            resolve_format(_input(uri=str(tmp_path / name)))
+
+
+def test_a_file_with_format_world_is_refused():
+    from csclip.extract.pipeline import ExtractConfig
+
+    with pytest.raises(ConfigError, match="input.format=world generates its captions"):
+        load_config(ExtractConfig, None, ["input.format=world", "input.uri=c.txt"])
+
+
+def test_csv_columns_and_separator_are_open_clip_trains(tmp_path):
+    from csclip.entry import extract
+    from csclip.extract.captions import caption_table
+    from csclip.extract.pipeline import ExtractConfig
+
+    (tmp_path / "train.csv").write_text("filepath\ttitle\nimgs/a.jpg\tA dog, brown.\n")
+    rows = caption_table(_input(uri=str(tmp_path / "train.csv"))).to_pylist()
+    assert [(r["image_path"], r["caption"]) for r in rows] == [("imgs/a.jpg", "A dog, brown.")]
+
+    (tmp_path / "pairs.csv").write_text("path,text\nb.jpg,\"A cat, grey.\"\n")
+    with pytest.raises(DataError, match=r"no column 'filepath' \(--csv-img-key\).*--csv-separator"):
+        caption_table(_input(uri=str(tmp_path / "pairs.csv")))
+    args = extract.build_parser().parse_args([
+        "--backend", "rules", "--input", str(tmp_path / "pairs.csv"), "--csv-img-key", "path",
+        "--csv-caption-key", "text", "--csv-separator", ","])
+    config = load_config(ExtractConfig, None, extract.overrides_from_args(args))
+    rows = caption_table(config.input).to_pylist()
+    assert [(r["image_path"], r["caption"]) for r in rows] == [("b.jpg", "A cat, grey.")]
+    # "\t" as a shell passes it (a backslash and a t) is a tab, as in open_clip_train.
+    assert _input(csv_separator="\\t").csv_separator == "\t"
+
+
+def test_an_unknown_suffix_is_one_line_before_ray(tmp_path, monkeypatch, capsys):
+    import csclip.entry.ray_init
+    from csclip.entry import extract
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("Ray started: the input was not refused")
+
+    monkeypatch.setattr(csclip.entry.ray_init, "init_ray", refuse)
+    (tmp_path / "captions.md").write_text("A cat.\n")
+    code = extract.main(["--backend", "rules", "--input", str(tmp_path / "captions.md"),
+                         "--out", str(tmp_path / "out"), "--no-tracking"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("error:") == 1 and "captions.md" in err, err
+
+
+def test_no_tracking_extraction_logs_no_run(ray_session, tmp_path, monkeypatch, capsys):
+    """The one Ray run of this module: `--input captions.txt --no-tracking` extracts the
+    file's three captions and creates no MLflow store."""
+    from csclip.entry import extract
+    from csclip.units import read_units
+
+    store = tmp_path / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "captions.txt").write_text(
+        "A red cube left of a blue ball.\nA small green cube.\nA yellow ball above a red cube.\n")
+    code = extract.main(["--backend", "rules", "--input", "captions.txt", "--out", "out",
+                         "--no-tracking"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "read 3 = " in out and "MLflow run" not in out
+    assert not store.exists() and not (tmp_path / "mlruns").exists()
+    assert {r.sample_id for r in read_units(str(tmp_path / "out" / "units"))} <= {
+        f"captions-0000000{n}" for n in (1, 2, 3)}
+
+
+def test_no_tracking_is_a_flag_of_every_command():
+    from csclip.entry import demo, evaluate, extract, train
+    from csclip.extract.pipeline import ExtractConfig
+
+    for module, field in ((train, "tracking.enabled"), (evaluate, "tracking.enabled"),
+                          (extract, "tracking.enabled"), (demo, "train.tracking.enabled")):
+        args = module.build_parser().parse_args(["--no-tracking"])
+        assert args.overrides[-1] == f"{field}=false", module.__name__
+    args = extract.build_parser().parse_args(["--no-tracking"])
+    assert not load_config(ExtractConfig, None, extract.overrides_from_args(args)).tracking.enabled
+    assert "tracking.uri=null" not in extract.DESCRIPTION
+
+
+def test_version_is_the_installed_packages(capsys):
+    from csclip import cli
+
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"csclip {importlib.metadata.version('csclip')}"
+
+
+# The command, a typo in one of its settings and the line it must print.
+TYPOS = [
+    (["train", "--set", "optim.lrr=1"], "unknown setting optim.lrr (did you mean optim.lr?)"),
+    (["demo", "--set", "train.optim.lrr=1"],
+     "unknown setting train.optim.lrr (did you mean train.optim.lr?)"),
+    (["extract", "--set", "input.formt=txt"],
+     "unknown setting input.formt (did you mean input.format?)"),
+]
+
+
+@pytest.mark.parametrize(("argv", "line"), TYPOS, ids=[t[0][0] for t in TYPOS])
+def test_a_typo_is_refused_with_its_near_miss_before_torch_is_imported(argv, line):
+    code = ("import sys\nfrom csclip.cli import main\ncode = main(sys.argv[1:])\n"
+            "print('torch imported' if 'torch' in sys.modules else 'no torch')\nsys.exit(code)")
+    done = subprocess.run([sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith(line), done.stderr
+    assert done.stdout.strip() == "no torch"
+
+
+def test_unknown_yaml_keys_get_their_near_miss_and_renamed_keys_their_replacement(tmp_path):
+    from csclip.config import check_settings
+    from csclip.config_fields import unknown_setting
+    from csclip.extract.pipeline import ExtractConfig
+
+    path = tmp_path / "c.yaml"
+    path.write_text("input:\n  uri: c.txt\noutput:\n  shard_sise: 10\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: unknown setting output\.shard_sise "
+                                          r"\(did you mean output\.shard_size\?\)"):
+        check_settings("csclip.extract.pipeline:ExtractConfig", {"output": {"shard_sise": 1}},
+                       str(path))
+    # The same line from the model itself (a config validated without the source check).
+    with pytest.raises(ConfigError, match=r"unknown setting output\.shard_sise "
+                                          r"\(did you mean output\.shard_size\?\)"):
+        load_config(ExtractConfig, path)
+    # An old field name is left to the model's validator, which names its replacement.
+    assert unknown_setting("csclip.train.loop:TrainConfig", {"model": {"lock_image": 1}}) is None
+
+
+def _live_tree(model: type[BaseModel]) -> dict:
+    tree = {}
+    for name, info in model.model_fields.items():
+        union = typing.get_origin(info.annotation) in (typing.Union, types.UnionType)
+        parts = [a for a in (typing.get_args(info.annotation) if union else (info.annotation,))
+                 if a is not type(None)]
+        section = parts[0] if len(parts) == 1 and isinstance(parts[0], type) and \
+            issubclass(parts[0], BaseModel) else None
+        tree[name] = None if section is None else _live_tree(section)
+    return tree
+
+
+@pytest.mark.parametrize("target", CONFIG_CLASSES)
+def test_the_fields_read_from_source_are_the_models(target):
+    from csclip.config_fields import field_tree
+
+    module, _, name = target.partition(":")
+    assert field_tree(target) == _live_tree(getattr(importlib.import_module(module), name))
