@@ -1,4 +1,5 @@
-"""CS-CLIP training objectives (SPEC §3): plain CLIP, L_full (NegCLIP) and L_unit, with
+"""CS-CLIP training objectives (SPEC §3): plain CLIP, L_full (NegCLIP) and L_unit (and the
+authors' optional ranking loss L_rank, their swap runs' extra term), with
 features all-gathered with gradient across workers so negatives come from the global batch.
 
 Every loss takes this worker's *local*, L2-normalised features and `scale =
@@ -51,6 +52,12 @@ class LossConfig(StrictModel):
     # and the image its unit over the foil's: L = L_full + λ·L_unit + μ·L_image_foil.
     # This one field turns them on, with its weight μ; None or 0: off.
     image_foil_weight: float | None = Field(None, ge=0)
+    # The authors' ranking loss (alignment/losses.py@16276c7, `lambda_rank`, `rank_margin`),
+    # which their swap-fraction runs trained with (weight 0.2; `--grid paper`'s swap rows):
+    # L = L_full + λ·L_unit + λ_rank·L_rank, L_rank = hinge on s(I, u_k) + δ - s(I, c)
+    # (`ranking_loss`). 0: off, as in the paper's main run and every preset.
+    ranking_loss_weight: float = Field(0.0, ge=0)
+    ranking_margin: float = Field(0.1, ge=0)  # δ, in cosine similarity (theirs: 0.1)
 
     @model_validator(mode="before")
     @classmethod
@@ -63,6 +70,10 @@ class LossConfig(StrictModel):
         if self.method == "layout" and self.image_foil_weight:
             raise ValueError("loss.method layout asks the image tower alone; it has no "
                              "image foils: leave loss.image_foil_weight unset")
+        if self.ranking_loss_weight and self.method != "csclip":
+            raise ValueError(f"loss.ranking_loss_weight ranks the caption above its units; "
+                             f"loss.method {self.method} has no units: use method csclip "
+                             "or set the weight to 0")
         return self
 
     @property
@@ -73,13 +84,15 @@ class LossConfig(StrictModel):
 
 @dataclass(frozen=True)
 class LossParts:
-    """The terms of L = L_full + λ·L_unit (+ μ·L_image_foil) (scalars with graphs attached).
-    image_foil is None when the objective has no image-foil term."""
+    """The terms of L = L_full + λ·L_unit (+ λ_rank·L_rank) (+ μ·L_image_foil) (scalars
+    with graphs attached). image_foil / ranking are None when the objective has no such
+    term (ranking: loss.ranking_loss_weight 0)."""
 
     full: Tensor
     unit: Tensor
     total: Tensor
     image_foil: Tensor | None = None
+    ranking: Tensor | None = None
 
 
 # ---------------------------------------------------------------------------------------
@@ -246,6 +259,23 @@ def _image_foil(image: Tensor, foil_images: Tensor, units: Tensor, foil_texts: T
             + _masked_mean_cross_entropy(logits.T, labels, valid)) / 2
 
 
+def _ranking(image: Tensor, caption: Tensor, units: Tensor, mask: Tensor,
+             margin: float) -> Tensor:
+    # L_rank, the authors' `_compute_ranking_loss` (alignment/losses.py@16276c7, the same
+    # at 98b40c0) with rank_reduction "mean", the only one their launchers ran:
+    #   L_rank = 1/B Σ_i m_i · 1/N Σ_k max(0, δ + s(I_i, u_k,i) - s(I_i, c_i))
+    # s: cosine similarity (no temperature), c_i the full caption, u_k,i the unit of slot k,
+    # m_i the unit mask, B every sample of the (gathered) batch: a sample without units
+    # adds 0 and still counts in B (theirs divides by B, each sample's hinges by its valid
+    # slot count, which is N or none: their caption_valid_mask is all or nothing per
+    # sample, as csclip's unit_mask). Foils take no part.
+    caption_score = (image * caption).sum(-1)                              # (B,)
+    unit_scores = torch.einsum("bd,kbd->kb", image, units)                 # (K, B)
+    hinge = (margin + unit_scores - caption_score).clamp(min=0)            # (K, B)
+    per_sample = torch.where(mask, hinge.mean(0), torch.zeros_like(caption_score))
+    return per_sample.mean()
+
+
 # ---------------------------------------------------------------------------------------
 # Public losses (local features in, global loss out)
 # ---------------------------------------------------------------------------------------
@@ -312,22 +342,51 @@ def unit_loss(image: Tensor, units: Tensor, foils: Tensor, mask: Tensor,
 @fp32_loss
 def csclip_loss(image: Tensor, caption: Tensor, caption_negative: Tensor, units: Tensor,
                 foils: Tensor, mask: Tensor, scale: Tensor, unit_loss_weight: float = 0.5,
-                negative_mask: Tensor | None = None, gather: bool = True) -> LossParts:
-    """L = L_full + λ·L_unit (SPEC §3), gathering each feature tensor once.
+                negative_mask: Tensor | None = None, gather: bool = True,
+                ranking_loss_weight: float = 0.0, ranking_margin: float = 0.1) -> LossParts:
+    """L = L_full + λ·L_unit (SPEC §3) (+ λ_rank·L_rank), gathering each feature tensor once.
 
     image, caption, caption_negative: (B, D); units, foils: (K, B, D); mask: (B,) bool
     (samples with units); scale: scalar logit_scale.exp(); unit_loss_weight: λ (paper:
     0.5); negative_mask: (B,) bool (samples with a caption negative; None: all);
-    gather: as in clip_loss.
+    gather: as in clip_loss; ranking_loss_weight: λ_rank (0: no L_rank term, and
+    LossParts.ranking is None), ranking_margin: its δ (see ranking_loss).
     """
     _check_unit_shapes(image, units, foils, mask)
     negative_mask = _full_mask(negative_mask, image)
     all_image = _gather(image, gather)                           # (B_global, D)
-    loss_full = _negclip(all_image, _gather(caption, gather), _gather(caption_negative, gather),
+    all_caption = _gather(caption, gather)
+    all_units = _gather(units, gather, dim=1)                    # (K, B_global, D)
+    all_mask = _gather_mask(mask, gather)
+    loss_full = _negclip(all_image, all_caption, _gather(caption_negative, gather),
                          _gather_mask(negative_mask, gather), scale)
-    loss_unit = _unit(all_image, _gather(units, gather, dim=1), _gather(foils, gather, dim=1),
-                      _gather_mask(mask, gather), scale)
-    return LossParts(full=loss_full, unit=loss_unit, total=loss_full + unit_loss_weight * loss_unit)
+    loss_unit = _unit(all_image, all_units, _gather(foils, gather, dim=1), all_mask, scale)
+    total = loss_full + unit_loss_weight * loss_unit
+    if not ranking_loss_weight:  # off: the total is exactly the paper's L
+        return LossParts(full=loss_full, unit=loss_unit, total=total)
+    loss_ranking = _ranking(all_image, all_caption, all_units, all_mask, ranking_margin)
+    return LossParts(full=loss_full, unit=loss_unit,
+                     total=total + ranking_loss_weight * loss_ranking, ranking=loss_ranking)
+
+
+@fp32_loss
+def ranking_loss(image: Tensor, caption: Tensor, units: Tensor, mask: Tensor,
+                 margin: float = 0.1, gather: bool = True) -> Tensor:
+    """L_rank, the authors' ranking loss (kargibora/CS-CLIP alignment/losses.py@16276c7,
+    `_compute_ranking_loss`): each image must score its full caption at least δ above each
+    of its units, in cosine similarity,
+
+        L_rank = 1/B Σ_i m_i · 1/N Σ_k max(0, δ + s(I_i, u_k,i) - s(I_i, c_i)).
+
+    image, caption: (B, D) local L2-normalised features; units: (K, B, D) unit features of
+    slots 1..K; mask: (B,) bool, False for samples without units (they add 0 but count
+    in B, as theirs); margin: δ (theirs: 0.1); gather: as in clip_loss.
+    """
+    if caption.shape != image.shape:
+        raise ValueError(f"caption must be {tuple(image.shape)}; got {tuple(caption.shape)}")
+    _check_unit_shapes(image, units, units, mask)
+    return _ranking(_gather(image, gather), _gather(caption, gather),
+                    _gather(units, gather, dim=1), _gather_mask(mask, gather), margin)
 
 
 @fp32_loss
@@ -425,6 +484,8 @@ class Objective:
     gather: bool = True  # LossConfig.gather
     image_foil_weight: float | None = None  # μ; None: no image-foil term
     layout: LayoutQuestion | None = None  # method layout only
+    ranking_loss_weight: float = 0.0  # λ_rank (csclip only); 0: no L_rank term
+    ranking_margin: float = 0.1  # δ of L_rank
 
     @property
     def mask_columns(self) -> tuple[str, ...]:
@@ -455,7 +516,7 @@ class Objective:
                                texts["image_foil_text"], masks["image_foil_mask"], scale,
                                gather=self.gather)
         return LossParts(parts.full, parts.unit, parts.total + self.image_foil_weight * term,
-                         term)
+                         term, parts.ranking)
 
     def _paper_loss(self, image: Tensor, texts: Mapping[str, Tensor],
                     masks: Mapping[str, Tensor], scale: Tensor) -> LossParts:
@@ -471,7 +532,9 @@ class Objective:
         foils = torch.stack([texts[f"foil_{k}"] for k in range(n)])          # (N, B, D)
         return csclip_loss(image, texts["caption"], texts["caption_negative"], units, foils,
                            masks["unit_mask"], scale, self.unit_loss_weight,
-                           masks["negative_mask"], gather=self.gather)
+                           masks["negative_mask"], gather=self.gather,
+                           ranking_loss_weight=self.ranking_loss_weight,
+                           ranking_margin=self.ranking_margin)
 
 
 def objective_for(config: LossConfig, num_unit_slots: int,
@@ -496,4 +559,6 @@ def objective_for(config: LossConfig, num_unit_slots: int,
                          gather=config.gather, image_foil_weight=foil[1])
     return Objective("csclip", ("caption", "caption_negative", *unit_columns(num_unit_slots),
                                 *foil[0]),
-                     num_unit_slots, config.unit_loss_weight, config.gather, foil[1])
+                     num_unit_slots, config.unit_loss_weight, config.gather, foil[1],
+                     ranking_loss_weight=config.ranking_loss_weight,
+                     ranking_margin=config.ranking_margin)

@@ -353,18 +353,17 @@ def test_paper_grid_on_the_authors_base_is_their_runs():
     assert [s.key for s in grid.settings] == [
         "base", "lr=1e-6", "lr=2e-6", "lr=1e-5", "lr=2e-5", "bs=32,lr=1.3e-6",
         "bs=64,lr=2.5e-6", "wd=1e-3", "wd=5e-3", "wd=0.02", "wd=0.05", "units=1", "units=3",
-        "units=4", "relfrac=0", "relfrac=0.25", "relfrac=0.5", "relfrac=0.75"]
+        "units=4", "relfrac=0", "relfrac=0.25", "relfrac=0.5", "relfrac=0.75",
+        "swapfrac=0,rank=0.2", "swapfrac=0.5,rank=0.2"]
     assert [r.label for r in grid.rows if r.is_base] == [
         "lr 5e-6", "bs 128 lr 5e-6", "wd 0.01", "N 2", "rel 1", "swap 1"]
     assert all(r.source for r in grid.rows)
-    # The swap-fraction runs added a ranking loss we do not have: listed, not trained.
-    unavailable = [r for r in grid.rows if r.unavailable]
-    assert [r.label for r in unavailable] == ["swap 0", "swap 0.25", "swap 0.5", "swap 0.75"]
-    assert all("ranking loss" in r.unavailable for r in unavailable)
-    assert not any(s.key.startswith("swapfrac") for s in grid.settings)
+    # The swap-fraction runs trained with the ranking loss (weight 0.2), so do ours
+    # (tests/test_ranking_loss.py checks the trial configs); every row is trained.
+    assert not any(r.unavailable for r in grid.rows)
     table = reports.build_table(grid, {"base": {"ht_all": 69.3}})
-    line = next(x for x in table.markdown().splitlines() if x.startswith("| swap 0 "))
-    assert "not run: their run added a ranking loss" in line and "69.3" not in line
+    line = next(x for x in table.markdown().splitlines() if x.startswith("| swap 0 rank 0.2"))
+    assert "(not run)" in line and "69.3" not in line
     assert grids.sweep_name(_coco_base(), grid).startswith("ablate-paper-")
 
 
@@ -381,16 +380,19 @@ def test_paper_grid_selection_and_relative_rows(tmp_path, mlflow_uri):
                             (["paper="], "empty value")):
         with pytest.raises(ConfigError, match=message):
             grids.parse_paper_grid(tokens)
-    with pytest.raises(ConfigError, match="every selected row is unavailable"):
-        grids.expand_paper_grid(base, grids.parse_paper_grid(["paper=swapfrac-0"]))
+    # A swap row carries the ranking loss, which needs units: on a base without them the
+    # row is refused before any Ray work, by name.
+    without_units = grids.with_values(base, {"loss.method": "negclip"}, origin="test")
+    with pytest.raises(ConfigError, match="swapfrac=0,rank=0.2.*has no units"):
+        grids.expand_paper_grid(without_units, grids.parse_paper_grid(["paper=swapfrac-0"]))
 
 
 def test_ablate_help_lists_the_authors_rows_with_sources():
     out = subprocess.run([sys.executable, str(REPO_ROOT / "tune" / "ablate.py"), "--grid",
                           "paper", "--help"], capture_output=True, text=True, check=True).stdout
     for text in ("lr-1e-6", "bs-32 lr 1.3e-6", "wd-5e-3", "units-4", "relfrac-0.25",
-                 "swapfrac-0.5 (NOT RUN)", "run_ablations.sh@16276c7",
-                 "ablation_weight_decay.ipynb@16276c7", "ranking loss"):
+                 "swapfrac-0.5 rank 0.2", "run_ablations.sh@16276c7",
+                 "ablation_weight_decay.ipynb@16276c7", "LAMBDA_RANK 0.2"):
         assert text in out, text
 
 

@@ -235,7 +235,8 @@ def train_step(training: Training, batch: Mapping[str, Tensor]) -> LossParts:
     if training.shadow is not None:
         training.shadow.weights_from_master()
     return LossParts(parts.full.detach(), parts.unit.detach(), parts.total.detach(),
-                     None if parts.image_foil is None else parts.image_foil.detach())
+                     None if parts.image_foil is None else parts.image_foil.detach(),
+                     None if parts.ranking is None else parts.ranking.detach())
 
 
 def encode_batch(training: Training, batch: Mapping[str, Tensor]) -> Encoded:
@@ -305,7 +306,8 @@ def _no_sync(runner: torch.nn.Module, skip: bool) -> Iterator[None]:
 # Metrics without host syncs
 # ---------------------------------------------------------------------------------------
 
-METRIC_NAMES = ("loss", "loss_full", "loss_unit", "logit_scale", "loss_image_foil")
+METRIC_NAMES = ("loss", "loss_full", "loss_unit", "logit_scale", "loss_image_foil",
+                "loss_ranking")
 
 
 class StepMetrics:
@@ -325,17 +327,20 @@ class StepMetrics:
     def add(self, step: int, parts: LossParts, logit_scale: Tensor, lr: float) -> None:
         self._steps.append(step)
         self._lrs.append(lr)
-        # An objective without the image-foil term logs no such metric (NaN is dropped).
-        image_foil = (parts.total.new_full((), math.nan) if parts.image_foil is None
-                      else parts.image_foil.detach())
+        # An objective without the image-foil (ranking) term logs no such metric (NaN is
+        # dropped).
+        absent = parts.total.new_full((), math.nan)
+        image_foil = absent if parts.image_foil is None else parts.image_foil.detach()
+        ranking = absent if parts.ranking is None else parts.ranking.detach()
         self._values.append(torch.stack([parts.total.detach().float(), parts.full.detach().float(),
                                          parts.unit.detach().float(),
                                          logit_scale.detach().float().exp().reshape(()),
-                                         image_foil.float()]))
+                                         image_foil.float(), ranking.float()]))
 
     def take(self) -> list[dict[str, float]]:
         """The buffered steps as {"step", "lr", "loss", "loss_full", "loss_unit",
-        "logit_scale"[, "loss_image_foil"]} dicts, oldest first, and an empty buffer."""
+        "logit_scale"[, "loss_image_foil"][, "loss_ranking"]} dicts, oldest first, and an
+        empty buffer."""
         if not self._steps:
             return []
         values = torch.stack(self._values).tolist()                    # the one sync
