@@ -30,6 +30,7 @@ from pydantic import Field, field_validator, model_validator
 from csclip.config import StrictModel, refuse_renamed
 from csclip.errors import CheckpointMismatch, ConfigError, DataError
 from csclip.model_configs import SMALL_MODEL_CONFIGS
+from csclip.pretrained import resolve_tag_weights, tag_config
 from csclip.storage import check_export, write_manifest
 
 logger = logging.getLogger(__name__)
@@ -60,8 +61,10 @@ class ModelSource(StrictModel):
     name: str = "csclip-tiny"  # open_clip model name (ViT-B-32, csclip-tiny, ...)
     # A pretrained tag (`openai`), a state-dict file, or a csclip checkpoint directory.
     pretrained: str | None = None
-    # OpenAI's ViT-B/32 weights were trained with QuickGELU (SPEC §6): set true for them.
-    quick_gelu: bool = False
+    # OpenAI's ViT-B/32 weights were trained with QuickGELU (SPEC §6). None: as the
+    # pretrained tag was trained (csclip.pretrained), as a checkpoint was saved, else False;
+    # a value that contradicts the tag is refused.
+    quick_gelu: bool | None = None
     image_size: int | None = Field(None, ge=16)  # None: the model config's own size
 
     @field_validator("pretrained")
@@ -213,7 +216,7 @@ def is_checkpoint_dir(path: str | Path | None) -> bool:
     return path is not None and (Path(path) / SPEC_FILE).is_file()
 
 
-def _build(name: str, pretrained: str | None, device: str, quick_gelu: bool,
+def _build(name: str, pretrained: str | None, device: str, quick_gelu: bool | None,
            image_size: int | None, load_weights: bool = True) -> ClipBundle:
     import open_clip
 
@@ -221,15 +224,24 @@ def _build(name: str, pretrained: str | None, device: str, quick_gelu: bool,
     if open_clip.get_model_config(name) is None and not name.startswith(("hf-hub:", "local-dir:")):
         raise ConfigError(f"model.name: unknown open_clip model {name!r}; choose one of "
                           f"{sorted(SMALL_MODEL_CONFIGS)} or open_clip.list_models()")
-    tag_cfg = open_clip.get_pretrained_cfg(name, pretrained) if pretrained else {}
+    tag_cfg = tag_config(name, pretrained)
+    if quick_gelu is None:
+        quick_gelu = bool(tag_cfg.get("quick_gelu", False))
     if tag_cfg and bool(tag_cfg.get("quick_gelu", False)) != quick_gelu:
         # open_clip only warns here; a wrong activation silently degrades the model (SPEC §6).
         raise CheckpointMismatch(
             f"pretrained tag {name}/{pretrained} was trained with quick_gelu="
-            f"{tag_cfg.get('quick_gelu', False)}; set model.quick_gelu to match")
+            f"{tag_cfg.get('quick_gelu', False)}; set model.quick_gelu to match (or leave "
+            "it unset: the tag decides)")
     # Without weights the tag's preprocessing still applies (mean/std differ per tag); the
-    # tag itself is not passed, since open_clip would download it.
+    # tag itself is not passed, since open_clip would download it. With weights in the
+    # cache, open_clip gets their file and the tag's preprocessing: no network at all.
     preprocess_overrides = _tag_preprocess(tag_cfg) if not load_weights else {}
+    weights = pretrained
+    if tag_cfg and load_weights:
+        cached = resolve_tag_weights(name, pretrained)
+        if cached is not None:
+            weights, preprocess_overrides = cached.file, _tag_preprocess(tag_cfg)
     root = logging.getLogger()
     if not load_weights or not pretrained:
         # Built to read its spec, or random weights by request (pretrained None):
@@ -237,7 +249,7 @@ def _build(name: str, pretrained: str | None, device: str, quick_gelu: bool,
         root.addFilter(_skip_no_weights_warning)
     try:
         model, _, preprocess = open_clip.create_model_and_transforms(
-            name, pretrained=pretrained if load_weights else None, device=device,
+            name, pretrained=weights if load_weights else None, device=device,
             force_quick_gelu=quick_gelu, force_image_size=image_size, **preprocess_overrides)
     finally:
         root.removeFilter(_skip_no_weights_warning)
@@ -245,7 +257,7 @@ def _build(name: str, pretrained: str | None, device: str, quick_gelu: bool,
     return ClipBundle(model, preprocess, open_clip.get_tokenizer(name), name, pretrained)
 
 
-def _build_from_checkpoint(directory: str | Path, name: str, device: str, quick_gelu: bool,
+def _build_from_checkpoint(directory: str | Path, name: str, device: str, quick_gelu: bool | None,
                            image_size: int | None) -> ClipBundle:
     """The model of a csclip checkpoint directory, without the objective's heads
     (OBJECTIVE_HEADS) its training may have saved with it."""
@@ -295,13 +307,17 @@ def _tag_preprocess(tag_cfg: dict) -> dict:
 
 
 def create_bundle(name: str, pretrained: str | None = None, device: str = "cpu", *,
-                  quick_gelu: bool = False, image_size: int | None = None) -> ClipBundle:
+                  quick_gelu: bool | None = None, image_size: int | None = None) -> ClipBundle:
     """Create an open_clip model by name with random weights, a pretrained tag, a
     state-dict file or a csclip checkpoint directory (its spec must match the request).
+    quick_gelu None: the tag's or the checkpoint's activation (False for neither).
 
-    Raises ConfigError for an unknown name, CheckpointMismatch for a spec mismatch.
+    Raises ConfigError for an unknown name or a tag whose weights are neither cached nor
+    downloadable, CheckpointMismatch for a spec mismatch.
     """
     if is_checkpoint_dir(pretrained):
+        if quick_gelu is None:
+            quick_gelu = read_spec(pretrained).quick_gelu
         # Check before loading: open_clip would silently resize position embeddings.
         wanted = _build(name, None, "cpu", quick_gelu, image_size, load_weights=False)
         check_spec(read_spec(pretrained), spec_of(wanted.model, name), str(pretrained))
@@ -318,10 +334,21 @@ def bundle_from_config(config: ModelSource, device: str = "cpu") -> ClipBundle:
                          quick_gelu=config.quick_gelu, image_size=config.image_size)
 
 
+def effective_quick_gelu(config: ModelSource) -> bool:
+    """model.quick_gelu as the model is built: the value set, else the checkpoint's
+    (model.pretrained a checkpoint directory) or the pretrained tag's, else False."""
+    if config.quick_gelu is not None:
+        return config.quick_gelu
+    if is_checkpoint_dir(config.pretrained):
+        return read_spec(config.pretrained).quick_gelu
+    return bool(tag_config(config.name, config.pretrained).get("quick_gelu", False))
+
+
 def spec_from_config(config: ModelSource) -> ModelSpec:
     """The spec `config` would build, without loading or downloading weights."""
     bundle = _build(config.name, config.pretrained if not is_checkpoint_dir(config.pretrained)
-                    else None, "cpu", config.quick_gelu, config.image_size, load_weights=False)
+                    else None, "cpu", effective_quick_gelu(config), config.image_size,
+                    load_weights=False)
     return spec_of(bundle.model, config.name)
 
 
