@@ -142,6 +142,7 @@ def run_sweep(base: TrainConfig, grid: Grid, *, max_concurrent: int | None = Non
 
     from ray import tune
 
+    from csclip.ablation.callback import TrialLinesCallback
     from csclip.config import flatten
 
     started = time.time()
@@ -190,7 +191,9 @@ def run_sweep(base: TrainConfig, grid: Grid, *, max_concurrent: int | None = Non
             param_space={"setting": tune.grid_search([s.key for s in grid.settings])},
             tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent,
                                         trial_dirname_creator=trial_dirname),
-            run_config=tune.RunConfig(name=name, storage_path=storage, verbose=1),
+            # A line per finished trial as it lands; Tune's box only says RUNNING.
+            run_config=tune.RunConfig(name=name, storage_path=storage, verbose=1,
+                                      callbacks=[TrialLinesCallback()]),
         )
     metrics, status, errors = collect_results(tuner.fit())
     report_uri = f"{storage}/{name}-report"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from csclip.entry.common import (
@@ -84,11 +85,21 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from csclip.config import load_config
-    from csclip.entry.ray_init import init_ray
-    from csclip.train import TrainConfig, run
+    from csclip.config import load_named_config
 
-    config = load_config(TrainConfig, args.config, overrides_from_args(args))
+    # Settings checked before csclip.train.loop (and torch) is imported: a typo costs ~1 s.
+    config = load_named_config("csclip.train.loop:TrainConfig", args.config,
+                               overrides_from_args(args))
+    from csclip.entry.ray_init import init_ray
+    from csclip.pretrained import resolve_tag_weights
+    from csclip.train import run
+    from csclip.train.console import start_line
+    from csclip.train.loop import run_name
+
+    # What is being trained, before Ray, the data plan and the workers take their minutes.
+    logging.getLogger("csclip.train").info(start_line(config, run_name(config)))
+    # A pretrained tag neither cached nor downloadable: one line before Ray starts.
+    resolve_tag_weights(config.model.name, config.model.pretrained)
     init_ray(args.address)
     result = run(config)
     print(f"run {result.run_name}: final checkpoint {result.checkpoint_uri}")

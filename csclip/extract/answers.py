@@ -23,6 +23,7 @@ from csclip.authors import RecordError, expand_uri, parse_record
 from csclip.errors import DataError
 from csclip.extract import authors_prompts as ap
 from csclip.extract.backends import Outcome, empty_caption_outcome, finish, llm_outcome
+from csclip.progress import progress
 from csclip.units import RejectReason
 
 if TYPE_CHECKING:
@@ -152,7 +153,7 @@ def read_answers(uri: str, endpoint_url: str | None = None) -> dict[str, list[di
         raise DataError(f"{uri}: no answers (*.jsonl) found; point backend.answers at the "
                         "answers/ folder of a vllm run") from err
     by_sample: dict[str, list[dict]] = defaultdict(list)
-    for path in paths:
+    for path in progress(paths, desc="replay: read answers", unit="file"):
         text = storage.read_bytes(fs, path).decode("utf-8")
         for number, line in enumerate(text.splitlines(), 1):
             if not line.strip():
@@ -257,14 +258,16 @@ def dump_prompts(fs, answers_dir: str, captions: pa.Table, config) -> int:
     from csclip import storage
 
     by_sample: dict[str, list[dict]] = defaultdict(list)
-    for path in storage.list_files(fs, answers_dir, ".jsonl"):
+    for path in progress(storage.list_files(fs, answers_dir, ".jsonl"),
+                         desc="dump prompts: read answers", unit="file"):
         for line in storage.read_bytes(fs, path).decode("utf-8").splitlines():
             if line.strip():
                 record = json.loads(line)
                 by_sample[record["sample_id"]].append(record)
     columns = ["sample_id", "caption_index", "caption", "image_path", "image_id", "split"]
     lines = []
-    for row in captions.select(columns).to_pylist():
+    for row in progress(captions.select(columns).to_pylist(), desc="dump prompts",
+                        unit="caption"):
         records = by_sample.get(row["sample_id"])
         if records:
             lines += [json.dumps(r, ensure_ascii=False) for r in prompt_requests(

@@ -54,6 +54,7 @@ from csclip.model import (
 )
 from csclip.tracking import TrackingConfig
 from csclip.train import rng as generators
+from csclip.train.console import first_step_line, step_line
 from csclip.train.optim import OptimConfig, lr_at
 from csclip.train.sampling import SamplingConfig
 from csclip.train.step import (
@@ -197,7 +198,8 @@ IDENTITY_FIELDS: tuple[str, ...] = (
 )
 # Identity fields added after runs were named: part of the hash only when not at their
 # default, so the runs named before them keep their names (and resume).
-IDENTITY_FIELDS_WHEN_SET: tuple[str, ...] = ("model.lock", "data.augment", "run.resume_from")
+IDENTITY_FIELDS_WHEN_SET: tuple[str, ...] = ("model.lock", "data.augment", "run.resume_from",
+                                              "loss.ranking_loss_weight", "loss.ranking_margin")
 # How a run runs, not what it trains: never in its name (a run restarted with compilation
 # or accumulation on, or moved to other storage, resumes the same run). Every TrainConfig
 # field is in exactly one of these three lists (tests/test_run_identity.py).
@@ -224,6 +226,10 @@ def _identity(config: TrainConfig) -> str:
     its IDENTITY_FIELDS (and IDENTITY_FIELDS_WHEN_SET away from their defaults), nested as
     in the config."""
     data, default = config.model_dump(mode="json"), TrainConfig().model_dump(mode="json")
+    if data["model"]["quick_gelu"] is None:  # unset: named by what the model is built with
+        from csclip.model import effective_quick_gelu
+
+        data["model"]["quick_gelu"] = effective_quick_gelu(config.model)
     identity: dict = {}
     for path in IDENTITY_FIELDS + IDENTITY_FIELDS_WHEN_SET:
         *sections, key = path.split(".")
@@ -421,6 +427,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         loss_log = Path(plan.hooks.loss_log, f"rank-{rank}.jsonl")
     total = plan.total_steps
     metrics, window, last = StepMetrics(), _Window(time.perf_counter()), {}
+    first_step = state.step + 1  # of this worker: a line says training began
     for epoch, batches in _epoch_batches(config, plan, state.step, device, rank):
         tick = time.perf_counter()
         for batch in batches:
@@ -440,13 +447,11 @@ def train_loop_per_worker(loop_config: dict) -> None:
             checkpoint_now = state.step % config.run.checkpoint_every == 0 or state.step == total
             if state.step % config.run.log_every == 0 or checkpoint_now:
                 last = _publish(metrics, window, step_logger, plan.steps_per_epoch, loss_log)
-                if state.step % config.run.log_every == 0 and rank == 0:
-                    logger.info("%s step %d/%d loss %.4f (full %.4f unit %.4f%s) lr %.2e "
-                                "%.0f samples/s (data wait %.0f%%)", config.loss.method,
-                                state.step, total, last["loss"], last["loss_full"],
-                                last["loss_unit"], f" image_foil {last['loss_image_foil']:.4f}"
-                                if "loss_image_foil" in last else "", lr,
-                                last["samples_per_s"], 100 * last["data_wait_frac"])
+                if (state.step % config.run.log_every == 0 or state.step == total) and rank == 0:
+                    logger.info(step_line(config.loss.method, state.step, total, last, lr))
+            elif state.step == first_step and rank == 0:
+                logger.info(first_step_line(config.loss.method, state.step, total,
+                                            time.perf_counter() - window.start))
             if evaluator is not None and (state.step % config.run.eval_every == 0
                                           or state.step == total):
                 started = time.perf_counter()

@@ -18,6 +18,7 @@ from csclip.eval.halftruth.items import (
     Protocol,
     SkipReason,
 )
+from csclip.progress import progress
 from csclip.units import ChangeType, Foil, Unit, UnitsRecord, normalize_text
 
 
@@ -64,7 +65,7 @@ def build_half_truth_benchmark(records: Iterable[UnitsRecord], seed: int = 0) ->
     }
     items: list[HalfTruthItem] = []
     skipped: Counter[tuple[str, str]] = Counter()
-    for image_id, record in chosen.items():
+    for image_id, record in progress(chosen.items(), desc="half-truth items", unit="image"):
         if record.image_bytes is None and not record.image_path:
             for condition in CONDITIONS:
                 skipped[(condition.slug, SkipReason.MISSING_IMAGE.value)] += 1
