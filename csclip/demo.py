@@ -214,6 +214,10 @@ def run_demo(demo: DemoConfig, command: str = "make demo",
     started = time.perf_counter()
     tracking = demo.train.tracking
     uri = resolve_uri(tracking.uri) if tracking.enabled else None
+    # This run's sections replace the last run's: until they are written, publish finds none
+    # (a demo killed mid-way never publishes the previous run's results as its own).
+    for name in PUBLISHED:
+        Path(demo.out_dir, name).unlink(missing_ok=True)
     start_ray()
     stages = [StageTime("start Ray", time.perf_counter() - started)]
     pre_plan = demo.pretrain_config()
@@ -244,10 +248,10 @@ def run_demo(demo: DemoConfig, command: str = "make demo",
     seconds = time.perf_counter() - started
     out = Path(demo.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / RESULTS_SECTION).write_text(results_section(
+    _write_atomic(out / STAGES_SECTION, stages_section(stages, seconds, command))
+    _write_atomic(out / RESULTS_SECTION, results_section(
         demo, pretrained, finetuned, markdown, command, seconds,
         reused=[stage.stage for stage in stages if stage.cached]))
-    (out / STAGES_SECTION).write_text(stages_section(stages, seconds, command))
     written = (str(out / RESULTS_SECTION), str(out / STAGES_SECTION))
     return DemoResult(pretrained, finetuned, markdown, demo.out_dir, seconds, tuple(stages),
                       uri, written)
@@ -259,8 +263,11 @@ def publish(out_dir: str, root: str | Path = ".") -> list[Path]:
     sections of those shared docs are kept). Raises DataError when `out_dir` holds no
     finished demo."""
     from csclip.errors import DataError
+    from csclip.eval.report import check_evaluation
     from csclip.markdoc import update_marked_section
 
+    if all(Path(out_dir, name).is_file() for name in PUBLISHED):
+        check_evaluation(out_dir)  # its tables are the ones the results section quotes
     written = []
     for name, (doc, marker, title) in PUBLISHED.items():
         section = Path(out_dir, name)
@@ -272,6 +279,14 @@ def publish(out_dir: str, root: str | Path = ".") -> list[Path]:
         written.append(update_marked_section(path, marker, section.read_text().rstrip("\n"),
                                              title=title))
     return written
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    import pyarrow.fs as pafs
+
+    from csclip.storage import write_bytes_atomic
+
+    write_bytes_atomic(pafs.LocalFileSystem(), str(path.absolute()), text.encode())
 
 
 def _header(number: int, text: str) -> None:
@@ -447,6 +462,5 @@ def evaluate(demo: DemoConfig, pretrained: TrainResult, finetuned: dict[str, Tra
                             # the world suites' draws (mirrored pairs, zero-shot) too
                             suites=SuitesConfig(seed=demo.eval_seed),
                             experiment=demo.train.tracking.experiment + "-eval")
-    Path(demo.out_dir).mkdir(parents=True, exist_ok=True)
-    Path(demo.out_dir, "results.md").write_text(report.markdown)
+    _write_atomic(Path(demo.out_dir, "results.md"), report.markdown)
     return report.markdown

@@ -29,8 +29,9 @@ def load_split(units_uri: str | None, split: str, world: WorldConfig) -> list[Un
     import pyarrow.parquet as pq
 
     from csclip.storage import filesystem_for
-    from csclip.units import UNITS_SCHEMA, check_units_table, table_to_records
+    from csclip.units import UNITS_SCHEMA, check_units_table, table_to_records, units_table_uri
 
+    units_uri = units_table_uri(units_uri)  # an extraction's --out folder: its units/
     fs, path = filesystem_for(units_uri)
     check_units_table(fs, path, units_uri)  # unfinished, unreadable, another schema
     try:

@@ -225,21 +225,22 @@ def write_manifest(local: str | Path) -> None:
     write_bytes_atomic(pafs.LocalFileSystem(), str(Path(local).absolute() / MANIFEST_FILE), data)
 
 
-def export_problem(fs: pafs.FileSystem, path: str, check_hashes: bool = False) -> str | None:
+def export_problem(fs: pafs.FileSystem, path: str, check_hashes: bool = False,
+                   manifest: str = MANIFEST_FILE) -> str | None:
     """Why the directory at `path` is not a complete export (None when it is): no
-    manifest, or a listed file missing, of another size or (check_hashes) other bytes."""
-    file = join(path, MANIFEST_FILE)
+    `manifest`, or a listed file missing, of another size or (check_hashes) other bytes."""
+    file = join(path, manifest)
     if not exists(fs, file):
-        return f"it has no {MANIFEST_FILE}"
+        return f"it has no {manifest}"
     try:
         entries = json.loads(read_bytes(fs, file))["files"]
         listed = [(str(name), int(entry["size"]), str(entry["sha256"]))
                   for name, entry in entries.items()]
     except (ValueError, KeyError, TypeError, AttributeError):
-        return f"its {MANIFEST_FILE} is unreadable"
+        return f"its {manifest} is unreadable"
     for name, size, sha256 in listed:
         if name.startswith("/") or ".." in name.split("/"):
-            return f"its {MANIFEST_FILE} lists {name!r}, outside the directory"
+            return f"its {manifest} lists {name!r}, outside the directory"
         info = fs.get_file_info(join(path, name))
         if info.type != pafs.FileType.File:
             return f"{name} is missing"

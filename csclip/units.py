@@ -606,6 +606,26 @@ def check_extraction_complete(filesystem, path: str, uri: str) -> None:
                     "same command to finish")
 
 
+def units_table_uri(uri: str) -> str:
+    """The units table `uri` names: an extraction's output folder (`csclip extract --out`:
+    its _manifest.json beside units/) is read through its units/ folder, so what extract
+    writes is what --units takes (evaluate, benchmark build, train); anything else as
+    given. One resolver for every reader of a units URI."""
+    import posixpath
+
+    from csclip.storage import exists, filesystem_for, is_dir
+
+    if any(c in uri for c in "*?[") or uri.rstrip("/").endswith(".parquet"):
+        return uri
+    filesystem, path = filesystem_for(uri)
+    path = path.rstrip("/")
+    if (posixpath.basename(path) != "units"
+            and exists(filesystem, posixpath.join(path, EXTRACTION_MANIFEST))
+            and is_dir(filesystem, posixpath.join(path, "units"))):
+        return uri.rstrip("/") + "/units"
+    return uri
+
+
 def unit_columns(num_unit_slots: int) -> tuple[str, ...]:
     """The unit and foil token columns of slots 1..N, in encoding order."""
     return (tuple(f"unit_{k}" for k in range(num_unit_slots))

@@ -141,6 +141,19 @@ def _corrupt_image(tmp: Path) -> tuple[list[str], Path]:
             "--set", "tracking.enabled=false"], image
 
 
+def _suite(names: str, present: tuple[str, ...] = ()) -> Callable[[Path], tuple[list[str], Path]]:
+    """evaluate --suite names on a --data-root holding the fixtures of `present` only."""
+    def make(tmp: Path):
+        import shutil
+
+        root = tmp / "bench"
+        for name in present:
+            shutil.copytree(Path(__file__).parent / "fixtures" / "suites" / name, root / name)
+        return ["--model", "csclip-tiny", "--suite", names, "--data-root", str(root), "--out",
+                str(tmp / "eval"), "--set", "tracking.enabled=false"], root
+    return make
+
+
 def _truncate(name: str) -> Callable[[Path], None]:
     def damage(directory: Path) -> None:
         data = (directory / name).read_bytes()
@@ -209,6 +222,9 @@ CASES: dict[str, Case] = {
                                            d / "model.pt")))),
     "checkpoint_without_manifest": Case("evaluate", _damaged_checkpoint(
         lambda d: (d / "manifest.json").unlink())),
+    # suites named on the command line and not under --data-root
+    "suite_not_under_data_root": Case("evaluate", _suite("sugarcrepe")),
+    "suite_paper_with_one_of_sixteen": Case("evaluate", _suite("paper", ("coco_cf",))),
     # benchmark files and images
     "benchmark_not_json": Case("benchmark", _benchmark('{"format": ')),
     "benchmark_not_utf8": Case("benchmark", _benchmark(b'{"format": "\xff"}')),

@@ -266,6 +266,85 @@ def test_extraction_killed_mid_way_is_refused_by_its_readers_then_the_rerun_fini
     assert len(load_split(str(out / "units"), "val", WorldConfig())) == len(expected)
 
 
+# The evaluating process: each file's move from the staging folder into --out is slowed
+# and announced, so the kill lands after some of the new tables replaced the old ones.
+_EVALUATOR = textwrap.dedent("""
+    import pathlib, sys, time
+
+    real_replace = pathlib.Path.replace
+
+    def slow_replace(self, target):
+        moved = real_replace(self, target)
+        print("moved", pathlib.Path(target).name, flush=True)
+        time.sleep(0.5)
+        return moved
+
+    pathlib.Path.replace = slow_replace
+    from csclip.entry.evaluate import main
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def _evaluate_argv(checkpoint: Path, units: Path, out: Path, seed: int) -> list[str]:
+    return ["--checkpoint", str(checkpoint), "--units", str(units), "--out", str(out),
+            "--set", "tracking.enabled=false", "--set", "benchmark.num_bootstrap=20",
+            "--set", f"benchmark.seed={seed}"]
+
+
+def _tables(out: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(out.iterdir()) if p.suffix in (".md", ".csv")}
+
+
+def test_evaluation_killed_mid_way_reads_as_unfinished_then_the_rerun_finishes(tmp_path):
+    from csclip.entry.evaluate import main
+    from csclip.eval.report import EVALUATION_COMPLETE, check_evaluation, evaluation_problem
+    from csclip.units import write_units
+    from csclip.world import WorldConfig, iter_world
+
+    config = _config(str(tmp_path / "runs"))
+    checkpoint = _checkpoint(tmp_path / "ckpt", config, seed=1, step=4)
+    units = tmp_path / "units.parquet"
+    write_units(list(iter_world(WorldConfig(num_train=0, num_val=8, num_test=0),
+                                splits=("val",))), str(units))
+    out, reference = tmp_path / "eval", tmp_path / "reference"
+    assert main(_evaluate_argv(checkpoint, units, out, seed=1)) == 0
+    check_evaluation(out)
+    first = _tables(out)
+    assert main(_evaluate_argv(checkpoint, units, reference, seed=2)) == 0
+    assert _tables(reference) != first  # the second command's tables differ from the first's
+
+    # The second command into the same folder, killed once one of its tables replaced the
+    # first command's (the files move in name order, the tables after the binaries).
+    process = subprocess.Popen([sys.executable, "-c", _EVALUATOR,
+                                *_evaluate_argv(checkpoint, units, out, seed=2)],
+                               cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    for line in process.stdout:
+        name = line.split()[-1]
+        if name in first and (out / name).read_text() != first[name]:
+            break
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL, process.stderr.read()
+    mixed = _tables(out)
+    assert any(mixed[name] != first[name] for name in first)  # some new, ...
+    assert any(mixed[name] == first[name] and first[name] != _tables(reference)[name]
+               for name in first)  # ... some old: a mix, which must not read as finished
+    assert not (out / EVALUATION_COMPLETE).exists()
+    assert evaluation_problem(out) == f"it has no {EVALUATION_COMPLETE}"
+    with pytest.raises(DataError, match=f"the evaluation in {out} did not finish"):
+        check_evaluation(out)
+    assert list(out.glob(".partial-*"))  # the killed run's staging folder
+
+    # The same command again: finished, equal to the uninterrupted run, no leftovers.
+    assert main(_evaluate_argv(checkpoint, units, out, seed=2)) == 0
+    check_evaluation(out)
+    assert _tables(out) == _tables(reference)
+    assert not list(out.glob(".partial-*"))
+    listed = json.loads((out / EVALUATION_COMPLETE).read_text())["files"]
+    assert set(listed) == {p.name for p in out.iterdir() if p.name != EVALUATION_COMPLETE}
+
+
 # ---------------------------------------------------------------------------------------
 # One writer per output: a lease on an output directory and on a training run
 # ---------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@ streaming them; the stage timings; a log with no warning and no traceback."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -242,6 +244,7 @@ def _git_status() -> str | None:
 def test_publish_is_a_command_that_trains_nothing(tmp_path, capsys, monkeypatch):
     from csclip.demo import RESULTS_SECTION, STAGES_SECTION
     from csclip.entry.demo import main
+    from csclip.eval.report import EVALUATION_COMPLETE
 
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "runs" / "demo"
@@ -250,6 +253,13 @@ def test_publish_is_a_command_that_trains_nothing(tmp_path, capsys, monkeypatch)
     out.mkdir(parents=True)
     (out / RESULTS_SECTION).write_text("## The demo\n| table |\n")
     (out / STAGES_SECTION).write_text("## The demo, stage by stage\n| stages |\n")
+    (out / "table1.csv").write_text("Model,Overall\n")
+    # Sections beside an evaluation that never finished (no marker): refused.
+    assert main(["--publish", "--out", str(out)]) == 2
+    assert "did not finish" in capsys.readouterr().err
+    table = (out / "table1.csv").read_bytes()
+    (out / EVALUATION_COMPLETE).write_text(json.dumps({"files": {"table1.csv": {
+        "size": len(table), "sha256": hashlib.sha256(table).hexdigest()}}}))
     assert main(["--publish", "--out", str(out)]) == 0
     assert "| table |" in (tmp_path / "docs" / "results.md").read_text()
     assert "| stages |" in (tmp_path / "docs" / "performance.md").read_text()

@@ -38,16 +38,21 @@ def test_entry_point_runs_every_suite_and_names_missing_ones(tmp_path, capsys, c
     assert "Compositional benchmarks" in printed and "Compositional capabilities" in printed
     with open(out / "benchmarks.csv") as handle:
         rows = list(csv.DictReader(handle))
-    assert {r["Benchmark"] for r in rows} == set(SUITE_NAMES) - {"coco_retrieval",
+    assert {r["benchmark"] for r in rows} == set(SUITE_NAMES) - {"coco_retrieval",
                                                                  "flickr30k_retrieval", "zeroshot"}
     with open(out / "suites.csv") as handle:
         suites = list(csv.DictReader(handle))[0]
-    for column in ("Suite I2T", "Suite T2I", "Suite Group", "World ZS", "ZS", "COCO I2T R@1"):
+    for column in ("suite_i2t", "suite_t2i", "suite_group", "zs_world_avg", "zs_avg",
+                   "coco_ret_i2t"):
         assert 0.0 <= float(suites[column]) <= 100.0, column
+    # Named suites not under --data-root are refused (one line), unless --allow-missing.
+    assert main([*common, "--out", str(tmp_path / "none"), "--suite", "winoground,zeroshot",
+                 "--data-root", str(tmp_path / "empty")]) == 2
+    assert "2 of 2 named suites not found" in capsys.readouterr().err
     caplog.clear()
     caplog.set_level(logging.WARNING)
     assert main([*common, "--out", str(tmp_path / "none"), "--suite", "winoground,zeroshot",
-                 "--data-root", str(tmp_path / "empty")]) == 0
+                 "--data-root", str(tmp_path / "empty"), "--allow-missing"]) == 0
     lines = [r.getMessage() for r in caplog.records if "; skipped" in r.getMessage()]
     assert [line.split(":")[0] for line in lines] == ["winoground", "zeroshot"]
     assert all(str(tmp_path / "empty") in line and "expects" in line for line in lines)

@@ -73,7 +73,7 @@ def test_file_holds_the_paper_items_with_provenance_and_hash(frozen_file, images
     data = json.loads(frozen_file.read_text())
     assert data["content_hash"] == frozen.content_hash
     assert data["images_digest"] == images_digest(digests)
-    assert data["built_from"]["num_samples"] == 1000 and data["built_from"]["seed"] == 42
+    assert data["built_from"]["num_samples"] == 5000 and data["built_from"]["seed"] == 42
     item = data["items"][0]
     assert item["image"] == "val2014/COCO_val2014_000000000101.jpg"
     assert {"image_id", "sample_id", "unit", "foil", "condition"} <= set(item)

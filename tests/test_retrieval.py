@@ -120,7 +120,8 @@ def record(image_id: str, caption: str, image: bytes = b"png") -> UnitsRecord:
 
 def test_retrieval_set_keeps_one_row_per_image_and_text():
     rset = retrieval_set([record("a", "x"), record("a", "y"), record("b", "x"), record("b", "x")])
-    assert rset == RetrievalSet(("a", "b"), ("x", "y"), ((0, 0), (0, 1), (1, 0)))
+    assert rset == RetrievalSet(("a", "b"), ("x", "y"), ((0, 0), (0, 1), (1, 0)),
+                                ((0, 0), (0, 1), (1, 0), (1, 0)))  # instances: repeats kept
     assert rset.positives_of_images() == [[0, 1], [0]]
     assert rset.positives_of_texts() == [[0, 1], [0]]
 
@@ -171,7 +172,9 @@ def test_encoder_encodes_nothing_when_all_is_cached():
     encoder = Encoder(scorer)
     known = encoder.features(["cat"], {"a": b"A"})
     scorer.encoded_texts, scorer.encoded_images = [], 0
-    assert encoder.features(["cat"], {"a": b"A"}) is known
+    again = encoder.features(["cat"], {"a": b"A"})
+    assert again.image_index == known.image_index and again.text_index == known.text_index
+    assert again.image_features is known.image_features
     assert scorer.encoded_texts == [] and scorer.encoded_images == 0
 
 

@@ -238,9 +238,9 @@ def test_accounting_reaches_mlflow_with_the_benchmarks_table(tmp_path, mlflow_ur
     files = table.write(tmp_path, "benchmarks")
     run_id = log_comparison({"m": HalfTruthReport("m", metrics, (), None)}, files, mlflow_uri)
     logged = mlflow.MlflowClient(mlflow_uri).get_run(run_id).data.metrics
-    assert logged["m/bla_relative_clause_skipped_malformed_record"] == 1
-    assert logged["m/bla_coordination_skipped_missing_image"] == 1
-    assert logged["m/bla_coordination_read"] == 2 and logged["m/bla_coordination_num"] == 1
+    assert logged["bla_relative_clause_skipped_malformed_record"] == 1
+    assert logged["bla_coordination_skipped_missing_image"] == 1
+    assert logged["bla_coordination_read"] == 2 and logged["bla_coordination_num"] == 1
     assert "| m | bla | coordination |" in (tmp_path / "benchmarks.md").read_text()
 
 

@@ -365,6 +365,9 @@ def test_publish_copies_the_demo_sections_and_keeps_the_other_sections(tmp_path)
     with pytest.raises(DataError, match="run the demo first"):
         publish(str(out), root=tmp_path)
     out.mkdir(parents=True)
+    from csclip.eval.report import EVALUATION_COMPLETE
+
+    (out / EVALUATION_COMPLETE).write_text('{"files": {}}')  # the demo's evaluation finished
     fake = TrainResult("csclip-0123", str(tmp_path / "runs" / "train" / "csclip-0123" / "final"))
     (out / STAGES_SECTION).write_text(stages_section([StageTime("pretrain", 9.0)], 9.0, "make demo"))
     for table in ("| first |", "| second |"):

@@ -12,9 +12,10 @@ DESCRIPTION = """\
 Build the half-truth benchmark (SPEC §4) once and write it as a frozen JSON file: every
 item with its provenance (image, caption id, unit, foil, condition) and a content hash.
 `csclip evaluate --benchmark FILE` scores any model on exactly those items and prints the
-hash. --units is a units table (Parquet) or a file in the authors' unit format (read
-verbatim for the paper protocol: no foil their builder uses is dropped); without it, the
-synthetic world's split. docs/evaluation.md, "Protocols" and "Frozen benchmark files"."""
+hash. --units is a units table (Parquet, or the --out folder of `csclip extract`) or a
+file in the authors' unit format (read verbatim for the paper protocol: no foil their
+builder uses is dropped); without it, the synthetic world's split. docs/evaluation.md,
+"Protocols" and "Frozen benchmark files"."""
 
 EXAMPLES = (
     "%(prog)s build --units coco_val_units.json --protocol paper --out coco_val_paper.json",
@@ -30,21 +31,22 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="build|verify")
     build = commands.add_parser("build", help="build the benchmark and write it to --out")
     build.add_argument("--units", metavar="URI",
-                       help="units table, or the authors' unit JSON (file, directory, glob); "
-                            "default: the synthetic world")
+                       help="units table (or an extract --out folder), or the authors' unit "
+                            "JSON (file, directory, glob); default: the synthetic world")
     build.add_argument("--protocol", choices=("auto", "paper", "csclip"), default="auto",
                        help="paper: the authors' builder; csclip: ours; auto (default): paper "
                             "for --units, csclip for the world")
     build.add_argument("--out", metavar="FILE", required=True, help="the benchmark file (.json)")
     build.add_argument("--split", default="val", help="units table split (default: val)")
     build.add_argument("--num-samples", type=int, metavar="N",
-                       help="paper: images per pass (default 1000, as the authors ran it); "
+                       help="paper: images per pass (default 5000, the paper's run); "
                             "0 for every image")
     build.add_argument("--seed", type=int, metavar="N",
                        help="paper: the +Rand seed (default 42); csclip: the builder's seed "
                             "(default 0)")
     build.add_argument("--image-root", metavar="DIR|URI",
-                       help="joined to the unit file's relative image paths")
+                       help="joined to the relative image paths of the unit file or units "
+                            "table")
     verify = commands.add_parser("verify", help="check a benchmark file and its images' "
                                                 "sha256, and print its hash")
     verify.add_argument("file", metavar="FILE")

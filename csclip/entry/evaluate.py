@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 from csclip.entry.common import (
     make_parser,
@@ -24,13 +26,16 @@ the default for a units table) or `csclip` (ours; the default for the world); wi
 benchmark's content hash. An s3://
 checkpoint is copied once into the local cache (~/.cache/csclip, or $CSCLIP_CACHE_DIR).
 Writes table1/6/7, image_side, suites (retrieval, compositional, zero-shot) and, with
---suite, benchmarks and capabilities as .md/.csv, figure3.png and benchmark.parquet to --out, prints the tables, and logs them to MLflow (tracking.uri;
-`--set tracking.enabled=false` to skip). Fields: csclip.eval.pipeline.EvalConfig
+--suite, benchmarks and capabilities as .md/.csv, figure3.png and benchmark.parquet to --out,
+one CLIP_benchmark-shaped JSON per model and benchmark (--output), prints the tables, and
+logs one MLflow run per model (tracking.uri; `--set tracking.enabled=false` to skip).
+Several models in one command: --model A B --pretrained X Y (each with each) or
+--pretrained-model, as CLIP_benchmark. Fields: csclip.eval.pipeline.EvalConfig
 (docs/evaluation.md)."""
 
 EXAMPLES = (
     "%(prog)s --checkpoint runs/train/<run>/final --out runs/eval",
-    "%(prog)s --model ViT-B-32 --pretrained openai --benchmark coco_val_paper.json "
+    "%(prog)s --model ViT-B-32 ViT-B-16 --pretrained openai --benchmark coco_val_paper.json "
     "--image-root /data/coco --suite paper --data-root s3://bucket/bench",
 )
 
@@ -39,14 +44,22 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = make_parser(prog, DESCRIPTION, EXAMPLES, default_config=None)
     shortcuts = parser.add_argument_group("shortcuts (each sets one config field)")
     source = shortcuts.add_mutually_exclusive_group()
-    source.add_argument("--model", metavar="NAME",
-                        help="open_clip model name (ViT-B-32, csclip-tiny, ...): model.name")
+    source.add_argument("--model", metavar="NAME", nargs="+", action="extend",
+                        help="open_clip model name (ViT-B-32, csclip-tiny, ...): model.name; "
+                             "a path (with a /, or one that exists) is a --checkpoint. "
+                             "Several (repeat it, or list them): each with each --pretrained, "
+                             "evaluated in turn, as CLIP_benchmark")
+    source.add_argument("--pretrained-model", metavar="MODEL,PRETRAINED|FILE", nargs="+",
+                        action="extend",
+                        help="models as CLIP_benchmark's --pretrained_model: 'model,pretrained' "
+                             "pairs, or a file of one such pair a line")
     source.add_argument("--checkpoint", metavar="DIR",
                         help="a csclip checkpoint directory (<run>/final, local or s3://): "
                              "checkpoint")
-    shortcuts.add_argument("--pretrained", metavar="TAG|FILE",
-                           help="open_clip pretrained tag or weights file, with --model: "
-                                "model.pretrained")
+    shortcuts.add_argument("--pretrained", metavar="TAG|FILE", nargs="+", action="extend",
+                           help="open_clip pretrained tag, weights file or checkpoint "
+                                "directory, with --model: model.pretrained (several: each "
+                                "with each --model)")
     shortcuts.add_argument("--units", metavar="URI",
                            help="units table (default: the synthetic world's val split): "
                                 "data.units_uri")
@@ -54,8 +67,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                            help="a frozen benchmark file (csclip benchmark build): score exactly "
                                 "its items: benchmark.file")
     shortcuts.add_argument("--image-root", metavar="DIR|URI",
-                           help="root of the benchmark file's relative image paths: "
-                                "benchmark.image_root")
+                           help="root of the relative image paths of the benchmark file and "
+                                "of the --units table: benchmark.image_root")
     shortcuts.add_argument("--allow-outside-image-root", action="store_const", const=True,
                            default=None,
                            help="read a benchmark file's absolute, URI or ../ image paths "
@@ -65,6 +78,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                            help="how the half-truth items are built (auto: paper for a units "
                                 "table, csclip for the synthetic world): benchmark.protocol")
     shortcuts.add_argument("--out", metavar="DIR", help="tables and figure: out_dir")
+    shortcuts.add_argument("--output", metavar="TEMPLATE",
+                           help="name of each model's result JSON per benchmark, under --out, "
+                                "as CLIP_benchmark's --output: {model} {pretrained} "
+                                "{pretrained_full_path} {dataset} {task} (default "
+                                "'{dataset}_{pretrained}_{model}_{task}.json'): "
+                                "results_template")
     shortcuts.add_argument("--sugarcrepe", metavar="DIR",
                            help="SugarCrepe JSON folder (also runs SugarCrepe): "
                                 "suites.sugarcrepe_dir")
@@ -80,6 +99,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     shortcuts.add_argument("--allow-partial", action="store_const", const=True, default=None,
                            help="score a benchmark whose images are partly missing, counting "
                                 "those records as skipped: suites.allow_partial")
+    shortcuts.add_argument("--allow-missing", action="store_const", const=True, default=None,
+                           help="score the --suite benchmarks found under --data-root and skip "
+                                "the others (refused by default); the suite average then says "
+                                "'k of n benchmarks': suites.allow_missing")
+    shortcuts.add_argument("--seed", type=int, metavar="N",
+                           help="seeds the model's creation, so random initial weights are the "
+                                "same in every run (default 0): seed")
     parser.add_argument("--select", choices=["final", "paper"], default="final",
                         help="which checkpoint of a run: final (default: --checkpoint as given) "
                              "or paper (--checkpoint is the run's directory; the saved step "
@@ -92,18 +118,94 @@ def parse_args(argv: list[str] | None, prog: str | None = None) -> argparse.Name
     return build_parser(prog).parse_args(sys.argv[1:] if argv is None else argv)
 
 
+def looks_like_path(model: str) -> bool:
+    """Whether a --model value is a checkpoint path rather than an open_clip name: it has
+    a path separator (open_clip's hf-hub: and local-dir: names aside) or exists."""
+    if model.startswith(("hf-hub:", "local-dir:")):
+        return False
+    return "/" in model or os.sep in model or Path(model).expanduser().exists()
+
+
+def model_pairs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """(model, pretrained) of every model named: --pretrained-model's pairs (and files of
+    pairs), else each --model with each --pretrained (CLIP_benchmark's product). A
+    malformed pair or file line is a ConfigError."""
+    from csclip.errors import ConfigError
+
+    if args.pretrained_model:
+        if args.pretrained:
+            raise ConfigError("--pretrained-model names the pretrained weights of each model; "
+                              "drop --pretrained")
+        pairs = []
+        for value in args.pretrained_model:
+            path = Path(value).expanduser()
+            try:
+                lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() \
+                    else [value]
+            except UnicodeDecodeError:
+                raise ConfigError(f"--pretrained-model: {value} is not UTF-8 text") from None
+            where = f"{value}: " if path.is_file() else ""
+            for line in (line.strip() for line in lines):
+                if not line or line.startswith("#"):
+                    continue
+                model, comma, pretrained = (part.strip() for part in line.partition(","))
+                if not comma or not model or not pretrained or "," in pretrained:
+                    raise ConfigError(f"--pretrained-model: {where}{line!r} is not "
+                                      "'model,pretrained' (e.g. ViT-B-32,openai)")
+                pairs.append((model, pretrained))
+        if not pairs:  # an empty file: not the default model in its place
+            raise ConfigError(f"--pretrained-model: no 'model,pretrained' line in "
+                              f"{', '.join(args.pretrained_model)}")
+        return pairs
+    return [(model, pretrained) for model in args.model or []
+            for pretrained in args.pretrained or [None]]
+
+
 def overrides_from_args(args: argparse.Namespace) -> list[str]:
-    """The shortcut flags as `--set` overrides, placed before the user's own."""
+    """The shortcut flags as `--set` overrides, placed before the user's own. One model
+    named sets model.name / model.pretrained; several go to run_evaluation apart
+    (several_models)."""
+    pairs = model_pairs(args)
+    model, pretrained = pairs[0] if len(pairs) == 1 else (None, None)
+    if not pairs and args.pretrained:  # --pretrained alone: the default model's weights
+        pretrained = args.pretrained[0] if len(args.pretrained) == 1 else None
+    checkpoint = args.checkpoint
+    if model is not None and looks_like_path(model):  # --model runs/train/x/final
+        model, checkpoint = None, model
     return shortcut_overrides({
-        "model.name": args.model, "model.pretrained": args.pretrained,
-        "checkpoint": args.checkpoint, "data.units_uri": args.units, "out_dir": args.out,
+        "model.name": model, "model.pretrained": pretrained,
+        "checkpoint": checkpoint, "data.units_uri": args.units, "out_dir": args.out,
         "benchmark.file": args.benchmark, "benchmark.image_root": args.image_root,
         "benchmark.allow_outside_image_root": args.allow_outside_image_root,
         "benchmark.protocol": args.protocol,
         "suites.sugarcrepe_dir": args.sugarcrepe, "suites.coco_images": args.coco_images,
         "suites.names": args.suite, "suites.data_root": args.data_root,
-        "suites.allow_partial": args.allow_partial,
+        "suites.allow_partial": args.allow_partial, "suites.allow_missing": args.allow_missing,
+        "seed": args.seed, "results_template": args.output,
     }, args.overrides)
+
+
+def several_models(args: argparse.Namespace, config) -> list:
+    """The ModelSource of each model when several are named (else []): config.model's
+    other fields (image_size, quick_gelu) with each (model, pretrained)."""
+    from csclip.errors import ConfigError
+    from csclip.model import ModelSource
+
+    pairs = model_pairs(args)
+    if len(pairs) < 2:
+        if args.pretrained and len(args.pretrained) > 1 and not pairs:
+            raise ConfigError("several --pretrained need --model (the model of each)")
+        return []
+    paths = [model for model, _ in pairs if looks_like_path(model)]
+    if paths:
+        raise ConfigError(f"--model {paths[0]} is a path: with several models give each "
+                          "checkpoint as --model NAME --pretrained DIR")
+    if args.select != "final":
+        raise ConfigError("--select paper takes one run's directory (--checkpoint); "
+                          "evaluate several models with --select final")
+    base = config.model.model_dump()
+    return [ModelSource.model_validate({**base, "name": model, "pretrained": pretrained})
+            for model, pretrained in pairs]
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -131,17 +233,38 @@ UNUSED_WITH_BENCHMARK_FILE = {
 def eval_config(args: argparse.Namespace):
     """The EvalConfig of the parsed flags (--config, shortcuts, --set), refusing the
     fields the run would not use (UNUSED_WITH_CHECKPOINT, UNUSED_WITH_BENCHMARK_FILE)."""
-    from csclip.config import apply_overrides, read_yaml, refuse_given, validate_config
-    from csclip.eval.pipeline import EvalConfig
+    from csclip.config import (
+        apply_overrides,
+        check_settings,
+        read_yaml,
+        refuse_given,
+        validate_config,
+    )
 
     data = apply_overrides(read_yaml(args.config) if args.config else {},
                            overrides_from_args(args))
+    origin = str(args.config or "config")
+    # A setting no field has is refused from the source, before torch is imported (~1 s).
+    check_settings("csclip.eval.pipeline:EvalConfig", data, origin)
+    from csclip.eval.pipeline import EvalConfig
+
     if data.get("checkpoint"):
         refuse_given(data, UNUSED_WITH_CHECKPOINT)
     benchmark = data.get("benchmark")
     if isinstance(benchmark, dict) and benchmark.get("file"):
         refuse_given(data, UNUSED_WITH_BENCHMARK_FILE)
-    return validate_config(EvalConfig, data, origin=str(args.config or "config"))
+    config = validate_config(EvalConfig, data, origin=origin)
+    check_checkpoint(config.checkpoint)
+    return config
+
+
+def check_checkpoint(checkpoint: str | None) -> None:
+    """Refuse a local checkpoint path that is not there, before anything loads (an s3://
+    one is checked when it is copied: csclip.model.load_bundle)."""
+    from csclip.errors import ConfigError
+
+    if checkpoint and "://" not in checkpoint and not Path(checkpoint).expanduser().exists():
+        raise ConfigError(f"checkpoint not found: {checkpoint}")
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -156,6 +279,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _evaluate_into(config, args: argparse.Namespace) -> int:
     from csclip.eval.pipeline import run_evaluation
 
+    models = several_models(args, config)
     if args.select == "paper":  # csclip.eval.selection: every saved step, the authors' pick
         from csclip.eval.selection import run_selected_evaluation
 
@@ -166,7 +290,7 @@ def _evaluate_into(config, args: argparse.Namespace) -> int:
         if selected.report.mlflow_run_id:
             print(mlflow_line(selected.report.mlflow_run_id, config.tracking))
         return 0
-    report = run_evaluation(config)
+    report = run_evaluation(config, models)
     print(report.markdown)
     print(f"tables and figure written to {config.out_dir}")
     if report.mlflow_run_id:

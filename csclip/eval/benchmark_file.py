@@ -26,7 +26,7 @@ import logging
 from collections import Counter
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from csclip.errors import DataError
@@ -43,6 +43,7 @@ from csclip.eval.halftruth import (
     build_for_protocol,
     build_paper_benchmark,
 )
+from csclip.progress import progress
 from csclip.units import UnitsRecord
 
 log = logging.getLogger(__name__)
@@ -109,11 +110,15 @@ def build_frozen_benchmark(
     """The benchmark of `units_uri` under config.protocol: an authors' unit file read
     verbatim (protocol paper: nothing our validation would drop is lost; protocol csclip:
     through csclip.authors), a units table's `split`, or, with no URI, the
-    synthetic world's split. image_root is joined to relative image paths of unit files."""
+    synthetic world's split. image_root is joined to relative image paths of unit files
+    and of units tables."""
     from csclip.records import load_split
+    from csclip.units import units_table_uri
     from csclip.world.config import WorldConfig
 
     built_from: dict[str, object] = {"units": units_uri or "synthetic world", "split": split}
+    # An extraction's --out folder holds JSON markers beside units/: a units table.
+    units_uri = units_table_uri(units_uri) if units_uri else None
     if units_uri and is_authors_unit_file(units_uri):
         built_from["split"] = None  # their builder reads the whole file
         if config.protocol in ("auto", "paper"):
@@ -126,11 +131,23 @@ def build_frozen_benchmark(
             return _frozen(benchmark, images, built_from, config, sources, image_root)
         records = _authors_records(units_uri, image_root)
     else:
-        records = load_split(units_uri, split, WorldConfig())
+        records = records_under_root(load_split(units_uri, split, WorldConfig()), image_root)
     benchmark = build_for_protocol(records, config)
     images = {r.image_id: r.image_path for r in records}
     sources = image_sources(records, sorted({item.image_id for item in benchmark.items}))
     return _frozen(benchmark, images, built_from, config, sources, image_root)
+
+
+def records_under_root(records: list[UnitsRecord], image_root: str | None) -> list[UnitsRecord]:
+    """`records` with each relative image_path joined to image_root (--image-root): a
+    units table keeps the paths its extraction's input gave, often relative to an image
+    folder. Absolute paths and URIs stay as they are."""
+    if not image_root:
+        return records
+    root = image_root.rstrip("/")
+    return [replace(r, image_path=f"{root}/{r.image_path}")
+            if r.image_path and not r.image_path.startswith(("/", "~")) and "://" not in r.image_path
+            else r for r in records]
 
 
 def _authors_records(uri: str, image_root: str | None) -> list[UnitsRecord]:
@@ -190,7 +207,8 @@ def _read_digests(sources: Mapping[str, ImageSource | None]) -> dict[str, str]:
         return image_id, hashlib.sha256(bytes(source)).hexdigest()
 
     with ThreadPoolExecutor(_READ_THREADS) as pool:
-        return dict(pool.map(digest, sources.items()))
+        return dict(progress(pool.map(digest, sources.items()), desc="benchmark build: hash images",
+                             total=len(sources), unit="image"))
 
 
 def _under_root(path: str | None, image_root: str | None) -> str | None:
@@ -391,8 +409,11 @@ def verify_images(frozen: FrozenBenchmark, records: list[UnitsRecord] | None = N
     from csclip.eval.encoder import load_image
 
     prepared = prepare_frozen(frozen, records, image_root, allow_outside_image_root)
+    to_read = [s for s in prepared.images.values() if isinstance(s, str)]
     with ThreadPoolExecutor(_READ_THREADS) as pool:
         # Each image is dropped once checked: a benchmark's images need not fit in memory.
-        list(pool.map(lambda source: len(load_image(source)),
-                      [s for s in prepared.images.values() if isinstance(s, str)]))
+        for _ in progress(pool.map(lambda source: len(load_image(source)), to_read),
+                          desc="benchmark verify: check images", total=len(to_read),
+                          unit="image"):
+            pass
     return len(prepared.images)

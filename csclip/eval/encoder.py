@@ -19,10 +19,10 @@ from pydantic import Field
 from csclip.config import StrictModel
 from csclip.errors import DataError
 from csclip.model import ClipBundle
+from csclip.progress import progress
 from csclip.units import UnitsRecord
 
 log = logging.getLogger(__name__)
-LOG_EVERY_BATCHES = 20  # progress line for long encodes
 
 
 @runtime_checkable
@@ -53,19 +53,24 @@ def decode_image(data: bytes):
 class BundleScorer:
     """The real scorer: an open_clip ClipBundle, batched, without gradients."""
 
-    def __init__(self, bundle: ClipBundle, batch_size: int = 64, device: str = "cpu") -> None:
+    def __init__(self, bundle: ClipBundle, batch_size: int = 64, device: str = "cpu",
+                 show_progress: bool = True) -> None:
         self.bundle = bundle
         self.batch_size = batch_size
         self.device = device
+        self.show_progress = show_progress
         self.model = bundle.model.to(device).eval()
 
     def encode_texts(self, texts: Sequence[str]) -> np.ndarray:
-        """(N, D) L2-normalised text features."""
+        """(N, D) L2-normalised text features, with progress (csclip.progress): every
+        text of an evaluation comes in one call. Images come in chunks; encode_features
+        shows theirs."""
         return self._encode(
             texts,
             lambda chunk: self.model.encode_text(
                 self.bundle.tokenizer(list(chunk)).to(self.device)
             ),
+            desc="encode texts" if self.show_progress else None,
         )
 
     def encode_images(self, images: Sequence[bytes]) -> np.ndarray:
@@ -79,15 +84,14 @@ class BundleScorer:
             ),
         )
 
-    def _encode(self, inputs: Sequence, encode) -> np.ndarray:
+    def _encode(self, inputs: Sequence, encode, desc: str | None = None) -> np.ndarray:
         outputs = []
-        num_batches = -(-len(inputs) // self.batch_size)
-        with torch.inference_mode():
-            for index, start in enumerate(range(0, len(inputs), self.batch_size)):
+        with torch.inference_mode(), progress(desc=desc or "", total=len(inputs), unit="text",
+                                              enabled=desc is not None) as bar:
+            for start in range(0, len(inputs), self.batch_size):
                 features = encode(inputs[start : start + self.batch_size]).float()  # (b, D)
                 outputs.append(torch.nn.functional.normalize(features, dim=-1).cpu().numpy())
-                if (index + 1) % LOG_EVERY_BATCHES == 0:
-                    log.info("encoded batch %d / %d", index + 1, num_batches)
+                bar.update(len(outputs[-1]))
         if not outputs:
             return np.zeros((0, self._embed_dim()), dtype=np.float32)
         return np.concatenate(outputs)
@@ -228,10 +232,12 @@ def encode_features(
     image_ids = sorted(images)
     log.info("encoding %d unique texts and %d images", len(unique_texts), len(image_ids))
     text_features = l2_normalize(scorer.encode_texts(unique_texts))
-    chunks = [
-        l2_normalize(_encode_image_chunk(scorer, images, image_ids[start : start + IMAGES_PER_READ]))
-        for start in range(0, len(image_ids), IMAGES_PER_READ)
-    ]
+    chunks = []
+    with progress(desc="encode images", total=len(image_ids), unit="image") as bar:
+        for start in range(0, len(image_ids), IMAGES_PER_READ):
+            chunk = image_ids[start : start + IMAGES_PER_READ]
+            chunks.append(l2_normalize(_encode_image_chunk(scorer, images, chunk)))
+            bar.update(len(chunk))
     image_features = np.concatenate(chunks) if chunks else l2_normalize(scorer.encode_images([]))
     return FeatureTables(
         {t: k for k, t in enumerate(unique_texts)},
@@ -273,10 +279,36 @@ class ScoringConfig(StrictModel):
     ray_concurrency: int = Field(1, ge=1)  # model actors
 
 
+def image_key(source: ImageSource) -> str:
+    """What the feature cache knows an image by: `sha256:<hex>` of the bytes a source holds,
+    else `uri:<URI>` (a local path made absolute; crop and digest marks kept, so two crops
+    of one file are two images). Never the caller's image id: ids are per benchmark (COCO's
+    cocoid, Flickr's list index, a suite's file name) and the same id names different
+    images in different suites of one evaluation.
+
+    A URI is not read to key it: hashing every file again on each lookup would double the
+    reads (S3 requests) an evaluation makes, and a stat per image would add one request
+    each. A cache lives one evaluation in one process, and a frozen benchmark's images are
+    pinned by their sha256 where they are read (DIGEST_MARK); a file rewritten in place
+    during one evaluation keeps the features of its first read.
+    """
+    if isinstance(source, bytes | bytearray | memoryview):
+        return "sha256:" + hashlib.sha256(source).hexdigest()
+    from csclip.storage import is_s3
+
+    if is_s3(source) or ("://" in source and not source.startswith("file://")):
+        return "uri:" + source
+    from pathlib import Path
+
+    return "uri:" + str(Path(source.removeprefix("file://")).expanduser().absolute())
+
+
 class Encoder:
     """One model's encoder with its feature cache: `features(texts, images)` encodes only
     what the cache lacks, so the half-truth benchmark, retrieval and every suite of one
-    evaluation encode each unique text and image once.
+    evaluation encode each unique text and image once. Texts are cached by their string,
+    images by what they are (image_key: their bytes or their file), never by the caller's
+    id, which two suites may use for two different images.
 
     scorer: any Scorer; bundle: the ClipBundle behind it, which lets large image sets
     (more than scoring.ray_min_images new images) go to Ray Data actors.
@@ -299,17 +331,30 @@ class Encoder:
 
     @property
     def cache(self) -> FeatureTables:
-        """Everything encoded so far."""
+        """Everything encoded so far; its image_index is keyed by image_key."""
         return self._cache
 
     def features(self, texts: Sequence[str], images: Mapping[str, ImageSource]) -> FeatureTables:
-        """Features holding every text of `texts` and image of `images` (and all cached
-        ones), encoding only the new ones."""
+        """Features holding every text of `texts` (and all cached ones) and every image of
+        `images` under the caller's ids, encoding only what the cache lacks."""
+        keys = {image_id: image_key(source) for image_id, source in images.items()}
         new_texts = sorted({t for t in texts if t not in self._cache.text_index})
-        new_images = {i: s for i, s in images.items() if i not in self._cache.image_index}
+        # One caller id per new image, so an image that does not decode is named by it.
+        first_id: dict[str, str] = {}
+        for image_id, key in keys.items():
+            first_id.setdefault(key, image_id)
+        new_images = {image_id: images[image_id] for key, image_id in first_id.items()
+                      if key not in self._cache.image_index}
         if new_texts or new_images:
-            self._cache = merge_features(self._cache, self._encode(new_texts, new_images))
-        return self._cache
+            encoded = self._encode(new_texts, new_images)
+            encoded = FeatureTables(encoded.text_index, encoded.text_features,
+                                    {keys[i]: row for i, row in encoded.image_index.items()},
+                                    encoded.image_features)
+            self._cache = merge_features(self._cache, encoded)
+        cache = self._cache
+        return FeatureTables(cache.text_index, cache.text_features,
+                             {image_id: cache.image_index[key] for image_id, key in keys.items()},
+                             cache.image_features)
 
     def _encode(self, texts: Sequence[str], images: Mapping[str, ImageSource]) -> FeatureTables:
         scoring = self.scoring
@@ -328,7 +373,9 @@ class _EncodeBatch:
         import ray
 
         # The ref is wrapped in a list so Ray hands it over unresolved; resolve it once here.
-        self.scorer = BundleScorer(ray.get(bundle_ref[0]), batch_size=batch_size, device=device)
+        # No progress of its own: a Ray Data batch is one of many (Ray Data shows them).
+        self.scorer = BundleScorer(ray.get(bundle_ref[0]), batch_size=batch_size, device=device,
+                                   show_progress=False)
 
     def __call__(self, batch: dict) -> dict:
         is_text = np.asarray(batch["kind"]) == "text"

@@ -1,14 +1,19 @@
 """Evaluation reports: the paper's Table 1 / 6 / 7, the image-side and suites tables
-(markdown + CSV), Figure 3, per-item scores, and one MLflow run per comparison."""
+(markdown + CSV), Figure 3, per-item scores, one CLIP_benchmark-shaped JSON per model and
+benchmark, and one MLflow run per model."""
 
 from __future__ import annotations
 
 import csv
+import json
 import logging
-import re
+import math
+import shutil
 import textwrap
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 
 from csclip.eval.halftruth import (
@@ -25,16 +30,29 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class ModelIdentity:
+    """Which model a report is of, as open_clip and CLIP_benchmark name it: the model
+    name, the pretrained tag / weights file / checkpoint path (None: random weights), and
+    a checkpoint's training step (None: not a checkpoint, or not recorded)."""
+
+    model: str
+    pretrained: str | None = None
+    step: int | None = None
+
+
+@dataclass(frozen=True)
 class HalfTruthReport:
     """One model on one benchmark. metrics: see half_truth_metrics and image_side_metrics,
     plus num_images, num_skipped_<condition> and the suites' keys (ret_*, comp_*,
-    sugarcrepe_*; csclip.compositional.evaluate_suites)."""
+    sugarcrepe_*; csclip.compositional.evaluate_suites). identity: the model, where the
+    caller knows it (compare_models)."""
 
     name: str
     metrics: dict[str, float]
     items: tuple[HalfTruthItem, ...]
     scores: ItemScores
     skipped: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    identity: ModelIdentity | None = None
 
 
 @dataclass(frozen=True)
@@ -45,17 +63,21 @@ class ComparisonReport:
     reports: dict[str, HalfTruthReport]
     markdown: str
     files: dict[str, Path]
-    mlflow_run_id: str | None = None
+    mlflow_run_id: str | None = None  # the model's run, or with several the parent run
 
 
 @dataclass(frozen=True)
 class Table:
-    """A small table: CSV gets raw numbers, markdown formatted ones."""
+    """A small table: markdown gets human headers and formatted numbers; CSV gets
+    snake_case headers (`keys`: the metric key where a column is one), raw numbers, counts
+    as integers, and after the first column (`label`, the model's name in the tables) the
+    model's `model`, `pretrained` and checkpoint `step` (empty where not known)."""
 
     title: str
     headers: tuple[str, ...]
     rows: tuple[tuple, ...]
     formats: tuple[str, ...]  # per column: "" (as is), "acc", "gap", "float", "int"
+    keys: tuple[str, ...]  # per column: the CSV header; the first is "label"
 
     def to_markdown(self) -> str:
         lines = [
@@ -70,14 +92,33 @@ class Table:
             )
         return "\n".join(lines) + "\n"
 
-    def write(self, out_dir: Path, stem: str) -> dict[str, Path]:
+    def write(self, out_dir: Path, stem: str,
+              identities: Mapping[str, ModelIdentity] | None = None) -> dict[str, Path]:
+        """Write <stem>.md and <stem>.csv; `identities` (label -> ModelIdentity) fills the
+        CSV's model / pretrained / step columns."""
         md, csv_path = out_dir / f"{stem}.md", out_dir / f"{stem}.csv"
         md.write_text(self.to_markdown())
+        identities = identities or {}
         with csv_path.open("w", newline="") as handle:
             writer = csv.writer(handle)
-            writer.writerow(self.headers)
-            writer.writerows(["" if v is None else v for v in row] for row in self.rows)
+            writer.writerow((self.keys[0], *IDENTITY_KEYS, *self.keys[1:]))
+            for row in self.rows:
+                who = identities.get(row[0])
+                ident = (who.model, who.pretrained, who.step) if who else (None, None, None)
+                values = (row[0], *ident, *(_csv_value(v, f) for v, f in
+                                            zip(row[1:], self.formats[1:], strict=True)))
+                writer.writerow("" if v is None else v for v in values)
         return {f"{stem}.md": md, f"{stem}.csv": csv_path}
+
+
+IDENTITY_KEYS = ("model", "pretrained", "step")  # the CSV columns after `label`
+
+
+def _csv_value(value, kind: str):
+    # A count is an integer in the CSV (4000, not 4000.0); the rest as measured.
+    if kind == "int" and value is not None:
+        return int(round(value))
+    return value
 
 
 def _fmt(value, kind: str) -> str:
@@ -123,6 +164,8 @@ def paper_tables(reports: Mapping[str, HalfTruthReport]) -> dict[str, Table]:
         "consistency_all",
     ]
     side_keys = ["image_side_top1", "image_side_mrr", "image_side_margin", "image_side_num_items"]
+    ci_keys = [f"winrate_{slug}{part}" for slug in ("ant", "swap")
+               for part in ("", "_ci_low", "_ci_high")]
     tables = {
         "table1": Table(
             "Table 1: half-truth accuracy Acc_HT (%) and mean gap Δ",
@@ -140,18 +183,21 @@ def paper_tables(reports: Mapping[str, HalfTruthReport]) -> dict[str, Table]:
             ),
             tuple(_row(n, r.metrics, t1_keys) for n, r in reports.items()),
             ("", "acc", "acc", "acc", "acc", "acc", "gap", "gap", "gap", "int"),
+            ("label", *t1_keys),
         ),
         "table6": Table(
             "Table 6: Acc_HT (%) per condition",
             ("Model", *labels),
             tuple(_row(n, r.metrics, [f"ht_{s}" for s in slugs]) for n, r in reports.items()),
             ("", *["acc"] * len(slugs)),
+            ("label", *[f"ht_{s}" for s in slugs]),
         ),
         "table7": Table(
             "Table 7: truthful completion vs half-truth, win rate s(A+) > s(A-) (%)",
             ("Model", "Entity", "Relation", "Overall", *labels, "Consistency s(A+) > s(A)"),
             tuple(_row(n, r.metrics, t7_keys) for n, r in reports.items()),
             ("", *["acc"] * (len(t7_keys))),
+            ("label", *t7_keys),
         ),
         # The layout conditions' win rates with their bootstrap 95% intervals: at 300
         # items an interval is about ±5.6 points, so whether a model separates "A left of
@@ -160,25 +206,28 @@ def paper_tables(reports: Mapping[str, HalfTruthReport]) -> dict[str, Table]:
             "Table 7, Ant and Swap: win rate s(A+) > s(A-) (%) with its bootstrap 95% CI",
             ("Model", *(f"{label}{part}" for label in ("Ant", "Swap")
                         for part in ("", " CI low", " CI high"))),
-            tuple(_row(n, r.metrics, [f"winrate_{slug}{part}" for slug in ("ant", "swap")
-                                      for part in ("", "_ci_low", "_ci_high")])
-                  for n, r in reports.items()),
+            tuple(_row(n, r.metrics, ci_keys) for n, r in reports.items()),
             ("", *["acc"] * 6),
+            ("label", *ci_keys),
         ),
         "image_side": Table(
             "Image-side half-truth: the text ranks its image above distractors",
             ("Model", "Top-1 (%)", "MRR", "Margin", "Items"),
             tuple(_row(n, r.metrics, side_keys) for n, r in reports.items()),
             ("", "acc", "float", "gap", "int"),
+            ("label", *side_keys),
         ),
     }
     tables.update(benchmark_tables(reports))
     if any(k in r.metrics for r in reports.values() for k in SUITE_KEYS):
+        partial = sorted({c for r in reports.values() if (c := suite_coverage(r.metrics))})
         tables["suites"] = Table(
-            "Retrieval and compositional suites (%)",
+            "Retrieval and compositional suites (%)"
+            + (f"; Suite = mean over {' / '.join(partial)}" if partial else ""),
             SUITE_HEADERS,
             tuple(_row(n, r.metrics, SUITE_KEYS) for n, r in reports.items()),
             ("", *["acc"] * len(SUITE_KEYS)),
+            ("label", *SUITE_KEYS),
         )
     return tables
 
@@ -239,27 +288,45 @@ def benchmark_tables(reports: Mapping[str, HalfTruthReport]) -> dict[str, Table]
         for capability in (*CAPABILITIES, "suite"):
             prefix = "suite" if capability == "suite" else f"cap_{capability}"
             values = tuple(metrics.get(f"{prefix}_{d}") for d in DIRECTIONS)
-            if any(v is not None for v in values):
-                capability_rows.append((name, capability, *values))
-    if not rows:
+            coverage = suite_coverage(metrics) if capability == "suite" else None
+            if any(v is not None for v in values) or coverage:
+                label = f"suite ({coverage})" if coverage else capability
+                capability_rows.append((name, label, *values))
+    if not rows and not capability_rows:
         return {}
     reason_headers = tuple(r.replace("_", " ").capitalize() for r in SKIP_REASONS)
     # Which scorers (suites.protocol) produced the numbers, so no table is read as the other.
     protocols = sorted({"paper" if r.metrics.get("suite_protocol_paper") else "official"
                         for r in reports.values()})
     scorers = f"{' / '.join(protocols)} scorers"
-    return {
+    tables = {
         "benchmarks": Table(f"Compositional benchmarks (%, {scorers}): I2T / T2I / Group per "
                             "subset; records read = scored + skipped",
                             ("Model", "Benchmark", "Subset", "I2T", "T2I", "Group", "Read",
                              "Scored", "Skipped", *reason_headers), tuple(rows),
                             ("", "", "", "acc", "acc", "acc", "int", "int", "int",
-                             *["int"] * len(SKIP_REASONS))),
+                             *["int"] * len(SKIP_REASONS)),
+                            ("label", "benchmark", "subset", *DIRECTIONS, "num_read",
+                             "num_scored", "num_skipped",
+                             *(f"num_skipped_{r}" for r in SKIP_REASONS))),
         "capabilities": Table(f"Compositional capabilities (%, {scorers}): mean over subsets; "
                               "suite = mean over benchmarks", ("Model", "Capability", "I2T", "T2I",
                                                        "Group"),
-                              tuple(capability_rows), ("", "", "acc", "acc", "acc")),
+                              tuple(capability_rows), ("", "", "acc", "acc", "acc"),
+                              ("label", "capability", *DIRECTIONS)),
     }
+    if not rows:  # none of the named benchmarks was found (suites.allow_missing)
+        del tables["benchmarks"]
+    return tables
+
+
+def suite_coverage(metrics: Mapping[str, float]) -> str | None:
+    """ "k of n benchmarks" when the suite average is over part of the benchmarks named
+    (suites.allow_missing skipped the others), else None."""
+    asked, found = metrics.get("suite_benchmarks_asked"), metrics.get("suite_benchmarks_found")
+    if not asked or found is None or found >= asked:
+        return None
+    return f"{int(found)} of {int(asked)} benchmarks"
 
 
 def plot_figure3(reports: Mapping[str, HalfTruthReport], path: Path) -> Path:
@@ -293,14 +360,206 @@ def plot_figure3(reports: Mapping[str, HalfTruthReport], path: Path) -> Path:
     return path
 
 
-def write_outputs(
-    reports: Mapping[str, HalfTruthReport], prepared: PreparedBenchmark, out_dir: str | Path
-) -> tuple[str, dict[str, Path]]:
-    """Write the tables, Figure 3, the benchmark table and per-item scores; return
-    (markdown, files)."""
+# ---------------------------------------------------------------------------------------
+# Results as CLIP_benchmark writes them: one JSON per model and benchmark
+# ---------------------------------------------------------------------------------------
+
+# CLIP_benchmark's --output default, without {language} (our benchmarks are English).
+DEFAULT_RESULTS_TEMPLATE = "{dataset}_{pretrained}_{model}_{task}.json"
+HALF_TRUTH = ("halftruth", "half_truth")  # (dataset, task) of the half-truth benchmark
+
+
+def benchmark_results(metrics: Mapping[str, float]) -> dict[str, tuple[str, dict[str, float]]]:
+    """Split one model's metrics by the benchmark that measured them: dataset -> (task,
+    metrics under plain keys, the benchmark's prefix dropped). Datasets: each real-data
+    suite by its --suite name (task image_caption_selection), coco_retrieval /
+    flickr30k_retrieval and retrieval (over the evaluation records; zeroshot_retrieval),
+    zeroshot and world_zeroshot (zeroshot_classification), world_pairs and suite (the
+    capability and suite averages; image_caption_selection), and halftruth (half_truth):
+    every key no other benchmark claims, so no metric is left out."""
+    from csclip.eval.suites.registry import BENCHMARKS
+
+    groups: list[tuple[str, str, tuple[str, ...]]] = [
+        (name, "image_caption_selection", (f"{name}_",))
+        # a longer name first: sugarcrepe_pp_* is SugarCrepe++'s, not SugarCrepe's
+        for name in sorted(BENCHMARKS, key=len, reverse=True)]
+    groups += [
+        ("coco_retrieval", "zeroshot_retrieval", ("coco_ret_",)),
+        ("flickr30k_retrieval", "zeroshot_retrieval", ("flickr30k_ret_",)),
+        ("retrieval", "zeroshot_retrieval", ("ret_",)),
+        ("world_zeroshot", "zeroshot_classification", ("zs_world_",)),
+        ("zeroshot", "zeroshot_classification", ("zs_",)),
+        ("world_pairs", "image_caption_selection", ("comp_",)),
+        ("suite", "image_caption_selection", ("suite_", "cap_")),
+    ]
+    out: dict[str, tuple[str, dict[str, float]]] = {}
+    for key, value in metrics.items():
+        dataset, task, plain = *HALF_TRUTH, key
+        for name, group_task, prefixes in groups:
+            prefix = next((p for p in prefixes if key.startswith(p)), None)
+            if prefix is not None:
+                dataset, task, plain = name, group_task, key[len(prefix):]
+                break
+        out.setdefault(dataset, (task, {}))[1][plain] = value
+    return dict(sorted(out.items()))
+
+
+def result_name(template: str, identity: ModelIdentity, dataset: str, task: str) -> str:
+    """The file name of one result, from an --output template as CLIP_benchmark formats it:
+    {model}, {pretrained} (a path's last part), {pretrained_full_path} (a path's / as _),
+    {dataset}, {task}; "/" in a model name becomes "_". ConfigError for another field, or
+    a name outside the output folder."""
+    from csclip.errors import ConfigError
+
+    pretrained = identity.pretrained or "none"  # random weights: CLIP_benchmark has no word
+    is_path = "/" in pretrained or "\\" in pretrained
+    fields = {"model": identity.model.replace("/", "_"),
+              "pretrained": Path(pretrained.rstrip("/")).name if is_path else pretrained,
+              "pretrained_full_path": pretrained.replace("/", "_"),
+              "dataset": dataset.replace("/", "_"), "task": task}
+    try:
+        name = template.format(**fields)
+    except (KeyError, IndexError, ValueError) as err:
+        known = ", ".join(f"{{{name}}}" for name in fields)
+        raise ConfigError(f"--output {template!r}: {err} is not a field of it; use "
+                          f"{known}") from None
+    if not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        raise ConfigError(f"--output {template!r} gives {name!r}: give a file name relative "
+                          "to --out")
+    return name
+
+
+def check_results_template(template: str, identities: Sequence[ModelIdentity]) -> None:
+    """Refuse, before anything is scored, a template that would give two results of
+    these models (or two benchmarks of one) the same file name: it needs {dataset} and
+    what tells the models apart (e.g. {pretrained_full_path} for two checkpoints that are
+    both .../final)."""
+    from csclip.errors import ConfigError
+
+    seen: dict[str, ModelIdentity] = {}
+    for identity in identities:
+        for dataset in ("a", "b"):
+            name = result_name(template, identity, dataset, "task")
+            if name in seen:
+                raise ConfigError(f"--output {template!r} names two results {name!r} "
+                                  f"({identity.model} {identity.pretrained} and "
+                                  f"{seen[name].model} {seen[name].pretrained}); put "
+                                  "{dataset} and {pretrained_full_path} in it")
+            seen[name] = identity
+
+
+def result_files(reports: Mapping[str, HalfTruthReport], template: str) -> dict[str, str]:
+    """One JSON per model and benchmark that measured anything, in CLIP_benchmark's shape:
+    {"dataset", "model", "pretrained", "task", "metrics"} (benchmark_results), named by
+    `template` (result_name). A report without an identity is its label with no
+    pretrained."""
+    from csclip.errors import ConfigError
+
+    files: dict[str, str] = {}
+    for name, report in reports.items():
+        identity = report.identity or ModelIdentity(name)
+        for dataset, (task, metrics) in benchmark_results(report.metrics).items():
+            path = result_name(template, identity, dataset, task)
+            if path in files:
+                raise ConfigError(f"--output {template!r} names two results {path!r}; put "
+                                  "{dataset} and {pretrained_full_path} in it")
+            # Strict JSON: a value not measured (NaN, e.g. a CI without bootstrap) is null.
+            plain = {k: v if not isinstance(v, float) or math.isfinite(v) else None
+                     for k, v in metrics.items()}
+            files[path] = json.dumps({"dataset": dataset, "model": identity.model,
+                                      "pretrained": identity.pretrained, "task": task,
+                                      "metrics": plain}, indent=1, allow_nan=False)
+    return files
+
+
+# ---------------------------------------------------------------------------------------
+# An evaluation's folder: finished when its marker is there
+# ---------------------------------------------------------------------------------------
+
+# Written last, listing every file of the evaluation (size, sha256); removed when the next
+# evaluation into the same folder starts. A folder without it is an evaluation that was
+# killed or is still running: its tables may mix two evaluations. (The same name marks a
+# finished extraction: csclip.units.EXTRACTION_COMPLETE.)
+EVALUATION_COMPLETE = "_complete.json"
+_STAGING_PREFIX = ".partial-"
+
+
+def begin_outputs(out_dir: str | Path) -> Path:
+    """Mark `out_dir` as being written before anything is scored: the previous
+    evaluation's marker goes, and so do the staging folders of evaluations killed there."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    files: dict[str, Path] = {}
+    (out / EVALUATION_COMPLETE).unlink(missing_ok=True)
+    for stale in out.glob(f"{_STAGING_PREFIX}*"):  # one writer per folder: output_lease
+        shutil.rmtree(stale, ignore_errors=True)
+    return out
+
+
+def evaluation_problem(out_dir: str | Path) -> str | None:
+    """Why `out_dir` holds no finished evaluation (None when it does): no marker, or a file
+    it lists missing or changed since."""
+    from csclip import storage
+
+    fs, path = storage.filesystem_for(str(Path(out_dir).absolute()))
+    return storage.export_problem(fs, path, check_hashes=True, manifest=EVALUATION_COMPLETE)
+
+
+def check_evaluation(out_dir: str | Path) -> None:
+    """Raise DataError when `out_dir` holds no finished evaluation."""
+    from csclip.errors import DataError
+
+    problem = evaluation_problem(out_dir)
+    if problem is not None:
+        raise DataError(f"the evaluation in {out_dir} did not finish (killed, or still "
+                        f"running?): rerun the same command ({problem})")
+
+
+def _publish_outputs(staging: Path, out: Path) -> dict[str, Path]:
+    """Move the staged files into `out`, then write the marker listing them (last)."""
+    from csclip import storage
+
+    listing = storage.manifest_of(staging)
+    listing["finished"] = datetime.now().astimezone().isoformat()
+    names = sorted(listing["files"])
+    for name in names:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (staging / name).replace(out / name)
+    shutil.rmtree(staging, ignore_errors=True)
+    storage.write_bytes_atomic(storage.filesystem_for(str(out.absolute()))[0],
+                               str((out / EVALUATION_COMPLETE).absolute()),
+                               json.dumps(listing, indent=1, sort_keys=True).encode())
+    return {name: out / name for name in names}
+
+
+def write_outputs(
+    reports: Mapping[str, HalfTruthReport], prepared: PreparedBenchmark, out_dir: str | Path,
+    extra_files: Mapping[str, str] | None = None, results_template: str | None = None,
+) -> tuple[str, dict[str, Path]]:
+    """Write the tables, Figure 3, the benchmark table, per-item scores, `extra_files`
+    (name -> text) and, with `results_template`, one CLIP_benchmark-shaped JSON per model
+    and benchmark (result_files); return (markdown, files). The files are written to a
+    staging folder, moved into `out_dir`, and the marker (EVALUATION_COMPLETE) is written
+    last: a reader never takes a half-written evaluation for a finished one
+    (check_evaluation)."""
+    begin_outputs(out_dir)
+    out = Path(out_dir)
+    staging = out / f"{_STAGING_PREFIX}{uuid.uuid4().hex}"
+    staging.mkdir()
+    markdown = _write_staged(reports, prepared, staging)
+    extra = dict(extra_files or {})
+    if results_template is not None:
+        extra.update(result_files(reports, results_template))
+    for name, text in extra.items():
+        (staging / name).parent.mkdir(parents=True, exist_ok=True)
+        (staging / name).write_text(text)
+    return markdown, _publish_outputs(staging, out)
+
+
+def _write_staged(
+    reports: Mapping[str, HalfTruthReport], prepared: PreparedBenchmark, out: Path
+) -> str:
+    """Write every file of write_outputs into `out` (the staging folder); return the
+    markdown."""
     tables = paper_tables(reports)
     bench = prepared.benchmark
     # Every half-truth table names the protocol and the benchmark's hash (docs/evaluation.md).
@@ -308,13 +567,12 @@ def write_outputs(
     for stem in ("table1", "table6", "table7", "table7_ci"):
         if stem in tables:
             tables[stem] = replace(tables[stem], title=tables[stem].title + tag)
+    identities = {name: r.identity for name, r in reports.items() if r.identity is not None}
     for stem, table in tables.items():
-        files.update(table.write(out, stem))
-    files["figure3.png"] = plot_figure3(reports, out / "figure3.png")
-    files["benchmark.parquet"] = save_benchmark(prepared.benchmark.items, out / "benchmark.parquet")
-    files["scores.parquet"] = write_item_scores(
-        reports, prepared.benchmark.items, out / "scores.parquet"
-    )
+        table.write(out, stem, identities)
+    plot_figure3(reports, out / "figure3.png")
+    save_benchmark(prepared.benchmark.items, out / "benchmark.parquet")
+    write_item_scores(reports, prepared.benchmark.items, out / "scores.parquet")
     skips = "".join(f"| {c} | {r} | {n} |\n" for (c, r), n in bench.skipped.items())
     markdown = "\n".join(t.to_markdown() for t in tables.values())
     markdown += (
@@ -332,8 +590,7 @@ def write_outputs(
     if skips:
         markdown += "\n| Condition | Skip reason | Images |\n|---|---|---|\n" + skips
     (out / "halftruth.md").write_text(markdown)
-    files["halftruth.md"] = out / "halftruth.md"
-    return markdown, files
+    return markdown
 
 
 def write_item_scores(
@@ -352,14 +609,6 @@ def write_item_scores(
     return path
 
 
-_METRIC_CHARS = re.compile(r"[^A-Za-z0-9_\-. /]")
-
-
-def metric_prefix(name: str) -> str:
-    """An MLflow-safe metric prefix for a model label ("ViT-B-32:openai" -> "ViT-B-32_openai")."""
-    return _METRIC_CHARS.sub("_", name)
-
-
 def log_comparison(
     reports: Mapping[str, HalfTruthReport],
     files: Mapping[str, Path],
@@ -367,21 +616,49 @@ def log_comparison(
     experiment: str = "csclip-eval",
     params: Mapping[str, object] | None = None,
 ) -> str:
-    """Log one MLflow run: params (models, config), `<model>/<metric>` metrics and the
-    tables / figure as artifacts. Returns the run id."""
+    """Log one MLflow run per model (run name "<label> on <benchmarks>"; tags `model`,
+    `pretrained`, `step` where known; `params`; the report's metrics under their own keys,
+    the same for every model, so MLflow's Compare lines the runs up). One model: its run
+    also holds the tables and figure (`files`) and is returned. Several: the files go once
+    on a parent run (params `models`, the labels), which the model runs are nested under
+    and which is returned: the tables compare the models, so they belong to neither."""
     from csclip import tracking
 
     mlflow_client = tracking.client(tracking_uri)
-    run_id = mlflow_client.create_run(tracking.experiment_id(mlflow_client, experiment),
-                                      run_name="halftruth-eval").info.run_id
-    all_params = {"models": ",".join(reports), **(params or {})}
-    for index, name in enumerate(reports):
-        all_params[f"model_{index}"] = name
-    tracking.log_params(mlflow_client, run_id, all_params)
-    tracking.log_metrics(mlflow_client, run_id, {
-        f"{metric_prefix(name)}/{key}": value
-        for name, report in reports.items() for key, value in report.metrics.items()})
-    for path in files.values():
-        mlflow_client.log_artifact(run_id, str(path))
-    mlflow_client.set_terminated(run_id)
-    return run_id
+    experiment_id = tracking.experiment_id(mlflow_client, experiment)
+    params = dict(params or {})
+    parent_id = None
+    if len(reports) > 1:
+        benchmarks = sorted({b for r in reports.values() for b in benchmark_results(r.metrics)})
+        parent_id = mlflow_client.create_run(
+            experiment_id, run_name=f"{len(reports)} models on {', '.join(benchmarks)}",
+            tags={"csclip_role": "comparison"}).info.run_id
+        tracking.log_params(mlflow_client, parent_id, {"models": ",".join(reports), **params})
+        _log_files(mlflow_client, parent_id, files)
+    run_id = ""
+    for name, report in reports.items():
+        identity = report.identity or ModelIdentity(name)
+        tags = {"model": identity.model, "pretrained": identity.pretrained or "none",
+                "csclip_label": name, "csclip_role": "model"}
+        if identity.step is not None:
+            tags["step"] = str(identity.step)
+        if parent_id is not None:
+            tags[tracking.PARENT_TAG] = parent_id
+        benchmarks = ", ".join(benchmark_results(report.metrics))
+        run_id = mlflow_client.create_run(experiment_id, run_name=f"{name} on {benchmarks}",
+                                          tags=tags).info.run_id
+        tracking.log_params(mlflow_client, run_id, {**params, "model": identity.model,
+                                                    "pretrained": identity.pretrained or "none"})
+        tracking.log_metrics(mlflow_client, run_id, report.metrics)
+        if parent_id is None:
+            _log_files(mlflow_client, run_id, files)
+        mlflow_client.set_terminated(run_id)
+    if parent_id is not None:
+        mlflow_client.set_terminated(parent_id)
+    return parent_id or run_id
+
+
+def _log_files(mlflow_client, run_id: str, files: Mapping[str, Path]) -> None:
+    for name, path in files.items():
+        folder = str(Path(name).parent)  # a result JSON in a sub-folder of --out keeps it
+        mlflow_client.log_artifact(run_id, str(path), None if folder == "." else folder)

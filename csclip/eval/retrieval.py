@@ -1,11 +1,22 @@
 """Image-text retrieval Recall@k (image->text and text->image) over a set of captioned
-images, from features encoded once by csclip.eval.encoder (SPEC §5)."""
+images, from features encoded once by csclip.eval.encoder (SPEC §5), counted one of two
+ways (`RetrievalCounting`, docs/evaluation.md "Retrieval"):
+
+- "strict" (ours): one text query per distinct (image, caption) pair; a hit needs the
+  true item strictly above every wrong one within the top k (a tie at the boundary is a
+  miss), so the number does not depend on the order of the files.
+- "clip_benchmark": as LAION-AI/CLIP_benchmark counts it (clip_benchmark/metrics/
+  zeroshot_retrieval.py at 48de38c, which the CS-CLIP authors' numbers come from): one text
+  query per caption instance (a caption repeated for an image is two queries), and the
+  top k of each float32 score row is what torch.topk returns, ties included.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -17,16 +28,20 @@ log = logging.getLogger(__name__)
 
 RECALL_KS: tuple[int, ...] = (1, 5, 10)
 BLOCK_ROWS = 1024  # similarity rows computed at once: bounds memory on large sets
+RetrievalCounting = Literal["strict", "clip_benchmark"]
 
 
 @dataclass(frozen=True)
 class RetrievalSet:
     """Images and their captions: `pairs` holds (image index, text index) for every
-    caption; texts are unique (a text captioning two images is one text with two pairs)."""
+    distinct caption of an image; texts are unique (a text captioning two images is one
+    text with two pairs). `instances` holds every caption as the files have it, repeats
+    kept, grouped by image in image order (CLIP_benchmark's query rows)."""
 
     image_ids: tuple[str, ...]
     texts: tuple[str, ...]
     pairs: tuple[tuple[int, int], ...]
+    instances: tuple[tuple[int, int], ...]
 
     def positives_of_images(self) -> list[list[int]]:
         """Text indices that caption each image."""
@@ -50,12 +65,19 @@ def retrieval_set(records: Sequence[UnitsRecord]) -> RetrievalSet:
     """
     if not records:
         raise DataError("retrieval: no records; evaluate a non-empty split")
-    image_ids = tuple(dict.fromkeys(r.image_id for r in records))
-    texts = tuple(dict.fromkeys(r.caption for r in records))
+    return _retrieval_set([(r.image_id, r.caption) for r in records])
+
+
+def _retrieval_set(captions: Sequence[tuple[str, str]]) -> RetrievalSet:
+    """The RetrievalSet of (image id, caption) in file order."""
+    image_ids = tuple(dict.fromkeys(i for i, _ in captions))
+    texts = tuple(dict.fromkeys(t for _, t in captions))
     image_index = {i: k for k, i in enumerate(image_ids)}
     text_index = {t: k for k, t in enumerate(texts)}
-    pairs = tuple(dict.fromkeys((image_index[r.image_id], text_index[r.caption]) for r in records))
-    return RetrievalSet(image_ids, texts, pairs)
+    # sorted() is stable: each image's captions keep their order.
+    instances = tuple(sorted(((image_index[i], text_index[t]) for i, t in captions),
+                             key=lambda pair: pair[0]))
+    return RetrievalSet(image_ids, texts, tuple(dict.fromkeys(instances)), instances)
 
 
 def _positive_mask(rows: Sequence[Sequence[int]], num_columns: int) -> np.ndarray:
@@ -115,35 +137,92 @@ def text_to_image_ranks(
 def recall_metrics(
     i2t_ranks: np.ndarray, t2i_ranks: np.ndarray, ks: Sequence[int] = RECALL_KS
 ) -> dict[str, float]:
-    """`ret_i2t` / `ret_t2i` (R@1) and `ret_<dir>_r<k>` for the other k, in percent."""
+    """`ret_i2t` / `ret_t2i` (R@1) and `ret_<dir>_r<k>` for the other k, in percent, from
+    strict ranks."""
+    return hit_metrics({k: i2t_ranks <= k for k in ks}, {k: t2i_ranks <= k for k in ks},
+                       len(i2t_ranks), len(t2i_ranks))
+
+
+def hit_metrics(i2t_hits: dict[int, np.ndarray], t2i_hits: dict[int, np.ndarray],
+                num_images: int, num_queries: int) -> dict[str, float]:
+    """`ret_i2t` / `ret_t2i` (R@1) and `ret_<dir>_r<k>` for the other k, in percent, from
+    a hit (bool) per query and k; plus the counts of image and text queries."""
     metrics: dict[str, float] = {}
-    for direction, ranks in (("i2t", i2t_ranks), ("t2i", t2i_ranks)):
-        if len(ranks) == 0:
+    for direction, hits, num in (("i2t", i2t_hits, num_images), ("t2i", t2i_hits, num_queries)):
+        if num == 0:
             continue  # not measured: no key (tables show it as missing, never 0)
-        for k in ks:
+        for k, hit in hits.items():
             key = f"ret_{direction}" if k == 1 else f"ret_{direction}_r{k}"
-            metrics[key] = 100.0 * float(np.mean(ranks <= k))
-    metrics["ret_num_images"] = float(len(i2t_ranks))
-    metrics["ret_num_queries_t2i"] = float(len(t2i_ranks))
+            metrics[key] = 100.0 * float(np.mean(hit))
+    metrics["ret_num_images"] = float(num_images)
+    metrics["ret_num_queries_t2i"] = float(num_queries)
     return metrics
 
 
+def clip_benchmark_hits(image_features: np.ndarray, text_features: np.ndarray,
+                        instances: Sequence[tuple[int, int]], ks: Sequence[int]
+                        ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+    """(I2T, T2I) hits per k as CLIP_benchmark's zeroshot_retrieval.evaluate counts them:
+    scores = texts @ images.T in float32, one text row per caption instance; a T2I query
+    hits when its image is among torch.topk(its row, k), an image when one of its caption
+    instances is among torch.topk(its column, k) (their recall_at_k > 0). Ties fall as
+    torch.topk resolves them (docs/evaluation.md, "Retrieval"). k above the row length
+    is that length: every item retrieved (where theirs raises).
+
+    image_features: (M, D); text_features: (N, D), the unique texts; instances: (image
+    index, text index) per caption instance. Returns bool arrays of shape (M,) and (Q,).
+    """
+    import torch
+
+    images = torch.from_numpy(np.ascontiguousarray(image_features, dtype=np.float32))
+    queries = torch.from_numpy(np.ascontiguousarray(
+        np.asarray(text_features, dtype=np.float32)[[t for _, t in instances]]))  # (Q, D)
+    scores = queries @ images.T  # (Q, M), their `texts_emb @ images_emb.t()`
+    own_image = torch.tensor([i for i, _ in instances], dtype=torch.long)  # (Q,)
+    image_rows = torch.arange(images.shape[0])
+    t2i = {k: _topk_hits(scores, own_image, image_rows, k) for k in ks}
+    i2t = {k: _topk_hits(scores.T, image_rows, own_image, k) for k in ks}
+    return i2t, t2i
+
+
+def _topk_hits(scores, row_labels, column_labels, k: int) -> np.ndarray:
+    """Per row of `scores` (torch, (R, C)): whether torch.topk's k columns hold one whose
+    label is the row's. Blocks of BLOCK_ROWS rows; topk works row by row, so the blocks
+    do not change which columns it picks."""
+    import torch
+
+    k = min(k, scores.shape[1])
+    hits = []
+    for start in range(0, scores.shape[0], BLOCK_ROWS):
+        top = torch.topk(scores[start : start + BLOCK_ROWS], k, dim=1).indices  # (b, k)
+        labels = row_labels[start : start + BLOCK_ROWS, None]  # (b, 1)
+        hits.append((column_labels[top] == labels).any(dim=1).numpy())
+    return np.concatenate(hits) if hits else np.zeros(0, dtype=bool)
+
+
 def retrieval_metrics(
-    features: FeatureTables, rset: RetrievalSet, ks: Sequence[int] = RECALL_KS
+    features: FeatureTables, rset: RetrievalSet, ks: Sequence[int] = RECALL_KS,
+    counting: RetrievalCounting = "strict",
 ) -> dict[str, float]:
-    """Recall@k both ways from features that hold every image and text of `rset`."""
+    """Recall@k both ways from features that hold every image and text of `rset`, counted
+    `counting`'s way; `ret_counting_clip_benchmark` says which (1 or 0)."""
     images = features.image_features[[features.image_index[i] for i in rset.image_ids]]
     texts = features.text_features[[features.text_index[t] for t in rset.texts]]
-    i2t = image_to_text_ranks(images, texts, rset.positives_of_images())
-    per_text = rset.positives_of_texts()
-    t2i = text_to_image_ranks(images, texts, per_text)
-    metrics = recall_metrics(i2t, t2i, ks)
+    if counting == "clip_benchmark":
+        i2t_hits, t2i_hits = clip_benchmark_hits(images, texts, rset.instances, ks)
+        metrics = hit_metrics(i2t_hits, t2i_hits, len(rset.image_ids), len(rset.instances))
+    else:
+        i2t = image_to_text_ranks(images, texts, rset.positives_of_images())
+        t2i = text_to_image_ranks(images, texts, rset.positives_of_texts())
+        metrics = recall_metrics(i2t, t2i, ks)
     metrics["ret_num_texts"] = float(len(rset.texts))
+    metrics["ret_counting_clip_benchmark"] = float(counting == "clip_benchmark")
     return metrics
 
 
 def evaluate_retrieval(
-    encoder: Encoder, records: Sequence[UnitsRecord], ks: Sequence[int] = RECALL_KS
+    encoder: Encoder, records: Sequence[UnitsRecord], ks: Sequence[int] = RECALL_KS,
+    counting: RetrievalCounting = "strict",
 ) -> dict[str, float]:
     """Recall@k over `records` (their images and captions), with features from `encoder`
     (its cache: what the half-truth benchmark encoded is not encoded again).
@@ -152,7 +231,7 @@ def evaluate_retrieval(
     """
     rset = retrieval_set(records)
     features = encoder.features(rset.texts, image_sources(records, rset.image_ids))
-    metrics = retrieval_metrics(features, rset, ks)
+    metrics = retrieval_metrics(features, rset, ks, counting)
     log.debug(  # every evaluation runs it (csclip.eval.suites): not a line of the demo's log
         "retrieval over %d images, %d texts: R@1 i2t %.1f t2i %.1f",
         len(rset.image_ids),
@@ -208,27 +287,22 @@ def load_karpathy(json_uri: str, image_root: str, split: str = "test") -> Karpat
     if not pairs:
         raise DataError(f"{json_uri}: no {split!r} captions with an image under {image_root} "
                         f"({skipped} without an image)")
-    image_ids = tuple(dict.fromkeys(i for i, _ in pairs))
-    texts = tuple(dict.fromkeys(t for _, t in pairs))
-    image_index = {i: k for k, i in enumerate(image_ids)}
-    text_index = {t: k for k, t in enumerate(texts)}
-    rset = RetrievalSet(image_ids, texts, tuple(dict.fromkeys(
-        (image_index[i], text_index[t]) for i, t in pairs)))
-    return KarpathySet(rset, images, skipped)
+    return KarpathySet(_retrieval_set(pairs), images, skipped)
 
 
 def evaluate_karpathy(encoder: Encoder, dataset: str, json_uri: str, image_root: str,
-                      split: str = "test") -> dict[str, float]:
+                      split: str = "test", counting: RetrievalCounting = "strict"
+                      ) -> dict[str, float]:
     """Recall@1/5/10 both ways on a Karpathy split: keys `<dataset>_ret_i2t`,
     `<dataset>_ret_t2i` (R@1), `<dataset>_ret_{i2t,t2i}_r{5,10}`, counts and
-    `<dataset>_ret_skipped_captions` (image missing). Same rules as the world's retrieval
-    (any caption counts for I2T; a tie with a wrong item is a miss)."""
+    `<dataset>_ret_skipped_captions` (image missing). Any caption counts for I2T; queries
+    and ties as `counting` says (the module docstring)."""
     karpathy = load_karpathy(json_uri, image_root, split)
     features = encoder.features(karpathy.rset.texts, karpathy.images)
-    metrics = retrieval_metrics(features, karpathy.rset)
+    metrics = retrieval_metrics(features, karpathy.rset, counting=counting)
     out = {f"{dataset}_{key}": value for key, value in metrics.items()}
     out[f"{dataset}_ret_skipped_captions"] = float(karpathy.num_skipped_captions)
     log.info("%s %s retrieval: %d images, %d captions (%d skipped): R@1 i2t %.1f t2i %.1f",
-             dataset, split, len(karpathy.rset.image_ids), len(karpathy.rset.pairs),
+             dataset, split, len(karpathy.rset.image_ids), len(karpathy.rset.instances),
              karpathy.num_skipped_captions, out[f"{dataset}_ret_i2t"], out[f"{dataset}_ret_t2i"])
     return out

@@ -168,16 +168,19 @@ def evaluate_checkpoints(config, checkpoints: Sequence[SavedCheckpoint]):
     from csclip.eval.encoder import Encoder
     from csclip.eval.halftruth import prepare_benchmark
     from csclip.eval.pipeline import evaluate_encoder, load_records, model_label
+    from csclip.eval.suites import find_named_suites
     from csclip.model import load_bundle
 
-    records = load_records(config.data)
+    # A named suite not under suites.data_root fails before any checkpoint loads.
+    found = find_named_suites(config.suites, refuse_missing=True) if config.suites.names else None
+    records = load_records(config.data, config.benchmark.image_root)
     prepared = prepare_benchmark(records, config.benchmark)
     reports = {}
     for saved in checkpoints:
         bundle = load_bundle(saved.uri, device=config.scoring.device)
         reports[saved.step] = evaluate_encoder(
             model_label(bundle), Encoder.for_bundle(bundle, config.scoring), prepared, records,
-            config.benchmark, config.suites)
+            config.benchmark, config.suites, found)
         log.info("step %d: mean I2T %s", saved.step,
                  _mean_text(i2t_rows(reports[saved.step].metrics)))
     return records, prepared, reports
@@ -195,7 +198,7 @@ def run_selected_evaluation(config) -> SelectedEvaluation:
     from dataclasses import replace
 
     from csclip.config import flatten
-    from csclip.eval.report import ComparisonReport, log_comparison, write_outputs
+    from csclip.eval.report import ComparisonReport, begin_outputs, log_comparison, write_outputs
     from csclip.storage import resolve_output
     from csclip.tracking import resolve_uri
 
@@ -203,15 +206,14 @@ def run_selected_evaluation(config) -> SelectedEvaluation:
         raise ConfigError("--select paper: give the run's directory with --checkpoint")
     out_dir = Path(resolve_output(config.out_dir, "out_dir"))
     checkpoints = saved_checkpoints(config.checkpoint)
+    begin_outputs(out_dir)
     _, prepared, reports = evaluate_checkpoints(config, checkpoints)
     selection = select_paper({step: r.metrics for step, r in reports.items()})
     chosen = next(c for c in checkpoints if c.step == selection.step)
     label = selected_label(reports[selection.step].name, selection.step)
     selected = {label: replace(reports[selection.step], name=label)}
-    markdown, files = write_outputs(selected, prepared, out_dir)
-    for name, text in (("selection.md", selection.markdown()), ("selection.csv", selection.csv())):
-        (out_dir / name).write_text(text)
-        files[name] = out_dir / name
+    markdown, files = write_outputs(selected, prepared, out_dir, extra_files={
+        "selection.md": selection.markdown(), "selection.csv": selection.csv()})
     markdown = f"{selection.markdown()}\n{markdown}"
     run_id = None
     if config.tracking.enabled:

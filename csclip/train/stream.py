@@ -93,14 +93,15 @@ def source_dataset(data: DataConfig):
 
         return world_dataset(data.world, data.split)
     from csclip.storage import filesystem_for
-    from csclip.units import check_units_table
+    from csclip.units import check_units_table, units_table_uri
 
-    fs, path = filesystem_for(data.units_uri)
-    check_units_table(fs, path, data.units_uri)  # unfinished, unreadable, another schema
+    units_uri = units_table_uri(data.units_uri)  # an extraction's --out folder: its units/
+    fs, path = filesystem_for(units_uri)
+    check_units_table(fs, path, units_uri)  # unfinished, unreadable, another schema
     try:
         ds = read_units_parquet(path, fs)
     except (FileNotFoundError, OSError) as err:
-        raise DataError(f"data.units_uri: cannot read {data.units_uri} ({err}); "
+        raise DataError(f"data.units_uri: cannot read {units_uri} ({err}); "
                         "point it at a units Parquet file or directory") from err
     split = data.split
     return ds.filter(lambda row: row["split"] == split)

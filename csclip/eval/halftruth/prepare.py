@@ -37,7 +37,7 @@ class BenchmarkConfig(StrictModel):
     # csclip for the synthetic world (records with source "gold"). docs/evaluation.md.
     protocol: Literal["auto", "paper", "csclip"] = "auto"
     seed: int = 0  # csclip: every choice is seeded from (seed, image_id); also the bootstrap's
-    # paper: images per pass (their --num_samples 1000); null: every image
+    # paper: images per pass (PAPER_NUM_SAMPLES, 5000 as the paper's run); null: every image
     num_samples: int | None = Field(PAPER_NUM_SAMPLES, ge=1)
     paper_seed: int = PAPER_SEED  # paper: their --seed, for the +Rand draws
     num_bootstrap: int = Field(1000, ge=0)  # SPEC §4: 1000 resamples

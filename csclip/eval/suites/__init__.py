@@ -8,20 +8,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from csclip.config import StrictModel
+from csclip.errors import DataError
 from csclip.eval.encoder import Encoder
 from csclip.eval.retrieval import (
     KARPATHY_LAYOUT,
+    RetrievalCounting,
     evaluate_karpathy,
     evaluate_retrieval,
 )
-from csclip.eval.suites.core import first_existing, join
+from csclip.eval.suites.core import SuiteData, first_existing, join, listing
 from csclip.eval.suites.protocol import expand_paper_suite
-from csclip.eval.suites.registry import BENCHMARKS, evaluate_benchmarks
+from csclip.eval.suites.registry import BENCHMARKS, evaluate_benchmarks, load_present_benchmarks
 from csclip.eval.suites.sugarcrepe import evaluate_sugarcrepe
 from csclip.eval.suites.world import evaluate_world_suites
 from csclip.eval.zeroshot import LAYOUT as ZEROSHOT_LAYOUT
@@ -50,10 +53,13 @@ class SuitesConfig(StrictModel):
     coco_images: str | None = None  # COCO val2017 images (local dir or s3:// URI)
     # Real-data suites by name (SUITE_NAMES, or "paper": the paper's sixteen,
     # protocol.PAPER_SUITE), each read from <data_root>/<name>/ in its published layout
-    # (docs/evaluation.md); a suite whose files are missing is skipped with one line
-    # saying what it expects.
+    # (docs/evaluation.md); `csclip evaluate` refuses a named suite whose files are not
+    # there (find_named_suites), before any model loads.
     names: tuple[str, ...] = ()
     data_root: str | None = None  # local folder or s3:// prefix
+    # true: score the named suites that are there and skip the others (one line each);
+    # the suite average then says "k of n benchmarks" (suite_benchmarks_found / _asked).
+    allow_missing: bool = False
     max_items_per_subset: int | None = Field(None, ge=1)  # a quick look at large suites
     # A benchmark with a missing or unreadable image fails with one line naming its
     # layout; true scores the rest and counts those records as skipped (reported).
@@ -61,11 +67,22 @@ class SuitesConfig(StrictModel):
     # official: each benchmark's own scorer; paper: the CS-CLIP authors' (docs/evaluation.md).
     # Unset (None): "paper" with the suite "paper" (set on validation), else "official".
     protocol: Literal["official", "paper"] | None = None
+    # How retrieval Recall@k counts (csclip.eval.retrieval): clip_benchmark (one query per
+    # caption instance, ties as torch.topk) or strict (ours). Unset: clip_benchmark under
+    # the paper protocol, else strict.
+    retrieval_counting: RetrievalCounting | None = None
 
     @property
     def scoring_protocol(self) -> str:
         """The protocol the named suites are scored with."""
         return self.protocol or "official"
+
+    @property
+    def retrieval_rule(self) -> RetrievalCounting:
+        """How retrieval counts: retrieval_counting, else the protocol's."""
+        if self.retrieval_counting is not None:
+            return self.retrieval_counting
+        return "clip_benchmark" if self.scoring_protocol == "paper" else "strict"
 
     @model_validator(mode="before")
     @classmethod
@@ -97,17 +114,18 @@ class SuitesConfig(StrictModel):
 
 
 def evaluate_suites(
-    encoder: Encoder, records: Sequence[UnitsRecord], config: SuitesConfig | None = None
+    encoder: Encoder, records: Sequence[UnitsRecord], config: SuitesConfig | None = None,
+    found: NamedSuites | None = None,
 ) -> dict[str, float]:
     """Retrieval (when the records have images), the world suites and world zero-shot
-    (world records), SugarCrepe (sugarcrepe_dir) and the named real-data suites, encoded
-    through `encoder` (its cache is shared with the half-truth benchmark). Only measured
-    metrics get a key."""
+    (world records), SugarCrepe (sugarcrepe_dir) and the named real-data suites (`found`:
+    find_named_suites' result, read once before the models), encoded through `encoder`
+    (its cache is shared with the half-truth benchmark). Only measured metrics get a key."""
     config = config or SuitesConfig()
     metrics: dict[str, float] = {}
     has_images = bool(records) and all(r.image_bytes is not None or r.image_path for r in records)
     if config.retrieval and has_images:
-        metrics.update(evaluate_retrieval(encoder, records))
+        metrics.update(evaluate_retrieval(encoder, records, counting=config.retrieval_rule))
     if config.world_pairs:
         metrics.update(evaluate_world_suites(encoder, records, config.seed, config.num_world_pairs,
                                              config.num_replace_items))
@@ -118,17 +136,37 @@ def evaluate_suites(
         metrics.update(evaluate_sugarcrepe(encoder, config.sugarcrepe_dir, config.coco_images,
                                            config.max_items_per_subset, config.allow_partial))
     if config.names:
-        metrics.update(evaluate_named_suites(encoder, config))
+        metrics.update(evaluate_named_suites(encoder, config, found))
     return metrics
 
 
-def evaluate_named_suites(encoder: Encoder, config: SuitesConfig) -> dict[str, float]:
-    """The suites of config.names under config.data_root; a missing one is one warning."""
-    root = config.data_root
-    benchmarks = [n for n in config.names if n in BENCHMARKS]
-    metrics = evaluate_benchmarks(encoder, benchmarks, root, config.max_items_per_subset,
-                                  config.allow_partial, config.scoring_protocol
-                                  ) if benchmarks else {}
+@dataclass(frozen=True)
+class NamedSuites:
+    """The suites of SuitesConfig.names as found under data_root (find_named_suites): the
+    benchmarks loaded, each retrieval suite's (Karpathy JSON, image folder), the zero-shot
+    folder, and one "<name>: not found under ... (expects ...)" line per missing suite."""
+
+    benchmarks: dict[str, SuiteData]
+    retrieval: dict[str, tuple[str, str]]
+    zeroshot: str | None
+    missing: dict[str, str]  # suite name -> what was expected where
+    num_benchmarks_asked: int  # of BENCHMARKS (the suite average's denominator)
+
+
+MAX_MISSING_SHOWN = 3  # missing suites whose layout the error line spells out
+
+
+def find_named_suites(config: SuitesConfig, refuse_missing: bool = False) -> NamedSuites:
+    """Find and load the suites of config.names under config.data_root, before any model
+    is loaded. refuse_missing (csclip evaluate): a missing suite raises a DataError (one
+    line: the layout expected and what is under the root) unless config.allow_missing;
+    otherwise each missing one is a warning line and skipped."""
+    root = config.data_root or ""
+    asked = [n for n in config.names if n in BENCHMARKS]
+    benchmarks, not_found = load_present_benchmarks(asked, root, config.allow_partial,
+                                                    config.scoring_protocol) if asked else ({}, {})
+    missing = {name: str(err) for name, err in not_found.items()}
+    retrieval: dict[str, tuple[str, str]] = {}
     for name, dataset in RETRIEVAL_SUITES.items():
         if name not in config.names:
             continue
@@ -137,15 +175,52 @@ def evaluate_named_suites(encoder: Encoder, config: SuitesConfig) -> dict[str, f
         images = first_existing(folder, "flickr30k-images", "images") if dataset == "flickr30k" \
             else folder
         if json_uri is None or images is None:
-            log.warning("%s: not found under %s (expects %s); skipped", name, folder,
-                        KARPATHY_LAYOUT[dataset])
-            continue
-        metrics.update(evaluate_karpathy(encoder, dataset, json_uri, images))
-    if ZEROSHOT_SUITE in config.names:
-        folder = join(root, ZEROSHOT_SUITE)
-        if first_existing(root, ZEROSHOT_SUITE) is None:
-            log.warning("zeroshot: not found under %s (expects %s); skipped", folder,
-                        ZEROSHOT_LAYOUT)
+            missing[name] = f"{name}: not found under {folder} (expects {KARPATHY_LAYOUT[dataset]})"
         else:
-            metrics.update(evaluate_zeroshot_datasets(encoder, folder))
+            retrieval[name] = (json_uri, images)
+    zeroshot = None
+    if ZEROSHOT_SUITE in config.names:
+        zeroshot = join(root, ZEROSHOT_SUITE)
+        if first_existing(root, ZEROSHOT_SUITE) is None:
+            missing[ZEROSHOT_SUITE] = (f"zeroshot: not found under {zeroshot} (expects "
+                                       f"{ZEROSHOT_LAYOUT})")
+            zeroshot = None
+    if missing and refuse_missing and not config.allow_missing:
+        raise DataError(_missing_line(missing, len(config.names), root))
+    for line in missing.values():
+        log.warning("%s; skipped", line)
+    return NamedSuites(benchmarks, retrieval, zeroshot, missing, len(asked))
+
+
+def _missing_line(missing: dict[str, str], num_asked: int, root: str) -> str:
+    """One line: which named suites are not under `root`, the layout each expects (the
+    first few), and what is there."""
+    shown = list(missing.values())[:MAX_MISSING_SHOWN]
+    more = len(missing) - len(shown)
+    rest = f"; and {', '.join(list(missing)[len(shown):])} (docs/evaluation.md)" if more else ""
+    return (f"--suite: {len(missing)} of {num_asked} named suites not found under --data-root "
+            f"{root}: {'; '.join(shown)}{rest}; found under {root}: {listing(root)}; fix "
+            "--data-root, or pass --allow-missing (suites.allow_missing=true) to score the "
+            "suites that are there")
+
+
+def evaluate_named_suites(encoder: Encoder, config: SuitesConfig,
+                          found: NamedSuites | None = None) -> dict[str, float]:
+    """The suites of config.names under config.data_root (`found`, or find_named_suites
+    now: a missing one is one warning). With benchmarks named: `suite_benchmarks_asked`
+    and `suite_benchmarks_found`, the k of n the suite average is over."""
+    found = found or find_named_suites(config)
+    asked = [n for n in config.names if n in BENCHMARKS]
+    metrics = evaluate_benchmarks(encoder, asked, config.data_root or "",
+                                  config.max_items_per_subset, config.allow_partial,
+                                  config.scoring_protocol, loaded=found.benchmarks
+                                  ) if asked else {}
+    if found.num_benchmarks_asked:
+        metrics["suite_benchmarks_asked"] = float(found.num_benchmarks_asked)
+        metrics["suite_benchmarks_found"] = float(len(found.benchmarks))
+    for name, (json_uri, images) in found.retrieval.items():
+        metrics.update(evaluate_karpathy(encoder, RETRIEVAL_SUITES[name], json_uri, images,
+                                         counting=config.retrieval_rule))
+    if found.zeroshot is not None:
+        metrics.update(evaluate_zeroshot_datasets(encoder, found.zeroshot))
     return metrics

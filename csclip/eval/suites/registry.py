@@ -154,12 +154,25 @@ def load_benchmarks(names: Sequence[str], data_root: str, allow_partial: bool = 
     (protocol.py), before any encoding: one whose files are not there is skipped with one
     warning line naming what it expects; one whose images are missing or unreadable raises
     IncompleteBenchmark (unless allow_partial)."""
+    loaded, missing = load_present_benchmarks(names, data_root, allow_partial, protocol)
+    for err in missing.values():
+        log.warning("%s; skipped", err)
+    return loaded
+
+
+def load_present_benchmarks(names: Sequence[str], data_root: str, allow_partial: bool = False,
+                            protocol: str = "official"
+                            ) -> tuple[dict[str, SuiteData], dict[str, BenchmarkNotFound]]:
+    """load_benchmarks without the warnings: (the benchmarks found, a BenchmarkNotFound
+    per name whose files are not under data_root), for a caller that decides whether
+    a missing one is an error (csclip.eval.suites.find_named_suites)."""
     loaded: dict[str, SuiteData] = {}
+    missing: dict[str, BenchmarkNotFound] = {}
     for name in names:
         try:
             data = load_benchmark(name, BENCHMARKS[name], data_root, protocol)
         except BenchmarkNotFound as err:
-            log.warning("%s; skipped", err)
+            missing[name] = err
             continue
         # A loader that does not say where it looked or what it expects: its folder and
         # its module's LAYOUT, for the one-line error.
@@ -168,19 +181,22 @@ def load_benchmarks(names: Sequence[str], data_root: str, allow_partial: bool = 
                                              "LAYOUT", "")
         check_complete(data, allow_partial)
         loaded[name] = data
-    return loaded
+    return loaded, missing
 
 
 def evaluate_benchmarks(encoder: Encoder, names: Sequence[str], data_root: str,
                         max_per_subset: int | None = None, allow_partial: bool = False,
-                        protocol: str = "official") -> dict[str, float]:
-    """Load (load_benchmarks), encode and score each named benchmark under data_root with
-    the protocol's scorers, and log its accounting. Returns the benchmarks' metrics (per
-    subset: accuracies and read / num / skipped / skipped_<reason>) plus the capability and
-    suite averages, and `suite_protocol_paper` (1 or 0) saying which protocol scored them
-    (when one ran)."""
+                        protocol: str = "official",
+                        loaded: Mapping[str, SuiteData] | None = None) -> dict[str, float]:
+    """Load (load_benchmarks, unless `loaded` holds them already), encode and score each
+    named benchmark under data_root with the protocol's scorers, and log its accounting.
+    Returns the benchmarks' metrics (per subset: accuracies and read / num / skipped /
+    skipped_<reason>) plus the capability and suite averages, and `suite_protocol_paper`
+    (1 or 0) saying which protocol scored them (when one ran)."""
+    if loaded is None:
+        loaded = load_benchmarks(names, data_root, allow_partial, protocol)
     metrics: dict[str, float] = {}
-    for data in load_benchmarks(names, data_root, allow_partial, protocol).values():
+    for data in loaded.values():
         log.info("%s", data.accounting())
         scored, _ = evaluate_suite_data(encoder, data.limit(max_per_subset))
         metrics.update(scored)

@@ -31,16 +31,22 @@ LAYOUT = ("the repository's corpus/v1/<Attribute|Object|Relation>/.../<name>.yam
 OFFICIAL_ROWS_PER_CORPUS = 1000
 
 
-def _corpus_files(root: str) -> list[str]:
+def _corpus_files(corpus: str) -> list[tuple[str, list[str]]]:
+    """Each corpus config (.yaml) under `corpus` (<root>/corpus/v1): its URI and its path
+    parts below `corpus`. The parts are cut from the listing's own paths with the length of
+    the path it was listed from (filesystem_for resolves a relative, `file://` or
+    trailing-slash root once), so a relative --data-root names the same subsets as an
+    absolute one."""
     import pyarrow.fs as pafs
 
     from csclip.storage import filesystem_for
 
-    filesystem, path = filesystem_for(join(root, "corpus", "v1"))
+    filesystem, path = filesystem_for(corpus)
     infos = filesystem.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
-    scheme = "s3://" if root.startswith("s3://") else ""
-    return sorted(scheme + i.path for i in infos
-                  if i.type == pafs.FileType.File and i.path.endswith(".yaml"))
+    scheme = "s3://" if corpus.startswith("s3://") else ""
+    return [(scheme + i.path, i.path[len(path) + 1:].split("/"))
+            for i in sorted(infos, key=lambda i: i.path)
+            if i.type == pafs.FileType.File and i.path.endswith(".yaml")]
 
 
 def load_vl_checklist(data_root: str, protocol: str = "official") -> SuiteData:
@@ -56,15 +62,13 @@ def load_vl_checklist(data_root: str, protocol: str = "official") -> SuiteData:
     from csclip.storage import filesystem_for, read_bytes
 
     root = join(data_root, "vl_checklist")
-    configs = _corpus_files(root) if exists(join(root, "corpus")) else []
+    configs = _corpus_files(join(root, "corpus", "v1")) if exists(join(root, "corpus")) else []
     if not configs:
         raise BenchmarkNotFound(f"vl_checklist: not found under {root} (expects {LAYOUT})")
     paper = protocol == "paper"
     data = SuiteData("vl_checklist", tie_rule="strict",
                      scorer=best_positive_above_best_negative if paper else None)
-    corpus = join(root, "corpus", "v1")
-    for uri in configs:
-        parts = uri[len(corpus) + 1:].split("/")
+    for uri, parts in configs:
         subset = f"{parts[0].lower()}_{parts[1].lower()}" if len(parts) > 2 else parts[0].lower()
         filesystem, path = filesystem_for(uri)
         config = yaml.safe_load(read_bytes(filesystem, path))
