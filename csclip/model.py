@@ -398,6 +398,11 @@ def remote_checkpoint_check(uri: str, wanted: Callable[[], ModelSpec] | None = N
 
     def check(read: Callable[[str], bytes | None]) -> None:
         text = read(SPEC_FILE)
+        if text is None and any(read(name) is not None for name in ("metrics.json", CONFIG_FILE)):
+            # Another file of a checkpoint but no spec: an export killed before the spec
+            # landed (the small files go first), the same refusal as storage.check_export.
+            raise DataError(f"checkpoint {uri} is incomplete (export interrupted?): rerun the "
+                            f"same command (it has no {SPEC_FILE})")
         if text is None:
             raise CheckpointMismatch(f"{uri} has no {SPEC_FILE}; it is not a csclip checkpoint "
                                      "(a run's checkpoint is <run.storage_path>/<run>/final)")

@@ -186,6 +186,15 @@ def test_s3_export_killed_mid_way_is_refused_in_one_line_then_the_rerun_finishes
         load_bundle(final)
 
 
+def test_an_s3_export_killed_before_its_spec_landed_reads_as_incomplete(s3):
+    # The kill above lands after metrics.json; whether model_spec.json is there yet depends
+    # on the copy threads. Without it the reader still says "incomplete", not "no checkpoint".
+    s3.put_object(Bucket=BUCKET, Key="runs/early/final/metrics.json", Body=b'{"step": 4}')
+    final = f"s3://{BUCKET}/runs/early/final"
+    with pytest.raises(DataError, match=f"checkpoint {final} is incomplete .export interrupted"):
+        load_bundle(final)
+
+
 # ---------------------------------------------------------------------------------------
 # Extraction: SIGKILLed after a few shards, then the readers, then the same command again
 # ---------------------------------------------------------------------------------------
