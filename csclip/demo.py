@@ -248,8 +248,8 @@ def run_demo(demo: DemoConfig, command: str = "make demo",
     seconds = time.perf_counter() - started
     out = Path(demo.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _write_atomic(out / STAGES_SECTION, stages_section(stages, seconds, command))
-    _write_atomic(out / RESULTS_SECTION, results_section(
+    _write_text_atomic(out / STAGES_SECTION, stages_section(stages, seconds, command))
+    _write_text_atomic(out / RESULTS_SECTION, results_section(
         demo, pretrained, finetuned, markdown, command, seconds,
         reused=[stage.stage for stage in stages if stage.cached]))
     written = (str(out / RESULTS_SECTION), str(out / STAGES_SECTION))
@@ -281,12 +281,10 @@ def publish(out_dir: str, root: str | Path = ".") -> list[Path]:
     return written
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    import pyarrow.fs as pafs
+def _write_text_atomic(path: Path, text: str) -> None:
+    from csclip.storage import write_local_atomic
 
-    from csclip.storage import write_bytes_atomic
-
-    write_bytes_atomic(pafs.LocalFileSystem(), str(path.absolute()), text.encode())
+    write_local_atomic(path, text.encode())
 
 
 def _header(number: int, text: str) -> None:
@@ -462,5 +460,5 @@ def evaluate(demo: DemoConfig, pretrained: TrainResult, finetuned: dict[str, Tra
                             # the world suites' draws (mirrored pairs, zero-shot) too
                             suites=SuitesConfig(seed=demo.eval_seed),
                             experiment=demo.train.tracking.experiment + "-eval")
-    _write_atomic(Path(demo.out_dir, "results.md"), report.markdown)
+    _write_text_atomic(Path(demo.out_dir, "results.md"), report.markdown)
     return report.markdown

@@ -147,6 +147,11 @@ def write_bytes_atomic(fs: pafs.FileSystem, path: str, data: bytes) -> None:
         out.write(data)
 
 
+def write_local_atomic(path: str | Path, data: bytes) -> None:
+    """write_bytes_atomic for a local path."""
+    write_bytes_atomic(pafs.LocalFileSystem(), str(Path(path).absolute()), data)
+
+
 def upload_dir(local: str | Path, uri: str) -> str:
     """Copy the files of the local directory `local` into `uri` (a local path or s3://)
     so that a crash at any moment leaves nothing that verifies (check_export) but the
@@ -222,7 +227,7 @@ def manifest_of(local: str | Path) -> dict:
 def write_manifest(local: str | Path) -> None:
     """Write MANIFEST_FILE of the local directory `local`, last (atomically)."""
     data = json.dumps(manifest_of(local), indent=1, sort_keys=True).encode()
-    write_bytes_atomic(pafs.LocalFileSystem(), str(Path(local).absolute() / MANIFEST_FILE), data)
+    write_local_atomic(Path(local) / MANIFEST_FILE, data)
 
 
 def export_problem(fs: pafs.FileSystem, path: str, check_hashes: bool = False,

@@ -93,11 +93,18 @@ def _kill_export(args: list[str], landed: Callable[[], bool], env: dict | None =
     process = subprocess.Popen([sys.executable, "-c", _EXPORTER, *args], cwd=REPO_ROOT,
                                env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
+    _kill_when(process, landed, "the export", seconds=120)
+
+
+def _kill_when(process: subprocess.Popen, landed: Callable[[], bool], what: str,
+               seconds: float) -> None:
+    """SIGKILL `process` as soon as `landed()`; fail if it ended (or `seconds` passed)
+    first."""
+    deadline = time.monotonic() + seconds
     while not landed():
         if process.poll() is not None or time.monotonic() > deadline:
             out, err = process.communicate()
-            pytest.fail(f"the export ended before the kill (rc {process.returncode}): {out}{err}")
+            pytest.fail(f"{what} ended before the kill (rc {process.returncode}): {out}{err}")
         time.sleep(0.01)
     process.send_signal(signal.SIGKILL)
     process.wait()
@@ -242,14 +249,8 @@ def test_extraction_killed_mid_way_is_refused_by_its_readers_then_the_rerun_fini
     process = subprocess.Popen([sys.executable, "-c", _EXTRACTOR, address, *overrides],
                                cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
-    deadline = time.monotonic() + 240
-    while len(list((out / "_done").glob("*.json")) if (out / "_done").is_dir() else []) < 2:
-        if process.poll() is not None or time.monotonic() > deadline:
-            stdout, stderr = process.communicate()
-            pytest.fail(f"extraction ended before the kill (rc {process.returncode}): {stderr}")
-        time.sleep(0.01)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    _kill_when(process, lambda: len(list((out / "_done").glob("*.json"))) >= 2, "extraction",
+               seconds=240)
     assert len(list((out / "units").glob("*.parquet"))) == 2  # 2 of 8 shards written
 
     refusal = f"extraction at {out} stopped at shard 2 of 8; rerun the same command to finish"

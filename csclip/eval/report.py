@@ -525,8 +525,7 @@ def _publish_outputs(staging: Path, out: Path) -> dict[str, Path]:
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (staging / name).replace(out / name)
     shutil.rmtree(staging, ignore_errors=True)
-    storage.write_bytes_atomic(storage.filesystem_for(str(out.absolute()))[0],
-                               str((out / EVALUATION_COMPLETE).absolute()),
+    storage.write_local_atomic(out / EVALUATION_COMPLETE,
                                json.dumps(listing, indent=1, sort_keys=True).encode())
     return {name: out / name for name in names}
 
