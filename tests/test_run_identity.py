@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from csclip.config import load_config
 from csclip.train import TrainConfig, run_name
-from csclip.train.loop import HOW_IT_RUNS_FIELDS, IDENTITY_FIELDS, IDENTITY_FIELDS_WHEN_SET
+from csclip.train.identity import HOW_IT_RUNS_FIELDS, IDENTITY_FIELDS, IDENTITY_FIELDS_WHEN_SET
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -14,7 +14,6 @@ are those of an uninterrupted run.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -55,6 +54,13 @@ from csclip.model import (
 from csclip.tracking import TrackingConfig
 from csclip.train import rng as generators
 from csclip.train.console import first_step_line, step_line
+from csclip.train.identity import (  # noqa: F401  (re-exported)
+    HOW_IT_RUNS_FIELDS,
+    IDENTITY_FIELDS,
+    IDENTITY_FIELDS_WHEN_SET,
+    run_identity,
+    run_name,
+)
 from csclip.train.optim import OptimConfig, lr_at
 from csclip.train.sampling import SamplingConfig
 from csclip.train.step import (
@@ -175,72 +181,6 @@ class TrainResult:
     checkpoint_uri: str
     metrics: dict = field(default_factory=dict)
     mlflow_run_id: str | None = None
-
-
-# A run's identity: the fields that say what is trained. The run name is
-# "<loss.method>-<12 hex digits of their hash>", so rerunning a config resumes its run and
-# reuses its checkpoints; a field added here renames every earlier run (and loses their
-# cache and resume): tests/test_run_identity.py pins a few names on purpose. A path names
-# a field or a whole section (data.world: every field of the world, so a field added to
-# WorldConfig renames runs too, and the pinned names say so).
-IDENTITY_FIELDS: tuple[str, ...] = (
-    "model.name", "model.pretrained", "model.quick_gelu", "model.image_size",
-    "data.world", "data.units_uri", "data.split", "data.batch_size", "data.shuffle_buffer",
-    "sampling.num_unit_slots", "sampling.relation_prob", "sampling.swap_prob",
-    "sampling.inplace_prob", "sampling.relation_negative_prob",
-    "sampling.entity_context_prob", "sampling.use_negation", "sampling.relation_foil_weights",
-    "loss.method", "loss.unit_loss_weight", "loss.gather", "loss.image_foil_weight",
-    "optim.lr", "optim.weight_decay", "optim.decay_all_params", "optim.betas", "optim.eps",
-    "optim.warmup_steps", "optim.warmup_epochs", "optim.warmup_start_ratio",
-    "optim.min_lr_ratio", "optim.epochs", "optim.max_steps", "optim.grad_clip",
-    "optim.schedule",
-    "run.num_workers", "run.use_gpu", "run.precision", "run.seed",
-)
-# Identity fields added after runs were named: part of the hash only when not at their
-# default, so the runs named before them keep their names (and resume).
-IDENTITY_FIELDS_WHEN_SET: tuple[str, ...] = ("model.lock", "data.augment", "run.resume_from",
-                                              "loss.ranking_loss_weight", "loss.ranking_margin")
-# How a run runs, not what it trains: never in its name (a run restarted with compilation
-# or accumulation on, or moved to other storage, resumes the same run). Every TrainConfig
-# field is in exactly one of these three lists (tests/test_run_identity.py).
-HOW_IT_RUNS_FIELDS: tuple[str, ...] = (
-    "model.grad_checkpointing",
-    "data.image_cache_mb", "data.prefetch_batches", "data.pin_memory",
-    "optim.accum_freq", "optim.fused",
-    "run.name", "run.storage_path", "run.checkpoint_every", "run.num_to_keep",
-    "run.cpus_per_worker", "run.torch_threads", "run.ray_train_log_level", "run.compile",
-    "run.compile_mode", "run.channels_last", "run.log_every", "run.max_failures",
-    "run.worker_resources", "run.eval_every", "run.eval_max_images", "run.best_metric",
-    "run.best_mode",
-    "tracking",
-)
-
-
-def run_name(config: TrainConfig) -> str:
-    """`run.name`, or "<method>-<12 hex digits of the hash of its identity>" (_identity)."""
-    return config.run.name or _identity(config)
-
-
-def _identity(config: TrainConfig) -> str:
-    """What a run trains, whatever its name: "<loss.method>-<12 hex digits>" of the JSON of
-    its IDENTITY_FIELDS (and IDENTITY_FIELDS_WHEN_SET away from their defaults), nested as
-    in the config."""
-    data, default = config.model_dump(mode="json"), TrainConfig().model_dump(mode="json")
-    if data["model"]["quick_gelu"] is None:  # unset: named by what the model is built with
-        from csclip.model import effective_quick_gelu
-
-        data["model"]["quick_gelu"] = effective_quick_gelu(config.model)
-    identity: dict = {}
-    for path in IDENTITY_FIELDS + IDENTITY_FIELDS_WHEN_SET:
-        *sections, key = path.split(".")
-        source, fallback, target = data, default, identity
-        for section in sections:
-            source, fallback = source[section], fallback[section]
-            target = target.setdefault(section, {})
-        if path in IDENTITY_FIELDS or source[key] != fallback[key]:
-            target[key] = source[key]
-    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
-    return f"{config.loss.method}-{digest}"
 
 
 def storage_root(config: TrainConfig) -> str:
@@ -855,7 +795,7 @@ def finished_result(config: TrainConfig) -> TrainResult | None:
         logger.info("run %s: %s is not a finished export (%s); training resumes", name, uri,
                     problem)
         return None
-    if _saved_identity(fs, f"{path}/{CONFIG_FILE}") != _identity(config):
+    if _saved_identity(fs, f"{path}/{CONFIG_FILE}") != run_identity(config):
         raise CsclipError(f"run.name {name!r} already finished with a different config at {uri}; "
                           "choose another run.name or remove that directory")
     return TrainResult(name, uri, _read_metrics(uri), None)
@@ -878,7 +818,7 @@ def check_unfinished_run(config: TrainConfig) -> None:
     saved = sorted(i.path for i in infos if i.type == pafs.FileType.Directory
                    and i.base_name.startswith("checkpoint_")
                    and exists(fs, f"{i.path}/{CONFIG_FILE}"))
-    if saved and _saved_identity(fs, f"{saved[-1]}/{CONFIG_FILE}") != _identity(config):
+    if saved and _saved_identity(fs, f"{saved[-1]}/{CONFIG_FILE}") != run_identity(config):
         raise CsclipError(f"run.name {name!r}: {uri} holds an unfinished run of a different "
                           "config; rerun that config to resume it, or choose another run.name")
 
@@ -893,4 +833,4 @@ def _saved_identity(fs, file: str) -> str:
     data = json.loads(read_bytes(fs, file))
     for key in _RETIRED_RUN_FIELDS:
         data.get("run", {}).pop(key, None)
-    return _identity(TrainConfig.model_validate(data))
+    return run_identity(TrainConfig.model_validate(data))
