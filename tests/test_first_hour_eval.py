@@ -217,3 +217,18 @@ def test_a_model_name_is_not_a_path():
 
     assert not looks_like_path("ViT-B-32") and not looks_like_path("hf-hub:timm/ViT-B-16")
     assert looks_like_path("runs/train/x/final") and looks_like_path("s3://bucket/run/final")
+
+
+@pytest.mark.parametrize("uri", ["s3://bucket/missing/final", "s3://no-such-bucket/run/final"])
+def test_a_missing_s3_checkpoint_is_checkpoint_not_found(uri, s3_endpoint, monkeypatch, tmp_path,
+                                                         capsys, no_model):
+    from s3_helpers import fresh_bucket
+
+    from csclip.entry.evaluate import main
+
+    with fresh_bucket(s3_endpoint, monkeypatch, "bucket") as client:
+        # Something else in the bucket: only the checkpoint's own prefix counts.
+        client.put_object(Bucket="bucket", Key="missing/other/model_spec.json", Body=b"{}")
+        line = _error_line(main(["--checkpoint", uri, "--out", str(tmp_path / "eval"),
+                                 "--set", "tracking.enabled=false"]), capsys)
+    assert line == f"error: checkpoint not found: {uri}"

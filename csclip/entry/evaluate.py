@@ -259,12 +259,34 @@ def eval_config(args: argparse.Namespace):
 
 
 def check_checkpoint(checkpoint: str | None) -> None:
-    """Refuse a local checkpoint path that is not there, before anything loads (an s3://
-    one is checked when it is copied: csclip.model.load_bundle)."""
+    """Refuse a checkpoint that is not there, before anything loads: a local path that
+    does not exist, an s3:// prefix with no file under it (a missing bucket included).
+    Raises ConfigError "checkpoint not found: PATH"; DataError when S3 cannot be listed."""
     from csclip.errors import ConfigError
 
-    if checkpoint and "://" not in checkpoint and not Path(checkpoint).expanduser().exists():
+    if not checkpoint:
+        return
+    if checkpoint.startswith("s3://"):
+        if not _s3_has_files(checkpoint):
+            raise ConfigError(f"checkpoint not found: {checkpoint}")
+    elif "://" not in checkpoint and not Path(checkpoint).expanduser().exists():
         raise ConfigError(f"checkpoint not found: {checkpoint}")
+
+
+def _s3_has_files(uri: str) -> bool:
+    """Whether any file lies under the s3:// prefix (pyarrow's S3 client: no torch)."""
+    import pyarrow.fs as pafs
+
+    from csclip.errors import DataError
+    from csclip.storage import filesystem_for
+
+    fs, path = filesystem_for(uri)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    except OSError as err:  # unreachable endpoint, refused credentials
+        raise DataError(f"{uri}: cannot list it ({err}); check the S3 endpoint and "
+                        "credentials") from err
+    return any(info.type == pafs.FileType.File for info in infos)
 
 
 def _evaluate(args: argparse.Namespace) -> int:
