@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -22,6 +23,9 @@ from csclip.markdoc import update_marked_section
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PAPER_COLUMNS = ["I2T", "T2I", "Grp", "HT All", "HT Ent", "HT Rel", "ZS", "Ret I2T", "Ret T2I"]
+# The same columns in ablation.csv: snake_case, as the evaluation's CSVs.
+CSV_COLUMNS = ["i2t", "t2i", "group", "ht_all", "ht_entity", "ht_relation", "zs", "ret_i2t",
+               "ret_t2i"]
 
 
 def test_tune_grid_code_does_not_import_ray():
@@ -80,9 +84,14 @@ def test_table_has_paper_columns_and_missing_is_not_zero():
     assert lines[4].startswith("| lr 1e-6 (failed) | — |")
     rows = list(csv.DictReader(io.StringIO(table.csv())))
     assert [r["setting"] for r in rows] == ["N 1", "N 2", "lr 1e-6"]
-    assert rows[1]["is_base"] == "True" and rows[1]["trial"] == "base"
-    assert rows[0]["I2T"] == "" and rows[0]["HT All"] == "60.00"  # missing is empty, not 0
-    assert rows[2]["status"] == "failed" and rows[2]["HT All"] == ""
+    assert rows[1]["is_base"] == "true" and rows[1]["trial"] == "base"
+    assert rows[0]["i2t"] == "" and rows[0]["ht_all"] == "60.00"  # missing is empty, not 0
+    assert rows[2]["status"] == "failed" and rows[2]["ht_all"] == ""
+    # Tidy: snake_case headers (no spaces, no Δ), an integer axis value as an integer.
+    header = table.csv().splitlines()[0].split(",")
+    assert header == ["setting", "axis", "value", "trial", "is_base", "status", *CSV_COLUMNS]
+    assert all(re.fullmatch(r"[a-z0-9_]+", name) for name in header)
+    assert [r["value"] for r in rows] == ["1", "2", "1e-06"]
 
 
 def test_report_files_and_plot(tmp_path, monkeypatch):
@@ -113,7 +122,7 @@ def test_report_files_and_plot(tmp_path, monkeypatch):
     lr_points = [line.get_ydata() for line in lr.get_lines() if line.get_label() == "HT All"]
     assert len(lr_points) == 1 and all(y != y for y in lr_points[0])  # NaN
     assert "| setting | I2T |" in files.markdown.read_text()
-    assert files.csv.read_text().startswith("setting,axis,value,trial,is_base,status,I2T")
+    assert files.csv.read_text().startswith("setting,axis,value,trial,is_base,status,i2t")
 
 
 def test_marked_section_replaces_only_its_own_text(tmp_path):
@@ -299,7 +308,7 @@ def test_two_trial_sweep_logs_parent_and_children_and_resumes(tmp_path, mlflow_u
     assert {"ablation.md", "ablation.csv", "ablation.png"} <= {
         a.path for a in client.list_artifacts(parent.info.run_id)}
     header = second.report.csv.read_text().splitlines()[0].split(",")
-    assert header[6:] == PAPER_COLUMNS
+    assert header[6:] == CSV_COLUMNS
     rows = list(csv.DictReader(io.StringIO(second.report.csv.read_text())))
     assert [(r["setting"], r["status"]) for r in rows] == [("N 1", "done"), ("N 3", "done")]
     check_table_matches_runs(second, children)
@@ -324,14 +333,14 @@ def check_table_matches_runs(result, children) -> None:
     rows = list(csv.DictReader(io.StringIO(result.report.csv.read_text())))
     for row in rows:
         measured = children["units=" + row["setting"].split()[-1]].data.metrics
-        assert float(row["HT All"]) == pytest.approx(measured["ht_all"], abs=0.006)
+        assert float(row["ht_all"]) == pytest.approx(measured["ht_all"], abs=0.006)
         # A column is filled exactly when its suite was measured; never a 0 for missing.
-        assert bool(row["I2T"]) == ("comp_i2t" in measured)
-        assert bool(row["Ret T2I"]) == ("ret_t2i" in measured)
+        assert bool(row["i2t"]) == ("comp_i2t" in measured)
+        assert bool(row["ret_t2i"]) == ("ret_t2i" in measured)
         # On the world every one of the nine Tables 16-17 columns has a value; ZS is the
         # world's zero-shot suite (shape, color, shape + color).
-        assert all(row[column] != "" for column in PAPER_COLUMNS), row
-        assert float(row["ZS"]) == pytest.approx(measured["zs_world_avg"], abs=0.006)
+        assert all(row[column] != "" for column in CSV_COLUMNS), row
+        assert float(row["zs"]) == pytest.approx(measured["zs_world_avg"], abs=0.006)
 
 
 # ---------------------------------------------------------------------------------------

@@ -99,8 +99,19 @@ def test_evaluate_select_paper_picks_the_best_step_not_the_last(run_dir, tmp_pat
     printed = capsys.readouterr().out
     assert "step 4" in printed and SELECTION_LABEL in printed
     rows = list(csv.DictReader(io.StringIO((out / "selection.csv").read_text())))
-    assert [(r["step"], r["selected"]) for r in rows] == [
-        ("2", "False"), ("4", "True"), ("6", "False")]
+    # Tidy, with the identity columns of the evaluation's CSVs: the checkpoint of each step.
+    assert list(rows[0]) == ["model", "pretrained", "step", "mean_i2t", "num_rows", "selected"]
+    assert [(r["model"], r["pretrained"], r["step"], r["selected"]) for r in rows] == [
+        ("csclip-tiny", str(run_dir / f"checkpoint_00000{i}"), str(step), selected)
+        for i, (step, selected) in enumerate(((2, "false"), (4, "true"), (6, "false")))]
+    assert all(r["num_rows"].isdigit() for r in rows)
+    # The selected step's tables and result JSONs carry its identity as an evaluation's do.
+    (table1,) = csv.DictReader(io.StringIO((out / "table1.csv").read_text()))
+    assert (table1["model"], table1["pretrained"], table1["step"]) == (
+        "csclip-tiny", str(run_dir / "checkpoint_000001"), "4")
+    results = [json.loads(p.read_text()) for p in out.glob("*.json") if p.name[0] != "_"]
+    assert results and all((r["model"], r["pretrained"]) == (
+        "csclip-tiny", str(run_dir / "checkpoint_000001")) for r in results)
     means = {r["step"]: float(r["mean_i2t"]) for r in rows}
     assert means["2"] == means["6"] == 0.0 and means["4"] > 0  # zero weights: all ties
     # Every table names the step and that the test benchmarks chose it.

@@ -34,6 +34,12 @@ TABLE_COLUMNS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 MISSING = "—"
+# The CSV's header of each paper column: snake_case, as the evaluation's CSVs and metric
+# keys (the markdown keeps the paper's headers).
+CSV_KEYS: dict[str, str] = {
+    "I2T": "i2t", "T2I": "t2i", "Grp": "group", "HT All": "ht_all", "HT Ent": "ht_entity",
+    "HT Rel": "ht_relation", "ZS": "zs", "Ret I2T": "ret_i2t", "Ret T2I": "ret_t2i",
+}
 
 
 def column_value(metrics: Mapping[str, Any] | None, keys: Sequence[str]) -> float | None:
@@ -71,13 +77,25 @@ class AblationTable:
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(["setting", "axis", "value", "trial", "is_base", "status",
-                         *(name for name, _ in TABLE_COLUMNS)])
+                         *(CSV_KEYS[name] for name, _ in TABLE_COLUMNS)])
         for row, values, status in zip(self.rows, self.values, self.status, strict=True):
             # An empty cell is a missing measurement, never a zero.
-            writer.writerow([row.label, row.axis, "" if row.value is None else row.value,
-                             row.setting.key, row.is_base, status,
+            writer.writerow([row.label, row.axis, _csv_cell(row.value), row.setting.key,
+                             _csv_cell(row.is_base), status,
                              *("" if v is None else f"{v:.2f}" for v in values)])
         return out.getvalue()
+
+
+def _csv_cell(value: Any) -> str | int | float:
+    """A CSV cell: booleans as true/false, None as empty, several values joined by ';'
+    (no Python repr with spaces)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return ";".join(str(_csv_cell(v)) for v in value)
+    return value
 
 
 def build_table(grid: Grid, metrics_by_setting: Mapping[str, Mapping[str, Any] | None],

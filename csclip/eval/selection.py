@@ -13,14 +13,20 @@ table it produces is labelled "selected on the test benchmarks"."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from csclip.errors import ConfigError
+
+if TYPE_CHECKING:
+    from csclip.eval.report import ModelIdentity
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +79,20 @@ class Selection:
                          f"{'yes' if step == self.step else ''} |")
         return "\n".join(lines) + "\n"
 
-    def csv(self) -> str:
-        lines = ["step,mean_i2t,num_rows,selected"]
+    def csv(self, identities: Mapping[int, ModelIdentity | None] | None = None) -> str:
+        """One row per saved step: the model's identity as the evaluation's CSVs give it
+        (`model`, `pretrained`: the checkpoint, `step`), then `mean_i2t`, `num_rows` and
+        `selected` (true/false); `identities` maps a step to its checkpoint's identity."""
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(["model", "pretrained", "step", "mean_i2t", "num_rows", "selected"])
         for step in sorted(self.mean_i2t):
             mean = self.mean_i2t[step]
-            lines.append(f"{step},{'' if mean is None else f'{mean:.4f}'},"
-                         f"{self.num_rows[step]},{step == self.step}")
-        return "\n".join(lines) + "\n"
+            who = (identities or {}).get(step)
+            writer.writerow([who.model if who else "", (who.pretrained or "") if who else "",
+                             step, "" if mean is None else f"{mean:.4f}",
+                             self.num_rows[step], "true" if step == self.step else "false"])
+        return out.getvalue()
 
 
 def select_paper(metrics_by_step: Mapping[int, Mapping[str, float]]) -> Selection:
@@ -164,10 +177,13 @@ def selected_label(model_label: str, step: int) -> str:
 
 def evaluate_checkpoints(config, checkpoints: Sequence[SavedCheckpoint]):
     """Evaluate each saved checkpoint on one benchmark built from the config's records:
-    (records, prepared benchmark, {step: HalfTruthReport})."""
+    (records, prepared benchmark, {step: HalfTruthReport}); each report carries its
+    checkpoint's identity (model, the checkpoint as pretrained, its step)."""
+    from dataclasses import replace
+
     from csclip.eval.encoder import Encoder
     from csclip.eval.halftruth import prepare_benchmark
-    from csclip.eval.pipeline import evaluate_encoder, load_records, model_label
+    from csclip.eval.pipeline import evaluate_encoder, load_records, model_identity, model_label
     from csclip.eval.suites import find_named_suites
     from csclip.model import load_bundle
 
@@ -178,9 +194,10 @@ def evaluate_checkpoints(config, checkpoints: Sequence[SavedCheckpoint]):
     reports = {}
     for saved in checkpoints:
         bundle = load_bundle(saved.uri, device=config.scoring.device)
-        reports[saved.step] = evaluate_encoder(
+        report = evaluate_encoder(
             model_label(bundle), Encoder.for_bundle(bundle, config.scoring), prepared, records,
             config.benchmark, config.suites, found)
+        reports[saved.step] = replace(report, identity=model_identity(bundle))
         log.info("step %d: mean I2T %s", saved.step,
                  _mean_text(i2t_rows(reports[saved.step].metrics)))
     return records, prepared, reports
@@ -212,8 +229,11 @@ def run_selected_evaluation(config) -> SelectedEvaluation:
     chosen = next(c for c in checkpoints if c.step == selection.step)
     label = selected_label(reports[selection.step].name, selection.step)
     selected = {label: replace(reports[selection.step], name=label)}
-    markdown, files = write_outputs(selected, prepared, out_dir, extra_files={
-        "selection.md": selection.markdown(), "selection.csv": selection.csv()})
+    identities = {step: report.identity for step, report in reports.items()}
+    markdown, files = write_outputs(selected, prepared, out_dir,
+                                    results_template=config.results_template, extra_files={
+                                        "selection.md": selection.markdown(),
+                                        "selection.csv": selection.csv(identities)})
     markdown = f"{selection.markdown()}\n{markdown}"
     run_id = None
     if config.tracking.enabled:
