@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import json
+import re
 import subprocess
 import sys
 import types
@@ -146,6 +147,67 @@ def test_no_tracking_is_a_flag_of_every_command():
     args = extract.build_parser().parse_args(["--no-tracking"])
     assert not load_config(ExtractConfig, None, extract.overrides_from_args(args)).tracking.enabled
     assert "tracking.uri=null" not in extract.DESCRIPTION
+
+
+# `tracking.uri: null` is the default store ($MLFLOW_TRACKING_URI, else ./mlflow.db), never
+# an off switch: no help text or doc may say it turns tracking off.
+NULL_URI = re.compile(r"tracking\.uri\s*[=:]\s*(null|none|~|''|\"\")", re.IGNORECASE)
+
+
+def test_no_help_text_or_doc_offers_tracking_uri_null_as_an_off_switch():
+    from csclip import cli
+    from csclip.entry import ablate, benchmark, demo, evaluate, extract, train
+
+    texts = {f"csclip {m.__name__.rsplit('.', 1)[-1]} --help": m.build_parser().format_help()
+             for m in (ablate, benchmark, demo, evaluate, extract, train)}
+    texts["csclip --help"] = cli.usage()
+    for path in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")),
+                 *sorted((REPO / "configs").glob("*.yaml"))]:
+        texts[str(path.relative_to(REPO))] = path.read_text()
+    claims = [f"{where}: {match.group(0)}" for where, text in texts.items()
+              for match in NULL_URI.finditer(text)]
+    assert not claims, claims
+    assert len(texts) > 10  # the helps, the README and the docs were read
+    # What the help does name as the switch.
+    for name in ("ablate", "demo", "evaluate", "extract", "train"):
+        assert "--no-tracking" in texts[f"csclip {name} --help"], name
+
+
+def test_tracking_uri_null_logs_to_the_resolved_store_and_names_it(ray_session, tmp_path,
+                                                                    monkeypatch, capsys):
+    """`csclip extract --set tracking.uri=null`: the run is logged (null is the default
+    store, ./mlflow.db here) and the last line names that store, never 'None'."""
+    from mlflow.tracking import MlflowClient
+    from mlflow_store import fresh_store
+
+    from csclip.entry import extract
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    store = fresh_store(tmp_path / "mlflow.db")
+    (tmp_path / "captions.txt").write_text("A red cube left of a blue ball.\nA green cube.\n")
+    code = extract.main(["--backend", "rules", "--input", "captions.txt", "--out", "out",
+                         "--set", "tracking.uri=null"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert code == 0, last
+    assert "None" not in last and last.startswith("MLflow run "), last
+    assert last.endswith(f"--backend-store-uri sqlite:///{store}"), last
+    run_id = last.split()[2]
+    run = MlflowClient(f"sqlite:///{store}").get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics["read"] == 2
+
+
+def test_the_mlflow_line_names_the_resolved_store(monkeypatch, tmp_path):
+    from csclip.entry.common import mlflow_line
+    from csclip.tracking import TrackingConfig
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
+    assert mlflow_line("abc", TrackingConfig(uri=None)).endswith(
+        "--backend-store-uri http://tracking.example:5000")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    monkeypatch.chdir(tmp_path)
+    assert mlflow_line("abc", TrackingConfig(uri=None)).endswith(
+        f"--backend-store-uri sqlite:///{tmp_path / 'mlflow.db'}")
 
 
 def test_version_is_the_installed_packages(capsys):
