@@ -92,14 +92,69 @@ def image_transform(preprocess_key: tuple, is_train: bool = False) -> Callable:
     csclip.train.stream.preprocess_key makes it hashable): PIL image -> (3, H, W) float32
     numpy array. The eval transform is ours where it covers the config, open_clip's
     otherwise (and always for training's random crops)."""
-    cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in dict(preprocess_key).items()}
-    ours = _EvalTransform.covering(cfg) if not is_train else None
-    if ours is not None:
-        return ours
+    if not is_train:
+        transform = _eval_transform(preprocess_key)
+        return transform if isinstance(transform, _EvalTransform) else \
+            (lambda image: transform(image))
     from open_clip.transform import PreprocessCfg, image_transform_v2
 
-    transform = image_transform_v2(PreprocessCfg(**cfg), is_train=is_train)
+    transform = image_transform_v2(PreprocessCfg(**_cfg(preprocess_key)), is_train=True)
     return lambda image: transform(image).numpy()
+
+
+def _cfg(preprocess_key: tuple) -> dict[str, Any]:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in dict(preprocess_key).items()}
+
+
+@functools.lru_cache(maxsize=8)
+def _eval_transform(preprocess_key: tuple) -> _EvalTransform | _OpenClipEval:
+    cfg = _cfg(preprocess_key)
+    return _EvalTransform.covering(cfg) or _OpenClipEval(cfg)
+
+
+def image_pixels(preprocess_key: tuple) -> Callable:
+    """The eval transform up to its pixels: PIL image -> (3, H, W) uint8, the resized,
+    cropped RGB image before ToTensor. `image_normalize(key)(image_pixels(key)(image))`
+    equals `image_transform(key)(image)` bit for bit: the transform quantises to uint8
+    there anyway (a PIL image is uint8), so storing these pixels loses nothing
+    (csclip.train.prepared)."""
+    return _eval_transform(preprocess_key).pixels
+
+
+def image_normalize(preprocess_key: tuple) -> Callable:
+    """The eval transform's last steps: (..., 3, H, W) uint8 -> float32 in [0, 1], then
+    normalized by the config's mean and std (ToTensor and Normalize)."""
+    return _eval_transform(preprocess_key).normalize
+
+
+class _OpenClipEval:
+    """open_clip's own eval transform (a config _EvalTransform does not cover), split where
+    it turns the PIL image into a tensor."""
+
+    def __init__(self, cfg: Mapping[str, Any]) -> None:
+        from open_clip.transform import PreprocessCfg, image_transform_v2
+        from torchvision.transforms import Compose, ToTensor
+
+        transform = image_transform_v2(PreprocessCfg(**cfg), is_train=False)
+        steps = list(transform.transforms)
+        split = next(i for i, step in enumerate(steps) if isinstance(step, ToTensor))
+        self._to_image, self._tail = Compose(steps[:split]), Compose(steps[split:])
+        self._normalize = steps[split + 1]  # Normalize, after ToTensor
+
+    def __call__(self, image) -> np.ndarray:
+        return self._tail(self._to_image(image)).numpy()
+
+    def pixels(self, image) -> np.ndarray:
+        return np.array(self._to_image(image), dtype=np.uint8).transpose(2, 0, 1)  # (3, H, W)
+
+    def normalize(self, pixels: np.ndarray) -> np.ndarray:
+        import torch
+
+        # ToTensor on a uint8 image: to float32, divided by 255; then Normalize's sub, div.
+        tensor = torch.from_numpy(np.ascontiguousarray(pixels)).to(torch.float32).div(255)
+        mean = torch.as_tensor(self._normalize.mean, dtype=torch.float32).view(-1, 1, 1)
+        std = torch.as_tensor(self._normalize.std, dtype=torch.float32).view(-1, 1, 1)
+        return tensor.sub(mean).div(std).numpy()
 
 
 class _EvalTransform:
@@ -144,6 +199,9 @@ class _EvalTransform:
         return (target, new_long) if width <= height else (new_long, target)
 
     def __call__(self, image) -> np.ndarray:
+        return self.normalize(self.pixels(image))
+
+    def pixels(self, image) -> np.ndarray:
         new_size = self._resized_size(*image.size)
         if new_size != image.size:  # torchvision returns the image itself when it fits
             image = image.resize(new_size, self.resample)
@@ -153,6 +211,10 @@ class _EvalTransform:
             top = int(round((height - crop_height) / 2.0))
             left = int(round((width - crop_width) / 2.0))
             image = image.crop((left, top, left + crop_width, top + crop_height))
-        pixels = np.array(image.convert("RGB"), dtype=np.uint8)            # (H, W, 3)
-        tensor = pixels.transpose(2, 0, 1).astype(np.float32) / np.float32(255)
+        if image.mode != "RGB":  # convert("RGB") of an RGB image is a copy
+            image = image.convert("RGB")
+        return np.asarray(image, dtype=np.uint8).transpose(2, 0, 1)          # (3, H, W)
+
+    def normalize(self, pixels: np.ndarray) -> np.ndarray:
+        tensor = pixels.astype(np.float32) / np.float32(255)                 # (..., 3, H, W)
         return (tensor - self.mean) / self.std

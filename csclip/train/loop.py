@@ -620,13 +620,12 @@ def _train(config: TrainConfig, callbacks: Sequence = (), *, hooks: WorkerHooks 
         return cached
     from csclip.model import spec_from_config
     from csclip.tracking import check_shared_store, finish_run, open_run, resolve_uri
+    from csclip.train.prepared import training_source
     from csclip.train.stream import (
-        deterministic,
         epoch_dataset_name,
         epoch_datasets,
         image_cache_fits,
         plan_data,
-        source_dataset,
     )
 
     spec = spec_from_config(config.model)  # a bad model name fails here, before Ray
@@ -645,24 +644,23 @@ def _train(config: TrainConfig, callbacks: Sequence = (), *, hooks: WorkerHooks 
     DataContext.get_current().use_ray_tqdm = False
     # Every dataset of the run keeps its blocks in order: the batches are a function of
     # the config, so a resumed run skips exactly what it trained on (epoch_datasets).
-    source = deterministic(source_dataset(config.data))
-    if config.data.units_uri is None:
-        # The world is generated: keep its rows (PNG bytes, a few KB each) instead of
-        # rendering every scene again in every epoch. A units table streams from storage.
-        source = source.materialize()
-    plan = plan_data(source, config.data, config.run.num_workers, config.optim.epochs,
+    # The world's rows, a units table's, or its images prepared once (data.prepare_images).
+    objective = step_options(config).objective
+    source, checked = training_source(config.data, spec.preprocess_cfg, config.model.name,
+                                      objective)
+    plan = plan_data(checked, config.data, config.run.num_workers, config.optim.epochs,
                      config.optim.max_steps)
     logger.info("run %s: %d rows (%d undecodable), %d epochs, %d steps", name, plan.num_rows,
                 plan.num_decode_failures, plan.num_epochs, plan.total_steps)
     check_data_cpus(config.run)
-    objective = step_options(config).objective
     # Image foils are drawn from the decoded image (and the scene) in each epoch.
     cache_images = (image_cache_fits(config.data, plan.num_rows, spec.preprocess_cfg)
                     and "image_foil" not in objective.image_columns)
     epochs = epoch_datasets(source, sampling=config.sampling, preprocess_cfg=spec.preprocess_cfg,
                             model_name=config.model.name, seed=config.run.seed,
                             num_epochs=plan.num_epochs, augment=config.data.augment,
-                            objective=objective, cache_images=cache_images)
+                            objective=objective, cache_images=cache_images,
+                            prepared=config.data.prepare_images)
     datasets = {epoch_dataset_name(epoch): dataset for epoch, dataset in enumerate(epochs)}
     data_params = {"data.num_rows": plan.num_rows, "data.decode_failures": plan.num_decode_failures,
                    "data.total_steps": plan.total_steps, "data.num_epochs": plan.num_epochs}

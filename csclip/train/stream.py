@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from csclip.config import StrictModel
 from csclip.errors import DataError
@@ -71,6 +71,22 @@ class DataConfig(StrictModel):
     # only when the worker has a CUDA device).
     prefetch_batches: int = Field(2, ge=0)
     pin_memory: bool = True
+    # Decode once per run (csclip.train.prepared): a Ray Data pass writes every image's
+    # transformed uint8 pixels (the eval transform before normalisation, lossless) to a
+    # Parquet table in prepared_images/ beside the units table, keyed by the table's content
+    # and the transform; every epoch reads that instead of decoding the JPEGs again. The
+    # tensors are the same bit for bit. Needs a units table and the eval transform.
+    prepare_images: bool = False
+
+    @model_validator(mode="after")
+    def _prepared_images_need_units_and_eval_transform(self) -> DataConfig:
+        if self.prepare_images and self.augment:
+            raise ValueError("data.prepare_images keeps one transformed image per sample, and "
+                             "data.augment draws a new crop every epoch: turn one of them off")
+        if self.prepare_images and self.units_uri is None:
+            raise ValueError("data.prepare_images needs data.units_uri (the synthetic world's "
+                             "images are decoded once already: data.image_cache_mb)")
+        return self
 
 
 @dataclass(frozen=True)
@@ -107,7 +123,7 @@ def source_dataset(data: DataConfig):
     return ds.filter(lambda row: row["split"] == split)
 
 
-def read_units_parquet(path: str, filesystem):
+def read_units_parquet(path: str, filesystem, columns: list[str] | None = None):
     """`ray.data.read_parquet` through Ray Data's first Parquet reader.
 
     Ray 2.60's default reader (DataSourceV2) lists the files on a pool of 32 FooterReader
@@ -124,7 +140,7 @@ def read_units_parquet(path: str, filesystem):
     default = context.use_datasource_v2
     context.use_datasource_v2 = False
     try:
-        return ray.data.read_parquet(path, filesystem=filesystem)
+        return ray.data.read_parquet(path, filesystem=filesystem, columns=columns)
     finally:
         context.use_datasource_v2 = default
 
@@ -225,7 +241,8 @@ def decode_image(row: dict):
     try:
         image = Image.open(io.BytesIO(data))
         image.load()
-        return image.convert("RGB")
+        # convert("RGB") of an RGB image is a full-size copy (~1 ms at 640x480): skipped.
+        return image if image.mode == "RGB" else image.convert("RGB")
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as err:
         # PIL reports a truncated or corrupt file as OSError; the bytes are already read.
         logger.debug("image of %s does not decode: %s", row.get("sample_id"), err)
@@ -233,7 +250,11 @@ def decode_image(row: dict):
 
 
 def image_status(batch: pa.Table) -> dict[str, np.ndarray]:
-    """Map function of the check pass: which rows decode."""
+    """Map function of the check pass: which rows decode (a prepared table, from
+    csclip.train.prepared, says so in its DECODED column)."""
+    if DECODED in batch.column_names:
+        return {"sample_id": np.array(batch.column("sample_id").to_pylist(), dtype=object),
+                "ok": np.array(batch.column(DECODED).to_pylist(), dtype=bool)}
     rows = batch.to_pylist()
     ok = [decode_image(row) is not None for row in rows]
     return {"sample_id": np.array([r["sample_id"] for r in rows], dtype=object),
@@ -245,6 +266,11 @@ def image_status(batch: pa.Table) -> dict[str, np.ndarray]:
 TEXT_COLUMNS = ("sample_id", "image_id", "caption", "split", "entities", "relations")
 CAPTION_TOKENS = "caption_tokens"
 LAYOUT_TARGET = "layout_target"  # loss.method layout's targets (decode_batch's `layout`)
+# A prepared row's image (csclip.train.prepared): the transformed (3, H, W) uint8 pixels
+# before normalisation, one fixed-size binary value; null, and DECODED False, where the
+# image does not decode.
+PIXELS = "pixels"
+DECODED = "decoded"
 
 
 IMAGE_SOURCE_COLUMNS = ("sample_id", "image_bytes", "image_path")
@@ -311,9 +337,11 @@ def _unflatten(column: pa.ChunkedArray | pa.Array, shape: Sequence[int]) -> np.n
 
 
 def sample_batch(batch: pa.Table, *, sampling: dict, model_name: str, seed: int, epoch: int,
-                 image_shape: Sequence[int], columns: Sequence[str] | None = None
-                 ) -> dict[str, np.ndarray]:
-    """The per-epoch half of preparation, on decode_batch's rows: sample the text slots
+                 image_shape: Sequence[int], columns: Sequence[str] | None = None,
+                 preprocess: tuple | None = None) -> dict[str, np.ndarray]:
+    """The per-epoch half of preparation, on decode_batch's rows or on prepared rows
+    (csclip.train.prepared: their uint8 PIXELS, normalised here by `preprocess`'s
+    transform; rows whose image did not decode are dropped): sample the text slots
     (SPEC §3) for `epoch` and tokenize them.
 
     columns: the token columns to produce (an Objective's `columns`; default: those of
@@ -323,14 +351,15 @@ def sample_batch(batch: pa.Table, *, sampling: dict, model_name: str, seed: int,
     unit_mask (n,) bool when unit columns are produced; negative_mask (n,) bool (False:
     no caption negative could be built, SPEC §3) when caption_negative is produced.
     """
+    if PIXELS in batch.column_names:
+        batch = batch.filter(batch.column(PIXELS).is_valid())
     if batch.num_rows == 0:
         return {}
     config = SamplingConfig.model_validate(sampling)
     wanted = list(columns) if columns is not None else [
         "caption", "caption_negative", *unit_columns(config.num_unit_slots)]
     caption_tokens = _unflatten(batch.column(CAPTION_TOKENS), (-1,))
-    out: dict[str, np.ndarray] = {
-        "image": _unflatten(batch.column("image"), image_shape).astype(np.float32)}  # (n, 3, H, W)
+    out: dict[str, np.ndarray] = {"image": _images(batch, image_shape, preprocess)}  # (n, 3, H, W)
     if LAYOUT_TARGET in batch.column_names:  # loss.method layout: images and targets only
         out[LAYOUT_TARGET] = _unflatten(batch.column(LAYOUT_TARGET), (-1,)).astype(np.int64)
     if not wanted:
@@ -350,6 +379,27 @@ def sample_batch(batch: pa.Table, *, sampling: dict, model_name: str, seed: int,
     if "caption_negative" in wanted:
         out["negative_mask"] = np.asarray(texts["negative_mask"], dtype=bool)  # (n,)
     return out
+
+
+def _images(batch: pa.Table, image_shape: Sequence[int], preprocess: tuple | None) -> np.ndarray:
+    """The rows' transformed images, (n, 3, H, W) float32."""
+    if PIXELS not in batch.column_names:
+        return _unflatten(batch.column("image"), image_shape).astype(np.float32)
+    from csclip.preprocess import image_normalize
+
+    if preprocess is None:
+        raise ValueError("prepared rows need the preprocess key to normalise their pixels")
+    return image_normalize(preprocess)(pixel_array(batch.column(PIXELS), image_shape))
+
+
+def pixel_array(column: pa.ChunkedArray | pa.Array, image_shape: Sequence[int]) -> np.ndarray:
+    """A fixed-size binary column of (3, H, W) uint8 pixels (no nulls) as (n, 3, H, W)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    size = int(np.prod(image_shape))
+    data = np.frombuffer(column.buffers()[1], dtype=np.uint8, count=len(column) * size,
+                         offset=column.offset * size)
+    return data.reshape(len(column), *image_shape)
 
 
 def image_shape(preprocess_cfg: dict) -> tuple[int, int, int]:
@@ -459,8 +509,9 @@ def plan_data(source, data: DataConfig, num_workers: int, epochs: int,
 
 def image_cache_fits(data: DataConfig, num_rows: int, preprocess_cfg: dict) -> bool:
     """Whether the decoded training images fit in `data.image_cache_mb` (float32 tensors);
-    never with `data.augment`, whose images differ per epoch."""
-    if data.augment:
+    never with `data.augment`, whose images differ per epoch, nor with
+    `data.prepare_images` (the prepared table is that cache, on storage)."""
+    if data.augment or data.prepare_images:
         return False
     channels, height, width = image_shape(preprocess_cfg)
     megabytes = num_rows * channels * height * width * 4 / 2**20
@@ -509,7 +560,7 @@ def local_shuffle_seed(seed: int, epoch: int, rank: int) -> int:
 
 def epoch_datasets(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
                    model_name: str, seed: int, num_epochs: int, objective: Objective,
-                   cache_images: bool = False, augment: bool = False,
+                   cache_images: bool = False, augment: bool = False, prepared: bool = False,
                    rows_per_block: int = 128) -> list:
     """One dataset per epoch: `source` prepared for training, with the token columns
     `objective` needs, in that epoch's seeded global order (epoch_order). Lazy: an epoch
@@ -518,12 +569,15 @@ def epoch_datasets(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
     cache_images: decode + transform the images (and tokenize the captions) once, here,
     and keep the result in the object store for every epoch (image_cache_fits says when
     it fits; never with augment). Without it each epoch decodes its rows again
-    (prepare_batch), streaming. Either way each epoch draws its own text slots, and the
+    (prepare_batch), streaming, unless `prepared`: `source` is a prepared table
+    (csclip.train.prepared), whose pixels each epoch normalises. Either way each epoch draws its own text slots, and the
     batches hold the same rows. Pass a `deterministic` source for reproducible batches.
     """
     preprocess = preprocess_key(preprocess_cfg)
-    if cache_images and augment:
+    if (cache_images or prepared) and augment:
         raise ValueError("augmented images differ per epoch; they cannot be cached")
+    if prepared and cache_images:
+        raise ValueError("a prepared table is decoded already; there is nothing to cache")
     if cache_images and "image_foil" in objective.image_columns:
         raise ValueError("image foils are drawn from the decoded image; it is not cached")
     if cache_images:
@@ -534,6 +588,9 @@ def epoch_datasets(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
         logger.info("images decoded once for all %d epochs: %d rows cached", num_epochs,
                     rows.count())
         prepare, fn_kwargs = sample_batch, {"image_shape": image_shape(preprocess_cfg)}
+    elif prepared:  # csclip.train.prepared.training_source's rows: pixels, caption tokens
+        rows, prepare = source, sample_batch
+        fn_kwargs = {"image_shape": image_shape(preprocess_cfg), "preprocess": preprocess}
     else:
         rows, prepare = source, prepare_batch
         fn_kwargs = {"preprocess": preprocess, "augment": augment, "layout": objective.layout}

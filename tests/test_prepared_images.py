@@ -1,0 +1,198 @@
+"""Images decoded once per run (csclip.train.prepared, data.prepare_images): the tensors an
+epoch gives from the prepared uint8 pixels equal the streamed path's bit for bit, on real
+JPEGs made here; a changed units table is prepared again, not reused; augment is refused."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from open_clip.transform import PreprocessCfg, image_transform_v2
+from PIL import Image
+
+from csclip.config import load_config
+from csclip.errors import ConfigError
+from csclip.loss import LossConfig, objective_for
+from csclip.preprocess import (
+    OPENAI_MEAN,
+    OPENAI_STD,
+    image_normalize,
+    image_pixels,
+    image_transform,
+)
+from csclip.train.sampling import SamplingConfig
+from csclip.train.stream import DataConfig, decode_image, epoch_datasets, plan_data, preprocess_key
+from csclip.units import Unit, UnitsRecord, write_units
+
+# ViT-B/32's eval transform (open_clip's preprocess cfg for it), the paper's 224 px.
+VIT_B_32 = {"size": 224, "mode": "RGB", "mean": OPENAI_MEAN, "std": OPENAI_STD,
+            "interpolation": "bicubic", "resize_mode": "shortest", "fill_color": 0}
+LONGEST = {"size": 48, "resize_mode": "longest"}  # open_clip's own transform (the fallback)
+MODEL = "csclip-tiny"  # its tokenizer; the image transform is VIT_B_32
+# (width, height, mode): COCO's two shapes, odd sizes, a grayscale and a CMYK JPEG.
+SHAPES = [(640, 480, "RGB"), (480, 640, "RGB"), (333, 250, "RGB"), (201, 57, "RGB"),
+          (300, 300, "L"), (256, 320, "CMYK")]
+
+
+def _photo(path, width: int, height: int, mode: str, seed: int) -> None:
+    """A JPEG (quality 90) like a photograph: smooth gradients, a few shapes, fine noise."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    pixels = np.stack([255 * (x / width) * rng.uniform(0.3, 1), 255 * (y / height),
+                       128 + 100 * np.sin(x / rng.uniform(15, 40))], axis=-1)
+    for _ in range(4):
+        cx, cy, r = rng.uniform(0, width), rng.uniform(0, height), rng.uniform(10, 80)
+        pixels[(x - cx) ** 2 + (y - cy) ** 2 < r * r] = rng.uniform(0, 255, 3)
+    pixels += rng.normal(0, 8, pixels.shape)
+    image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "RGB")
+    image.convert(mode).save(path, "JPEG", quality=90)
+
+
+@pytest.fixture
+def photos(tmp_path) -> list[str]:
+    paths = []
+    for index, (width, height, mode) in enumerate(SHAPES):
+        path = tmp_path / "images" / f"{index}.jpg"
+        path.parent.mkdir(exist_ok=True)
+        _photo(path, width, height, mode, index)
+        paths.append(str(path))
+    return paths
+
+
+def _units(photos: list[str], path, broken: str | None = None) -> str:
+    """Two captions per image (side by side, as COCO's units table has them), one unit each;
+    `broken`: one more row whose image does not decode."""
+    records = []
+    for index, image in enumerate(photos):
+        for caption in range(2):
+            unit = Unit("entity", f"shape {index}")
+            records.append(UnitsRecord(f"s{index:02d}-{caption}", f"img{index}",
+                                       f"a photo number {index} caption {caption}", "train",
+                                       entities=(unit,), image_path=image))
+    if broken is not None:
+        records.append(UnitsRecord("s99-0", "img99", "a broken file", "train", image_path=broken))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_units(records, str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("cfg", [VIT_B_32, LONGEST])
+def test_normalised_pixels_are_the_eval_transform_bit_for_bit(photos, cfg):
+    key = preprocess_key(cfg)
+    images = [decode_image({"image_path": p}) for p in photos]
+    reference = image_transform_v2(PreprocessCfg(**cfg), is_train=False)
+    pixels = np.stack([image_pixels(key)(image) for image in images])   # (n, 3, H, W) uint8
+    assert pixels.dtype == np.uint8
+    batch = image_normalize(key)(pixels)                                 # (n, 3, H, W) float32
+    for image, one, normalised in zip(images, pixels, batch, strict=True):
+        expected = image_transform(key)(image)  # today's streamed path
+        assert np.array_equal(normalised, expected)
+        assert np.array_equal(image_normalize(key)(one), expected)
+        assert np.array_equal(expected, reference(image).numpy())  # open_clip's own
+
+
+def _epoch_rows(dataset) -> list[tuple]:
+    """Every row the workers get from an epoch (iter_torch_batches), as comparable bytes."""
+    rows = []
+    for batch in dataset.iter_torch_batches(batch_size=5):
+        names = sorted(batch)
+        for index in range(len(batch["image"])):
+            rows.append(tuple((name, batch[name][index].numpy().tobytes()) for name in names))
+    return sorted(rows)
+
+
+def test_worker_tensors_equal_the_streamed_path_bit_for_bit(ray_session, photos, tmp_path):
+    from csclip.train.prepared import training_source
+
+    broken = tmp_path / "images" / "broken.jpg"
+    broken.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    units = _units(photos, tmp_path / "out" / "units.parquet", str(broken))
+    objective = objective_for(LossConfig(), 2)  # CS-CLIP: image, caption, negatives, units
+    streamed = DataConfig(units_uri=units, batch_size=4)
+    prepared = streamed.model_copy(update={"prepare_images": True})
+    epochs, plans = {}, {}
+    for name, data in (("streamed", streamed), ("prepared", prepared)):
+        rows, checked = training_source(data, VIT_B_32, MODEL, objective)
+        plans[name] = plan_data(checked, data, 1, 2, None)
+        epochs[name] = epoch_datasets(rows, sampling=SamplingConfig(), preprocess_cfg=VIT_B_32,
+                                      model_name=MODEL, seed=3, num_epochs=2,
+                                      objective=objective, prepared=data.prepare_images)
+    assert plans["prepared"] == plans["streamed"]
+    assert (plans["prepared"].num_rows, plans["prepared"].failed_ids) == (12, ("s99-0",))
+    for epoch in range(2):
+        got, expected = _epoch_rows(epochs["prepared"][epoch]), _epoch_rows(epochs["streamed"][epoch])
+        assert len(got) == 12 and got == expected
+    (folder,) = (tmp_path / "out" / "prepared_images").iterdir()
+    manifest = json.loads((folder / "_prepared.json").read_text())
+    assert (manifest["num_read"], manifest["failed_ids"]) == (13, ["s99-0"])
+
+
+def test_changed_units_table_is_prepared_again_not_reused(ray_session, photos, tmp_path):
+    from csclip.train.prepared import prepare_images
+
+    path = tmp_path / "coco" / "units"
+    units = _units(photos[:3], path / "part-0.parquet")
+    data = DataConfig(units_uri=str(path), prepare_images=True)
+    first = prepare_images(data, VIT_B_32, MODEL)
+    assert not first.reused and first.num_read == 6
+    assert first.uri.startswith(str(tmp_path / "coco" / "prepared_images"))
+    again = prepare_images(data, VIT_B_32, MODEL)
+    assert again.reused and again.uri == first.uri
+    # The first sample's image replaced by another: a new key, prepared again.
+    table = pq.read_table(units)
+    paths = table.column("image_path").to_pylist()
+    paths[0] = photos[4]
+    pq.write_table(table.set_column(table.schema.get_field_index("image_path"), "image_path",
+                                    [paths]), units)
+    changed = prepare_images(data, VIT_B_32, MODEL)
+    assert not changed.reused and changed.key != first.key and changed.uri != first.uri
+    rows = pq.read_table(changed.rows_uri).to_pylist()
+    by_id = {row["sample_id"]: row["pixels"] for row in rows}
+    expected = image_pixels(preprocess_key(VIT_B_32))(decode_image({"image_path": photos[4]}))
+    assert by_id["s00-0"] == expected.tobytes() and by_id["s00-1"] != by_id["s00-0"]
+    # Another transform is another table; a folder without its _prepared.json is redone.
+    other = prepare_images(data, LONGEST, MODEL)
+    assert other.key != changed.key
+    (tmp_path / "coco" / "prepared_images" / other.key / "_prepared.json").unlink()
+    assert not prepare_images(data, LONGEST, MODEL).reused
+
+
+def test_prepare_images_with_augment_is_refused_in_one_line(tmp_path):
+    from csclip.train.loop import TrainConfig
+
+    with pytest.raises(ConfigError) as err:
+        load_config(TrainConfig, overrides=[f"data.units_uri={tmp_path}", "data.augment=true",
+                                            "data.prepare_images=true"])
+    assert "data.augment" in str(err.value) and "\n" not in str(err.value).strip()
+    with pytest.raises(ConfigError, match="needs data.units_uri"):
+        load_config(TrainConfig, overrides=["data.prepare_images=true"])
+
+
+def test_objectives_that_read_the_decoded_image_are_refused(tmp_path):
+    from csclip.train.prepared import training_source
+
+    data = DataConfig(units_uri=str(tmp_path), prepare_images=True)
+    foils = objective_for(LossConfig(image_foil_weight=0.5), 2)
+    with pytest.raises(ConfigError, match="turn data.prepare_images off"):
+        training_source(data, VIT_B_32, MODEL, foils)
+
+
+def test_training_runs_on_prepared_images(ray_session, tmp_path):
+    from csclip.train.loop import TrainConfig, run
+    from csclip.world import WorldConfig, world_record
+
+    world = WorldConfig(image_size=32)
+    units = tmp_path / "out" / "units.parquet"
+    units.parent.mkdir()
+    write_units([world_record(world, "train", i) for i in range(16)], str(units))
+    config = load_config(TrainConfig, None, [
+        "model.name=csclip-tiny", "model.image_size=32", f"data.units_uri={units}",
+        "data.prepare_images=true", "data.batch_size=8", "data.shuffle_buffer=0",
+        "optim.max_steps=3", "optim.warmup_steps=1", "run.checkpoint_every=3",
+        f"run.storage_path={tmp_path / 'runs'}", "tracking.enabled=false"])
+    result = run(config)
+    assert result.metrics["step"] == 3 and result.metrics["num_rows"] == 16
+    (prepared,) = (tmp_path / "out" / "prepared_images").iterdir()
+    assert json.loads((prepared / "_prepared.json").read_text())["num_read"] == 16
