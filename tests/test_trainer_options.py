@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import sys
 from pathlib import Path
 
@@ -442,3 +443,17 @@ def test_how_to_run_fields_keep_the_run_name():
         assert run_name(_config(override)) == run_name(base), override
     for override in ("data.augment=true", "model.lock.text=true", "run.precision=bf16_pure"):
         assert run_name(_config(override)) != run_name(base), override
+
+
+@pytest.mark.parametrize(("ceiling", "expected"), [(100.0, math.log(100)), (None, math.log(500)),
+                                                   (50.0, math.log(50))])
+def test_the_temperature_ceiling_is_the_configs(ceiling, expected):
+    # open_clip_train clamps logit_scale at ln 100 after every step; the authors never do
+    # (configs/paper.yaml: optim.logit_scale_max null).
+    model = _model()
+    with torch.no_grad():
+        model.logit_scale.fill_(math.log(500))
+    training = build_training(model, OptimConfig(lr=1e-12), _options(logit_scale_max=ceiling),
+                              CPU)
+    train_step(training, _batch())
+    assert model.logit_scale.item() == pytest.approx(expected, abs=1e-6)

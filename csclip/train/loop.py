@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -54,6 +55,12 @@ from csclip.model import (
 from csclip.tracking import TrackingConfig
 from csclip.train import rng as generators
 from csclip.train.console import first_step_line, step_line
+from csclip.train.global_batch import (
+    check_global_batch,
+    shard_name,
+    training_datasets,
+    worker_batch_size,
+)
 from csclip.train.identity import (  # noqa: F401  (re-exported)
     HOW_IT_RUNS_FIELDS,
     IDENTITY_FIELDS,
@@ -166,8 +173,12 @@ class TrainConfig(StrictModel):
 
     @model_validator(mode="after")
     def _batch_splits_into_micro_batches(self) -> TrainConfig:
-        if self.data.batch_size % self.optim.accum_freq:
-            raise ValueError(f"data.batch_size {self.data.batch_size} is not a multiple of "
+        data, workers = self.data, self.run.num_workers
+        if data.batch_scope == "global":
+            check_global_batch(data.batch_size, workers, self.loss.gather, data.shuffle_buffer)
+        batch = worker_batch_size(data.batch_size, data.batch_scope, workers)
+        if batch % self.optim.accum_freq:
+            raise ValueError(f"a worker's batch of {batch} rows is not a multiple of "
                              f"optim.accum_freq {self.optim.accum_freq}; each step's batch is "
                              "split into accum_freq equal micro-batches")
         return self
@@ -199,7 +210,9 @@ def step_options(config: TrainConfig) -> StepOptions:
     return StepOptions(objective=objective_for(config.loss, config.sampling.num_unit_slots,
                                                _layout_question(config.data)),
                        precision=config.run.precision, accum_freq=config.optim.accum_freq,
-                       grad_clip=config.optim.grad_clip, channels_last=config.run.channels_last,
+                       grad_clip=config.optim.grad_clip,
+                       logit_scale_max=config.optim.logit_scale_max,
+                       channels_last=config.run.channels_last,
                        compile=config.run.compile, compile_mode=config.run.compile_mode)
 
 
@@ -292,9 +305,11 @@ def prepare_training(config: TrainConfig, device: torch.device, checkpoint_dir: 
     return WorkerSetup(training, spec, bundle, state)
 
 
-def batch_options(data: DataConfig, device: torch.device, seed: int) -> dict:
+def batch_options(data: DataConfig, device: torch.device, seed: int,
+                  num_workers: int = 1) -> dict:
     """Keyword arguments of Ray Data's `iter_torch_batches` for one worker."""
-    return {"batch_size": data.batch_size, "drop_last": True, "device": device,
+    return {"batch_size": worker_batch_size(data.batch_size, data.batch_scope, num_workers),
+            "drop_last": True, "device": device,
             "prefetch_batches": data.prefetch_batches,
             # Page-locked buffers only help host-to-GPU copies (and need CUDA).
             "pin_memory": data.pin_memory and device.type == "cuda",
@@ -431,13 +446,14 @@ def _epoch_batches(config: TrainConfig, plan: WorkerPlan, step: int, device: tor
     import ray.train
 
     from csclip.train.ingest import release_epoch
-    from csclip.train.stream import epoch_dataset_name, local_shuffle_seed
+    from csclip.train.stream import local_shuffle_seed
 
     first = step // plan.steps_per_epoch
     for epoch in range(first, plan.num_epochs):
-        shard = ray.train.get_dataset_shard(epoch_dataset_name(epoch))
+        shard = ray.train.get_dataset_shard(shard_name(epoch, rank, config.data.batch_scope))
         batches = iter(shard.iter_torch_batches(**batch_options(
-            config.data, device, local_shuffle_seed(config.run.seed, epoch, rank))))
+            config.data, device, local_shuffle_seed(config.run.seed, epoch, rank),
+            config.run.num_workers)))
         if epoch == first:
             for _ in range(step - first * plan.steps_per_epoch):
                 next(batches)  # trained on before the restart
@@ -621,12 +637,7 @@ def _train(config: TrainConfig, callbacks: Sequence = (), *, hooks: WorkerHooks 
     from csclip.model import spec_from_config
     from csclip.tracking import check_shared_store, finish_run, open_run, resolve_uri
     from csclip.train.prepared import training_source
-    from csclip.train.stream import (
-        epoch_dataset_name,
-        epoch_datasets,
-        image_cache_fits,
-        plan_data,
-    )
+    from csclip.train.stream import epoch_datasets, image_cache_fits, plan_data
 
     spec = spec_from_config(config.model)  # a bad model name fails here, before Ray
     check_unfinished_run(config)
@@ -656,12 +667,13 @@ def _train(config: TrainConfig, callbacks: Sequence = (), *, hooks: WorkerHooks 
     # Image foils are drawn from the decoded image (and the scene) in each epoch.
     cache_images = (image_cache_fits(config.data, plan.num_rows, spec.preprocess_cfg)
                     and "image_foil" not in objective.image_columns)
-    epochs = epoch_datasets(source, sampling=config.sampling, preprocess_cfg=spec.preprocess_cfg,
-                            model_name=config.model.name, seed=config.run.seed,
-                            num_epochs=plan.num_epochs, augment=config.data.augment,
-                            objective=objective, cache_images=cache_images,
-                            prepared=config.data.prepare_images)
-    datasets = {epoch_dataset_name(epoch): dataset for epoch, dataset in enumerate(epochs)}
+    build = partial(epoch_datasets, source, sampling=config.sampling,
+                    preprocess_cfg=spec.preprocess_cfg, model_name=config.model.name,
+                    seed=config.run.seed, num_epochs=plan.num_epochs,
+                    augment=config.data.augment, objective=objective, cache_images=cache_images,
+                    prepared=config.data.prepare_images)
+    datasets = training_datasets(build, plan, config.data.batch_scope, config.run.seed,
+                                 config.run.num_workers, config.data.batch_size)
     data_params = {"data.num_rows": plan.num_rows, "data.decode_failures": plan.num_decode_failures,
                    "data.total_steps": plan.total_steps, "data.num_epochs": plan.num_epochs}
     run_id = open_run(config.tracking, name, {**flatten(config), **data_params})
@@ -737,10 +749,12 @@ def _trainer(config: TrainConfig, name: str, root: str, loop_config: dict, datas
         datasets=datasets,
         # One worker needs no split: it runs each epoch's pipeline itself. Several share
         # a SplitCoordinator actor per epoch dataset, ended after its epoch
-        # (csclip.train.ingest; Ray Train would keep each until the run ends).
+        # (csclip.train.ingest; Ray Train would keep each until the run ends). With
+        # batch_scope global each worker reads a dataset of its own (global_batch).
         dataset_config=EpochSplitConfig(
             execution_options=ingest,
-            datasets_to_split="all" if config.run.num_workers > 1 else []))
+            datasets_to_split="all" if config.run.num_workers > 1
+            and config.data.batch_scope == "worker" else []))
 
 
 def _final_uri(root: str, name: str) -> str:

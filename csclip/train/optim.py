@@ -41,6 +41,9 @@ class OptimConfig(StrictModel):
     epochs: int = Field(5, ge=1)
     max_steps: int | None = Field(None, ge=1)  # stop after this many steps (overrides epochs)
     grad_clip: float | None = Field(1.0, gt=0)  # max gradient norm; None: no clipping
+    # The temperature's ceiling: logit_scale clamped to ln(this) after every step, as
+    # open_clip_train (100). None: never clamped, as the authors' code (configs/paper.yaml).
+    logit_scale_max: float | None = Field(100.0, gt=1)
     # Gradient accumulation: each step's batch (data.batch_size) is encoded in accum_freq
     # micro-batches; the loss is still one loss over the whole batch (csclip.train.step), so
     # loss and gradients equal the unsplit step's. Less activation memory, ~1/3 more compute.

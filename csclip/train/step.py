@@ -34,6 +34,7 @@ class StepOptions:
     precision: Precision = "auto"
     accum_freq: int = 1               # micro-batches per step (optim.accum_freq)
     grad_clip: float | None = 1.0     # max gradient norm (optim.grad_clip)
+    logit_scale_max: float | None = 100.0  # exp(logit_scale) ceiling (optim.logit_scale_max)
     channels_last: bool = False       # images and conv weights in NHWC (run.channels_last)
     compile: bool = False             # torch.compile the model (run.compile)
     compile_mode: CompileMode = "default"
@@ -229,9 +230,11 @@ def train_step(training: Training, batch: Mapping[str, Tensor]) -> LossParts:
         torch.nn.utils.clip_grad_norm_(params, options.grad_clip)
     scaler.step(optimizer)
     scaler.update()
-    # As open_clip_train: keep the temperature in [1, 100] (logit_scale = ln 100 at most).
-    with torch.no_grad():
-        training.model.logit_scale.clamp_(0, math.log(100))
+    # As open_clip_train: keep the temperature in [1, 100] (logit_scale = ln 100 at most);
+    # the authors' code never clamps it (optim.logit_scale_max None).
+    if options.logit_scale_max is not None:
+        with torch.no_grad():
+            training.model.logit_scale.clamp_(0, math.log(options.logit_scale_max))
     if training.shadow is not None:
         training.shadow.weights_from_master()
     return LossParts(parts.full.detach(), parts.unit.detach(), parts.total.detach(),

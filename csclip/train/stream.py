@@ -29,7 +29,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -55,7 +55,12 @@ class DataConfig(StrictModel):
     # on the synthetic world generated from `world`.
     units_uri: str | None = None
     split: str = "train"
-    batch_size: int = Field(32, ge=1)  # per worker
+    batch_size: int = Field(32, ge=1)  # rows per worker, or per optimizer step (batch_scope)
+    # "worker": batch_size rows on each worker, W x batch_size per optimizer step (ours:
+    # coco.yaml). "global": batch_size rows per optimizer step over all workers, each
+    # worker taking batch_size / W, the same rows in each step on any run.num_workers
+    # (csclip.train.global_batch; the paper's run, configs/paper.yaml).
+    batch_scope: Literal["worker", "global"] = "worker"
     # Rows of the local shuffle buffer in each worker, on top of the global shuffle of every
     # epoch (csclip.train.stream.epoch_order); 0 = none.
     shuffle_buffer: int = Field(512, ge=0)
@@ -99,6 +104,7 @@ class DataPlan:
     num_epochs: int
     steps_per_epoch: int  # optimizer steps per epoch across all workers
     total_steps: int
+    sample_ids: tuple[str, ...] = ()  # of the rows that decode, in the source's order
 
 
 def source_dataset(data: DataConfig):
@@ -123,7 +129,8 @@ def source_dataset(data: DataConfig):
     return ds.filter(lambda row: row["split"] == split)
 
 
-def read_units_parquet(path: str, filesystem, columns: list[str] | None = None):
+def read_units_parquet(path: str, filesystem, columns: list[str] | None = None,
+                       override_num_blocks: int | None = None):
     """`ray.data.read_parquet` through Ray Data's first Parquet reader.
 
     Ray 2.60's default reader (DataSourceV2) lists the files on a pool of 32 FooterReader
@@ -140,7 +147,8 @@ def read_units_parquet(path: str, filesystem, columns: list[str] | None = None):
     default = context.use_datasource_v2
     context.use_datasource_v2 = False
     try:
-        return ray.data.read_parquet(path, filesystem=filesystem, columns=columns)
+        return ray.data.read_parquet(path, filesystem=filesystem, columns=columns,
+                                     override_num_blocks=override_num_blocks)
     finally:
         context.use_datasource_v2 = default
 
@@ -311,7 +319,7 @@ def decode_batch(batch: pa.Table, *, preprocess: tuple, model_name: str, augment
         empty_image = pa.array([], type=pa.list_(pa.float32(), 1))
         empty_tokens = pa.array([], type=pa.list_(pa.int64(), 1))
         return kept.append_column("image", empty_image).append_column(CAPTION_TOKENS, empty_tokens)
-    image = np.stack(images).astype(np.float32)                              # (n, 3, H, W)
+    image = np.stack(images).astype(np.float32, copy=False)               # (n, 3, H, W)
     tokens = tokenize(kept.column("caption").to_pylist()).numpy().astype(np.int64)  # (n, L)
     kept = (kept.append_column("image", _fixed_size_list(image))
                 .append_column(CAPTION_TOKENS, _fixed_size_list(tokens)))
@@ -384,7 +392,7 @@ def sample_batch(batch: pa.Table, *, sampling: dict, model_name: str, seed: int,
 def _images(batch: pa.Table, image_shape: Sequence[int], preprocess: tuple | None) -> np.ndarray:
     """The rows' transformed images, (n, 3, H, W) float32."""
     if PIXELS not in batch.column_names:
-        return _unflatten(batch.column("image"), image_shape).astype(np.float32)
+        return _unflatten(batch.column("image"), image_shape).astype(np.float32, copy=False)
     from csclip.preprocess import image_normalize
 
     if preprocess is None:
@@ -480,7 +488,8 @@ def plan_data(source, data: DataConfig, num_workers: int, epochs: int,
     """Run the check pass over `source` and work out epochs and steps.
 
     Each epoch is split equally over the workers and each worker drops its last partial
-    batch, so an epoch has num_rows // (batch_size * num_workers) steps on every worker.
+    batch, so an epoch has num_rows // (batch_size * num_workers) steps on every worker
+    (num_rows // batch_size with data.batch_scope "global").
     With max_steps the plan holds enough epochs for max_steps; otherwise `epochs`.
     Raises DataError when nothing decodes or the data is smaller than one global batch.
     """
@@ -491,11 +500,10 @@ def plan_data(source, data: DataConfig, num_workers: int, epochs: int,
         logger.warning("%d of %d images do not decode and are skipped: %s%s", len(failed),
                        len(status), failed[:max_listed_failures],
                        " ..." if len(failed) > max_listed_failures else "")
-    global_batch = data.batch_size * num_workers
+    global_batch = data.batch_size * (1 if data.batch_scope == "global" else num_workers)
     if num_rows < global_batch:
         raise DataError(f"{num_rows} usable rows (of {len(status)}) is less than one global "
-                        f"batch ({data.batch_size} x {num_workers} workers); lower "
-                        "data.batch_size or add data")
+                        f"batch ({global_batch} rows); lower data.batch_size or add data")
     # (num_rows // num_workers) // batch_size: a worker's rows of the equal split, in
     # whole batches.
     steps_per_epoch = num_rows // global_batch
@@ -503,8 +511,9 @@ def plan_data(source, data: DataConfig, num_workers: int, epochs: int,
         num_epochs, total_steps = math.ceil(max_steps / steps_per_epoch), max_steps
     else:
         num_epochs, total_steps = epochs, epochs * steps_per_epoch
+    usable = status.loc[status["ok"].astype(bool), "sample_id"].astype(str)
     return DataPlan(num_rows, len(failed), tuple(failed[:max_listed_failures]), num_epochs,
-                    steps_per_epoch, total_steps)
+                    steps_per_epoch, total_steps, tuple(usable))
 
 
 def image_cache_fits(data: DataConfig, num_rows: int, preprocess_cfg: dict) -> bool:
@@ -561,7 +570,7 @@ def local_shuffle_seed(seed: int, epoch: int, rank: int) -> int:
 def epoch_datasets(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
                    model_name: str, seed: int, num_epochs: int, objective: Objective,
                    cache_images: bool = False, augment: bool = False, prepared: bool = False,
-                   rows_per_block: int = 128) -> list:
+                   rows_per_block: int = 128, order=None) -> list:
     """One dataset per epoch: `source` prepared for training, with the token columns
     `objective` needs, in that epoch's seeded global order (epoch_order). Lazy: an epoch
     that no worker asks for (one before a resumed run's epoch) never runs.
@@ -572,6 +581,8 @@ def epoch_datasets(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
     (prepare_batch), streaming, unless `prepared`: `source` is a prepared table
     (csclip.train.prepared), whose pixels each epoch normalises. Either way each epoch draws its own text slots, and the
     batches hold the same rows. Pass a `deterministic` source for reproducible batches.
+    order(rows, epoch): the rows of one epoch in the order the workers read them; default
+    epoch_order (csclip.train.global_batch passes one worker's share of each global batch).
     """
     preprocess = preprocess_key(preprocess_cfg)
     if (cache_images or prepared) and augment:
@@ -596,8 +607,8 @@ def epoch_datasets(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
         fn_kwargs = {"preprocess": preprocess, "augment": augment, "layout": objective.layout}
     fn_kwargs.update(sampling=sampling.model_dump(mode="json"), model_name=model_name, seed=seed,
                      columns=list(objective.columns))
-    return [_epoch_stream(epoch_order(rows, seed, epoch), prepare, epoch, fn_kwargs,
-                          rows_per_block)
+    order = order or (lambda rows, epoch: epoch_order(rows, seed, epoch))
+    return [_epoch_stream(order(rows, epoch), prepare, epoch, fn_kwargs, rows_per_block)
             for epoch in range(num_epochs)]
 
 
