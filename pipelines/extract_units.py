@@ -3,7 +3,7 @@
 
     python pipelines/extract_units.py                      # synthetic world, gold units
     python pipelines/extract_units.py --backend rules --format sugarcrepe \
-        --input ../shared/data/sugarcrepe --out runs/sugarcrepe
+        --input sugarcrepe/data --out runs/sugarcrepe   # the SugarCrepe repository's data/
     python pipelines/extract_units.py --backend authors --input 'units/*.json' --out runs/authors
     ray job submit --working-dir . -- python pipelines/extract_units.py \
         --config configs/extract_coco.yaml --backend vllm --set backend.vllm.num_engines=8 \

@@ -29,7 +29,7 @@ rejected, by reason) and logs it to MLflow (`--no-tracking` to skip). Fields:
 csclip.extract.pipeline.ExtractConfig."""
 
 EXAMPLES = (
-    "%(prog)s --backend rules --format sugarcrepe --input ../shared/data/sugarcrepe "
+    "%(prog)s --backend rules --format sugarcrepe --input sugarcrepe/data "
     "--out runs/sugarcrepe",
     "%(prog)s --backend authors --input 'units/*.json' --out runs/authors",
 )
