@@ -37,6 +37,7 @@ from pathlib import Path
 from csclip.errors import DataError
 from csclip.units import (
     ENTITY_CHANGES,
+    SWAP_NEGATIVES_META,
     ChangeType,
     Foil,
     Rejection,
@@ -287,6 +288,7 @@ def parse_record(obj: object, where: str, *, sample_id: str, split: str | None =
     negatives = reader.field_of(negatives_key, dict, {})
     relations_raw = reader.field_of("relations", list, [])
     top_negative_relations = reader.field_of("negative_relations", list, [])
+    swap_negatives = reader.field_of("swap_negatives", list, None)
     image_path = obj.get("image_path", obj.get("image"))
     if image_path is not None and not isinstance(image_path, str):
         reader.problem(RejectReason.WRONG_TYPE, "'image_path' must be a string")
@@ -321,9 +323,14 @@ def parse_record(obj: object, where: str, *, sample_id: str, split: str | None =
         posixpath.splitext(posixpath.basename(image_path))[0] if image_path else sample_id)
     if image_path and image_root and not _is_absolute(image_path):
         image_path = posixpath.join(image_root, image_path)
+    # Their sampler draws one entry and uses it when it is a dict with a non-empty
+    # "negative" (utils/sampler.py@98b40c0); any other entry makes that draw fall through.
+    meta = {} if not swap_negatives else {SWAP_NEGATIVES_META: json.dumps(
+        [(item.get("negative") or "").strip() if isinstance(item, dict)
+         and isinstance(item.get("negative") or "", str) else "" for item in swap_negatives])}
     record = UnitsRecord(sample_id, image_id, caption.strip(), sample_split, tuple(entities),
                          tuple(relations), image_path=image_path,
-                         source="authors_older_json" if older else "authors_json")
+                         source="authors_older_json" if older else "authors_json", meta=meta)
     return ParsedRecord(record, reader.dropped)
 
 

@@ -4,6 +4,7 @@ validation and the Arrow schema of the units table."""
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -442,6 +443,18 @@ def record_from_row(row: dict) -> UnitsRecord:
         image_bytes=bytes(image_bytes) if image_bytes is not None else None,
         source=row.get("source") or "", meta=meta,
     )
+
+
+# A record's precomputed caption shuffles (the authors' units: `swap_negatives`, NegCLIP's
+# word-order shuffles made once per caption), as JSON in `meta`: one text per stored entry,
+# "" for an entry their sampler cannot use, so a draw among them is their draw.
+SWAP_NEGATIVES_META = "swap_negatives"
+
+
+def stored_shuffles(record: UnitsRecord) -> list[str]:
+    """The record's precomputed shuffles (SWAP_NEGATIVES_META); [] when it has none."""
+    stored = record.meta.get(SWAP_NEGATIVES_META)
+    return json.loads(stored) if stored else []
 
 
 def records_to_table(records: Iterable[UnitsRecord]) -> pa.Table:

@@ -34,7 +34,6 @@ from csclip.train.stream import (
     DECODED,
     IMAGE_SOURCE_COLUMNS,
     PIXELS,
-    TEXT_COLUMNS,
     DataConfig,
     _fixed_size_list,
     decode_image,
@@ -43,6 +42,7 @@ from csclip.train.stream import (
     preprocess_key,
     read_units_parquet,
     source_dataset,
+    text_rows,
 )
 
 if TYPE_CHECKING:
@@ -247,7 +247,7 @@ def pixels_batch(batch: pa.Table, *, preprocess: tuple, model_name: str) -> pa.T
         if same is not None:
             seen[same] = value
         values.append(value)
-    out = batch.select(list(TEXT_COLUMNS))
+    out = text_rows(batch)
     out = (out.append_column(PIXELS, pa.array(values, type=pa.binary(size)))
               .append_column(DECODED, pa.array([v is not None for v in values], type=pa.bool_())))
     captions = out.column("caption").to_pylist()

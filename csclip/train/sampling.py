@@ -24,6 +24,7 @@ from csclip.units import (
     normalize_text,
     record_from_row,
     render_relation,
+    stored_shuffles,
 )
 
 
@@ -357,7 +358,8 @@ def _random_subset(items: Sequence[str], minimum: int, rng: random.Random) -> li
 def draw_caption_negative(record: UnitsRecord, config: SamplingConfig,
                           rng: random.Random) -> CaptionNegative:
     """The caption-level negative of slot 0 (SPEC §3), first rule that applies:
-    1. with swap_prob, a NegCLIP word-order shuffle;
+    1. with swap_prob, a NegCLIP word-order shuffle: one of the units' precomputed shuffles
+       (the authors' swap_negatives) when the record has them, else one drawn here (ours);
     2. with inplace_prob, one entity of the caption replaced by its foil, in place;
     3. a composite: with relation_negative_prob, when the sample has a stored relation
        foil, a non-empty random subset of its entities joined by " and ", then " where ",
@@ -368,7 +370,12 @@ def draw_caption_negative(record: UnitsRecord, config: SamplingConfig,
     with itself. NegativeKind tells which rule applied, so callers can count them."""
     caption = record.caption
     if rng.random() < config.swap_prob:
-        if (text := shuffle_caption(caption, _noun_or_adjective_words(record), rng)) is not None:
+        if stored := stored_shuffles(record):
+            # The units' precomputed shuffles (the authors' swap_negatives), drawn as their
+            # sampler draws them: an unusable entry ("") falls through to rule 2.
+            if text := rng.choice(stored):
+                return CaptionNegative(text, NegativeKind.SHUFFLE)
+        elif (text := shuffle_caption(caption, _noun_or_adjective_words(record), rng)) is not None:
             return CaptionNegative(text, NegativeKind.SHUFFLE)
     entities = [(e, foils) for e in record.entities if (foils := entity_foil_candidates(e))]
     if rng.random() < config.inplace_prob:

@@ -38,7 +38,7 @@ from pydantic import Field, model_validator
 from csclip.config import StrictModel
 from csclip.errors import DataError
 from csclip.train.sampling import SamplingConfig, sample_text_columns
-from csclip.units import UnitsRecord, record_from_row, unit_columns
+from csclip.units import SWAP_NEGATIVES_META, UnitsRecord, record_from_row, unit_columns
 from csclip.world.config import WorldConfig
 
 if TYPE_CHECKING:  # csclip.loss imports torch, which the dataset actors never need
@@ -272,6 +272,17 @@ def image_status(batch: pa.Table) -> dict[str, np.ndarray]:
 # The columns sampling reads (csclip.train.sampling.sample_text_columns); the decoded rows keep
 # only these, the image and the caption's tokens (not the PNG bytes, not the scene JSON).
 TEXT_COLUMNS = ("sample_id", "image_id", "caption", "split", "entities", "relations")
+
+
+def text_rows(batch: pa.Table) -> pa.Table:
+    """TEXT_COLUMNS of `batch`, and where it has `meta`, a `meta` holding only the records'
+    precomputed shuffles (csclip.units.SWAP_NEGATIVES_META; an empty map for the others)."""
+    out = batch.select(list(TEXT_COLUMNS))
+    if "meta" not in batch.column_names:
+        return out
+    kept = [[(key, value) for key, value in (meta or ()) if key == SWAP_NEGATIVES_META]
+            for meta in batch.column("meta").to_pylist()]
+    return out.append_column("meta", pa.array(kept, type=pa.map_(pa.string(), pa.string())))
 CAPTION_TOKENS = "caption_tokens"
 LAYOUT_TARGET = "layout_target"  # loss.method layout's targets (decode_batch's `layout`)
 # A prepared row's image (csclip.train.prepared): the transformed (3, H, W) uint8 pixels
@@ -314,7 +325,7 @@ def decode_batch(batch: pa.Table, *, preprocess: tuple, model_name: str, augment
             images.append(
                 _augmented(transform, image, _augment_seed(seed, sample_ids[index], epoch))
                 if augment else transform(image))
-    kept = batch.select(list(TEXT_COLUMNS)).take(pa.array(keep, type=pa.int64()))
+    kept = text_rows(batch).take(pa.array(keep, type=pa.int64()))
     if not keep:
         empty_image = pa.array([], type=pa.list_(pa.float32(), 1))
         empty_tokens = pa.array([], type=pa.list_(pa.int64(), 1))
@@ -375,7 +386,7 @@ def sample_batch(batch: pa.Table, *, sampling: dict, model_name: str, seed: int,
     if wanted == ["caption"]:
         out["caption"] = caption_tokens.astype(np.int64)                   # (n, L)
         return out
-    records = [record_from_row(row) for row in batch.select(list(TEXT_COLUMNS)).to_pylist()]
+    records = [record_from_row(row) for row in text_rows(batch).to_pylist()]
     texts = sample_text_columns(records, config, seed, epoch)
     tokenize = _tokenizer(model_name)
     for name in wanted:
