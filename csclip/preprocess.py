@@ -71,7 +71,7 @@ def _tokenizer_module():
 @functools.lru_cache(maxsize=4)
 def tokenizer(model_name: str) -> Callable:
     """The tokenizer open_clip.get_tokenizer(model_name) returns: list[str] ->
-    (n, context_length) int64 tensor."""
+    (n, context_length) int64 tensor; each text's tokens are remembered (CachedTokenizer)."""
     text_cfg = model_text_config(model_name)
     if (text_cfg is None or "hf_tokenizer_name" in text_cfg
             or "siglip" in model_name.lower()):
@@ -80,10 +80,47 @@ def tokenizer(model_name: str) -> Callable:
         from csclip.model import register_small_models
 
         register_small_models()
-        return open_clip.get_tokenizer(model_name)
-    return _tokenizer_module().SimpleTokenizer(
+        return CachedTokenizer(open_clip.get_tokenizer(model_name))
+    return CachedTokenizer(_tokenizer_module().SimpleTokenizer(
         context_length=text_cfg.get("context_length", DEFAULT_CONTEXT_LENGTH),
-        **text_cfg.get("tokenizer_kwargs", {}))
+        **text_cfg.get("tokenizer_kwargs", {})))
+
+
+class CachedTokenizer:
+    """An open_clip tokenizer that tokenizes each distinct text once per process.
+
+    The sampled slots repeat their texts across rows and epochs (units such as "a man",
+    their foils), and open_clip's SimpleTokenizer costs ~0.1 ms per text in Python (ftfy,
+    a regex, BPE): a pure function of the text, so a text's tokens are kept (int32,
+    up to MAX_TEXTS texts) and the result is the tokenizer's own, value for value."""
+
+    MAX_TEXTS = 200_000
+
+    def __init__(self, tokenize: Callable) -> None:
+        self._tokenize = tokenize
+        self._tokens: dict[str, np.ndarray] = {}
+
+    def __getattr__(self, name: str) -> Any:  # context_length, vocab_size, ...
+        if name.startswith("_"):  # not set yet (unpickling): no recursion through _tokenize
+            raise AttributeError(name)
+        return getattr(self._tokenize, name)
+
+    def __call__(self, texts: str | list[str]):
+        import torch
+
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        missing = list(dict.fromkeys(t for t in texts if t not in self._tokens))
+        if missing:
+            fresh = self._tokenize(missing).numpy()                      # (m, L) int64
+            if len(self._tokens) + len(missing) <= self.MAX_TEXTS:
+                self._tokens.update(zip(missing, fresh.astype(np.int32), strict=True))
+            else:  # full: these are used once, not kept
+                found = dict(zip(missing, fresh, strict=True))
+                return torch.from_numpy(np.stack([
+                    found[t] if t in found else self._tokens[t] for t in texts]).astype(np.int64))
+        if not texts:
+            return self._tokenize(texts)
+        return torch.from_numpy(np.stack([self._tokens[t] for t in texts]).astype(np.int64))
 
 
 @functools.lru_cache(maxsize=8)
@@ -216,5 +253,10 @@ class _EvalTransform:
         return np.asarray(image, dtype=np.uint8).transpose(2, 0, 1)          # (3, H, W)
 
     def normalize(self, pixels: np.ndarray) -> np.ndarray:
-        tensor = pixels.astype(np.float32) / np.float32(255)                 # (..., 3, H, W)
-        return (tensor - self.mean) / self.std
+        # In place, one (..., 3, H, W) float32 buffer: the same IEEE operations, in the
+        # same order, as (pixels / 255 - mean) / std.
+        tensor = pixels.astype(np.float32)
+        tensor /= np.float32(255)
+        tensor -= self.mean
+        tensor /= self.std
+        return tensor
