@@ -196,3 +196,22 @@ def test_training_runs_on_prepared_images(ray_session, tmp_path):
     assert result.metrics["step"] == 3 and result.metrics["num_rows"] == 16
     (prepared,) = (tmp_path / "out" / "prepared_images").iterdir()
     assert json.loads((prepared / "_prepared.json").read_text())["num_read"] == 16
+
+
+def test_cached_tokenizer_gives_the_tokenizers_own_tokens():
+    import open_clip
+    import torch
+
+    from csclip.preprocess import CachedTokenizer
+
+    texts = ["a man riding a horse", "a horse riding a man", "a man riding a horse",
+             "Café déjà vu, l'été " * 12, "a man riding a horse"]
+    expected = open_clip.get_tokenizer("ViT-B-32")(texts)
+    cached = CachedTokenizer(open_clip.get_tokenizer("ViT-B-32"))
+    first, again = cached(texts), cached(list(reversed(texts)))  # the second from the cache
+    assert first.dtype == torch.int64 and torch.equal(first, expected)
+    assert torch.equal(again, expected.flip(0)) and cached.context_length == 77
+    full = CachedTokenizer(open_clip.get_tokenizer("ViT-B-32"))
+    full.MAX_TEXTS = 2  # full after the first call: later texts are tokenized, not kept
+    full(texts[:2])
+    assert torch.equal(full(texts), expected) and len(full._tokens) == 2
