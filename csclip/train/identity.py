@@ -35,7 +35,7 @@ IDENTITY_FIELDS: tuple[str, ...] = (
 IDENTITY_FIELDS_WHEN_SET: tuple[str, ...] = ("model.lock", "data.augment", "data.batch_scope",
                                               "data.prepare_images", "run.resume_from",
                                               "loss.ranking_loss_weight", "loss.ranking_margin",
-                                              "optim.logit_scale_max")
+                                              "optim.logit_scale_max", "data.val_ratio")
 # How a run runs, not what it trains: never in its name (a run restarted with compilation
 # or accumulation on, or moved to other storage, resumes the same run). Every TrainConfig
 # field is in exactly one of these three lists (tests/test_run_identity.py).

@@ -61,6 +61,7 @@ from csclip.train.global_batch import (
     training_datasets,
     worker_batch_size,
 )
+from csclip.train.holdout import evaluation_due
 from csclip.train.identity import (  # noqa: F401  (re-exported)
     HOW_IT_RUNS_FIELDS,
     IDENTITY_FIELDS,
@@ -252,6 +253,7 @@ class WorkerPlan:
     tracking_uri: str | None
     best_uri: str
     hooks: WorkerHooks = WorkerHooks()
+    heldout: tuple = ()  # data.val_ratio's held-out rows: Arrow ObjectRefs (csclip.train.holdout)
 
 
 @dataclass
@@ -407,8 +409,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
             elif state.step == first_step and rank == 0:
                 logger.info(first_step_line(config.loss.method, state.step, total,
                                             time.perf_counter() - window.start))
-            if evaluator is not None and (state.step % config.run.eval_every == 0
-                                          or state.step == total):
+            if evaluator is not None and evaluation_due(state.step, total, config.run.eval_every,
+                                                        plan.steps_per_epoch):
                 started = time.perf_counter()
                 _evaluate_during_training(evaluator, setup, config, state.step, step_logger,
                                           str(device))
@@ -530,30 +532,32 @@ def _restore_generators(state: _State, rank: int, world_size: int,
 def _periodic_evaluator(config: TrainConfig, plan: WorkerPlan):
     """Rank 0's PeriodicEvaluator over the capped validation split, or None when
     run.eval_every is off."""
-    if config.run.eval_every is None:
+    if config.run.eval_every is None and not plan.heldout:
         return None
     from csclip.records import load_split
+    from csclip.train.holdout import load_held_out
     from csclip.train.periodic import PeriodicEvaluator, capped_records
 
     records = capped_records(load_split(config.data.units_uri, "val", config.data.world),
                              config.run.eval_max_images)
     return PeriodicEvaluator(records, config.run.best_metric, config.run.best_mode,
-                             plan.best_uri, seed=config.run.seed)
+                             plan.best_uri, seed=config.run.seed,
+                             heldout=load_held_out(plan.heldout, config))
 
 
 def _evaluate_during_training(evaluator, setup: WorkerSetup, config: TrainConfig, step: int,
                               step_logger, device: str) -> None:
     """Score the live model, log val_<key> against the step, keep best/ when it improved."""
     from csclip.model import ClipBundle
-    from csclip.train.periodic import LOGGED_KEYS
+    from csclip.train.periodic import HELD_OUT_KEYS, LOGGED_KEYS
 
     bundle, model = setup.bundle, setup.training.model  # the fp32 weights AdamW steps
     live = ClipBundle(model, bundle.preprocess, bundle.tokenizer, bundle.name, bundle.pretrained)
     metrics = evaluator.evaluate(live, device)
-    step_logger.log(step, {f"val_{k}": metrics[k] for k in LOGGED_KEYS if k in metrics})
+    keys = [k for k in LOGGED_KEYS + HELD_OUT_KEYS if k in metrics]
+    step_logger.log(step, {f"val_{k}": metrics[k] for k in keys})
     step_logger.flush()
-    logger.info("step %d eval: %s", step, ", ".join(f"{k} {metrics[k]:.1f}" for k in LOGGED_KEYS
-                                                    if k in metrics))
+    logger.info("step %d eval: %s", step, ", ".join(f"{k} {metrics[k]:.1f}" for k in keys))
     if evaluator.is_better(metrics):
         evaluator.save_best(model, setup.spec, config.model_dump(mode="json"), step, metrics)
 
@@ -636,6 +640,7 @@ def _train(config: TrainConfig, callbacks: Sequence = (), *, hooks: WorkerHooks 
         return cached
     from csclip.model import spec_from_config
     from csclip.tracking import check_shared_store, finish_run, open_run, resolve_uri
+    from csclip.train.holdout import split_source
     from csclip.train.prepared import training_source
     from csclip.train.stream import epoch_datasets, image_cache_fits, plan_data
 
@@ -659,6 +664,7 @@ def _train(config: TrainConfig, callbacks: Sequence = (), *, hooks: WorkerHooks 
     objective = step_options(config).objective
     source, checked = training_source(config.data, spec.preprocess_cfg, config.model.name,
                                       objective)
+    source, checked, heldout, num_held = split_source(config.data, config.run.seed, source, checked)
     plan = plan_data(checked, config.data, config.run.num_workers, config.optim.epochs,
                      config.optim.max_steps)
     logger.info("run %s: %d rows (%d undecodable), %d epochs, %d steps", name, plan.num_rows,
@@ -675,13 +681,14 @@ def _train(config: TrainConfig, callbacks: Sequence = (), *, hooks: WorkerHooks 
     datasets = training_datasets(build, plan, config.data.batch_scope, config.run.seed,
                                  config.run.num_workers, config.data.batch_size)
     data_params = {"data.num_rows": plan.num_rows, "data.decode_failures": plan.num_decode_failures,
-                   "data.total_steps": plan.total_steps, "data.num_epochs": plan.num_epochs}
+                   "data.total_steps": plan.total_steps, "data.num_epochs": plan.num_epochs,
+                   "data.held_out_rows": num_held}
     run_id = open_run(config.tracking, name, {**flatten(config), **data_params})
     worker_plan = WorkerPlan(
         total_steps=plan.total_steps, steps_per_epoch=plan.steps_per_epoch,
         num_epochs=plan.num_epochs, mlflow_run_id=run_id,
         tracking_uri=resolve_uri(config.tracking.uri) if config.tracking.enabled else None,
-        best_uri=f"{root.rstrip('/')}/{name}/best", hooks=hooks)
+        best_uri=f"{root.rstrip('/')}/{name}/best", hooks=hooks, heldout=tuple(heldout))
     loop_config = {"config": config.model_dump(mode="json"), "plan": worker_plan}
     try:
         result = _trainer(config, name, root, loop_config, datasets, callbacks).fit()

@@ -19,6 +19,8 @@ from csclip.eval.halftruth import BenchmarkConfig, prepare_benchmark
 from csclip.eval.pipeline import evaluate_encoder
 from csclip.eval.suites import SuitesConfig
 from csclip.model import ClipBundle, ModelSpec, save_checkpoint
+from csclip.train.holdout import METRIC as HELD_OUT_METRIC
+from csclip.train.holdout import HeldOut
 from csclip.units import UnitsRecord
 
 log = logging.getLogger(__name__)
@@ -26,6 +28,8 @@ log = logging.getLogger(__name__)
 # The keys logged against the step (as "val_<key>"); the best checkpoint's metric is one
 # of the report's keys (ht_all by default).
 LOGGED_KEYS: tuple[str, ...] = ("ht_all", "ht_entity", "ht_relation", "ret_i2t", "ret_t2i")
+# Logged too when the run holds out training captions (data.val_ratio, csclip.train.holdout).
+HELD_OUT_KEYS: tuple[str, ...] = (HELD_OUT_METRIC,)
 BEST_METRICS_FILE = "metrics.json"
 
 
@@ -41,12 +45,15 @@ class PeriodicEvaluator:
     records: the validation split (already capped); best_metric / mode: which report key
     decides the best checkpoint and whether larger is better; best_uri: where `best/` goes
     (local or s3://). A best/ left by an earlier attempt of the same run sets the bar, so a
-    resumed run does not overwrite a better checkpoint.
+    resumed run does not overwrite a better checkpoint. heldout: data.val_ratio's rows,
+    whose contrastive_accuracy joins the metrics (best_metric contrastive_accuracy: the
+    authors' rule, best/ their last_checkpoint.pt).
     """
 
     def __init__(self, records: Sequence[UnitsRecord], best_metric: str, mode: str,
-                 best_uri: str, seed: int = 0) -> None:
+                 best_uri: str, seed: int = 0, heldout: HeldOut | None = None) -> None:
         self.records = list(records)
+        self.heldout = heldout
         # No bootstrap and no image-side items: only what is logged, as cheaply as possible.
         self.benchmark = BenchmarkConfig(seed=seed, num_bootstrap=0, image_side=False)
         self.prepared = prepare_benchmark(self.records, self.benchmark)
@@ -75,7 +82,9 @@ class PeriodicEvaluator:
                                       self.benchmark, self.suites)
         finally:
             bundle.model.train(was_training)
-        return report.metrics
+        if self.heldout is None:
+            return report.metrics
+        return {**report.metrics, HELD_OUT_METRIC: self.heldout.score(bundle.model, device)}
 
     def is_better(self, metrics: dict[str, float]) -> bool:
         value = metrics.get(self.best_metric)
@@ -96,7 +105,7 @@ class PeriodicEvaluator:
             save_checkpoint(model, spec, tmp, None, config)
             Path(tmp, BEST_METRICS_FILE).write_text(json.dumps(
                 {"step": step, "metric": self.best_metric, "value": value,
-                 "mode": self.mode, **{k: metrics[k] for k in LOGGED_KEYS if k in metrics}}))
+                 "mode": self.mode, **{k: metrics[k] for k in LOGGED_KEYS + HELD_OUT_KEYS if k in metrics}}))
             upload_dir(tmp, self.best_uri)
         self.best_value = value
         log.info("step %d: new best %s = %.2f -> %s", step, self.best_metric, value,

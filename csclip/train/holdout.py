@@ -1,0 +1,183 @@
+"""The authors' held-out captions (`data.val_ratio`): a seeded fraction of the training
+rows kept out of training, scored at each evaluation by the authors' contrastive accuracy,
+the best state kept in best/ (run.best_metric contrastive_accuracy).
+
+The authors (kargibora/CS-CLIP@98b40c0) draw it in data_loading/coco_neg.py:274-340
+(`split_dataset`, split_type "object"): the rows grouped by `sample_id` (one per caption,
+`coco_{imgid}_{sentid}`, neg_pipeline/main.py:202 at 16276c7), the ids shuffled with
+random.Random(seed), the first int(n * val_ratio) held out. Their metric is
+utils/evaluate.py:9-55 (`get_contrastive_accuracy`) on alignment/evaluation/metrics.py:83:
+for each held-out row, the image's similarity with the full caption above its similarity
+with every paired negative (the caption's own and each unit's foil). Called by
+csclip.train (driver: the split; rank 0: the score); it never imports training.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from csclip.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+METRIC = "contrastive_accuracy"  # the report key; logged as val_contrastive_accuracy
+
+
+def held_out_ids(sample_ids: Iterable[str], ratio: float, seed: int) -> frozenset[str]:
+    """The held-out sample ids, drawn as the authors' split_type "object": the distinct
+    ids (sorted, so the draw does not depend on the order a reader lists the rows),
+    shuffled with random.Random(seed), the first int(n * ratio)."""
+    if not 0.0 <= ratio < 1.0:
+        raise ConfigError(f"data.val_ratio {ratio}: give a fraction in [0, 1)")
+    ids = sorted({str(s) for s in sample_ids})
+    random.Random(seed).shuffle(ids)
+    return frozenset(ids[:int(len(ids) * ratio)])
+
+
+def _mask(batch: pa.Table, ids: frozenset[str]) -> pa.ChunkedArray:
+    return pc.is_in(batch.column("sample_id").cast(pa.string()),
+                    value_set=pa.array(sorted(ids), type=pa.string()))
+
+
+def drop_rows(batch: pa.Table, ids: frozenset[str]) -> pa.Table:
+    """`batch` without the rows whose sample_id is in `ids` (Ray Data map_batches)."""
+    return batch.filter(pc.invert(_mask(batch, ids)))
+
+
+def keep_rows(batch: pa.Table, ids: frozenset[str]) -> pa.Table:
+    """Only the rows of `batch` whose sample_id is in `ids` (Ray Data map_batches)."""
+    return batch.filter(_mask(batch, ids))
+
+
+def split_source(data, seed: int, source, checked) -> tuple[Any, Any, list, int]:
+    """(source, checked, refs, n): the training datasets without the held-out rows, the
+    held-out rows (units rows, undecoded) as Arrow ObjectRefs for rank 0 and how many
+    sample ids were held out; refs is empty and n 0 when data.val_ratio is 0. Raises
+    ConfigError when the fraction holds no row."""
+    if data.val_ratio == 0:
+        return source, checked, [], 0
+    from csclip.train.stream import deterministic, source_dataset
+
+    ids = checked.select_columns(["sample_id"]).to_pandas()["sample_id"].astype(str)
+    held = held_out_ids(ids, data.val_ratio, seed)
+    if not held:
+        raise ConfigError(f"data.val_ratio {data.val_ratio}: {len(ids)} training rows hold "
+                          "no held-out row; raise it or set it to 0")
+    # The prepared table has pixels, not the units row: the held-out rows come from units.
+    rows = source if not data.prepare_images else deterministic(source_dataset(data))
+    held_rows = rows.map_batches(keep_rows, fn_kwargs={"ids": held}, batch_format="pyarrow")
+    refs = held_rows.materialize().to_arrow_refs()
+    kw = {"fn_kwargs": {"ids": held}, "batch_format": "pyarrow"}
+    log.info("data.val_ratio %g: %d of %d training rows held out (seed %d), never trained on",
+             data.val_ratio, len(held), len(ids), seed)
+    return (source.map_batches(drop_rows, **kw), checked.map_batches(drop_rows, **kw), refs,
+            len(held))
+
+
+def contrastive_accuracy(image: Any, caption: Any, negatives: Any, valid: Any) -> float:
+    """The authors' contrastive accuracy (utils/evaluate.py:9-55) as a fraction: of the
+    rows with at least one negative, those whose image-caption similarity is above the
+    image's similarity with every valid negative (strictly, as their `pos > neg`).
+
+    image, caption: (N, D) features (normalised by the caller); negatives (N, K, D);
+    valid (N, K) bool: False where a slot holds no negative (their fallback is an empty
+    string; ours is left out). NaN when no row has a negative.
+    """
+    import torch
+
+    pos = (image * caption).sum(-1)                              # (N,)
+    neg = torch.einsum("nd,nkd->nk", image, negatives)           # (N, K)
+    valid = torch.as_tensor(valid, dtype=torch.bool, device=neg.device)
+    wins = (pos.unsqueeze(1) > neg) | ~valid
+    counted = valid.any(dim=1)
+    if not bool(counted.any()):
+        return math.nan
+    return float(wins.all(dim=1)[counted].float().mean())
+
+
+class HeldOut:
+    """The held-out rows prepared once (image, caption and negatives drawn as epoch 0 of
+    training draws them, seeded), scored on the live model at each evaluation."""
+
+    def __init__(self, table: pa.Table, *, sampling: dict, preprocess_cfg: dict,
+                 model_name: str, seed: int, chunk: int = 128) -> None:
+        from csclip.train.stream import prepare_batch, preprocess_key
+
+        slots = int(sampling.get("num_unit_slots", 0))
+        columns = ["caption", "caption_negative",
+                   *[f"unit_{k}" for k in range(slots)], *[f"foil_{k}" for k in range(slots)]]
+        out = prepare_batch(table, sampling=sampling, preprocess=preprocess_key(preprocess_cfg),
+                            model_name=model_name, seed=seed, epoch=0, columns=columns)
+        if not out:
+            raise ConfigError("data.val_ratio: no held-out image decodes")
+        self.image = out["image"]
+        self.caption = out["caption"]
+        negatives = [out["caption_negative"], *[out[f"foil_{k}"] for k in range(slots)]]
+        self.negatives = np.stack(negatives, axis=1)                 # (N, 1+K, L)
+        masks = [out["negative_mask"], *([out["unit_mask"]] * slots if slots else [])]
+        self.valid = np.stack(masks, axis=1).astype(bool)            # (N, 1+K)
+        self.chunk = chunk
+
+    def __len__(self) -> int:
+        return len(self.image)
+
+    def score(self, model: Any, device: str) -> float:
+        """Percent of held-out rows the authors' metric counts as correct (x100 of their
+        fraction, as the other val_ keys), on `model` in eval mode, then back."""
+        import torch
+        import torch.nn.functional as F
+
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                feats = [self._encode(model, device, start) for start in
+                         range(0, len(self), self.chunk)]
+        finally:
+            model.train(was_training)
+        image = torch.cat([f[0] for f in feats])
+        caption = torch.cat([f[1] for f in feats])
+        negatives = torch.cat([f[2] for f in feats])
+        return 100.0 * contrastive_accuracy(F.normalize(image, dim=-1),
+                                            F.normalize(caption, dim=-1),
+                                            F.normalize(negatives, dim=-1), self.valid)
+
+    def _encode(self, model: Any, device: str, start: int) -> tuple:
+        import torch
+
+        end = start + self.chunk
+        image = model.encode_image(torch.as_tensor(self.image[start:end], device=device)).float()
+        caption = model.encode_text(torch.as_tensor(self.caption[start:end], device=device))
+        n, k, length = self.negatives[start:end].shape
+        tokens = torch.as_tensor(self.negatives[start:end].reshape(n * k, length), device=device)
+        negatives = model.encode_text(tokens).float().reshape(n, k, -1)
+        return image.cpu(), caption.float().cpu(), negatives.cpu()
+
+
+def load_held_out(refs: Sequence, config) -> HeldOut | None:
+    """Rank 0's HeldOut from the driver's refs (None when there are none)."""
+    if not refs:
+        return None
+    import ray
+
+    from csclip.model import spec_from_config
+
+    table = pa.concat_tables([t for t in ray.get(list(refs)) if t.num_rows])
+    return HeldOut(table, sampling=config.sampling.model_dump(mode="json"),
+                   preprocess_cfg=spec_from_config(config.model).preprocess_cfg,
+                   model_name=config.model.name, seed=config.run.seed)
+
+
+def evaluation_due(step: int, total: int, eval_every: int | None, steps_per_epoch: int) -> bool:
+    """When rank 0 evaluates: every run.eval_every steps, or without it at the end of each
+    epoch (the authors' eval_n 1: learning_alignment.py:426,751), and at the last step."""
+    every = eval_every if eval_every is not None else steps_per_epoch
+    return step % every == 0 or step == total
