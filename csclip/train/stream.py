@@ -82,6 +82,9 @@ class DataConfig(StrictModel):
     # and the transform; every epoch reads that instead of decoding the JPEGs again. The
     # tensors are the same bit for bit. Needs a units table and the eval transform.
     prepare_images: bool = False
+    # Held out of training: this fraction of the rows (by sample_id, seeded by run.seed),
+    # scored at each evaluation as val_contrastive_accuracy (csclip.train.holdout). 0: off.
+    val_ratio: float = Field(0.0, ge=0.0, lt=1.0)
 
     @model_validator(mode="after")
     def _prepared_images_need_units_and_eval_transform(self) -> DataConfig:
