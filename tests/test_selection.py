@@ -127,3 +127,38 @@ def test_evaluate_select_paper_refuses_a_single_checkpoint(run_dir, tmp_path, ca
                  "--out", str(tmp_path / "eval"), *WORLD]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "is one checkpoint" in err
+
+
+def test_evaluate_select_paper_takes_half_truth_from_the_held_out_best(run_dir, tmp_path):
+    """The authors' two rules: suites from the step with the best mean I2T (4), half-truth
+    from best/ when held-out contrastive accuracy chose it (step 2, zero weights: every
+    half-truth item a tie, ht_all 0, where step 4 scores above 0)."""
+    import shutil
+
+    from csclip.entry.evaluate import main
+
+    shutil.rmtree(run_dir / "best")
+    _save(run_dir / "best", step=2, seed=0, zero=True)
+    (run_dir / "best" / "metrics.json").write_text(json.dumps(
+        {"step": 2, "metric": "contrastive_accuracy", "value": 61.0, "mode": "max"}))
+    plain = tmp_path / "plain"  # step 4 alone: what half-truth would be without the rule
+    assert main(["--checkpoint", str(run_dir / "checkpoint_000001"), "--out", str(plain),
+                 *WORLD]) == 0
+    out = tmp_path / "eval"
+    assert main(["--checkpoint", str(run_dir), "--select", "paper", "--out", str(out),
+                 *WORLD]) == 0
+    assert "Half-truth: from step 2" in (out / "selection.md").read_text()
+    label = f"step 4 - {SELECTION_LABEL} - half-truth step 2 best on held-out captions"
+    assert label in (out / "halftruth.md").read_text()
+    def row(folder: Path, table: str) -> dict[str, str]:
+        (only,) = csv.DictReader(io.StringIO((folder / table).read_text()))
+        return only
+
+    ours, alone = row(out, "table1.csv"), row(plain, "table1.csv")
+    ht = [k for k in ours if k.startswith("ht_") and not k.endswith(("_low", "_high"))]
+    assert ht and all(float(ours[k]) == 0.0 for k in ht)    # step 2's zero weights
+    assert any(float(alone[k]) > 0.0 for k in ht)           # step 4's, had it been used
+    ours, alone = row(out, "suites.csv"), row(plain, "suites.csv")
+    comp = [k for k in ours if k.startswith(("comp_", "ret_"))]
+    assert comp and all(ours[k] == alone[k] for k in comp)  # the suites are step 4's
+    assert any(float(ours[k]) > 0.0 for k in comp if ours[k])

@@ -9,7 +9,14 @@ with CHECKPOINT_STEP = None), step 0 left out when other steps exist
 (experiments/evalviz/io.py `load_results_from_runs`, the main tables). The benchmarks that
 choose the step are the ones then reported: a selection on the test set. csclip's default
 stays the final checkpoint; this rule is offered to compare with the paper, and every
-table it produces is labelled "selected on the test benchmarks"."""
+table it produces is labelled "selected on the test benchmarks".
+
+Their half-truth numbers follow a second rule: the state best on the held-out 0.1% of the
+training captions by contrastive accuracy (alignment/learning_alignment.py:755-760 at
+98b40c0, reloaded and saved as last_checkpoint.pt by alignment/ft_experiment.py:380-404).
+A run trained with data.val_ratio and run.best_metric contrastive_accuracy keeps that state
+in best/ (csclip.train.holdout); `--select paper` takes the half-truth metrics and items
+from it and everything else from the step chosen by mean I2T."""
 
 from __future__ import annotations
 
@@ -67,6 +74,7 @@ class Selection:
     step: int
     mean_i2t: dict[int, float | None]
     num_rows: dict[int, int]
+    half_truth_step: int | None = None  # best/ by held-out contrastive accuracy, when kept
 
     def markdown(self) -> str:
         lines = [f"Checkpoint {SELECTION_LABEL}: the saved step with the highest mean I2T "
@@ -77,6 +85,14 @@ class Selection:
             cell = "—" if mean is None else f"{mean:.2f}"
             lines.append(f"| {step} | {cell} | {self.num_rows[step]} | "
                          f"{'yes' if step == self.step else ''} |")
+        lines.append("")
+        if self.half_truth_step is None:
+            lines.append("Half-truth: from the same step (the run kept no state best on "
+                         "held-out training captions: data.val_ratio was off).")
+        else:
+            lines.append(f"Half-truth: from step {self.half_truth_step}, the state best on "
+                         "the held-out training captions by contrastive accuracy (the "
+                         "authors' last_checkpoint.pt; the run's best/).")
         return "\n".join(lines) + "\n"
 
     def csv(self, identities: Mapping[int, ModelIdentity | None] | None = None) -> str:
@@ -122,6 +138,42 @@ class SavedCheckpoint:
 
 
 STEP_FILE = "metrics.json"  # each checkpoint's metrics (csclip.train), with its step
+HELD_OUT_METRIC = "contrastive_accuracy"  # csclip.train.holdout.METRIC (no training import)
+# The keys of the half-truth benchmark itself (csclip.eval.halftruth: half_truth_metrics,
+# image_side_metrics, the pipeline's counts); every other key is a suite's.
+HALF_TRUTH_PREFIXES: tuple[str, ...] = ("ht_", "winrate_", "consistency_", "num_items_",
+                                        "image_side_", "num_images", "num_skipped_")
+
+
+def held_out_best(run_dir: str) -> SavedCheckpoint | None:
+    """The run's best/ when it was chosen by held-out contrastive accuracy (data.val_ratio
+    with run.best_metric contrastive_accuracy), else None."""
+    from csclip.model import SPEC_FILE
+    from csclip.storage import exists, filesystem_for, read_bytes
+
+    fs, path = filesystem_for(run_dir)
+    best = f"{path.rstrip('/')}/best"
+    if not (exists(fs, f"{best}/{SPEC_FILE}") and exists(fs, f"{best}/{STEP_FILE}")):
+        return None
+    saved = json.loads(read_bytes(fs, f"{best}/{STEP_FILE}"))
+    if saved.get("metric") != HELD_OUT_METRIC or not isinstance(saved.get("step"), int):
+        return None
+    return SavedCheckpoint(saved["step"], f"{run_dir.rstrip('/')}/best")
+
+
+def is_half_truth_key(key: str) -> bool:
+    return key.startswith(HALF_TRUTH_PREFIXES)
+
+
+def with_half_truth_of(report, half_truth):
+    """`report` (a HalfTruthReport) with the half-truth metrics, items, scores and skips of
+    `half_truth` (the held-out-best state's report); its suites' keys stay."""
+    from dataclasses import replace
+
+    metrics = {k: v for k, v in report.metrics.items() if not is_half_truth_key(k)}
+    metrics.update({k: v for k, v in half_truth.metrics.items() if is_half_truth_key(k)})
+    return replace(report, metrics=metrics, items=half_truth.items, scores=half_truth.scores,
+                   skipped=half_truth.skipped)
 
 
 def saved_checkpoints(run_dir: str) -> list[SavedCheckpoint]:
@@ -169,10 +221,14 @@ class SelectedEvaluation:
     files: dict[str, Path]
 
 
-def selected_label(model_label: str, step: int) -> str:
-    """The model's name in every table: which step, and that the test benchmarks chose it
-    (only characters MLflow accepts in metric keys)."""
-    return f"{model_label} step {step} - {SELECTION_LABEL}"
+def selected_label(model_label: str, step: int, half_truth_step: int | None = None) -> str:
+    """The model's name in every table: which step, and that the test benchmarks chose it,
+    and the half-truth step when it is another (only characters MLflow accepts in metric
+    keys)."""
+    label = f"{model_label} step {step} - {SELECTION_LABEL}"
+    if half_truth_step is None:
+        return label
+    return f"{label} - half-truth step {half_truth_step} best on held-out captions"
 
 
 def evaluate_checkpoints(config, checkpoints: Sequence[SavedCheckpoint]):
@@ -227,8 +283,18 @@ def run_selected_evaluation(config) -> SelectedEvaluation:
     _, prepared, reports = evaluate_checkpoints(config, checkpoints)
     selection = select_paper({step: r.metrics for step, r in reports.items()})
     chosen = next(c for c in checkpoints if c.step == selection.step)
-    label = selected_label(reports[selection.step].name, selection.step)
-    selected = {label: replace(reports[selection.step], name=label)}
+    report = reports[selection.step]
+    best = held_out_best(config.checkpoint)  # its step is among saved_checkpoints' steps
+    if best is None:
+        log.warning("--select paper: %s has no best/ chosen by held-out contrastive "
+                    "accuracy (train with data.val_ratio > 0 and run.best_metric "
+                    "contrastive_accuracy); half-truth comes from step %d too",
+                    config.checkpoint, selection.step)
+    else:
+        selection = replace(selection, half_truth_step=best.step)
+        report = with_half_truth_of(report, reports[best.step])
+    label = selected_label(report.name, selection.step, selection.half_truth_step)
+    selected = {label: replace(report, name=label)}
     identities = {step: report.identity for step, report in reports.items()}
     markdown, files = write_outputs(selected, prepared, out_dir,
                                     results_template=config.results_template, extra_files={
@@ -239,7 +305,9 @@ def run_selected_evaluation(config) -> SelectedEvaluation:
     if config.tracking.enabled:
         params = {"seed": config.benchmark.seed, **flatten(config),
                   "checkpoint_selection": f"paper ({SELECTION_LABEL})",
-                  "selected_step": selection.step, "selected_checkpoint": chosen.uri}
+                  "selected_step": selection.step, "selected_checkpoint": chosen.uri,
+                  "half_truth_step": selection.half_truth_step,
+                  "half_truth_checkpoint": best.uri if best is not None else None}
         run_id = log_comparison(selected, files, resolve_uri(config.tracking.uri),
                                 config.tracking.experiment, params)
     return SelectedEvaluation(selection, chosen, ComparisonReport(selected, markdown, files, run_id),
