@@ -229,7 +229,7 @@ def test_engine_that_cannot_be_placed_fails_fast_with_one_line(ray_session, mode
         "backend.name=vllm", "input.format=jsonl", f"input.uri={path}",
         f"output.uri={tmp_path / 'out'}", "output.shard_size=4", "tracking.enabled=false",
         f"backend.vllm.model_source={model_dir}", *ENGINE, "backend.vllm.device=gpu",
-        "backend.vllm.wait_for_min_actors_s=10"])
+        "backend.vllm.wait_for_min_actors_s=5"])
     started = time.monotonic()
     with pytest.raises(ConfigError) as refused:
         run_extraction(config)
@@ -237,7 +237,7 @@ def test_engine_that_cannot_be_placed_fails_fast_with_one_line(ray_session, mode
     message = str(refused.value)
     assert "\n" not in message  # `csclip extract` prints it as its one `error:` line
     assert message.startswith("the vLLM processor's actors did not start within "
-                              "backend.vllm.wait_for_min_actors_s=10 s: an engine with device=gpu")
+                              "backend.vllm.wait_for_min_actors_s=5 s: an engine with device=gpu")
     assert "0 GPUs" in message
     print(f"unplaceable engine refused after {elapsed:.0f} s")
 
