@@ -69,7 +69,6 @@ def test_best_state_is_the_step_with_the_highest_held_out_accuracy(tmp_path):
     from csclip.eval.selection import held_out_best
     from csclip.model import create_bundle, spec_of
     from csclip.train.periodic import PeriodicEvaluator
-
     from csclip.world import WorldConfig, iter_world
 
     val = list(iter_world(WorldConfig(image_size=32, num_train=0, num_val=4, num_test=0),
@@ -90,6 +89,51 @@ def test_best_state_is_the_step_with_the_highest_held_out_accuracy(tmp_path):
     PeriodicEvaluator(val, "ht_all", "max", str(other / "best")).save_best(
         bundle.model, spec_of(bundle.model, "csclip-tiny"), {}, 5, {"ht_all": 1.0})
     assert held_out_best(str(other)) is None and held_out_best(str(tmp_path / "none")) is None
+
+
+def test_held_out_rows_scored_alone_without_a_validation_split(tmp_path):
+    """World rows prepared as epoch 0 draws them, scored on csclip-tiny with the model's
+    own features checked by hand; an evaluator with no validation split scores them alone."""
+    import numpy as np
+    import torch.nn.functional as F
+
+    from csclip.model import create_bundle
+    from csclip.train.holdout import HeldOut
+    from csclip.train.periodic import PeriodicEvaluator, validation_records
+    from csclip.train.sampling import SamplingConfig
+    from csclip.world import WorldConfig
+    from csclip.world.ray_source import generate_batch
+
+    world = WorldConfig(image_size=32, num_train=8, num_val=0, num_test=0)
+    table = generate_batch({"id": np.arange(8)}, world.model_dump(mode="json"), "train")
+    bundle = create_bundle("csclip-tiny", image_size=32)
+    from csclip.model import spec_of
+
+    held = HeldOut(table, sampling=SamplingConfig().model_dump(mode="json"),
+                   preprocess_cfg=spec_of(bundle.model, "csclip-tiny").preprocess_cfg,
+                   model_name="csclip-tiny", seed=42, chunk=3)
+    assert len(held) == 8 and held.negatives.shape[:2] == held.valid.shape
+    bundle.model.train()
+    value = held.score(bundle.model, "cpu")
+    assert bundle.model.training  # back in train mode
+    with torch.no_grad():
+        bundle.model.eval()
+        image = F.normalize(bundle.model.encode_image(torch.as_tensor(held.image)), dim=-1)
+        caption = F.normalize(bundle.model.encode_text(torch.as_tensor(held.caption)), dim=-1)
+        n, k, length = held.negatives.shape
+        negs = F.normalize(bundle.model.encode_text(torch.as_tensor(
+            held.negatives.reshape(n * k, length))), dim=-1).reshape(n, k, -1)
+    pos = (image * caption).sum(-1)
+    hand = [all(pos[i] > image[i] @ negs[i, j] for j in range(k) if held.valid[i, j])
+            for i in range(n) if held.valid[i].any()]
+    assert value == pytest.approx(100.0 * sum(hand) / len(hand), abs=1e-6)
+
+    with pytest.raises(Exception, match="no records in split"):
+        validation_records(None, world, 4)
+    assert validation_records(None, world, 4, required=False) == []
+    evaluator = PeriodicEvaluator([], "contrastive_accuracy", "max", str(tmp_path / "best"),
+                                  heldout=held)
+    assert evaluator.evaluate(bundle, "cpu") == {"contrastive_accuracy": pytest.approx(value)}
 
 
 @pytest.mark.slow

@@ -534,12 +534,11 @@ def _periodic_evaluator(config: TrainConfig, plan: WorkerPlan):
     run.eval_every is off."""
     if config.run.eval_every is None and not plan.heldout:
         return None
-    from csclip.records import load_split
     from csclip.train.holdout import load_held_out
-    from csclip.train.periodic import PeriodicEvaluator, capped_records
+    from csclip.train.periodic import PeriodicEvaluator, validation_records
 
-    records = capped_records(load_split(config.data.units_uri, "val", config.data.world),
-                             config.run.eval_max_images)
+    records = validation_records(config.data.units_uri, config.data.world,
+                                 config.run.eval_max_images, required=not plan.heldout)
     return PeriodicEvaluator(records, config.run.best_metric, config.run.best_mode,
                              plan.best_uri, seed=config.run.seed,
                              heldout=load_held_out(plan.heldout, config))

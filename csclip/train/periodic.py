@@ -39,6 +39,23 @@ def capped_records(records: Sequence[UnitsRecord], max_images: int) -> list[Unit
     return [r for r in records if r.image_id in keep]
 
 
+def validation_records(units_uri: str | None, world, max_images: int,
+                       required: bool = True) -> list[UnitsRecord]:
+    """The capped validation split; without one (a units table of the train split only)
+    an empty list when not `required` (the held-out captions are scored alone)."""
+    from csclip.errors import DataError
+    from csclip.records import load_split
+
+    try:
+        return capped_records(load_split(units_uri, "val", world), max_images)
+    except DataError as err:
+        if required:
+            raise
+        log.warning("no validation split (%s): evaluation during training scores the "
+                    "held-out training captions only", err)
+        return []
+
+
 class PeriodicEvaluator:
     """Scores a training model on a fixed validation benchmark and keeps the best weights.
 
@@ -56,7 +73,8 @@ class PeriodicEvaluator:
         self.heldout = heldout
         # No bootstrap and no image-side items: only what is logged, as cheaply as possible.
         self.benchmark = BenchmarkConfig(seed=seed, num_bootstrap=0, image_side=False)
-        self.prepared = prepare_benchmark(self.records, self.benchmark)
+        # No records (allowed with held-out captions only): nothing but their score.
+        self.prepared = prepare_benchmark(self.records, self.benchmark) if self.records else None
         self.suites = SuitesConfig(world_pairs=False, world_zeroshot=False)
         self.best_metric, self.mode, self.best_uri = best_metric, mode, best_uri
         self.best_value = self._saved_best()
@@ -75,6 +93,11 @@ class PeriodicEvaluator:
     def evaluate(self, bundle: ClipBundle, device: str) -> dict[str, float]:
         """The report's metrics for the model in `bundle` (put in eval mode and back into
         train mode afterwards)."""
+        metrics: dict[str, float] = {}
+        if self.heldout is not None:
+            metrics[HELD_OUT_METRIC] = self.heldout.score(bundle.model, device)
+        if self.prepared is None:
+            return metrics
         was_training = bundle.model.training
         try:
             encoder = Encoder.for_bundle(bundle, ScoringConfig(device=device))
@@ -82,9 +105,7 @@ class PeriodicEvaluator:
                                       self.benchmark, self.suites)
         finally:
             bundle.model.train(was_training)
-        if self.heldout is None:
-            return report.metrics
-        return {**report.metrics, HELD_OUT_METRIC: self.heldout.score(bundle.model, device)}
+        return {**report.metrics, **metrics}
 
     def is_better(self, metrics: dict[str, float]) -> bool:
         value = metrics.get(self.best_metric)
