@@ -215,3 +215,26 @@ def test_cached_tokenizer_gives_the_tokenizers_own_tokens():
     full.MAX_TEXTS = 2  # full after the first call: later texts are tokenized, not kept
     full(texts[:2])
     assert torch.equal(full(texts), expected) and len(full._tokens) == 2
+
+
+def test_s3_units_are_keyed_by_their_bytes_and_prepared_beside_them(s3_endpoint, monkeypatch,
+                                                                      tmp_path):
+    # The Ray Data write itself needs the nodes' S3 credentials (the session's workers
+    # started without the test server's), so this checks what the driver does on S3.
+    from s3_helpers import fresh_bucket
+
+    from csclip.storage import filesystem_for
+    from csclip.train.prepared import prepared_uri, units_digest
+    from csclip.world import WorldConfig, world_record
+
+    records = [world_record(WorldConfig(image_size=32), "train", i) for i in range(4)]
+    (tmp_path / "units").mkdir()
+    write_units(records, str(tmp_path / "units" / "part-0.parquet"))
+    with fresh_bucket(s3_endpoint, monkeypatch, "csclip-prepared") as client:
+        client.put_object(Bucket="csclip-prepared", Key="coco/units/part-0.parquet",
+                          Body=(tmp_path / "units" / "part-0.parquet").read_bytes())
+        assert units_digest("s3://csclip-prepared/coco/units") == \
+            units_digest(str(tmp_path / "units"))
+        assert prepared_uri("s3://csclip-prepared/coco/units", "k1") == \
+            "s3://csclip-prepared/coco/prepared_images/k1"
+        assert filesystem_for("s3://csclip-prepared/coco/units")[0].type_name == "s3"
