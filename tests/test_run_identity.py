@@ -23,7 +23,7 @@ PINNED = {
     "default.yaml": "csclip-991ad367ad9e",
     "coco.yaml": "csclip-72936caf8679",
     "coco_authors.yaml": "csclip-6ac8ee21657e",
-    "paper.yaml": "csclip-fdcb696ea452",
+    "paper.yaml": "csclip-3af98837dd68",  # was csclip-fdcb696ea452 before data.val_ratio 0.001
 }
 # The demo's stages (csclip demo without arguments); checkpoint URIs stand in for the
 # stages' outputs.
