@@ -154,7 +154,9 @@ class HeldOut:
         import torch
 
         end = start + self.chunk
-        image = model.encode_image(torch.as_tensor(self.image[start:end], device=device)).float()
+        dtype = next(model.parameters()).dtype
+        image = model.encode_image(torch.as_tensor(self.image[start:end], device=device,
+                                                    dtype=dtype)).float()
         caption = model.encode_text(torch.as_tensor(self.caption[start:end], device=device))
         n, k, length = self.negatives[start:end].shape
         tokens = torch.as_tensor(self.negatives[start:end].reshape(n * k, length), device=device)
