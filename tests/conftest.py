@@ -42,8 +42,9 @@ def pytest_configure(config) -> None:
 # first, so the two processes end at about the same time; the rest keep their order.
 # Measured in a serial run (`--durations`); a module missing here only runs later.
 LONGEST_FIRST = ("test_vllm_engine.py", "test_cluster.py", "test_demo.py",
-                 "test_job_submit.py", "test_ablation.py", "test_train.py",
-                 "test_eval_periodic.py", "test_cluster_head_env.py")
+                 "test_job_submit.py", "test_quickstart.py", "test_ablation.py",
+                 "test_train.py", "test_global_batch.py", "test_eval_periodic.py",
+                 "test_cluster_head_env.py", "test_holdout.py")
 
 
 def pytest_collection_modifyitems(config, items) -> None:
