@@ -248,8 +248,11 @@ class RayHead(Service):
 
 # What `ray job submit` answers while a head under load is still coming up: the dashboard
 # answers before the head's agent has registered (the job server waits 10 s for it), or
-# the client cannot reach Ray yet. Nothing was submitted: submitting again is safe.
-TRANSIENT_SUBMIT_ERRORS = ("No available agent to submit job", "Failed to connect to Ray")
+# the client cannot reach Ray yet. Nothing was submitted: submitting again is safe. Or the
+# job's agent timed out fetching the uploaded working_dir from the GCS (seen at load 30 on 2
+# cores): the job failed while setting up its runtime_env, before any of its code ran.
+TRANSIENT_SUBMIT_ERRORS = ("No available agent to submit job", "Failed to connect to Ray",
+                           "Failed to download runtime_env file package")
 
 
 def submit_until_accepted(submit: Callable[[], subprocess.CompletedProcess], attempts: int = 4,
