@@ -110,6 +110,50 @@ def test_vismin_official_per_category_and_the_authors_pooled_halves():
     assert paper["vismin_group"] == pytest.approx(200 / 3)
 
 
+def test_vismin_paper_reports_the_official_categories_beside_the_pooled_average():
+    _, paper = both("vismin")
+    # The authors' per-category numbers (compute_contrastive_accuracy_from_embs): each
+    # image must prefer its caption (text) and each caption its image (image). object:
+    # (red/blue apples) right; ("a red apple", "an apple") on (red, blue): s11 = s10 = 0,
+    # so text, image and group fail: 50 each over 2 pairs. counting: right, 1 pair.
+    assert paper["vismin_category_object_i2t"] == 50.0
+    assert paper["vismin_category_object_t2i"] == 50.0
+    assert paper["vismin_category_object_group"] == 50.0
+    assert paper["vismin_category_object_num"] == 2
+    assert paper["vismin_category_counting_i2t"] == 100.0
+    assert paper["vismin_category_counting_group"] == 100.0
+    assert paper["vismin_category_counting_num"] == 1
+    # They stay out of VisMin's average: the pooled "all" alone, as before.
+    assert paper["vismin_i2t"] == paper["vismin_all_i2t"] == 100.0
+    assert paper["vismin_t2i"] == pytest.approx(200 / 3)
+    assert paper["vismin_group"] == pytest.approx(200 / 3)
+    # Under the official protocol the categories are the subsets themselves.
+    official, _ = both("vismin")
+    assert not any(k.startswith("vismin_category_") for k in official)
+    for direction in ("i2t", "t2i", "group"):
+        assert paper[f"vismin_category_object_{direction}"] == \
+            official[f"vismin_object_{direction}"]
+
+
+def test_vismin_categories_are_rows_of_the_benchmarks_table(tmp_path):
+    from csclip.eval.report import benchmark_tables
+    from csclip.eval.suites.registry import capability_metrics
+
+    _, paper = both("vismin")
+    paper.update(capability_metrics(paper))
+    # The breakdown counts toward no capability: cap_entity is the pooled "all" alone.
+    assert paper["cap_entity_i2t"] == paper["vismin_all_i2t"]
+    report = type("Report", (), {"metrics": paper})()
+    table = benchmark_tables({"m": report})["benchmarks"]
+    rows = {(r[1], r[2]): r[3:6] for r in table.rows}
+    assert rows[("vismin", "category_object")] == (50.0, 50.0, 50.0)
+    assert rows[("vismin", "category_counting")] == (100.0, 100.0, 100.0)
+    assert rows[("vismin", "(benchmark)")][0] == 100.0
+    table.write(tmp_path, "benchmarks")
+    text = next(tmp_path.glob("*.csv")).read_text()
+    assert "category_object" in text and "category_counting" in text
+
+
 def test_colorfoil_builds_its_benchmark_from_coco_captions_as_each_protocol_does():
     official, paper = both("colorfoil")
     # Official: green and blue motorcycles right; the red book on a yellow image wrong
@@ -398,6 +442,10 @@ def test_every_paper_protocol_subset_has_a_capability():
     metrics = evaluate_benchmarks(Encoder(ColorScorer()), sorted(BENCHMARKS), ROOT, protocol="paper",
                                   allow_partial=True)
     subsets = {k.rsplit("_", 1)[0] for k in metrics if k.endswith("_num")}
+    # VisMin's per-category breakdown stays out of every average (its pooled "all" counts)
+    breakdown = {s for s in subsets if s.startswith("vismin_category_")}
+    assert breakdown and not any(f"{b}_{s}" in breakdown for b, s in CAPABILITY_OF)
+    subsets -= breakdown
     assert subsets <= {f"{b}_{s}" for b, s in CAPABILITY_OF}, subsets - {f"{b}_{s}" for b, s in CAPABILITY_OF}
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -119,6 +119,9 @@ class SuiteData:
     # A benchmark whose official number is not a per-item choice (BLA's per-sentence
     # credit, SVO-Probes' match / no-match, MMVP's pairs) brings its own scorer.
     scorer: Callable[[FeatureTables, SuiteData], dict[str, SubsetScores]] | None = None
+    # Subsets a scorer reports beside the others that stay out of the benchmark's average
+    # (VisMin's per-category numbers beside the paper protocol's pooled "all").
+    breakdown: frozenset[str] = frozenset()
 
     def skip(self, subset: str, count: int = 1, reason: str = MISSING_IMAGE,
              example: str = "") -> None:
@@ -209,7 +212,8 @@ class SuiteData:
         out = SuiteData(self.benchmark, self.tie_rule, skip_counts=dict(self.skip_counts),
                         macro=self.macro, pooled=self.pooled, layout=self.layout,
                         root=self.root, skip_examples=list(self.skip_examples),
-                        records_read=self.read(), scorer=self.scorer)
+                        records_read=self.read(), scorer=self.scorer,
+                        breakdown=self.breakdown)
         out.text_choices = [i for i in self.text_choices if keep("t", i)]
         out.image_choices = [i for i in self.image_choices if keep("i", i)]
         out.pairs = [p for p in self.pairs if keep("p", p)]
@@ -313,9 +317,11 @@ def score_subsets(features: FeatureTables, data: SuiteData) -> dict[str, SubsetS
 def suite_metrics(benchmark: str, subsets: Mapping[str, SubsetScores],
                   skipped: Mapping[str, int], pooled: bool = False,
                   skip_counts: Mapping[tuple[str, str], int] | None = None,
-                  read: Mapping[str, int] | None = None) -> dict[str, float]:
+                  read: Mapping[str, int] | None = None,
+                  breakdown: Collection[str] = ()) -> dict[str, float]:
     """`<benchmark>_<subset>_{i2t,t2i,group}`, `<benchmark>_{i2t,t2i,group}` (unweighted
-    mean over the subsets that measured it; pooled: weighted by their items), and the
+    mean over the subsets that measured it, `breakdown` subsets left out; pooled:
+    weighted by their items), and the
     accounting per subset: `_read` (= `_num` scored + `_skipped`), `_skipped_<reason>`
     for each reason that occurred. A direction no subset measured gets no key."""
     metrics: dict[str, float] = {}
@@ -325,6 +331,8 @@ def suite_metrics(benchmark: str, subsets: Mapping[str, SubsetScores],
             value = getattr(scores, direction)
             if value is not None and np.isfinite(value):
                 metrics[f"{benchmark}_{subset}_{direction}"] = value
+                if subset in breakdown:
+                    continue
                 values.append(value)
                 weights.append(scores.num_items if pooled else 1)
         if values:
@@ -346,7 +354,7 @@ def evaluate_suite_data(encoder: Encoder, data: SuiteData) -> tuple[dict[str, fl
     features = encoder.features(data.texts(), data.images)
     subsets = (data.scorer or score_subsets)(features, data)
     return suite_metrics(data.benchmark, subsets, data.skipped, data.pooled,
-                         data.skip_counts, data.read()), subsets
+                         data.skip_counts, data.read(), data.breakdown), subsets
 
 
 # ---------------------------------------------------------------------------------------

@@ -7,19 +7,40 @@ Official (VisMin's contrastive evaluation, as the CS-CLIP authors'
 `compute_contrastive_accuracy_from_embs` restates it): Winoground's strict text, image
 and group scores per category. Paper (the authors' reported `text_contrastive_accuracy`):
 over all pairs, text_0 scoring image_0 strictly above image_1 (I2T as they name it),
-text_1 scoring image_1 above image_0 (T2I), and both (Group)."""
+text_1 scoring image_1 above image_0 (T2I), and both (Group). The paper also reports the
+four categories: the authors' `compute_contrastive_accuracy_from_embs` (VisMin's official
+Winoground scores per category) under `group_contrastive_accuracy`, here the breakdown
+subsets `category_<category>`, which stay out of VisMin's average (the pooled "all")."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from csclip.eval.encoder import FeatureTables
-from csclip.eval.suites.core import BenchmarkNotFound, Pair, SubsetScores, SuiteData, expect, join
+from csclip.eval.suites.core import (
+    BenchmarkNotFound,
+    Pair,
+    SubsetScores,
+    SuiteData,
+    expect,
+    join,
+    pair_correct,
+)
 from csclip.eval.suites.mmvp import pattern_subset
 
 LAYOUT = ("the release's data/test/*.arrow (datasets' save_to_disk) or *.parquet files, "
           "columns image_0, image_1 ({bytes, path}), text_0, text_1, category")
 COLUMNS = {"image_0", "image_1", "text_0", "text_1", "category"}
+CATEGORY = "category_"  # the paper protocol's per-category breakdown subsets: category_object
+
+
+@dataclass(frozen=True)
+class VisMinPair(Pair):
+    """A pair and its VisMin category (slugged), kept when the paper protocol pools it."""
+
+    category: str = ""
 
 
 def _tables(root: str) -> list[tuple[str, object]]:
@@ -65,8 +86,12 @@ def load_vismin(data_root: str, protocol: str = "official") -> SuiteData:
                 key = f"vismin/{file}:{row.get('id', index)}/{column}"
                 data.images[key] = image.get("bytes") if isinstance(image, dict) else image
                 keys.append(key)
-            subset = "all" if paper else pattern_subset(str(row["category"]))
-            data.pairs.append(Pair(subset, keys[0], keys[1], row["text_0"], row["text_1"]))
+            category = pattern_subset(str(row["category"]))
+            data.pairs.append(VisMinPair("all" if paper else category, keys[0], keys[1],
+                                         row["text_0"], row["text_1"], category))
+    if paper:
+        data.breakdown = frozenset(CATEGORY + p.category for p in data.pairs
+                                   if isinstance(p, VisMinPair))
     return data
 
 
@@ -74,18 +99,30 @@ def vismin_paper_scores(features: FeatureTables, data: SuiteData) -> dict[str, S
     """The CS-CLIP authors' VisMin numbers: per pair, correct_0 = s(image_0, text_0) >
     s(image_1, text_0) and correct_1 = s(image_1, text_1) > s(image_0, text_1); their
     `text_contrastive_accuracy` is the mean of correct_0 (here I2T), their image one of
-    correct_1 (T2I), their group one of both."""
+    correct_1 (T2I), their group one of both. Beside them, per category
+    (`category_<category>`, data.breakdown): what they store per category under
+    `group_contrastive_accuracy` and their tables report as VisMin's categories, the
+    official Winoground text (I2T), image (T2I) and group scores (not rounded here;
+    they round each to two decimals of a fraction)."""
     rows: dict[str, list[tuple[bool, bool]]] = {}
+    official: dict[str, list[tuple[bool, bool]]] = {}
     for pair in data.pairs:
         s = features.similarity([pair.image_0, pair.image_1, pair.image_1, pair.image_0],
                                 [pair.caption_0, pair.caption_0, pair.caption_1, pair.caption_1])
         rows.setdefault(pair.subset, []).append((bool(s[0] > s[1]), bool(s[2] > s[3])))
-    out = {}
-    for subset in data.subsets():
-        values = np.array(rows.get(subset, []), dtype=bool).reshape(-1, 2)
-        if not len(values):
-            out[subset] = SubsetScores(None, None, None, 0)
-            continue
-        out[subset] = SubsetScores(100.0 * values[:, 0].mean(), 100.0 * values[:, 1].mean(),
-                                   100.0 * values.all(1).mean(), len(values))
+        if isinstance(pair, VisMinPair) and CATEGORY + pair.category in data.breakdown:
+            # s(I_i, C_j): s00 = s[0], s01 = s[3], s10 = s[1], s11 = s[2]
+            official.setdefault(CATEGORY + pair.category, []).append(
+                pair_correct(float(s[0]), float(s[3]), float(s[1]), float(s[2])))
+    out = {subset: _scores(rows.get(subset, [])) for subset in data.subsets()}
+    out.update({subset: _scores(official[subset]) for subset in sorted(official)})
     return out
+
+
+def _scores(rows: list[tuple[bool, bool]]) -> SubsetScores:
+    """Percent of the first flags (I2T), the second (T2I) and both (Group)."""
+    values = np.array(rows, dtype=bool).reshape(-1, 2)
+    if not len(values):
+        return SubsetScores(None, None, None, 0)
+    return SubsetScores(100.0 * values[:, 0].mean(), 100.0 * values[:, 1].mean(),
+                        100.0 * values.all(1).mean(), len(values))
