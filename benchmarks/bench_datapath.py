@@ -19,7 +19,8 @@ workers, raylet and GCS) and the wall time of one pass over every image:
   shuffled, 1 or 2 workers); the class itself when open_clip_train.data imports (it needs
   webdataset and braceexpand), otherwise the same four lines here;
 - prepared: data.prepare_images's epochs (csclip.train.prepared), reading the uint8 pixels
-  prepared once; the preparation's own cost is reported apart.
+  prepared once and shipping them to the consumer, which normalises them (on the CPU here,
+  on the GPU in training); the preparation's own cost is reported apart.
 
 The last line is `csclip/open_clip CPU ratio X.XX, prepared/full ratio Y.YY`: images per
 CPU-second of csclip's stream over open_clip's better DataLoader, and of the prepared path
@@ -241,7 +242,7 @@ def csclip_pass(units: str, prepared: bool, method: str = "csclip") -> Callable[
     """One epoch of csclip's training data, consumed as a worker does; `method` clip makes
     only the caption's tokens (open_clip's CsvDataset's work), csclip all of CS-CLIP's."""
     from csclip.loss import LossConfig, objective_for
-    from csclip.train.prepared import training_source
+    from csclip.train.prepared import ImageNormalizer, training_source
     from csclip.train.sampling import SamplingConfig
     from csclip.train.stream import DataConfig, epoch_datasets
 
@@ -249,13 +250,14 @@ def csclip_pass(units: str, prepared: bool, method: str = "csclip") -> Callable[
     objective = objective_for(LossConfig(method=method), 2)
     rows, _ = training_source(data, PREPROCESS, MODEL, objective)
     epoch = {"count": 0}
+    worker = ImageNormalizer(PREPROCESS, "cpu")  # the prepared path's uint8, as loop.py does
 
     def run() -> int:
         (dataset,) = epoch_datasets(rows, sampling=SamplingConfig(), preprocess_cfg=PREPROCESS,
                                     model_name=MODEL, seed=epoch["count"], num_epochs=1,
                                     objective=objective, prepared=prepared)
         epoch["count"] += 1
-        return sum(len(batch["image"]) for batch in dataset.iter_torch_batches(
+        return sum(len(worker(batch)["image"]) for batch in dataset.iter_torch_batches(
             batch_size=BATCH, local_shuffle_buffer_size=512))
     return run
 

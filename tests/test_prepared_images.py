@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 from open_clip.transform import PreprocessCfg, image_transform_v2
 from PIL import Image
 
@@ -93,10 +94,32 @@ def test_normalised_pixels_are_the_eval_transform_bit_for_bit(photos, cfg):
         assert np.array_equal(expected, reference(image).numpy())  # open_clip's own
 
 
-def _epoch_rows(dataset) -> list[tuple]:
-    """Every row the workers get from an epoch (iter_torch_batches), as comparable bytes."""
+@pytest.mark.parametrize("cfg", [VIT_B_32, LONGEST])
+def test_worker_normalises_uint8_pixels_bit_for_bit(cfg):
+    from csclip.train.prepared import ImageNormalizer, channel_lookup
+
+    key = preprocess_key(cfg)
+    every = np.broadcast_to(np.arange(256, dtype=np.uint8)[None, None, :, None], (2, 3, 256, 1))
+    pixels = np.random.default_rng(0).integers(0, 256, (4, 3, 20, 30), dtype=np.uint8)
+    normalise = ImageNormalizer(cfg, "cpu")
+    for batch in (every, pixels):
+        got = normalise({"image": torch.from_numpy(batch.copy()), "caption": torch.zeros(2)})
+        assert got["image"].dtype == torch.float32
+        assert np.array_equal(got["image"].numpy(), image_normalize(key)(batch))
+        # The accelerators' path (a table lookup), here on the CPU.
+        looked_up = normalise.by_lookup(torch.from_numpy(batch.copy()))
+        assert np.array_equal(looked_up.numpy(), image_normalize(key)(batch))
+    assert channel_lookup(cfg).shape == (3, 256)
+    floats = {"image": torch.ones(1, 3, 2, 2)}
+    assert normalise(floats) is floats  # the streamed path's float32 images pass through
+
+
+def _epoch_rows(dataset, worker=lambda batch: batch) -> list[tuple]:
+    """Every row the workers get from an epoch (iter_torch_batches, then what the worker
+    does to the batch before its step), as comparable bytes."""
     rows = []
-    for batch in dataset.iter_torch_batches(batch_size=5):
+    for batch in map(worker, dataset.iter_torch_batches(batch_size=5)):
+        assert batch["image"].dtype == torch.float32
         names = sorted(batch)
         for index in range(len(batch["image"])):
             rows.append(tuple((name, batch[name][index].numpy().tobytes()) for name in names))
@@ -104,7 +127,7 @@ def _epoch_rows(dataset) -> list[tuple]:
 
 
 def test_worker_tensors_equal_the_streamed_path_bit_for_bit(ray_session, photos, tmp_path):
-    from csclip.train.prepared import training_source
+    from csclip.train.prepared import ImageNormalizer, training_source
 
     broken = tmp_path / "images" / "broken.jpg"
     broken.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
@@ -122,7 +145,9 @@ def test_worker_tensors_equal_the_streamed_path_bit_for_bit(ray_session, photos,
     assert plans["prepared"] == plans["streamed"]
     assert (plans["prepared"].num_rows, plans["prepared"].failed_ids) == (12, ("s99-0",))
     for epoch in range(2):
-        got, expected = _epoch_rows(epochs["prepared"][epoch]), _epoch_rows(epochs["streamed"][epoch])
+        # The prepared path ships uint8 pixels; the worker normalises them (loop.py).
+        got = _epoch_rows(epochs["prepared"][epoch], ImageNormalizer(VIT_B_32, "cpu"))
+        expected = _epoch_rows(epochs["streamed"][epoch])
         assert len(got) == 12 and got == expected
     (folder,) = (tmp_path / "out" / "prepared_images").iterdir()
     manifest = json.loads((folder / "_prepared.json").read_text())

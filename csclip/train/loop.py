@@ -70,6 +70,7 @@ from csclip.train.identity import (  # noqa: F401  (re-exported)
     run_name,
 )
 from csclip.train.optim import OptimConfig, lr_at
+from csclip.train.prepared import ImageNormalizer
 from csclip.train.sampling import SamplingConfig
 from csclip.train.step import (
     CompileMode,
@@ -385,6 +386,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     total = plan.total_steps
     metrics, window, last = StepMetrics(), _Window(time.perf_counter()), {}
     first_step = state.step + 1  # of this worker: a line says training began
+    images = ImageNormalizer(setup.spec.preprocess_cfg, device)  # data.prepare_images' uint8
     for epoch, batches in _epoch_batches(config, plan, state.step, device, rank):
         tick = time.perf_counter()
         for batch in batches:
@@ -394,7 +396,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             lr = lr_at(state.step, config.optim, total, plan.steps_per_epoch)
             for group in training.optimizer.param_groups:
                 group["lr"] = lr
-            parts = train_step(training, batch)
+            parts = train_step(training, images(batch))
             global_batch = batch["image"].shape[0] * context.get_world_size()
             state.step += 1
             state.samples += global_batch

@@ -110,6 +110,49 @@ def training_source(data: DataConfig, preprocess_cfg: dict, model_name: str,
     return rows, checked
 
 
+def channel_lookup(preprocess_cfg: dict) -> np.ndarray:
+    """(3, 256) float32: what the eval transform's normalisation makes of each uint8 value
+    in each channel (csclip.preprocess.image_normalize's own arithmetic)."""
+    from csclip.preprocess import image_normalize
+
+    values = np.broadcast_to(np.arange(256, dtype=np.uint8)[None, :, None], (3, 256, 1))
+    return np.ascontiguousarray(image_normalize(preprocess_key(preprocess_cfg))(values)[:, :, 0])
+
+
+class ImageNormalizer:
+    """A batch's uint8 `image` (B, 3, H, W), as the prepared path ships it, normalised on
+    the worker's device to the float32 tensor the streamed path gives, bit for bit: on a
+    CPU by csclip.preprocess.image_normalize itself, on an accelerator by looking each
+    value up in channel_lookup's table (a copy, exact on any device; the device's own
+    division may differ in the last bit). A float32 image passes through."""
+
+    def __init__(self, preprocess_cfg: dict, device) -> None:
+        import torch
+
+        from csclip.preprocess import image_normalize
+
+        self._normalize = image_normalize(preprocess_key(preprocess_cfg))
+        self._lookup = torch.from_numpy(channel_lookup(preprocess_cfg)).to(device)  # (3, 256)
+
+    def __call__(self, batch: dict) -> dict:
+        import torch
+
+        image = batch.get("image")
+        if image is None or image.dtype != torch.uint8:
+            return batch
+        if image.device.type == "cpu":
+            return {**batch, "image": torch.from_numpy(self._normalize(image.numpy()))}
+        return {**batch, "image": self.by_lookup(image)}
+
+    def by_lookup(self, image):
+        """(B, 3, H, W) uint8 -> float32 on the image's device, through the table."""
+        import torch
+
+        lookup = self._lookup.to(image.device)
+        channels = [lookup[c][image[:, c].long()] for c in range(image.shape[1])]  # (B, H, W)
+        return torch.stack(channels, dim=1)                                       # (B, 3, H, W)
+
+
 def units_digest(units_uri: str) -> str:
     """sha256 of the units table's Parquet files (names relative to it, and bytes), in the
     order a reader lists them: the content the key covers."""

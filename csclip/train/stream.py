@@ -360,16 +360,19 @@ def _unflatten(column: pa.ChunkedArray | pa.Array, shape: Sequence[int]) -> np.n
 
 def sample_batch(batch: pa.Table, *, sampling: dict, model_name: str, seed: int, epoch: int,
                  image_shape: Sequence[int], columns: Sequence[str] | None = None,
-                 preprocess: tuple | None = None) -> dict[str, np.ndarray]:
+                 preprocess: tuple | None = None, normalize: bool = True
+                 ) -> dict[str, np.ndarray]:
     """The per-epoch half of preparation, on decode_batch's rows or on prepared rows
     (csclip.train.prepared: their uint8 PIXELS, normalised here by `preprocess`'s
-    transform; rows whose image did not decode are dropped): sample the text slots
-    (SPEC §3) for `epoch` and tokenize them.
+    transform, or with `normalize` False passed on as uint8 for the worker to normalise;
+    rows whose image did not decode are dropped): sample the text slots (SPEC §3) for
+    `epoch` and tokenize them.
 
     columns: the token columns to produce (an Objective's `columns`; default: those of
     CS-CLIP); plain CLIP needs only the caption, whose tokens decode_batch made, so it
     samples nothing. image_shape: (3, H, W) of the transformed image.
-    Returns image (n, 3, H, W) float32; each token column (n, context_length) int64;
+    Returns image (n, 3, H, W) float32 (uint8 pixels unless `normalize`); each token
+    column (n, context_length) int64;
     unit_mask (n,) bool when unit columns are produced; negative_mask (n,) bool (False:
     no caption negative could be built, SPEC §3) when caption_negative is produced.
     """
@@ -381,7 +384,9 @@ def sample_batch(batch: pa.Table, *, sampling: dict, model_name: str, seed: int,
     wanted = list(columns) if columns is not None else [
         "caption", "caption_negative", *unit_columns(config.num_unit_slots)]
     caption_tokens = _unflatten(batch.column(CAPTION_TOKENS), (-1,))
-    out: dict[str, np.ndarray] = {"image": _images(batch, image_shape, preprocess)}  # (n, 3, H, W)
+    out: dict[str, np.ndarray] = {"image": _images(batch, image_shape, preprocess)  # (n, 3, H, W)
+                                  if normalize or PIXELS not in batch.column_names else
+                                  pixel_array(batch.column(PIXELS), image_shape)}
     if LAYOUT_TARGET in batch.column_names:  # loss.method layout: images and targets only
         out[LAYOUT_TARGET] = _unflatten(batch.column(LAYOUT_TARGET), (-1,)).astype(np.int64)
     if not wanted:
@@ -614,8 +619,11 @@ def epoch_datasets(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
                     rows.count())
         prepare, fn_kwargs = sample_batch, {"image_shape": image_shape(preprocess_cfg)}
     elif prepared:  # csclip.train.prepared.training_source's rows: pixels, caption tokens
+        # The uint8 pixels go to the workers (a quarter of the bytes through the object
+        # store and to the device), normalised there: csclip.train.prepared.ImageNormalizer.
         rows, prepare = source, sample_batch
-        fn_kwargs = {"image_shape": image_shape(preprocess_cfg), "preprocess": preprocess}
+        fn_kwargs = {"image_shape": image_shape(preprocess_cfg), "preprocess": preprocess,
+                     "normalize": False}
     else:
         rows, prepare = source, prepare_batch
         fn_kwargs = {"preprocess": preprocess, "augment": augment, "layout": objective.layout}
