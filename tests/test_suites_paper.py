@@ -215,6 +215,79 @@ def test_negbench_mcq_is_argmax_with_the_first_maximum():
     assert paper["negbench_i2t"] == official["negbench_i2t"]
 
 
+def write_video(path: Path, colors: list[str]) -> None:
+    """An MP4 (mp4v) whose frame k is a solid colors[k]."""
+    import cv2
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 10, (32, 32))
+    assert writer.isOpened()
+    for color in colors:
+        writer.write(np.full((32, 32, 3), RGB[color][::-1], dtype=np.uint8))  # BGR
+    writer.release()
+
+
+def test_negbench_msrvtt_mcq_frames_as_negbench_and_as_the_authors(tmp_path):
+    import shutil
+
+    from csclip.eval.suites.negbench import VideoChoice, frame_indices
+
+    shutil.copytree(FIXTURES / "negbench", tmp_path / "negbench")
+    # NegBench's UniformFrameSampler(4) on 8 frames: linspace(0, 7, 5) as int = 0 1 3 5 7,
+    # midpoints rounded half to even: 0 2 4 6. The authors' loader: frame 0.
+    assert frame_indices(8, "official") == [0, 2, 4, 6]
+    assert frame_indices(300, "official") == [37, 112, 186, 262]
+    assert frame_indices(8, "paper") == [0]
+    videos = tmp_path / "negbench" / "videos"
+    # video1: frame 0 red, frames 2, 4, 6 blue (1, 3, 5, 7 yellow, never scored).
+    write_video(videos / "all" / "video1.mp4",
+                ["red", "yellow", "blue", "yellow", "blue", "yellow", "blue", "yellow"])
+    write_video(videos / "all" / "video2.mp4", ["green"] * 8)
+    (videos / "all" / "video4.mp4").write_bytes(b"not a video")
+    header = ["image_path", "caption_0", "caption_1", "caption_2", "caption_3",
+              "correct_answer", "correct_answer_template"]
+    rows = [  # image_path as published: the authors' absolute paths, left as they are
+        ["/data/MSRVTT/videos/all/video1.mp4", "A red car.", "A blue car.", "A car.",
+         "No car.", 1, "positive"],
+        ["/data/MSRVTT/videos/all/video2.mp4", "A green bus.", "A bus with no green.",
+         "A bus.", "A red bus.", 0, "positive"],
+        ["/data/MSRVTT/videos/all/video3.mp4", "A red cup.", "A cup.", "No cup.",
+         "A blue cup.", 0, "positive"],
+        ["/data/MSRVTT/videos/all/video4.mp4", "A red cup.", "A cup.", "No cup.",
+         "A blue cup.", 0, "positive"],
+        ["/data/MSRVTT/videos/all/video1.mp4", "A yellow car.", "A red car.", "A blue car.",
+         "A car.", 2, "negative"],
+    ]
+    with (videos / "msr_vtt_mcq_rephrased_llama.csv").open("w", newline="") as handle:
+        csv.writer(handle).writerows([header, *rows])
+    official, paper = both("negbench", str(tmp_path))
+    # Official: a caption's cosine averaged over the 4 frames (red, blue, blue, blue):
+    # blue 0.75 beats red 0.25 (rows 1 and 5 right); video2: "A green bus." and "A bus
+    # with no green." tie at 1, argmax takes the first, the answer (right): 3 of 3.
+    assert official["negbench_msrvtt_mcq_i2t"] == 100.0
+    assert official["negbench_msrvtt_mcq_num"] == 3
+    # video3 is missing; video4 is there but no video: counted skips.
+    assert official["negbench_msrvtt_mcq_skipped"] == 2
+    assert official["negbench_msrvtt_mcq_skipped_missing_image"] == 1
+    assert official["negbench_msrvtt_mcq_skipped_unreadable_image"] == 1
+    # Paper: frame 0 alone (red): rows 1 and 5 pick their red caption (wrong); row 2 right.
+    assert paper["negbench_msrvtt_mcq_i2t"] == pytest.approx(100 / 3)
+    # NegBench's number: the mean over its MCQ subsets (COCO 50, VOC 100), the authors'
+    # benchmarks.json subsets, MSR-VTT among them.
+    assert paper["negbench_i2t"] == pytest.approx((50 + 100 + 100 / 3) / 3)
+    assert official["negbench_i2t"] == pytest.approx((50 + 100 + 100) / 3)
+    # Each video decoded once: 2 videos x 4 frames (official), x 1 (paper), and a limit
+    # keeps every frame of the videos it keeps.
+    for protocol, frames in (("official", 4), ("paper", 1)):
+        data = load_benchmark("negbench", BENCHMARKS["negbench"], str(tmp_path), protocol)
+        videos_read = [i for i in data.text_choices if isinstance(i, VideoChoice)]
+        assert {len(i.frames) for i in videos_read} == {frames}
+        assert sum(k.endswith(f"#frame={frames - 1}") for k in data.images) == 2
+        limited = data.limit(1)
+        assert {k for i in limited.text_choices if isinstance(i, VideoChoice)
+                for k in i.frames} <= set(limited.images)
+
+
 # --- official scorers vs the paper's, on the same crafted fixtures ------------------------
 
 

@@ -219,6 +219,7 @@ class SuiteData:
         out.pairs = [p for p in self.pairs if keep("p", p)]
         used = {i.image for i in out.text_choices} | {k for i in out.image_choices for k in i.images}
         used |= {k for p in out.pairs for k in (p.image_0, p.image_1)}
+        used |= {k for i in out.text_choices for k in getattr(i, "frames", ())}  # a video's
         out.images = {k: v for k, v in self.images.items() if k in used}
         return out
 

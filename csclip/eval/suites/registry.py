@@ -123,6 +123,7 @@ CAPABILITY_OF: dict[tuple[str, str], str] = {
     # of MMVP's tags); ours.
     ("mmvp", "camera_perspective"): RELATIONAL,
     ("negbench", "coco_mcq"): LINGUISTIC, ("negbench", "voc2007_mcq"): LINGUISTIC,
+    ("negbench", "msrvtt_mcq"): LINGUISTIC,
     ("valse", "counting"): ENTITY, ("valse", "actions"): RELATIONAL,
     ("valse", "coreference"): LINGUISTIC, ("valse", "noun_phrases"): LINGUISTIC,
 }  # fmt: skip
