@@ -30,7 +30,12 @@ from pydantic import Field, field_validator, model_validator
 from csclip.config import StrictModel, refuse_renamed
 from csclip.errors import CheckpointMismatch, ConfigError, DataError
 from csclip.model_configs import SMALL_MODEL_CONFIGS
-from csclip.pretrained import resolve_tag_weights, tag_config
+from csclip.pretrained import (
+    TRAINING_CHECKPOINT_QUICK_GELU,
+    read_weights_file,
+    resolve_tag_weights,
+    tag_config,
+)
 from csclip.storage import check_export, write_manifest
 
 logger = logging.getLogger(__name__)
@@ -325,7 +330,39 @@ def create_bundle(name: str, pretrained: str | None = None, device: str = "cpu",
     if pretrained and not Path(pretrained).exists() and ("/" in pretrained or pretrained.endswith(".pt")):
         raise ConfigError(f"model.pretrained: {pretrained} does not exist; give a pretrained "
                           "tag, a state-dict file or a checkpoint directory")
+    if pretrained and Path(pretrained).is_file() and not pretrained.endswith((".safetensors", ".npz")):
+        return _build_from_file(name, pretrained, device, quick_gelu, image_size)
     return _build(name, pretrained, device, quick_gelu, image_size)
+
+
+def _build_from_file(name: str, path: str, device: str, quick_gelu: bool | None,
+                     image_size: int | None) -> ClipBundle:
+    """A torch-saved weights file: a plain state dict goes to open_clip as before; an
+    open_clip training checkpoint (NegCLIP's released file: "module."-prefixed state dict
+    beside epoch, name, optimizer) is loaded here, all its keys or none, built with
+    model.quick_gelu or, unset, TRAINING_CHECKPOINT_QUICK_GELU, said in one log line."""
+    weights = read_weights_file(path)
+    if not weights.training:
+        return _build(name, path, device, quick_gelu, image_size)
+    if quick_gelu is None:
+        quick_gelu = TRAINING_CHECKPOINT_QUICK_GELU
+        logger.warning("%s: an open_clip training checkpoint (epoch %s, run %s) does not record "
+                       "its activation; built as %s with quick_gelu=%s, as the CS-CLIP authors "
+                       "evaluated NegCLIP (set model.quick_gelu=true for the QuickGELU NegCLIP "
+                       "was fine-tuned with from OpenAI's weights)", path, weights.epoch,
+                       weights.run_name, name, quick_gelu)
+    bundle = _build(name, None, device, quick_gelu, image_size)
+    try:
+        missing, unexpected = bundle.model.load_state_dict(weights.state_dict, strict=False)
+    except RuntimeError as err:  # a tensor of another shape: weights of another model
+        raise CheckpointMismatch(f"{path}: not weights of {name} ({str(err).splitlines()[-1].strip()})"
+                                 ) from err
+    if missing or unexpected:
+        raise CheckpointMismatch(f"{path}: not weights of {name} ({len(missing)} of its keys "
+                                 f"missing, e.g. {missing[:2]}; {len(unexpected)} unexpected, "
+                                 f"e.g. {unexpected[:2]}); set model.name to the checkpoint's model")
+    bundle.model.to(device)
+    return ClipBundle(bundle.model, bundle.preprocess, bundle.tokenizer, name, path)
 
 
 def bundle_from_config(config: ModelSource, device: str = "cpu") -> ClipBundle:

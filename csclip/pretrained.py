@@ -147,3 +147,88 @@ def resolve_tag_weights(name: str, pretrained: str | None) -> TagWeights | None:
                           "--pretrained FILE (a state dict), or run once where the hub is "
                           "reachable")
     return None
+
+
+# An open_clip training checkpoint (open_clip's training/main.py, and NegCLIP's fork of it,
+# vinid/neg_clip src/training/main.py:263-268): {"epoch", "name", "state_dict", "optimizer"
+# [, "scaler"]}, the state dict's keys prefixed "module." when the model was wrapped in
+# DistributedDataParallel. Its optimizer state holds the numpy float64 learning rate of
+# open_clip's cosine schedule (training/scheduler.py), which torch.load(weights_only=True)
+# refuses unless numpy's scalar and dtype classes are allowed.
+DDP_PREFIX = "module."
+# What csclip builds such a file with when model.quick_gelu is unset: the file does not
+# record its activation. The CS-CLIP authors evaluated NegCLIP's released negCLIP.pt in
+# open_clip's ViT-B-32 (nn.GELU): configs/eval_checkpoints.yaml at 16276c7, "NegCLIP COCO
+# ViT-B/32" (force_openclip, base_model ViT-B/32@laion2b_s34b_b79k), loaded by
+# utils/checkpoint_loader.py load_external_checkpoint; ARO and SugarCrepe load it the same
+# way (open_clip.create_model_and_transforms("ViT-B-32", pretrained=path)).
+TRAINING_CHECKPOINT_QUICK_GELU = False
+
+
+@dataclass(frozen=True)
+class WeightsFile:
+    """A `--pretrained FILE` read with torch.load: its state dict (without the DDP prefix)
+    and, for an open_clip training checkpoint, its epoch and run name (`training` True)."""
+
+    path: str
+    state_dict: dict
+    training: bool
+    epoch: int | None = None
+    run_name: str | None = None
+
+
+def _numpy_globals() -> list:
+    # numpy's scalar reconstructor and dtypes under both module names: numpy 1.x pickles
+    # say numpy.core.multiarray, numpy 2.x numpy._core.multiarray.
+    import numpy as np
+
+    core = getattr(np, "_core", None) or np.core
+    scalar = core.multiarray.scalar
+    dtypes = [getattr(np.dtypes, n) for n in ("Float64DType", "Float32DType", "Float16DType",
+                                             "Int64DType", "Int32DType", "BoolDType")]
+    return [scalar, (scalar, "numpy.core.multiarray.scalar"),
+            (scalar, "numpy._core.multiarray.scalar"), np.dtype, *dtypes]
+
+
+def read_weights_file(path: str) -> WeightsFile:
+    """Read a torch-saved weights file: a plain state dict, or an open_clip training
+    checkpoint (NegCLIP's released file) whose state dict is returned without its
+    "module." prefix. Tensors, plain types and numpy scalars only (weights_only). A file
+    torch cannot read (truncated, not a torch file, other pickled objects) is one
+    ConfigError line."""
+    import pickle
+    import zipfile
+
+    import torch
+
+    def load(mmap: bool) -> object:
+        with torch.serialization.safe_globals(_numpy_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+
+    try:
+        try:
+            loaded = load(mmap=True)
+        except RuntimeError as err:
+            if "mmap can only be used" not in str(err):
+                raise
+            loaded = load(mmap=False)  # a file in torch's legacy (pre-1.6) format
+    except (RuntimeError, pickle.UnpicklingError, EOFError, zipfile.BadZipFile, ValueError,
+            OSError) as err:
+        first = str(err).strip().splitlines()[0].split(". ")[0] if str(err).strip() else ""
+        if "Weights only load failed" in first:
+            first = "it holds objects other than tensors, plain types and numpy scalars"
+        raise ConfigError(f"model.pretrained: {path} is not a readable weights file "
+                          f"({type(err).__name__}: {first}); is it complete?") from err
+    training = isinstance(loaded, dict) and isinstance(loaded.get("state_dict"), dict)
+    state = loaded["state_dict"] if training else loaded
+    if not isinstance(state, dict) or not state or \
+            not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ConfigError(f"model.pretrained: {path} holds no state dict (a dict of tensors, "
+                          "or an open_clip training checkpoint with one under 'state_dict')")
+    if all(str(key).startswith(DDP_PREFIX) for key in state):
+        state = {key[len(DDP_PREFIX):]: value for key, value in state.items()}
+    if not training:
+        return WeightsFile(path, state, False)
+    epoch = loaded.get("epoch")
+    return WeightsFile(path, state, True, epoch if isinstance(epoch, int) else None,
+                       loaded.get("name") if isinstance(loaded.get("name"), str) else None)
