@@ -55,7 +55,7 @@ ROWS_DIR = "rows"
 MANIFEST = "_prepared.json"
 # The prepared table's layout and the decoding it holds; a change here must not reuse
 # tables written before it, so it is part of the key.
-FORMAT = 1
+FORMAT = 2  # 2: rows carry the stored caption shuffles (text_rows' meta)
 MAX_LISTED_FAILURES = 20
 ROWS_PER_BLOCK = 512
 
