@@ -243,13 +243,17 @@ def evaluate_retrieval(
 
 
 # ---------------------------------------------------------------------------------------
-# COCO / Flickr30k Karpathy test from local or s3:// copies
+# COCO / Flickr30k / Flickr8k Karpathy test from local or s3:// copies
 # ---------------------------------------------------------------------------------------
 
 KARPATHY_LAYOUT = {
     "coco": "dataset_coco.json (Karpathy) and the val2014/ folder its filepath names",
     "flickr30k": "dataset_flickr30k.json (Karpathy) and flickr30k-images/ (or images/)",
+    "flickr8k": "flickr8k_test_karpathy.txt (CLIP_benchmark's) and Images/ (or the images "
+                "beside it), or dataset_flickr8k.json (Karpathy) and Flicker8k_Dataset/ (or "
+                "images/)",
 }
+CLIP_BENCHMARK_CAPTIONS = "{dataset}_{split}_karpathy.txt"  # clip_benchmark.datasets.flickr
 
 
 @dataclass(frozen=True)
@@ -290,14 +294,56 @@ def load_karpathy(json_uri: str, image_root: str, split: str = "test") -> Karpat
     return KarpathySet(_retrieval_set(pairs), images, skipped)
 
 
+def load_clip_benchmark_captions(txt_uri: str, image_root: str) -> KarpathySet:
+    """CLIP_benchmark's Flickr annotation (`flickr8k_test_karpathy.txt`, read as
+    clip_benchmark.datasets.flickr.Flickr reads it: a header line, then one
+    `<image>.jpg,<caption>` per line, the split at the first ".jpg,") with its images under
+    image_root (local or s3://). Raises DataError for a line without ".jpg," or no image."""
+    from csclip.eval.suites.core import ImageFolder
+    from csclip.storage import filesystem_for, read_bytes
+
+    filesystem, path = filesystem_for(txt_uri)
+    try:
+        lines = read_bytes(filesystem, path).decode().splitlines()[1:]
+    except UnicodeDecodeError as err:
+        raise DataError(f"{txt_uri}: not UTF-8 text (byte {err.start})") from err
+    folder = ImageFolder(image_root)
+    pairs: list[tuple[str, str]] = []
+    images: dict[str, str] = {}
+    skipped = 0
+    for number, line in enumerate(lines, start=2):
+        line = line.strip()
+        if not line:
+            continue
+        if ".jpg," not in line:
+            raise DataError(f"{txt_uri} line {number}: no '<image>.jpg,<caption>' (expects "
+                            f"{KARPATHY_LAYOUT['flickr8k']})")
+        image, caption = line.split(".jpg,", 1)
+        image += ".jpg"
+        ref = images.get(image) or folder.ref(image)
+        if ref is None:
+            skipped += 1
+            continue
+        images[image] = ref
+        pairs.append((image, caption))
+    if not pairs:
+        raise DataError(f"{txt_uri}: no captions with an image under {image_root} "
+                        f"({skipped} without an image)")
+    return KarpathySet(_retrieval_set(pairs), images, skipped)
+
+
 def evaluate_karpathy(encoder: Encoder, dataset: str, json_uri: str, image_root: str,
                       split: str = "test", counting: RetrievalCounting = "strict"
                       ) -> dict[str, float]:
     """Recall@1/5/10 both ways on a Karpathy split: keys `<dataset>_ret_i2t`,
     `<dataset>_ret_t2i` (R@1), `<dataset>_ret_{i2t,t2i}_r{5,10}`, counts and
     `<dataset>_ret_skipped_captions` (image missing). Any caption counts for I2T; queries
-    and ties as `counting` says (the module docstring)."""
-    karpathy = load_karpathy(json_uri, image_root, split)
+    and ties as `counting` says (the module docstring). A `.txt` json_uri is CLIP_benchmark's
+    caption file of that split (load_clip_benchmark_captions)."""
+    if json_uri.endswith(".txt"):
+        karpathy = load_clip_benchmark_captions(json_uri, image_root)
+    else:
+        karpathy = load_karpathy(json_uri, image_root, split)
     features = encoder.features(karpathy.rset.texts, karpathy.images)
     metrics = retrieval_metrics(features, karpathy.rset, counting=counting)
     out = {f"{dataset}_{key}": value for key, value in metrics.items()}

@@ -29,14 +29,28 @@ from csclip.eval.suites.sugarcrepe import evaluate_sugarcrepe
 from csclip.eval.suites.world import evaluate_world_suites
 from csclip.eval.zeroshot import LAYOUT as ZEROSHOT_LAYOUT
 from csclip.eval.zeroshot import evaluate_world_zeroshot, evaluate_zeroshot_datasets
+from csclip.eval.zeroshot_paper import LAYOUT as ZEROSHOT_PAPER_LAYOUT
+from csclip.eval.zeroshot_paper import PAPER_DATASETS, evaluate_paper_zeroshot, find_paper_datasets
 from csclip.units import UnitsRecord
 
 log = logging.getLogger(__name__)
 
 # Suites that are not compositional benchmarks but are run by name the same way.
-RETRIEVAL_SUITES = {"coco_retrieval": "coco", "flickr30k_retrieval": "flickr30k"}
+RETRIEVAL_SUITES = {"coco_retrieval": "coco", "flickr30k_retrieval": "flickr30k",
+                    "flickr8k_retrieval": "flickr8k"}
 ZEROSHOT_SUITE = "zeroshot"
-SUITE_NAMES: tuple[str, ...] = (*sorted(BENCHMARKS), *RETRIEVAL_SUITES, ZEROSHOT_SUITE)
+# The paper's ZS column: seven CLIP_benchmark datasets (csclip.eval.zeroshot_paper).
+ZEROSHOT_PAPER_SUITE = "zeroshot_paper"
+SUITE_NAMES: tuple[str, ...] = (*sorted(BENCHMARKS), *RETRIEVAL_SUITES, ZEROSHOT_SUITE,
+                                ZEROSHOT_PAPER_SUITE)
+# Where each retrieval suite's captions and images are, first match first (under
+# <data_root>/<dataset>/): (caption files, image folders). A .txt is CLIP_benchmark's.
+RETRIEVAL_FILES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "coco": (("dataset_coco.json",), ("",)),
+    "flickr30k": (("dataset_flickr30k.json",), ("flickr30k-images", "images")),
+    "flickr8k": (("flickr8k_test_karpathy.txt", "dataset_flickr8k.json"),
+                 ("Images", "Flicker8k_Dataset", "images", "")),
+}
 
 
 class SuitesConfig(StrictModel):
@@ -143,14 +157,16 @@ def evaluate_suites(
 @dataclass(frozen=True)
 class NamedSuites:
     """The suites of SuitesConfig.names as found under data_root (find_named_suites): the
-    benchmarks loaded, each retrieval suite's (Karpathy JSON, image folder), the zero-shot
-    folder, and one "<name>: not found under ... (expects ...)" line per missing suite."""
+    benchmarks loaded, each retrieval suite's (caption file, image folder), the zero-shot
+    folder, the paper's zero-shot datasets found ({name: folder}), and one "<name>: not
+    found under ... (expects ...)" line per missing suite."""
 
     benchmarks: dict[str, SuiteData]
     retrieval: dict[str, tuple[str, str]]
     zeroshot: str | None
     missing: dict[str, str]  # suite name -> what was expected where
     num_benchmarks_asked: int  # of BENCHMARKS (the suite average's denominator)
+    zeroshot_paper: dict[str, str] | None = None  # None: zeroshot_paper not asked
 
 
 MAX_MISSING_SHOWN = 3  # missing suites whose layout the error line spells out
@@ -171,9 +187,9 @@ def find_named_suites(config: SuitesConfig, refuse_missing: bool = False) -> Nam
         if name not in config.names:
             continue
         folder = join(root, dataset)
-        json_uri = first_existing(folder, f"dataset_{dataset}.json")
-        images = first_existing(folder, "flickr30k-images", "images") if dataset == "flickr30k" \
-            else folder
+        caption_files, image_folders = RETRIEVAL_FILES[dataset]
+        json_uri = first_existing(folder, *caption_files)
+        images = first_existing(folder, *image_folders)
         if json_uri is None or images is None:
             missing[name] = f"{name}: not found under {folder} (expects {KARPATHY_LAYOUT[dataset]})"
         else:
@@ -185,11 +201,22 @@ def find_named_suites(config: SuitesConfig, refuse_missing: bool = False) -> Nam
             missing[ZEROSHOT_SUITE] = (f"zeroshot: not found under {zeroshot} (expects "
                                        f"{ZEROSHOT_LAYOUT})")
             zeroshot = None
+    zeroshot_paper = None
+    if ZEROSHOT_PAPER_SUITE in config.names:
+        zeroshot_paper, not_there = find_paper_datasets(join(root, ZEROSHOT_PAPER_SUITE))
+        folder = join(root, ZEROSHOT_PAPER_SUITE)
+        if not zeroshot_paper:
+            missing[ZEROSHOT_PAPER_SUITE] = (f"zeroshot_paper: not found under {folder} (expects "
+                                             f"{ZEROSHOT_PAPER_LAYOUT})")
+        elif not_there:
+            missing[ZEROSHOT_PAPER_SUITE] = (
+                f"zeroshot_paper: {len(not_there)} of {len(PAPER_DATASETS)} datasets not found "
+                f"under {folder}: {'; '.join(not_there.values())}")
     if missing and refuse_missing and not config.allow_missing:
         raise DataError(_missing_line(missing, len(config.names), root))
     for line in missing.values():
         log.warning("%s; skipped", line)
-    return NamedSuites(benchmarks, retrieval, zeroshot, missing, len(asked))
+    return NamedSuites(benchmarks, retrieval, zeroshot, missing, len(asked), zeroshot_paper)
 
 
 def _missing_line(missing: dict[str, str], num_asked: int, root: str) -> str:
@@ -221,6 +248,21 @@ def evaluate_named_suites(encoder: Encoder, config: SuitesConfig,
     for name, (json_uri, images) in found.retrieval.items():
         metrics.update(evaluate_karpathy(encoder, RETRIEVAL_SUITES[name], json_uri, images,
                                          counting=config.retrieval_rule))
+    metrics.update(paper_retrieval(metrics))
     if found.zeroshot is not None:
         metrics.update(evaluate_zeroshot_datasets(encoder, found.zeroshot))
+    if found.zeroshot_paper:
+        metrics.update(evaluate_paper_zeroshot(encoder, found.zeroshot_paper))
     return metrics
+
+
+def paper_retrieval(metrics: dict[str, float]) -> dict[str, float]:
+    """The paper's Retr columns (Tables 16-17): `ret_paper_i2t` / `ret_paper_t2i`, the mean
+    R@1 of COCO and Flickr8k (the authors' I2T is CLIP_benchmark's text_retrieval_recall@1,
+    image -> text), when both ran; else {}."""
+    out = {}
+    for direction in ("i2t", "t2i"):
+        keys = (f"coco_ret_{direction}", f"flickr8k_ret_{direction}")
+        if all(k in metrics for k in keys):
+            out[f"ret_paper_{direction}"] = (metrics[keys[0]] + metrics[keys[1]]) / 2
+    return out

@@ -1,0 +1,373 @@
+"""The paper's zero-shot column (Tables 16-17, "ZS Avg"): top-1 over the seven
+CLIP_benchmark datasets the CS-CLIP authors ran (imagenet1k, imagenetv2, imagenet_sketch,
+imagenet-o, sun397, caltech101, cifar10), each with CLIP_benchmark's own class names and
+templates, read from the installed `clip_benchmark` package (never copied here).
+
+Each dataset is read from `<data_root>/zeroshot_paper/<name>/` in the on-disk layout that
+CLIP_benchmark's `build_dataset(name, root=that folder, download=False)` (and the
+torchvision class behind it) reads, by our own readers: nothing here downloads, checks an
+md5 or shells out (CLIP_benchmark's builder calls wget, gdown or requests when a root is
+missing or a count is off). Labels are CLIP_benchmark's class indices: for the ImageNet
+family the class folder's WordNet id in ImageNet's sorted order (what ImageFolder's index
+is when every class folder is there), imagenetv2's numbered folders, SUN397's
+ClassName.txt order, Caltech101's sorted folders, CIFAR-10's batch labels.
+docs/evaluation.md, "The paper's ZS and Retr columns".
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import logging
+import pickle
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+
+from csclip.errors import DataError
+from csclip.eval.encoder import Encoder, ImageSource
+from csclip.eval.zeroshot import ZeroShotTask, evaluate_task
+
+log = logging.getLogger(__name__)
+
+SUITE = "zeroshot_paper"
+# CLIP_benchmark's dataset names, in the authors' table order (ImageNet family, then the
+# fine-grained three).
+PAPER_DATASETS: tuple[str, ...] = ("imagenet1k", "imagenetv2", "imagenet_sketch", "imagenet-o",
+                                   "cifar10", "caltech101", "sun397")
+# torchvision.datasets.folder.IMG_EXTENSIONS: what ImageFolder lists (case-insensitive).
+IMAGE_FOLDER_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff",
+                         ".webp")
+IMAGENETV2_FOLDER = "ImageNetV2-matched-frequency"
+# Per dataset: (what must exist under its folder to count as there, the layout in words).
+LAYOUTS: dict[str, tuple[str, str]] = {
+    "imagenet1k": ("val", "val/<wnid>/<image> (torchvision ImageNet's val layout; meta.bin "
+                          "not needed)"),
+    "imagenetv2": (IMAGENETV2_FOLDER, f"{IMAGENETV2_FOLDER}/<class 0-999>/<image>.jpeg"),
+    "imagenet_sketch": ("", "<wnid>/<image> (ImageNet-Sketch's sketch/ folder)"),
+    "imagenet-o": ("", "<wnid>/<image> (imagenet-o.tar's folder)"),
+    "cifar10": ("cifar-10-batches-py/test_batch",
+                "cifar-10-batches-py/test_batch and batches.meta (python pickles)"),
+    "caltech101": ("caltech101/101_ObjectCategories",
+                   "caltech101/101_ObjectCategories/<category>/<image>.jpg"),
+    "sun397": ("SUN397/ClassName.txt",
+               "SUN397/ClassName.txt and SUN397/<letter>/<class>/sun_*.jpg"),
+}
+
+
+LAYOUT = ("one folder per CLIP_benchmark dataset, as build_dataset(name, root=<folder>) "
+          "reads it: " + "; ".join(f"{n}/{layout}" for n, (_, layout) in LAYOUTS.items()))
+
+
+def metric_slug(dataset: str) -> str:
+    """The dataset's part of a metric key: `imagenet-o` -> `imagenet_o`."""
+    return dataset.replace("-", "_")
+
+
+# ---------------------------------------------------------------------------------------
+# What the installed clip_benchmark package says
+# ---------------------------------------------------------------------------------------
+
+def _package_file(name: str) -> str:
+    from importlib import resources
+
+    try:
+        return resources.files("clip_benchmark.datasets").joinpath(name).read_text()
+    except ModuleNotFoundError as err:
+        raise DataError("the zeroshot_paper suite needs the clip_benchmark package (its class "
+                        "names and templates): pip install 'clip_benchmark>=1.6,<2'") from err
+
+
+@cache
+def clip_benchmark_classnames() -> dict[str, list[str]]:
+    """clip_benchmark/datasets/en_classnames.json."""
+    return json.loads(_package_file("en_classnames.json"))
+
+
+@cache
+def clip_benchmark_templates() -> dict[str, list[str]]:
+    """clip_benchmark/datasets/en_zeroshot_classification_templates.json."""
+    return json.loads(_package_file("en_zeroshot_classification_templates.json"))
+
+
+def templates_for(dataset: str) -> list[str]:
+    """The dataset's templates as build_dataset picks them: its own key, else imagenet1k's
+    (imagenetv2, imagenet_sketch and imagenet-o have none of their own)."""
+    templates = clip_benchmark_templates()
+    return list(templates.get(dataset) or templates["imagenet1k"])
+
+
+@cache
+def _builder_lists() -> dict[str, list[str]]:
+    """The WordNet id lists of clip_benchmark/datasets/builder.py, read from its source
+    (all_imagenet_wordnet_ids is module-level, imagenet_o_wnids local to build_dataset),
+    so the lists are the installed package's, not a copy."""
+    tree = ast.parse(_package_file("builder.py"))
+    wanted = {"all_imagenet_wordnet_ids", "imagenet_o_wnids"}
+    found: dict[str, list[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(
+                node.targets[0], ast.Name) and node.targets[0].id in wanted:
+            found[node.targets[0].id] = list(ast.literal_eval(node.value))
+    missing = wanted - set(found)
+    if missing:
+        raise DataError(f"clip_benchmark's builder.py has no {sorted(missing)}; install "
+                        "clip_benchmark>=1.6,<2")
+    return found
+
+
+def imagenet_wnids() -> list[str]:
+    """ImageNet-1k's 1000 WordNet ids in class order (sorted)."""
+    return _builder_lists()["all_imagenet_wordnet_ids"]
+
+
+def imagenet_o_classes() -> tuple[list[str], list[str]]:
+    """ImageNet-O's (WordNet ids, class names) in class order: imagenet1k's names masked
+    by builder.py's imagenet_o_wnids, as build_dataset sets ds.classes."""
+    keep = set(_builder_lists()["imagenet_o_wnids"])
+    pairs = [(w, n) for w, n in zip(imagenet_wnids(), clip_benchmark_classnames()["imagenet1k"],
+                                    strict=True) if w in keep]
+    return [w for w, _ in pairs], [n for _, n in pairs]
+
+
+# ---------------------------------------------------------------------------------------
+# Readers: (images, labels, class names) of one dataset folder
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PaperDataset:
+    """One dataset as read: image key -> source (a URI, or PNG bytes for CIFAR-10's
+    arrays), image key -> class index, and the class names."""
+
+    images: dict[str, ImageSource]
+    labels: dict[str, int]
+    classnames: tuple[str, ...]
+
+
+def _files(root: str) -> list[str]:
+    """Every file under `root`, as paths relative to it, sorted."""
+    import pyarrow.fs as pafs
+
+    from csclip.storage import filesystem_for
+
+    filesystem, path = filesystem_for(root)
+    path = path.rstrip("/")
+    infos = filesystem.get_file_info(pafs.FileSelector(path, recursive=True,
+                                                       allow_not_found=True))
+    return sorted(i.path[len(path) + 1:] for i in infos if i.type == pafs.FileType.File)
+
+
+def _uri(root: str, relative: str) -> str:
+    return f"{root.rstrip('/')}/{relative}"
+
+
+def _read(uri: str) -> bytes:
+    from csclip.storage import filesystem_for, read_bytes
+
+    filesystem, path = filesystem_for(uri)
+    return read_bytes(filesystem, path)
+
+
+def _by_folder(name: str, root: str, relatives: list[str], class_of: dict[str, int],
+               suffixes: tuple[str, ...] = IMAGE_FOLDER_SUFFIXES, key_prefix: str = ""
+               ) -> tuple[dict[str, ImageSource], dict[str, int]]:
+    """ImageFolder's listing: `<folder>/<image>` whose folder is a class of class_of;
+    a folder that is not is a DataError naming it. Keys: zeroshot_paper/<name>/<key_prefix
+    + path under root>."""
+    images: dict[str, ImageSource] = {}
+    labels: dict[str, int] = {}
+    for relative in relatives:
+        if "/" not in relative or not relative.lower().endswith(suffixes):
+            continue
+        folder = relative.split("/", 1)[0]  # ImageFolder: the top folder, files at any depth
+        if folder not in class_of:
+            raise DataError(f"{root}/{folder}: not a class folder of {name} (expects "
+                            f"{LAYOUTS[name][1]})")
+        key = f"{SUITE}/{name}/{key_prefix}{relative}"
+        images[key] = _uri(root, relative)
+        labels[key] = class_of[folder]
+    return images, labels
+
+
+def read_imagenet_family(name: str, root: str) -> PaperDataset:
+    """imagenet1k (root/val/<wnid>/), imagenet_sketch and imagenet-o (root/<wnid>/):
+    the label is the WordNet id's index among the dataset's classes."""
+    if name == "imagenet-o":
+        wnids, classnames = imagenet_o_classes()
+    else:
+        wnids, classnames = imagenet_wnids(), clip_benchmark_classnames()["imagenet1k"]
+    folder = _uri(root, "val") if name == "imagenet1k" else root
+    images, labels = _by_folder(name, folder, _files(folder), {w: i for i, w in enumerate(wnids)},
+                                key_prefix="val/" if name == "imagenet1k" else "")
+    return PaperDataset(images, labels, tuple(classnames))
+
+
+def read_imagenetv2(root: str) -> PaperDataset:
+    """ImageNetV2 matched-frequency: `<class index>/<image>.jpeg` (what
+    clip_benchmark.datasets.imagenetv2 globs), the folder's number is the label."""
+    folder = _uri(root, IMAGENETV2_FOLDER)
+    classes = {str(i): i for i in range(1000)}
+    images, labels = _by_folder("imagenetv2", folder, _files(folder), classes, (".jpeg",),
+                                f"{IMAGENETV2_FOLDER}/")
+    return PaperDataset(images, labels, tuple(clip_benchmark_classnames()["imagenet1k"]))
+
+
+def read_caltech101(root: str) -> PaperDataset:
+    """clip_benchmark.datasets.caltech101 (torchvision's with the background class kept):
+    labels index the sorted category folders (102 with BACKGROUND_Google), images are each
+    folder's *.jpg; names are en_classnames.json's "caltech101"."""
+    folder = _uri(root, "caltech101/101_ObjectCategories")
+    relatives = _files(folder)
+    categories = sorted({r.split("/", 1)[0] for r in relatives if "/" in r})
+    classnames = clip_benchmark_classnames()["caltech101"]
+    if len(categories) > len(classnames):
+        raise DataError(f"{folder}: {len(categories)} category folders, caltech101 has "
+                        f"{len(classnames)} (expects {LAYOUTS['caltech101'][1]})")
+    jpgs = [r for r in relatives if r.count("/") == 1]
+    images, labels = _by_folder("caltech101", folder, jpgs,
+                                {c: i for i, c in enumerate(categories)}, (".jpg",),
+                                "caltech101/101_ObjectCategories/")
+    # Their glob is case-sensitive "*.jpg".
+    images = {k: v for k, v in images.items() if k.endswith(".jpg")}
+    return PaperDataset(images, {k: labels[k] for k in images}, tuple(classnames))
+
+
+def read_sun397(root: str) -> PaperDataset:
+    """torchvision SUN397: classes from SUN397/ClassName.txt ("/a/abbey" -> "abbey"),
+    every sun_*.jpg below, labelled by its folder path; names with "_" and "/" as spaces
+    (build_dataset's)."""
+    folder = _uri(root, "SUN397")
+    lines = _read(_uri(folder, "ClassName.txt")).decode().splitlines()
+    classes = [line[3:].strip() for line in lines if line.strip()]
+    class_of = {c: i for i, c in enumerate(classes)}
+    images: dict[str, ImageSource] = {}
+    labels: dict[str, int] = {}
+    for relative in _files(folder):
+        parts = relative.split("/")
+        if not (parts[-1].startswith("sun_") and parts[-1].endswith(".jpg")):
+            continue
+        label = class_of.get("/".join(parts[1:-1]))
+        if label is None:
+            raise DataError(f"{folder}/{relative}: its folder is no class of "
+                            f"{folder}/ClassName.txt (expects {LAYOUTS['sun397'][1]})")
+        key = f"{SUITE}/sun397/SUN397/{relative}"
+        images[key] = _uri(folder, relative)
+        labels[key] = label
+    names = tuple(c.replace("_", " ").replace("/", " ") for c in classes)
+    return PaperDataset(images, labels, names)
+
+
+def _unpickle(uri: str) -> dict:
+    try:
+        return pickle.loads(_read(uri), encoding="latin1")
+    except (pickle.UnpicklingError, EOFError, ValueError) as err:
+        raise DataError(f"{uri}: not CIFAR-10's python pickle ({err}); expects "
+                        f"{LAYOUTS['cifar10'][1]}") from err
+
+
+def read_cifar10(root: str) -> PaperDataset:
+    """torchvision CIFAR10's test split without its md5 check: the test_batch pickle's
+    (3072-byte rows, CHW) images as PNG bytes, its labels, batches.meta's label_names."""
+    from PIL import Image
+
+    batches = _uri(root, "cifar-10-batches-py")
+    batch = _unpickle(_uri(batches, "test_batch"))
+    meta = _unpickle(_uri(batches, "batches.meta"))
+    try:
+        data = np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+        targets = [int(t) for t in batch.get("labels", batch.get("fine_labels", []))]
+        classnames = tuple(str(n) for n in meta["label_names"])
+    except (KeyError, ValueError, TypeError) as err:
+        raise DataError(f"{batches}: not CIFAR-10's batches ({type(err).__name__} {err}); "
+                        f"expects {LAYOUTS['cifar10'][1]}") from err
+    if len(targets) != len(data):
+        raise DataError(f"{batches}/test_batch: {len(data)} images, {len(targets)} labels")
+    images: dict[str, ImageSource] = {}
+    labels: dict[str, int] = {}
+    for index, (pixels, target) in enumerate(zip(data, targets, strict=True)):
+        out = io.BytesIO()
+        Image.fromarray(pixels.transpose(1, 2, 0)).save(out, format="PNG")
+        key = f"{SUITE}/cifar10/test_batch/{index:05d}"
+        images[key] = out.getvalue()
+        labels[key] = target
+    return PaperDataset(images, labels, classnames)
+
+
+def read_paper_dataset(name: str, root: str) -> PaperDataset:
+    """One of PAPER_DATASETS from its folder `root`."""
+    if name in ("imagenet1k", "imagenet_sketch", "imagenet-o"):
+        return read_imagenet_family(name, root)
+    readers = {"imagenetv2": read_imagenetv2, "caltech101": read_caltech101,
+               "sun397": read_sun397, "cifar10": read_cifar10}
+    if name not in readers:
+        raise DataError(f"zeroshot_paper: unknown dataset {name!r}; one of "
+                        f"{', '.join(PAPER_DATASETS)}")
+    return readers[name](root)
+
+
+def paper_task(name: str, root: str) -> ZeroShotTask:
+    """The dataset as a ZeroShotTask with CLIP_benchmark's class names and templates
+    (each template's {c} filled, as its zeroshot_classifier does)."""
+    dataset = read_paper_dataset(name, root)
+    if not dataset.labels:
+        raise DataError(f"{root}: no images of {name} (expects {LAYOUTS[name][1]})")
+    templates = templates_for(name)
+    texts = tuple(tuple(t.format(c=c) for t in templates) for c in dataset.classnames)
+    return ZeroShotTask(name, dataset.images, dataset.labels, dataset.classnames, texts)
+
+
+# ---------------------------------------------------------------------------------------
+# Finding and scoring the suite
+# ---------------------------------------------------------------------------------------
+
+def find_paper_datasets(suite_root: str) -> tuple[dict[str, str], dict[str, str]]:
+    """({dataset: folder} found, {dataset: "<folder> (expects <layout>)"} missing) under
+    `suite_root` (<data_root>/zeroshot_paper)."""
+    from csclip.eval.suites.core import exists, join
+
+    found: dict[str, str] = {}
+    missing: dict[str, str] = {}
+    for name in PAPER_DATASETS:
+        folder = join(suite_root, name)
+        marker, layout = LAYOUTS[name]
+        if exists(join(folder, marker)) if marker else _has_class_folders(folder):
+            found[name] = folder
+        else:
+            missing[name] = f"{name} ({folder}: expects {layout})"
+    return found, missing
+
+
+def _has_class_folders(folder: str) -> bool:
+    return any("/" in r for r in _files(folder)[:1000]) if _exists_dir(folder) else False
+
+
+def _exists_dir(folder: str) -> bool:
+    from csclip.storage import filesystem_for, is_dir
+
+    filesystem, path = filesystem_for(folder)
+    return is_dir(filesystem, path)
+
+
+def evaluate_paper_zeroshot(encoder: Encoder, datasets: dict[str, str]) -> dict[str, float]:
+    """Each dataset of `datasets` ({name: folder}): `zs_paper_<name>` (top-1, CLIP_benchmark's
+    acc1), `zs_paper_<name>_recall` (its mean_per_class_recall), `zs_paper_<name>_num_images`;
+    `zs_paper_avg`, the mean top-1 over the datasets run (the authors' ZS_Avg averages
+    acc1); `zs_paper_datasets_found` / `_asked` (k of the paper's seven)."""
+    metrics: dict[str, float] = {}
+    for name in [n for n in PAPER_DATASETS if n in datasets]:
+        task = paper_task(name, datasets[name])
+        top1, recall = evaluate_task(encoder, task)
+        slug = metric_slug(name)
+        metrics.update({f"zs_paper_{slug}": top1, f"zs_paper_{slug}_recall": recall,
+                        f"zs_paper_{slug}_num_images": float(len(task.labels))})
+        log.info("zero-shot (paper) %s: %d images, %d classes, %d templates: top-1 %.1f, "
+                 "mean recall %.1f", name, len(task.labels), len(task.classnames),
+                 len(task.class_texts[0]), top1, recall)
+    run = [metric_slug(n) for n in PAPER_DATASETS if n in datasets]
+    if run:
+        metrics["zs_paper_avg"] = float(np.mean([metrics[f"zs_paper_{s}"] for s in run]))
+    metrics["zs_paper_datasets_found"] = float(len(run))
+    metrics["zs_paper_datasets_asked"] = float(len(PAPER_DATASETS))
+    return metrics
