@@ -1,4 +1,4 @@
-"""The `csclip` console command: `csclip demo|extract|train|evaluate|ablate ...`.
+"""The `csclip` console command: `csclip demo|extract|train|evaluate|ablate|report ...`.
 
 Each command is the same parser and code as its script (pipelines/*.py, tune/ablate.py):
 both call csclip.entry.<module>.main. Commands are imported only when run, so
@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("evaluate", "half-truth benchmark and suites for a model or checkpoint"),
     "benchmark": ("benchmark", "write the half-truth benchmark as a frozen, hashed file"),
     "ablate": ("ablate", "Ray Tune ablations (Tables 16-17)"),
+    "report": ("report", "ours beside the paper's Tables 1, 6, 7, 16, 17 (--paper RUN...)"),
 }
 
 
