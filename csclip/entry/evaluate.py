@@ -91,8 +91,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                            help="COCO val2017 images for --sugarcrepe: suites.coco_images")
     shortcuts.add_argument("--suite", metavar="NAMES",
                            help="real-data suites, comma separated (aro, winoground, sugarcrepe, "
-                                "..., coco_retrieval, zeroshot; paper: the paper's 16 with its "
-                                "scorers; docs/evaluation.md): suites.names")
+                                "..., coco_retrieval, flickr8k_retrieval, zeroshot, "
+                                "zeroshot_paper: the paper's ZS column; paper: the paper's 16 "
+                                "with its scorers; docs/evaluation.md): suites.names")
     shortcuts.add_argument("--data-root", metavar="DIR|URI",
                            help="folder (or s3:// prefix) with one sub-folder per suite in its "
                                 "published layout: suites.data_root")
