@@ -386,8 +386,11 @@ def benchmark_results(metrics: Mapping[str, float]) -> dict[str, tuple[str, dict
     groups += [
         ("coco_retrieval", "zeroshot_retrieval", ("coco_ret_",)),
         ("flickr30k_retrieval", "zeroshot_retrieval", ("flickr30k_ret_",)),
+        ("flickr8k_retrieval", "zeroshot_retrieval", ("flickr8k_ret_",)),
+        ("paper_retrieval", "zeroshot_retrieval", ("ret_paper_",)),  # COCO + Flickr8k mean
         ("retrieval", "zeroshot_retrieval", ("ret_",)),
         ("world_zeroshot", "zeroshot_classification", ("zs_world_",)),
+        ("zeroshot_paper", "zeroshot_classification", ("zs_paper_",)),
         ("zeroshot", "zeroshot_classification", ("zs_",)),
         ("world_pairs", "image_caption_selection", ("comp_",)),
         ("suite", "image_caption_selection", ("suite_", "cap_")),
