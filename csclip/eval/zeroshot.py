@@ -1,7 +1,8 @@
-"""Zero-shot classification (the ZS column of Tables 16-17): class embeddings from
-templates (CLIP's prompt ensembling), top-1 accuracy and mean per-class recall; on
-ImageFolder-style dataset roots (local or s3://), and on the synthetic world (each scene's
-objects by shape, by color, by shape + color, and each scene's object count)."""
+"""Zero-shot classification: class embeddings from templates (CLIP's prompt ensembling),
+top-1 accuracy and mean per-class recall; on ImageFolder-style dataset roots (local or
+s3://), and on the synthetic world (each scene's objects by shape, by color, by shape +
+color, and each scene's object count). The paper's ZS column (Tables 16-17, CLIP_benchmark's
+seven datasets) is csclip.eval.zeroshot_paper, on the same ZeroShotTask / evaluate_task."""
 
 from __future__ import annotations
 
