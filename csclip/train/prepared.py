@@ -120,11 +120,14 @@ def channel_lookup(preprocess_cfg: dict) -> np.ndarray:
 
 
 class ImageNormalizer:
-    """A batch's uint8 `image` (B, 3, H, W), as the prepared path ships it, normalised on
-    the worker's device to the float32 tensor the streamed path gives, bit for bit: on a
-    CPU by csclip.preprocess.image_normalize itself, on an accelerator by looking each
-    value up in channel_lookup's table (a copy, exact on any device; the device's own
-    division may differ in the last bit). A float32 image passes through."""
+    """A batch's uint8 `image` and `image_foil` (B, 3, H, W), as the prepared and the
+    streamed epochs ship them, normalised on the worker's device to the float32 tensors
+    of the eval or training transform, bit for bit: on a CPU by
+    csclip.preprocess.image_normalize itself, on an accelerator by looking each value up
+    in channel_lookup's table (a copy, exact on any device; the device's own division may
+    differ in the last bit). A float32 image (the cached path's) passes through."""
+
+    COLUMNS = ("image", "image_foil")
 
     def __init__(self, preprocess_cfg: dict, device) -> None:
         import torch
@@ -137,12 +140,15 @@ class ImageNormalizer:
     def __call__(self, batch: dict) -> dict:
         import torch
 
-        image = batch.get("image")
-        if image is None or image.dtype != torch.uint8:
-            return batch
-        if image.device.type == "cpu":
-            return {**batch, "image": torch.from_numpy(self._normalize(image.numpy()))}
-        return {**batch, "image": self.by_lookup(image)}
+        out = batch
+        for name in self.COLUMNS:
+            image = batch.get(name)
+            if image is None or image.dtype != torch.uint8:
+                continue
+            out = dict(out) if out is batch else out
+            out[name] = (torch.from_numpy(self._normalize(image.numpy()))
+                         if image.device.type == "cpu" else self.by_lookup(image))
+        return out
 
     def by_lookup(self, image):
         """(B, 3, H, W) uint8 -> float32 on the image's device, through the table."""

@@ -306,7 +306,7 @@ def decode_rows(batch: pa.Table) -> list:
 
 def decode_batch(batch: pa.Table, *, preprocess: tuple, model_name: str, augment: bool = False,
                  seed: int = 0, epoch: int = 0, decoded: Sequence | None = None,
-                 layout: LayoutQuestion | None = None) -> pa.Table:
+                 layout: LayoutQuestion | None = None, pixels: bool = False) -> pa.Table:
     """The image half of preparation: decode + transform each image and tokenize each
     caption. Rows whose image does not decode are dropped (the check pass counted them).
     Without `augment` nothing here depends on the epoch; with it, open_clip's training
@@ -314,11 +314,20 @@ def decode_batch(batch: pa.Table, *, preprocess: tuple, model_name: str, augment
 
     decoded: the rows' images as decode_rows gives them, when the caller already has them.
     Returns TEXT_COLUMNS plus `image` (fixed-size list of 3*H*W float32: the transformed
-    tensor, flattened) and `caption_tokens` (fixed-size list of context_length int64);
+    tensor, flattened), or with `pixels` PIXELS instead (the transform's (3, H, W) uint8
+    before normalisation, csclip.preprocess.image_pixels: a quarter of the bytes, the
+    same tensor once image_normalize has them), and `caption_tokens` (fixed-size list of
+    context_length int64);
     with `layout` (loss.method layout) also `layout_target` (each kind's cell, from the
     scene: csclip.train.warm_start.layout_targets).
     """
-    transform, tokenize = _transform(preprocess, augment), _tokenizer(model_name)
+    if pixels:
+        from csclip.preprocess import image_pixels
+
+        transform = image_pixels(preprocess, augment)
+    else:
+        transform = _transform(preprocess, augment)
+    tokenize = _tokenizer(model_name)
     decoded = decode_rows(batch) if decoded is None else decoded
     sample_ids = batch.column("sample_id").to_pylist()
     keep, images = [], []
@@ -330,19 +339,34 @@ def decode_batch(batch: pa.Table, *, preprocess: tuple, model_name: str, augment
                 if augment else transform(image))
     kept = text_rows(batch).take(pa.array(keep, type=pa.int64()))
     if not keep:
-        empty_image = pa.array([], type=pa.list_(pa.float32(), 1))
+        empty_image = pa.array([], type=pa.binary(int(np.prod(image_shape(dict(preprocess)))))
+                               if pixels else pa.list_(pa.float32(), 1))
         empty_tokens = pa.array([], type=pa.list_(pa.int64(), 1))
-        return kept.append_column("image", empty_image).append_column(CAPTION_TOKENS, empty_tokens)
-    image = np.stack(images).astype(np.float32, copy=False)               # (n, 3, H, W)
+        return (kept.append_column(PIXELS if pixels else "image", empty_image)
+                    .append_column(CAPTION_TOKENS, empty_tokens))
     tokens = tokenize(kept.column("caption").to_pylist()).numpy().astype(np.int64)  # (n, L)
-    kept = (kept.append_column("image", _fixed_size_list(image))
-                .append_column(CAPTION_TOKENS, _fixed_size_list(tokens)))
+    if pixels:
+        kept = kept.append_column(PIXELS, pixel_column(np.stack(images)))  # (n, 3, H, W) uint8
+    else:
+        image = np.stack(images).astype(np.float32, copy=False)           # (n, 3, H, W)
+        kept = kept.append_column("image", _fixed_size_list(image))
+    kept = kept.append_column(CAPTION_TOKENS, _fixed_size_list(tokens))
     if layout is not None:
         from csclip.train.warm_start import layout_targets
 
         rows = batch.take(pa.array(keep, type=pa.int64())).to_pylist()
         kept = kept.append_column(LAYOUT_TARGET, _fixed_size_list(layout_targets(rows, layout)))
     return kept
+
+
+def pixel_column(pixels: np.ndarray) -> pa.FixedSizeBinaryArray:
+    """(n, 3, H, W) uint8 as a PIXELS column (one fixed-size binary value a row), on the
+    array's own buffer (pixel_array reads it back without a copy either)."""
+    if pixels.dtype != np.uint8:
+        raise ValueError(f"pixels are uint8, not {pixels.dtype}")
+    flat = np.ascontiguousarray(pixels).reshape(len(pixels), -1)
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(flat.shape[1]), len(flat),
+                                                [None, pa.py_buffer(flat)])
 
 
 def _fixed_size_list(array: np.ndarray) -> pa.FixedSizeListArray:
@@ -376,8 +400,8 @@ def sample_batch(batch: pa.Table, *, sampling: dict, model_name: str, seed: int,
     unit_mask (n,) bool when unit columns are produced; negative_mask (n,) bool (False:
     no caption negative could be built, SPEC §3) when caption_negative is produced.
     """
-    if PIXELS in batch.column_names:
-        batch = batch.filter(batch.column(PIXELS).is_valid())
+    if PIXELS in batch.column_names and batch.column(PIXELS).null_count:
+        batch = batch.filter(batch.column(PIXELS).is_valid())  # a copy: only when needed
     if batch.num_rows == 0:
         return {}
     config = SamplingConfig.model_validate(sampling)
@@ -438,33 +462,47 @@ def image_shape(preprocess_cfg: dict) -> tuple[int, int, int]:
 
 def prepare_batch(batch: pa.Table, *, sampling: dict, preprocess: tuple, model_name: str,
                   seed: int, epoch: int, columns: Sequence[str] | None = None,
-                  augment: bool = False, layout: LayoutQuestion | None = None
-                  ) -> dict[str, np.ndarray]:
+                  augment: bool = False, layout: LayoutQuestion | None = None,
+                  normalize: bool = True) -> dict[str, np.ndarray]:
     """Map function of the streamed training data (no image cache): decode_batch then
     sample_batch, in one task. Without augment, the same outputs as the cached path, row
     for row; augment: open_clip's training transform, seeded by (seed, sample_id, epoch).
     With `image_foil_*` columns (loss.image_foils) also each sample's image foil
-    (image_foil_batch), which needs the decoded image and the scene, hence this path."""
+    (image_foil_batch), which needs the decoded image and the scene, hence this path.
+    normalize False: `image` (and `image_foil`) are the transform's (n, 3, H, W) uint8
+    pixels, which the worker normalises (csclip.train.prepared.ImageNormalizer) to the
+    float32 tensors this gives otherwise, bit for bit: a quarter of the bytes through
+    Arrow, the object store and iter_torch_batches (the epochs' streams ship these)."""
     foil_columns = [c for c in columns or () if c.startswith("image_foil_")]
     decoded = decode_rows(batch)  # once: the foils need the decoded images too
     rows = decode_batch(batch, preprocess=preprocess, model_name=model_name, augment=augment,
-                        seed=seed, epoch=epoch, decoded=decoded, layout=layout)
+                        seed=seed, epoch=epoch, decoded=decoded, layout=layout,
+                        pixels=not normalize)
     out = sample_batch(rows, sampling=sampling, model_name=model_name, seed=seed, epoch=epoch,
                        image_shape=image_shape(dict(preprocess)),
                        columns=None if columns is None else
-                       [c for c in columns if c not in foil_columns])
+                       [c for c in columns if c not in foil_columns],
+                       preprocess=preprocess, normalize=normalize)
     if foil_columns and out:
         out.update(image_foil_batch(batch, decoded, out["image"], preprocess=preprocess,
-                                    model_name=model_name, seed=seed, epoch=epoch))
+                                    model_name=model_name, seed=seed, epoch=epoch,
+                                    pixels=not normalize))
     return out
 
 
 def image_foil_batch(batch: pa.Table, decoded: Sequence, images: np.ndarray, *,
-                     preprocess: tuple, model_name: str, seed: int, epoch: int
-                     ) -> dict[str, np.ndarray]:
+                     preprocess: tuple, model_name: str, seed: int, epoch: int,
+                     pixels: bool = False) -> dict[str, np.ndarray]:
     """The image-foil columns of `batch`'s decodable rows (the rows, in order, of
-    decode_batch). decoded: decode_rows(batch); images: the kept rows' transformed images."""
-    transform, tokenize = _transform(preprocess), _tokenizer(model_name)
+    decode_batch). decoded: decode_rows(batch); images: the kept rows' transformed images
+    (with `pixels` their uint8 pixels, and the foils' are pixels too)."""
+    if pixels:
+        from csclip.preprocess import image_pixels
+
+        transform = image_pixels(preprocess)
+    else:
+        transform = _transform(preprocess)
+    tokenize = _tokenizer(model_name)
     kept = [(record_from_row(row), image)
             for row, image in zip(batch.to_pylist(), decoded, strict=True) if image is not None]
     foils = image_foil_columns([r for r, _ in kept], [i for _, i in kept], images, transform,
@@ -479,7 +517,8 @@ def image_foil_batch(batch: pa.Table, decoded: Sequence, images: np.ndarray, *,
 def image_foil_columns(records: Sequence[UnitsRecord], decoded: Sequence, images: np.ndarray,
                        transform, seed: int, epoch: int) -> dict:
     """Each sample's image foil (csclip.train.image_foils), drawn per (seed, sample, epoch):
-    `image_foil` (n, 3, H, W) transformed like the image, `image_foil_unit` (the relation
+    `image_foil` (n, 3, H, W) transformed like the image (float32, or uint8 pixels where
+    `transform` gives pixels), `image_foil_unit` (the relation
     unit's text), `image_foil_text` (the text true of the foil) and `image_foil_mask` (n,)
     bool. A sample without a foil gets its own image and caption as placeholders, masked
     out of the loss."""
@@ -494,7 +533,9 @@ def image_foil_columns(records: Sequence[UnitsRecord], decoded: Sequence, images
         units.append(foil.unit if foil else record.caption)
         foil_texts.append(foil.foil_text if foil else record.caption)
         mask.append(foil is not None)
-    return {"image_foil": np.stack(foil_images).astype(np.float32), "image_foil_unit": units,
+    stacked = np.stack(foil_images)
+    return {"image_foil": stacked if stacked.dtype == np.uint8 else stacked.astype(np.float32),
+            "image_foil_unit": units,
             "image_foil_text": foil_texts, "image_foil_mask": np.asarray(mask, dtype=bool)}
 
 
@@ -598,8 +639,11 @@ def epoch_datasets(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
     and keep the result in the object store for every epoch (image_cache_fits says when
     it fits; never with augment). Without it each epoch decodes its rows again
     (prepare_batch), streaming, unless `prepared`: `source` is a prepared table
-    (csclip.train.prepared), whose pixels each epoch normalises. Either way each epoch draws its own text slots, and the
-    batches hold the same rows. Pass a `deterministic` source for reproducible batches.
+    (csclip.train.prepared). Streamed and prepared epochs ship `image` (and `image_foil`)
+    as the transform's uint8 pixels, which the worker normalises (ImageNormalizer) to the
+    cached path's float32 tensors bit for bit. Either way each epoch draws its own text
+    slots, and the batches hold the same rows. Pass a `deterministic` source for
+    reproducible batches.
     order(rows, epoch): the rows of one epoch in the order the workers read them; default
     epoch_order (csclip.train.global_batch passes one worker's share of each global batch).
     """
@@ -625,8 +669,11 @@ def epoch_datasets(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
         fn_kwargs = {"image_shape": image_shape(preprocess_cfg), "preprocess": preprocess,
                      "normalize": False}
     else:
+        # Decoded in every epoch; the uint8 pixels go to the workers, as the prepared
+        # path's do (ImageNormalizer), a quarter of float32's bytes.
         rows, prepare = source, prepare_batch
-        fn_kwargs = {"preprocess": preprocess, "augment": augment, "layout": objective.layout}
+        fn_kwargs = {"preprocess": preprocess, "augment": augment, "layout": objective.layout,
+                     "normalize": False}
     fn_kwargs.update(sampling=sampling.model_dump(mode="json"), model_name=model_name, seed=seed,
                      columns=list(objective.columns))
     order = order or (lambda rows, epoch: epoch_order(rows, seed, epoch))
