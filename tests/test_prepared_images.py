@@ -297,7 +297,10 @@ def test_objectives_that_read_the_decoded_image_are_refused(tmp_path):
         training_source(data, VIT_B_32, MODEL, foils)
 
 
-def test_training_runs_on_prepared_images(ray_session, tmp_path):
+@pytest.mark.parametrize("prepare", [True, False])
+def test_training_runs_on_prepared_and_streamed_images(ray_session, tmp_path, prepare):
+    """A run on the prepared table, and one streaming the units' images (both ship uint8
+    pixels that the worker normalises before its step)."""
     from csclip.train.loop import TrainConfig, run
     from csclip.world import WorldConfig, world_record
 
@@ -307,11 +310,16 @@ def test_training_runs_on_prepared_images(ray_session, tmp_path):
     write_units([world_record(world, "train", i) for i in range(16)], str(units))
     config = load_config(TrainConfig, None, [
         "model.name=csclip-tiny", "model.image_size=32", f"data.units_uri={units}",
-        "data.prepare_images=true", "data.batch_size=8", "data.shuffle_buffer=0",
+        f"data.prepare_images={str(prepare).lower()}", "data.batch_size=8",
+        "data.shuffle_buffer=0",
         "optim.max_steps=3", "optim.warmup_steps=1", "run.checkpoint_every=3",
         f"run.storage_path={tmp_path / 'runs'}", "tracking.enabled=false"])
     result = run(config)
     assert result.metrics["step"] == 3 and result.metrics["num_rows"] == 16
+    assert np.isfinite(result.metrics["loss"])
+    if not prepare:
+        assert not (tmp_path / "out" / "prepared_images").exists()
+        return
     (prepared,) = (tmp_path / "out" / "prepared_images").iterdir()
     assert json.loads((prepared / "_prepared.json").read_text())["num_read"] == 16
 
