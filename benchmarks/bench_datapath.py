@@ -15,6 +15,8 @@ workers, raylet and GCS) and the wall time of one pass over every image:
   iter_torch_batches of 64 with the default local shuffle buffer of 512; CS-CLIP's
   columns: caption, caption negative, two unit slots with their foils), and the same
   with plain CLIP's columns (the caption's tokens only: open_clip's CsvDataset's work);
+  the epoch ships the transform's uint8 pixels and the consumer normalises them
+  (ImageNormalizer, on the CPU here, on the GPU in training), as for the prepared path;
 - open_clip 1w / 2w: open_clip_train's CsvDataset in a torch DataLoader (batch 64,
   shuffled, 1 or 2 workers); the class itself when open_clip_train.data imports (it needs
   webdataset and braceexpand), otherwise the same four lines here;
@@ -250,7 +252,7 @@ def csclip_pass(units: str, prepared: bool, method: str = "csclip") -> Callable[
     objective = objective_for(LossConfig(method=method), 2)
     rows, _ = training_source(data, PREPROCESS, MODEL, objective)
     epoch = {"count": 0}
-    worker = ImageNormalizer(PREPROCESS, "cpu")  # the prepared path's uint8, as loop.py does
+    worker = ImageNormalizer(PREPROCESS, "cpu")  # the epochs' uint8 pixels, as loop.py does
 
     def run() -> int:
         (dataset,) = epoch_datasets(rows, sampling=SamplingConfig(), preprocess_cfg=PREPROCESS,

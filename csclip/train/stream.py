@@ -1,6 +1,7 @@
 """Ray Data preprocessing for training: read units (the synthetic world or a units table),
 decode + transform images, sample text slots (SPEC §3) and tokenize, all on CPU in Ray
-Data; workers only consume `iter_torch_batches`.
+Data; workers consume `iter_torch_batches` and normalise the images' uint8 pixels on their
+device (csclip.train.prepared.ImageNormalizer).
 
 Preparation has two parts. `decode_batch` decodes and transforms the images and
 tokenizes the captions: without augmentation none of that depends on the epoch, so when
