@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -78,9 +79,10 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         "mine": (ModelIdentity("ViT-B-32", checkpoint, 15000), CSCLIP_METRICS)})
     tiny = _evaluation(root / "eval-tiny", {
         "csclip-tiny": (ModelIdentity("csclip-tiny", None), {"ht_all": 51.0})})
-    # suite_i2t fills I2T; zs_avg fills ZS: whatever keys TABLE_COLUMNS reads first.
+    # suite_i2t fills I2T, the paper's seven-dataset zs_paper_avg ZS (before zs_avg): the
+    # keys csclip.ablation.report TABLE_COLUMNS reads first.
     sweep = _ablation(root / "sweep-report", {
-        "units-1": {"suite_i2t": 58.0, "ht_all": 70.0, "zs_avg": 60.0},
+        "units-1": {"suite_i2t": 58.0, "ht_all": 70.0, "zs_paper_avg": 60.0, "zs_avg": 10.0},
         "lr-1e-5": {"ht_all": 70.3, "ht_entity": 76.0}})
     return {"clip": clip, "csclip": csclip_run, "tiny": tiny, "sweep": sweep, "root": root}
 
@@ -231,9 +233,8 @@ def test_label_names_a_model_and_a_wrong_run_is_one_line(runs, tmp_path, capsys)
     assert not (out / "table16.md").exists()  # no ablation RUN: no Tables 16-17
     # A folder that is neither, a missing one, an unfinished evaluation: one line, exit 2.
     (tmp_path / "other").mkdir()
-    unfinished = runs["root"] / "eval-unfinished"
-    _evaluation(unfinished, {"x": (None, {"ht_all": 1.0})})
-    (unfinished / "_complete.json").unlink()
+    unfinished = shutil.copytree(runs["tiny"], tmp_path / "eval-unfinished")
+    (unfinished / "_complete.json").unlink()  # killed before its marker was written
     for run, words in ((tmp_path / "other", "neither"), (tmp_path / "nope", "no such folder"),
                        (unfinished, "did not finish")):
         assert main(["--paper", str(run), "--out", str(out), "--no-tracking"]) == 2
@@ -242,3 +243,29 @@ def test_label_names_a_model_and_a_wrong_run_is_one_line(runs, tmp_path, capsys)
     assert main(["--paper", str(runs["clip"]), "--label", "elsewhere=CLIP",
                  "--out", str(out), "--no-tracking"]) == 2
     assert "neither a RUN" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("model", "pretrained", "row"), [
+    ("ViT-B-32", "openai", "CLIP"),
+    ("ViT-B-16-SigLIP2", "webli", "SigLIP2"),
+    ("ViT-B-32", "laion2b_s34b_b79k", None),  # a tag the paper has no row for
+    ("ViT-B-32", "s3://b/runs/train/negclip-0123456789ab/checkpoint_000005", "NegCLIP"),
+    ("ViT-B-32", "runs/train/clip-0123456789ab/final", "CLIP-FT"),
+    ("ViT-B-32", "/models/negclip.pth", "NegCLIP"),  # NegCLIP, not the shorter CLIP
+    ("ViT-B-32", "/models/fsc_clip_coco.pt", "FSC-CLIP-COCO"),
+    ("ViT-B-32", "/models/weights.pt", None),
+    ("csclip-tiny", None, None),
+])
+def test_paper_row_of(model, pretrained, row):
+    from csclip.ablation.paper_report import paper_row_of
+
+    assert paper_row_of(model, pretrained or "")[0] == row
+
+
+def test_paper_row_of_reads_a_checkpoints_method(tmp_path):
+    from csclip.ablation.paper_report import paper_row_of
+
+    checkpoint = tmp_path / "my-run" / "final"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text('{"loss": {"method": "csclip"}}')
+    assert paper_row_of("ViT-B-32", str(checkpoint))[0] == "CS-CLIP"

@@ -1,5 +1,5 @@
 """`csclip report --paper RUN...` / pipelines/report.py: our evaluations and ablation sweeps
-beside the paper's Tables 1, 6, 7, 16 and 17 (csclip.eval.paper_report)."""
+beside the paper's Tables 1, 6, 7, 16 and 17 (csclip.ablation.paper_report)."""
 
 from __future__ import annotations
 
@@ -61,15 +61,15 @@ def report_config(args: argparse.Namespace):
     origin = str(args.config) if args.config else "csclip report"
     data = apply_overrides(read_yaml(args.config) if args.config else {},
                            shortcut_overrides({"out_dir": args.out}, args.overrides))
-    check_settings("csclip.eval.paper_report:ReportConfig", data, origin)
-    from csclip.eval.paper_report import ReportConfig
+    check_settings("csclip.ablation.paper_report:ReportConfig", data, origin)
+    from csclip.ablation.paper_report import ReportConfig
 
     return validate_config(ReportConfig, data, origin=origin)
 
 
 def _report(args: argparse.Namespace) -> int:
     config = report_config(args)
-    from csclip.eval.paper_report import parse_labels, run_report
+    from csclip.ablation.paper_report import parse_labels, run_report
 
     report = run_report(config, args.paper, parse_labels(args.label))
     print(report.markdown)
