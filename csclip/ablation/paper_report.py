@@ -92,13 +92,27 @@ class AblationResult:
     values: dict[str, float | None]
 
 
-def run_kind(run: str) -> str:
-    """"evaluation" or "ablation" for a RUN argument; ConfigError when it is neither (or
-    not a local path), DataError for an evaluation that did not finish."""
-    if "://" in run:
-        raise ConfigError(f"--paper {run}: give a local folder (copy it here first, e.g. "
-                          "aws s3 sync)")
-    path = Path(run)
+def local_copy(run: str) -> Path:
+    """The local folder (or ablation.csv) to read for a RUN: the path itself, or for an
+    s3:// URI a copy of its files (csclip.storage.local_dir: cached, fetched again only
+    when the listing changed). ConfigError for a URI with nothing there."""
+    from csclip import storage
+
+    if not storage.is_s3(run):
+        return Path(run)
+    uri = run.rstrip("/")
+    is_csv = uri.endswith("/" + ABLATION_CSV)
+    try:
+        folder = storage.local_dir(uri.rsplit("/", 1)[0] if is_csv else uri, kind="reports")
+    except DataError as err:
+        raise ConfigError(f"--paper {run}: {err}") from None
+    return folder / ABLATION_CSV if is_csv else folder
+
+
+def run_kind(run: str, path: Path | None = None) -> str:
+    """"evaluation" or "ablation" for a RUN argument (read at `path`, its local copy);
+    ConfigError when it is neither, DataError for an evaluation that did not finish."""
+    path = Path(run) if path is None else path
     if not path.exists():
         raise ConfigError(f"--paper {run}: no such folder")
     if path.is_file() and path.name == ABLATION_CSV or (path / ABLATION_CSV).is_file():
@@ -109,7 +123,10 @@ def run_kind(run: str) -> str:
                              ("table1.csv", "halftruth.md", EVALUATION_COMPLETE)):
         from csclip.eval.report import check_evaluation
 
-        check_evaluation(path)
+        try:
+            check_evaluation(path)
+        except DataError as err:  # named by the RUN, not by a cache folder
+            raise DataError(str(err).replace(str(path), run)) from None
         return "evaluation"
     raise ConfigError(f"--paper {run}: neither the --out folder of `csclip evaluate` "
                       "(table1.csv, _complete.json) nor the report of `csclip ablate` "
@@ -134,9 +151,10 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
         raise DataError(f"{path}: cannot read it as CSV ({err})") from None
 
 
-def read_evaluation(run: str) -> list[EvaluatedModel]:
-    """The models of a finished evaluation folder, with their Tables 1, 6, 7 metrics."""
-    folder = Path(run)
+def read_evaluation(run: str, folder: Path | None = None) -> list[EvaluatedModel]:
+    """The models of a finished evaluation folder (`run`, read at `folder`, its local
+    copy), with their Tables 1, 6, 7 metrics."""
+    folder = Path(run) if folder is None else folder
     if not (folder / "table1.csv").is_file():
         raise DataError(f"--paper {run}: the evaluation holds no table1.csv")
     rows: dict[str, dict[str, str]] = {}
@@ -152,11 +170,12 @@ def read_evaluation(run: str) -> list[EvaluatedModel]:
             for label, row in rows.items()]
 
 
-def read_ablation(run: str) -> list[AblationResult]:
-    """The rows of an ablation report (its folder, or the ablation.csv itself)."""
+def read_ablation(run: str, path: Path | None = None) -> list[AblationResult]:
+    """The rows of an ablation report (its folder, or the ablation.csv itself; read at
+    `path`, its local copy)."""
     from csclip.ablation.report import CSV_KEYS
 
-    path = Path(run)
+    path = Path(run) if path is None else path
     path = path if path.is_file() else path / ABLATION_CSV
     return [AblationResult(run, row.get("setting", ""), row.get("axis", ""),
                            row.get("value", ""), row.get("is_base") == "true",
@@ -522,10 +541,11 @@ def build_comparisons(runs: Sequence[str], labels: Mapping[str, str]
     models: list[EvaluatedModel] = []
     results: list[AblationResult] = []
     for run in runs:
-        if run_kind(run) == "evaluation":
-            models += read_evaluation(run)
+        local = local_copy(run)
+        if run_kind(run, local) == "evaluation":
+            models += read_evaluation(run, local)
         else:
-            results += read_ablation(run)
+            results += read_ablation(run, local)
     comparisons: dict[str, Comparison] = {}
     how: list[str] = []
     if models or labels:
