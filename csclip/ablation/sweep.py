@@ -109,6 +109,7 @@ class SweepResult:
     parent_run_id: str
     table: AblationTable
     report: ReportFiles
+    report_uri: str  # where the report is kept: the local folder, or s3:// (report.* are local)
     num_trials: int
     resumed: bool
     errors: dict[str, str]
@@ -214,8 +215,8 @@ def run_sweep(base: TrainConfig, grid: Grid, *, max_concurrent: int | None = Non
     tracking.log_metrics(client, parent_id, {"num_trials_done": len(metrics),
                                     "num_trials_failed": len(errors)})
     client.set_terminated(parent_id, "FAILED" if errors else "FINISHED")
-    return SweepResult(name, path, parent_id, table, report, len(grid.settings), resumed,
-                       errors, time.time() - started)
+    return SweepResult(name, path, parent_id, table, report, report_uri, len(grid.settings),
+                       resumed, errors, time.time() - started)
 
 
 def update_results_doc(path: str | Path, result: SweepResult, command: str) -> Path:

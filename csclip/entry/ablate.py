@@ -165,7 +165,7 @@ def _ablate(args: argparse.Namespace, command: str) -> int:
     print(result.table.markdown())
     print(f"sweep {result.name}: {result.num_trials} trials in {result.seconds:.0f} s "
           f"({'resumed' if result.resumed else 'new'}); report in "
-          f"{result.report.markdown.parent}; MLflow parent run {result.parent_run_id}")
+          f"{result.report_uri}; MLflow parent run {result.parent_run_id}")
     if result.errors:
         for key, error in result.errors.items():
             print(f"trial {key} failed: {error}", file=sys.stderr)

@@ -386,7 +386,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     total = plan.total_steps
     metrics, window, last = StepMetrics(), _Window(time.perf_counter()), {}
     first_step = state.step + 1  # of this worker: a line says training began
-    images = ImageNormalizer(setup.spec.preprocess_cfg, device)  # data.prepare_images' uint8
+    images = ImageNormalizer(setup.spec.preprocess_cfg, device)  # the stream ships uint8 pixels
     for epoch, batches in _epoch_batches(config, plan, state.step, device, rank):
         tick = time.perf_counter()
         for batch in batches:
