@@ -89,7 +89,10 @@ def test_image_cache_fits_by_size():
 
 
 def test_cached_stream_gives_the_streamed_batches(ray_session, preprocess):
+    import torch
+
     from csclip.loss import LossConfig, objective_for
+    from csclip.train.prepared import ImageNormalizer
     from csclip.train.stream import epoch_datasets
 
     source = ray_session.data.from_arrow(_table(12, broken=(2,)))
@@ -97,12 +100,17 @@ def test_cached_stream_gives_the_streamed_batches(ray_session, preprocess):
               "model_name": "csclip-tiny", "seed": 3, "num_epochs": 2,
               "objective": objective_for(LossConfig(method="csclip"), 2), "rows_per_block": 4}
 
+    # As a worker sees them: the streamed epochs' uint8 pixels normalised by the worker
+    # (ImageNormalizer), the cached path's float32 passed through.
+    normalizer = ImageNormalizer(preprocess, "cpu")
+
     def rows(cache: bool) -> list[bytes]:
         epochs = epoch_datasets(source, cache_images=cache, **kwargs)
-        batches = (batch for epoch in epochs
+        batches = (normalizer({k: torch.from_numpy(np.ascontiguousarray(v))
+                               for k, v in batch.items()})
+                   for epoch in epochs
                    for batch in epoch.iter_batches(batch_format="numpy", batch_size=None))
-        return sorted(b"".join(np.ascontiguousarray(batch[name][i]).tobytes()
-                               for name in sorted(batch))
+        return sorted(b"".join(batch[name][i].numpy().tobytes() for name in sorted(batch))
                       for batch in batches for i in range(len(batch["image"])))
 
     streamed = rows(False)
