@@ -19,9 +19,10 @@ from csclip.errors import DataError
 from csclip.eval.encoder import CaptionLengthScorer, Encoder
 from csclip.eval.suites import SuitesConfig, evaluate_suites
 from csclip.eval.suites.colorfoil import build_colorfoil, official_foil, paper_foil
-from csclip.eval.suites.core import evaluate_suite_data
+from csclip.eval.suites.core import SubsetScores, evaluate_suite_data, suite_metrics
 from csclip.eval.suites.protocol import PAPER_SUITE, load_benchmark
 from csclip.eval.suites.registry import BENCHMARKS, CAPABILITY_OF, evaluate_benchmarks
+from csclip.eval.suites.vismin import vismin_paper_average
 
 ROOT = str(FIXTURES)
 
@@ -107,7 +108,7 @@ def test_vismin_official_per_category_and_the_authors_pooled_halves():
     # Paper: text_0 picks image_0 in all three pairs; text_1 ("an apple") ties once.
     assert paper["vismin_all_i2t"] == 100.0
     assert paper["vismin_all_t2i"] == pytest.approx(200 / 3)
-    assert paper["vismin_group"] == pytest.approx(200 / 3)
+    assert paper["vismin_all_group"] == pytest.approx(200 / 3)
 
 
 def test_vismin_paper_reports_the_official_categories_beside_the_pooled_average():
@@ -123,16 +124,59 @@ def test_vismin_paper_reports_the_official_categories_beside_the_pooled_average(
     assert paper["vismin_category_counting_i2t"] == 100.0
     assert paper["vismin_category_counting_group"] == 100.0
     assert paper["vismin_category_counting_num"] == 1
-    # They stay out of VisMin's average: the pooled "all" alone, as before.
-    assert paper["vismin_i2t"] == paper["vismin_all_i2t"] == 100.0
-    assert paper["vismin_t2i"] == pytest.approx(200 / 3)
-    assert paper["vismin_group"] == pytest.approx(200 / 3)
+    # VisMin's paper number is the authors' equal mean of "all" and the categories (it
+    # was the pooled "all" alone, which is not what the paper's average took):
+    # I2T (100 + 50 + 100) / 3, T2I (200/3 + 50 + 100) / 3, Group the categories alone
+    # (50 + 100) / 2.
+    assert paper["vismin_i2t"] == pytest.approx(250 / 3)
+    assert paper["vismin_t2i"] == pytest.approx((200 / 3 + 150) / 3)
+    assert paper["vismin_group"] == 75.0
     # Under the official protocol the categories are the subsets themselves.
     official, _ = both("vismin")
     assert not any(k.startswith("vismin_category_") for k in official)
     for direction in ("i2t", "t2i", "group"):
         assert paper[f"vismin_category_object_{direction}"] == \
             official[f"vismin_object_{direction}"]
+
+
+def vismin_cat(percent: float, group: float) -> SubsetScores:
+    """A VisMin category over 1,000 pairs scoring `percent` text and image, `group` group."""
+    return SubsetScores(percent, percent, group, 1000)
+
+
+@pytest.mark.parametrize("model, pooled, categories, expected", [
+    # The paper's Table 16/17 VisMin inputs (kargibora/CS-CLIP 16276c7): "all" and the
+    # categories' whole percents attribute / counting / object / relation; each category
+    # here is 0.3 off its whole percent, so only the authors' rounding gives the number.
+    ("cs-clip", 78.6, (79.7, 50.3, 85.7, 8.1), (78.6 + 80 + 50 + 86 + 8) / 5),  # 60.52
+    ("clip", 75.6, (75.3, 50.7, 78.2, 9.7), (75.6 + 75 + 51 + 78 + 10) / 5),  # 57.92
+    ("negclip", 78.2, (77.2, 51.4, 82.7, 9.2), (78.2 + 77 + 51 + 83 + 9) / 5),  # 59.64
+])
+def test_vismin_paper_number_is_the_authors_mean_of_all_and_rounded_categories(
+        model, pooled, categories, expected):
+    subsets = {"all": SubsetScores(pooled, pooled, 70.0, 4000)}
+    groups = (40.2, 30.0, 70.6, 4.4)  # rounded: 40, 30, 71, 4
+    for name, percent, group in zip(("attribute", "counting", "object", "relation"),
+                                    categories, groups, strict=True):
+        subsets[f"category_{name}"] = vismin_cat(percent, group)
+    metrics = suite_metrics("vismin", subsets, {}, breakdown=frozenset(subsets) - {"all"},
+                            average=vismin_paper_average)
+    assert metrics["vismin_i2t"] == pytest.approx(expected)
+    assert metrics["vismin_t2i"] == pytest.approx(expected)
+    assert round(metrics["vismin_i2t"], 1) == {"cs-clip": 60.5, "clip": 57.9, "negclip": 59.6}[model]
+    # Group: the four categories alone (their results keep no pooled group), rounded.
+    assert metrics["vismin_group"] == pytest.approx((40 + 30 + 71 + 4) / 4)
+    # The rows stay as measured; the official protocol keeps the plain mean.
+    assert metrics["vismin_category_attribute_i2t"] == categories[0]
+    assert suite_metrics("vismin", subsets, {})["vismin_i2t"] == \
+        pytest.approx(np.mean([pooled, *categories]))
+
+
+def test_vismin_paper_number_without_categories_is_the_pooled_all():
+    subsets = {"all": SubsetScores(78.6, 70.0, 60.0, 10)}
+    metrics = suite_metrics("vismin", subsets, {}, average=vismin_paper_average)
+    assert (metrics["vismin_i2t"], metrics["vismin_t2i"], metrics["vismin_group"]) == \
+        (78.6, 70.0, 60.0)
 
 
 def test_vismin_categories_are_rows_of_the_benchmarks_table(tmp_path):
@@ -148,7 +192,7 @@ def test_vismin_categories_are_rows_of_the_benchmarks_table(tmp_path):
     rows = {(r[1], r[2]): r[3:6] for r in table.rows}
     assert rows[("vismin", "category_object")] == (50.0, 50.0, 50.0)
     assert rows[("vismin", "category_counting")] == (100.0, 100.0, 100.0)
-    assert rows[("vismin", "(benchmark)")][0] == 100.0
+    assert rows[("vismin", "(benchmark)")][0] == pytest.approx(250 / 3)
     table.write(tmp_path, "benchmarks")
     text = next(tmp_path.glob("*.csv")).read_text()
     assert "category_object" in text and "category_counting" in text
@@ -515,7 +559,8 @@ def test_every_paper_protocol_subset_has_a_capability():
     metrics = evaluate_benchmarks(Encoder(ColorScorer()), sorted(BENCHMARKS), ROOT, protocol="paper",
                                   allow_partial=True)
     subsets = {k.rsplit("_", 1)[0] for k in metrics if k.endswith("_num")}
-    # VisMin's per-category breakdown stays out of every average (its pooled "all" counts)
+    # VisMin's per-category breakdown stays out of every capability average (its pooled
+    # "all" counts); only VisMin's own paper number takes it (vismin_paper_average)
     breakdown = {s for s in subsets if s.startswith("vismin_category_")}
     assert breakdown and not any(f"{b}_{s}" in breakdown for b, s in CAPABILITY_OF)
     subsets -= breakdown

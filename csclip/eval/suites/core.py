@@ -119,9 +119,14 @@ class SuiteData:
     # A benchmark whose official number is not a per-item choice (BLA's per-sentence
     # credit, SVO-Probes' match / no-match, MMVP's pairs) brings its own scorer.
     scorer: Callable[[FeatureTables, SuiteData], dict[str, SubsetScores]] | None = None
-    # Subsets a scorer reports beside the others that stay out of the benchmark's average
-    # (VisMin's per-category numbers beside the paper protocol's pooled "all").
+    # Subsets a scorer reports beside the others that stay out of the benchmark's mean
+    # (VisMin's per-category numbers beside the paper protocol's pooled "all"; its
+    # `average` below takes them).
     breakdown: frozenset[str] = frozenset()
+    # A benchmark whose own score is not a mean over its subsets brings its rule:
+    # (per-subset scores, direction) -> `<benchmark>_<direction>`, or None for the mean
+    # (the paper protocol's VisMin: its pooled "all" and its categories, as the authors').
+    average: Callable[[Mapping[str, SubsetScores], str], float | None] | None = None
 
     def skip(self, subset: str, count: int = 1, reason: str = MISSING_IMAGE,
              example: str = "") -> None:
@@ -213,7 +218,7 @@ class SuiteData:
                         macro=self.macro, pooled=self.pooled, layout=self.layout,
                         root=self.root, skip_examples=list(self.skip_examples),
                         records_read=self.read(), scorer=self.scorer,
-                        breakdown=self.breakdown)
+                        breakdown=self.breakdown, average=self.average)
         out.text_choices = [i for i in self.text_choices if keep("t", i)]
         out.image_choices = [i for i in self.image_choices if keep("i", i)]
         out.pairs = [p for p in self.pairs if keep("p", p)]
@@ -319,10 +324,12 @@ def suite_metrics(benchmark: str, subsets: Mapping[str, SubsetScores],
                   skipped: Mapping[str, int], pooled: bool = False,
                   skip_counts: Mapping[tuple[str, str], int] | None = None,
                   read: Mapping[str, int] | None = None,
-                  breakdown: Collection[str] = ()) -> dict[str, float]:
+                  breakdown: Collection[str] = (),
+                  average: Callable[[Mapping[str, SubsetScores], str], float | None] | None
+                  = None) -> dict[str, float]:
     """`<benchmark>_<subset>_{i2t,t2i,group}`, `<benchmark>_{i2t,t2i,group}` (unweighted
     mean over the subsets that measured it, `breakdown` subsets left out; pooled:
-    weighted by their items), and the
+    weighted by their items; `average(subsets, direction)` instead where it gives one), and the
     accounting per subset: `_read` (= `_num` scored + `_skipped`), `_skipped_<reason>`
     for each reason that occurred. A direction no subset measured gets no key."""
     metrics: dict[str, float] = {}
@@ -336,7 +343,10 @@ def suite_metrics(benchmark: str, subsets: Mapping[str, SubsetScores],
                     continue
                 values.append(value)
                 weights.append(scores.num_items if pooled else 1)
-        if values:
+        own = average(subsets, direction) if average is not None else None
+        if own is not None:
+            metrics[f"{benchmark}_{direction}"] = float(own)
+        elif values:
             metrics[f"{benchmark}_{direction}"] = float(np.average(values, weights=weights))
     for subset, scores in subsets.items():
         metrics[f"{benchmark}_{subset}_num"] = float(scores.num_items)
@@ -355,7 +365,7 @@ def evaluate_suite_data(encoder: Encoder, data: SuiteData) -> tuple[dict[str, fl
     features = encoder.features(data.texts(), data.images)
     subsets = (data.scorer or score_subsets)(features, data)
     return suite_metrics(data.benchmark, subsets, data.skipped, data.pooled,
-                         data.skip_counts, data.read(), data.breakdown), subsets
+                         data.skip_counts, data.read(), data.breakdown, data.average), subsets
 
 
 # ---------------------------------------------------------------------------------------

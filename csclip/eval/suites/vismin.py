@@ -10,10 +10,13 @@ over all pairs, text_0 scoring image_0 strictly above image_1 (I2T as they name 
 text_1 scoring image_1 above image_0 (T2I), and both (Group). The paper also reports the
 four categories: the authors' `compute_contrastive_accuracy_from_embs` (VisMin's official
 Winoground scores per category) under `group_contrastive_accuracy`, here the breakdown
-subsets `category_<category>`, which stay out of VisMin's average (the pooled "all")."""
+subsets `category_<category>`. VisMin's paper number (`vismin_paper_average`) is what the
+paper's compositional average took: the equal mean of the pooled "all" and the four
+categories rounded as the authors round them (Group: the categories alone)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,7 +78,8 @@ def load_vismin(data_root: str, protocol: str = "official") -> SuiteData:
     if not tables:
         raise BenchmarkNotFound(f"vismin: not found under {root} (expects {LAYOUT})")
     paper = protocol == "paper"
-    data = SuiteData("vismin", tie_rule="strict", scorer=vismin_paper_scores if paper else None)
+    data = SuiteData("vismin", tie_rule="strict", scorer=vismin_paper_scores if paper else None,
+                     average=vismin_paper_average if paper else None)
     for file, table in tables:
         expect(COLUMNS <= set(table.column_names), file,
                "columns image_0, image_1, text_0, text_1, category")
@@ -103,7 +107,7 @@ def vismin_paper_scores(features: FeatureTables, data: SuiteData) -> dict[str, S
     (`category_<category>`, data.breakdown): what they store per category under
     `group_contrastive_accuracy` and their tables report as VisMin's categories, the
     official Winoground text (I2T), image (T2I) and group scores (not rounded here;
-    they round each to two decimals of a fraction)."""
+    they round each to two decimals of a fraction, as vismin_paper_average does)."""
     rows: dict[str, list[tuple[bool, bool]]] = {}
     official: dict[str, list[tuple[bool, bool]]] = {}
     for pair in data.pairs:
@@ -126,3 +130,33 @@ def _scores(rows: list[tuple[bool, bool]]) -> SubsetScores:
         return SubsetScores(None, None, None, 0)
     return SubsetScores(100.0 * values[:, 0].mean(), 100.0 * values[:, 1].mean(),
                         100.0 * values.all(1).mean(), len(values))
+
+
+def vismin_paper_average(subsets: Mapping[str, SubsetScores], direction: str) -> float | None:
+    """VisMin's number in the paper's compositional average (Tables 16-17), as the authors'
+    table notebooks compute it (kargibora/CS-CLIP 16276c7, comp_benchmarks_tables.ipynb
+    cell 7, ablation_combined_figures.ipynb cells 39 and 42: `load_compositional_metrics`
+    averages a dataset's "all" and its four categories equally): I2T / T2I = the mean of
+    the pooled "all" and each category's official text / image score, the latter rounded
+    to whole percents as `compute_contrastive_accuracy_from_embs` rounds it
+    (`round(correct / count, 2)`); Group = the mean of the categories' group scores (their
+    results keep no pooled group: the per-category dict overwrites it). CS-CLIP: (78.6 +
+    80 + 50 + 86 + 8) / 5 = 60.5. None without a category score (the pooled "all" alone)."""
+    values = [_authors_percent(scores, direction) for subset, scores in sorted(subsets.items())
+              if subset.startswith(CATEGORY)]
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    pooled = subsets.get("all")
+    if direction != "group" and pooled is not None and getattr(pooled, direction) is not None:
+        values.append(getattr(pooled, direction))
+    return float(np.mean(values))
+
+
+def _authors_percent(scores: SubsetScores, direction: str) -> float | None:
+    """A category's score as the authors keep it: round(correct / count, 2), in percent."""
+    value = getattr(scores, direction)
+    if value is None or not scores.num_items:
+        return None
+    correct = round(value * scores.num_items / 100)
+    return 100 * round(correct / scores.num_items, 2)
