@@ -41,8 +41,8 @@ def pytest_configure(config) -> None:
 # runs whole in one of them, the modules in collection order). The longest modules go
 # first, so the two processes end at about the same time; the rest keep their order.
 # Measured in a serial run (`--durations`); a module missing here only runs later.
-LONGEST_FIRST = ("test_vllm_engine.py", "test_cluster.py", "test_demo.py",
-                 "test_job_submit.py", "test_quickstart.py", "test_ablation.py",
+LONGEST_FIRST = ("test_job_submit.py", "test_vllm_engine.py", "test_cluster.py",
+                 "test_demo.py", "test_quickstart.py", "test_ablation.py",
                  "test_train.py", "test_global_batch.py", "test_eval_periodic.py",
                  "test_cluster_head_env.py", "test_holdout.py")
 

@@ -2,18 +2,24 @@
 and MLflow server started as cluster.yaml starts them: `ray start --head` with token
 authentication (RAY_AUTH_MODE=token, the token in a file named by RAY_AUTH_TOKEN_PATH,
 the dashboard on 127.0.0.1) and `mlflow server` behind MLflow's basic-auth app, the
-credentials in every Ray process's environment. A job submitted without the token, or with
-a wrong one, is refused; with it, `ray job submit --working-dir . -- python
-pipelines/train.py` runs, then `python pipelines/evaluate.py` on the checkpoint and
-`python tune/ablate.py --grid lr --address <head>`; the runs land in the tracking server
-the user configured, not in the job's temporary working directory; anonymous clients of
-that server are refused."""
+credentials and the tracking URI in every Ray process's environment. A job submitted
+without the token, or with a wrong one, is refused; anonymous clients of the tracking
+server are refused. With the token, the paper's walk-through runs: every command of
+docs/cluster.md's "The run, stage by stage", read from the doc, in its order (extraction,
+paper.yaml's training of CS-CLIP and CLIP-FT, the evaluations with --select paper and the
+paper's suites, the pretrained and NegCLIP rows, the `--grid paper` sweep and
+`report --paper`), on a small COCO-shaped fixture with csclip-tiny. What cannot run on
+CPU is replaced as REHEARSAL_CHANGES says, and each replacement must still match the doc;
+the runs land in the tracking server, not in the job's temporary working directory."""
 
 from __future__ import annotations
 
 import base64
+import csv
 import json
+import re
 import secrets
+import shlex
 import shutil
 import subprocess
 import time
@@ -23,11 +29,114 @@ from pathlib import Path
 
 import cluster_harness as harness
 import pytest
+from paper_fixtures import write_flickr8k, write_zeroshot_paper
+from test_quickstart import parse_blocks
+from walkthrough_fixtures import (
+    complete_suites,
+    write_coco_karpathy,
+    write_negclip_checkpoint,
+)
 
-TINY = ["model.name=csclip-tiny", "model.image_size=32", "data.world.image_size=32",
-        "data.world.num_train=16", "data.world.num_val=8", "data.world.num_test=0",
-        "data.batch_size=8", "data.shuffle_buffer=0", "optim.max_steps=2",
-        "optim.warmup_steps=0", "optim.lr=1e-4", "run.checkpoint_every=2", "run.log_every=1"]
+CLUSTER_DOC = harness.REPO_ROOT / "docs" / "cluster.md"
+WALKTHROUGH = ("## The run, stage by stage", "## Time and cost")
+# The walk-through's commands that set up AWS rather than run csclip, and what the
+# rehearsal does in their place.
+CLUSTER_ONLY: dict[str, str] = {
+    "pip install ": "this venv",
+    "ray up ": "a local head started as cluster.yaml starts it",
+    "ray dashboard ": "the head's dashboard on 127.0.0.1",
+    "ray rsync-down ": "the token file this test writes",
+    "export ": "the same variables in every command's environment",
+    "aws s3 ": "the fixtures, written into a local folder that stands for the bucket",
+    "ray rsync-up ": "a NegCLIP-format file of csclip-tiny in the head's home folder",
+    "ray down ": "the head stopped at the end",
+}
+SUITES = "paper,zeroshot_paper,coco_retrieval,flickr8k_retrieval"
+# What the rehearsal changes in the doc's commands: (the doc's text, the rehearsal's).
+# Every one must occur in the walk-through (a doc that drops one fails the test, so this
+# table is kept with the doc).
+REHEARSAL_CHANGES: tuple[tuple[str, str], ...] = (
+    # The LLM stage: the rules backend on CPU (the authors' prompt set on the real engine
+    # is tests/test_vllm_engine.py's; their outputs, tests/test_authors_extraction.py's).
+    ("--prompts authors --out-format authors", "--set backend.name=rules"),
+    # The jobs one after another on two cores.
+    (" --no-wait", ""),
+    # OpenAI's weights cannot be downloaded here: csclip-tiny, random weights.
+    ("--model ViT-B-32 --pretrained openai", "--model csclip-tiny --set model.image_size=32"),
+    ("--model ViT-B-32 --pretrained", "--set model.image_size=32 --model csclip-tiny --pretrained"),
+    # One of the authors' rows (a sweep of one trial, for time): the swap row with their
+    # ranking loss. tests/test_ablation.py runs sweeps of two trials and their resume.
+    ("--grid paper ", "--grid paper=swapfrac-0.5 "),
+    # The CLIP row is csclip-tiny with random weights here, which no rule can tell is the
+    # paper's CLIP (ViT-B-32 with the tag openai is): --label says so.
+    ("--out /home/ray/report", "--label /home/ray/eval/clip=CLIP --out /home/ray/report"),
+)
+# Tiny settings per entry point, after the doc's own flags.
+TINY_TRAIN = ["model.name=csclip-tiny", "model.pretrained=null", "model.quick_gelu=null",
+              "model.image_size=32", "data.batch_size=8", "data.val_ratio=0.1",
+              "optim.max_steps=4", "run.checkpoint_every=4", "run.eval_every=2",
+              "run.num_workers=1", "run.cpus_per_worker=1", "run.worker_resources={}",
+              "run.use_gpu=false", "run.precision=fp32", "run.log_every=1"]
+TINY_EVAL = ["benchmark.num_bootstrap=10"]
+TINY: dict[str, list[str]] = {
+    "pipelines/extract_units.py": ["output.shard_size=100"],
+    "pipelines/train.py": TINY_TRAIN,
+    "pipelines/evaluate.py": TINY_EVAL,
+    "tune/ablate.py": TINY_TRAIN,
+    "pipelines/report.py": [],
+}
+
+
+def walkthrough_commands(text: str) -> list[str]:
+    """The commands of the walk-through's ```bash blocks, in order, each `for X in a b;
+    do ... done` loop written out once per value."""
+    section = text[text.index(WALKTHROUGH[0]):text.index(WALKTHROUGH[1])]
+    commands = [c.text for block in parse_blocks(section) for c in block.commands]
+    out: list[str] = []
+    i = 0
+    while i < len(commands):
+        loop = re.fullmatch(r"for (\w+) in ([^;]+); do", commands[i])
+        if loop is None:
+            out.append(commands[i])
+            i += 1
+            continue
+        end = commands.index("done", i)
+        for value in loop.group(2).split():
+            out += [c.replace(f"${loop.group(1)}", value) for c in commands[i + 1:end]]
+        i = end + 1
+    return out
+
+
+def rehearsal_command(command: str, places: dict[str, str], used: set[str]) -> str:
+    """The doc's command as the rehearsal runs it: REHEARSAL_CHANGES applied (each one
+    recorded in `used`), the bucket, the head's home and the run names put in (`places`),
+    and the entry point's tiny settings appended."""
+    for doc, here in REHEARSAL_CHANGES:
+        if doc in command:
+            command = command.replace(doc, here)
+            used.add(doc)
+    for doc, here in places.items():
+        command = command.replace(doc, here)
+    [entry] = [e for e in TINY if f" {e} " in f"{command} "]
+    return f"{command} {' '.join(shlex.quote(t) for t in _sets(TINY[entry]))}"
+
+
+def test_the_walkthrough_is_read_whole_from_the_doc():
+    """Every command of the walk-through is either one the rehearsal runs (an entry point
+    with tiny settings) or a cluster-only one it stands in for; every change the rehearsal
+    makes still matches the doc."""
+    commands = walkthrough_commands(CLUSTER_DOC.read_text())
+    run = [c for c in commands if not c.startswith(tuple(CLUSTER_ONLY))]
+    assert all(c.startswith("ray job submit --") for c in run), run
+    used: set[str] = set()
+    rehearsed = [rehearsal_command(c, {}, used) for c in run]
+    assert used == {doc for doc, _ in REHEARSAL_CHANGES}
+    entries = [next(e for e in TINY if f" {e} " in c) for c in rehearsed]
+    assert entries == ["pipelines/extract_units.py", "pipelines/train.py", "pipelines/train.py",
+                       *["pipelines/evaluate.py"] * 4, "tune/ablate.py", "pipelines/report.py"]
+    # Each stand-in is for a command the doc has.
+    assert all(any(c.startswith(k) for c in commands) for k in CLUSTER_ONLY)
+    assert all(f"--suite {SUITES}" in c for c in run if "evaluate.py" in c or "ablate.py" in c)
 
 
 def _sets(overrides: list[str]) -> list[str]:
@@ -69,7 +178,7 @@ def _submit_marker(head: dict, env: dict, log, marker: str) -> subprocess.Comple
 
 
 @pytest.mark.slow
-def test_used_by_commands_against_a_real_ray_head(tmp_path, monkeypatch):
+def test_the_walkthrough_against_a_real_ray_head(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     ray_tmp = harness.short_tmpdir("csclip-head-")
@@ -94,12 +203,13 @@ def test_used_by_commands_against_a_real_ray_head(tmp_path, monkeypatch):
     without["RAY_AUTH_MODE"] = "disabled"
     wrong = {**env, "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     wrong.pop("RAY_AUTH_TOKEN_PATH")
-    storage = tmp_path / "runs"
     project_stores = _local_stores()
     mlflow, mlflow_uri = harness.mlflow_server(tmp_path / "mlflow", without,
                                                admin_password=admin_password.read_text())
+    env["MLFLOW_TRACKING_URI"] = mlflow_uri  # as cluster.yaml exports it on every node
     # With token authentication on, only the health checks answer without the token.
     ray_head, head = harness.ray_head(ray_tmp, env, ready_path="/api/gcs_healthz")
+    env["RAY_ADDRESS"] = head["dashboard"]  # the walk-through's `export RAY_ADDRESS=...`
     started = time.monotonic()
     with (tmp_path / "commands.log").open("w") as log, harness.running(ray_head, mlflow):
         log.write(f"[head and MLflow server ready after {time.monotonic() - started:.0f} s]\n")
@@ -131,55 +241,69 @@ def test_used_by_commands_against_a_real_ray_head(tmp_path, monkeypatch):
         assert _status(urllib.request.Request(search, headers={
             "Authorization": "Basic " + base64.b64encode(b"csclip:wrong").decode()})) == 401
 
-        runtime_env = json.dumps({"env_vars": {"MLFLOW_TRACKING_URI": mlflow_uri}})
-        train_overrides = [*TINY, f"run.storage_path={storage}", "tracking.experiment=job"]
-        train = harness.submit_until_accepted(lambda: _run(
-            ["ray", "job", "submit", "--address", head["dashboard"], "--working-dir", ".",
-             "--runtime-env-json", runtime_env, "--", "python", "pipelines/train.py",
-             "--config", "configs/default.yaml", *_sets(train_overrides)], env, log))
-        assert train.returncode == 0, train.stdout[-3000:]
-        assert "succeeded" in train.stdout
-        [line] = [t for t in train.stdout.splitlines() if "final checkpoint" in t]
-        checkpoint = line.rsplit(" ", 1)[1]
-        assert checkpoint.startswith(f"{storage}/csclip-") and checkpoint.endswith("/final")
-        assert (Path(checkpoint) / "model.pt").is_file()  # where the config said
-
-        user_env = {**env, "MLFLOW_TRACKING_URI": mlflow_uri}
-        evaluate = _run(["python", "pipelines/evaluate.py", "--checkpoint", checkpoint,
-                         "--out", str(tmp_path / "eval"),
-                         *_sets(["data.world.num_val=8", "data.world.image_size=32",
-                                 "benchmark.num_bootstrap=10", "suites.num_world_pairs=4",
-                                 "suites.num_replace_items=4", "tracking.experiment=job-eval"])],
-                        user_env, log)
-        assert evaluate.returncode == 0, evaluate.stdout[-3000:]
-
-        # One trial (the grid's only value is the base's): the sweep itself, its trials'
-        # scheduling and resumption are tests/test_ablation.py's; here, the command against
-        # a real head and where its runs land: on the server, children of the sweep's run.
-        sweep = _run(["python", "tune/ablate.py", "--grid", "lr=1e-4", "--address",
-                      head["address"],
-                      *_sets([*TINY, f"run.storage_path={storage}", "tracking.experiment=job-tune"])],
-                     user_env, log, timeout=400)
-        assert sweep.returncode == 0, sweep.stdout[-3000:]
+        # The walk-through, command by command, as docs/cluster.md gives it.
+        bucket, home = tmp_path / "bucket", tmp_path / "home"
+        write_coco_karpathy(bucket / "coco")                          # aws s3 cp / sync
+        shutil.copytree(harness.REPO_ROOT / "tests" / "fixtures" / "suites", bucket / "bench",
+                        ignore=shutil.ignore_patterns("*.py", "published"))
+        write_zeroshot_paper(bucket / "bench")
+        write_flickr8k(bucket / "bench")
+        complete_suites(bucket / "bench", tuple(SUITES.split(",")))
+        write_negclip_checkpoint(home / "negclip.pth")                # ray rsync-up
+        places = {"s3://MY-BUCKET": str(bucket), "/home/ray": str(home)}
+        used: set[str] = set()
+        outputs: dict[str, str] = {}
+        for command in walkthrough_commands(CLUSTER_DOC.read_text()):
+            if command.startswith(tuple(CLUSTER_ONLY)):
+                log.write(f"\n[not rehearsed: {command}]\n")
+                continue
+            command = rehearsal_command(command, places, used)
+            done = harness.submit_until_accepted(
+                lambda c=command: _run(["bash", "-c", c], env, log, timeout=600))
+            assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}"
+            assert "succeeded" in done.stdout, done.stdout[-2000:]
+            outputs[command] = done.stdout
+            for line in done.stdout.splitlines():  # the names later commands take
+                if "final checkpoint" in line:
+                    run = line.rsplit("/", 2)[-2]
+                    places[f"<{run.split('-')[0]}-run>"] = run
+                if sweep := re.match(r"sweep (\S+): .*; report in (\S+);", line):
+                    places["<sweep>"] = sweep.group(1)
+                    assert sweep.group(2) == f"{bucket}/runs/tune/{sweep.group(1)}-report"
+        assert used == {doc for doc, _ in REHEARSAL_CHANGES}
+        assert set(places) >= {"<csclip-run>", "<clip-run>", "<sweep>"}
+        for run in (places["<csclip-run>"], places["<clip-run>"]):
+            checkpoint = bucket / "runs" / "train" / run
+            assert (checkpoint / "final" / "model.pt").is_file()  # where the config said
+            assert (checkpoint / "best" / "model.pt").is_file()   # the held-out rule's
+            selection = (home / "eval" / run / "selection.csv").read_text()
+            assert "step" in selection and (home / "eval" / run / "_complete.json").is_file()
+        check_paper_report(home / "report", places)
 
         monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "csclip-jobs")  # this process reads too
         monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password)
         client = MlflowClient(mlflow_uri)
-        [train_run] = _search(client, "job")
-        assert train_run.info.status == "FINISHED"
-        assert train_run.data.tags["checkpoint_uri"] == checkpoint
-        assert train_run.data.metrics["step"] == 2
-        [eval_run] = _search(client, "job-eval")
-        assert "ht_all" in eval_run.data.metrics  # one run per model, plain metric keys
-        sweep_runs = _search(client, "job-tune")
+        train_runs = [r for r in _search(client, "csclip-paper")  # not the sweep's trials
+                      if r.data.tags.get("checkpoint_uri")
+                      and "mlflow.parentRunId" not in r.data.tags]
+        assert sorted(r.data.tags["checkpoint_uri"].rsplit("/", 2)[-2] for r in train_runs) \
+            == sorted([places["<csclip-run>"], places["<clip-run>"]])
+        assert all(r.info.status == "FINISHED" and r.data.metrics["step"] == 4
+                   for r in train_runs)
+        eval_runs = _search(client, "csclip-eval")
+        assert len(eval_runs) >= 4 and all("ht_all" in r.data.metrics for r in eval_runs)
+        sweep_runs = _search(client, "csclip-paper-ablate") if _has(client, "csclip-paper-ablate") \
+            else [r for r in _search(client, "csclip-paper") if r.data.tags.get("csclip_role")]
         [parent] = [r for r in sweep_runs if r.data.tags.get("csclip_role") == "sweep"]
         children = [r for r in sweep_runs if r.data.tags.get("csclip_role") == "trial"]
-        assert [r.data.tags["csclip_setting"] for r in children] == ["base"]
+        assert len(children) == 1
         assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in children)
         assert all(r.info.status == "FINISHED" and "ht_all" in r.data.metrics for r in children)
-        assert parent.info.status == "FINISHED"
         parent_artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
         assert {"ablation.md", "ablation.csv", "ablation.png"} <= parent_artifacts
+        [report_run] = _search(client, "csclip-report")
+        assert {"table1.png", "table16.csv", "paper_report.md"} <= {
+            a.path for a in client.list_artifacts(report_run.info.run_id)}
         # Nothing was written into the job's unpacked working directory under the session.
         leftovers = [str(p) for p in ray_tmp.rglob("mlflow.db")] + \
             [str(p) for p in ray_tmp.rglob("mlruns")] + [str(p) for p in ray_tmp.rglob("runs")]
@@ -189,6 +313,50 @@ def test_used_by_commands_against_a_real_ray_head(tmp_path, monkeypatch):
         log.write(f"[head and MLflow server stopped after {time.monotonic() - stopping:.0f} s]\n")
     assert _local_stores() == project_stores  # no store created or written in the project
     shutil.rmtree(ray_tmp, ignore_errors=True)  # the head's session files (on success only)
+
+
+def check_paper_report(report: Path, places: dict[str, str]) -> None:
+    """The five tables, each as markdown, CSV and PNG, with the rehearsal's models in the
+    paper's rows beside the paper's numbers."""
+    names = {p.name for p in report.iterdir()}
+    for stem in ("table1", "table6", "table7", "table16", "table17"):
+        assert {f"{stem}.md", f"{stem}.csv", f"{stem}.png"} <= names, sorted(names)
+    assert "paper_report.md" in names
+    # Each evaluation matched to its row (the CLIP row by --label, the NegCLIP file by its
+    # name, the two trainings by their run folders), every column of ours filled.
+    models = ("CLIP", "CLIP-FT", "NegCLIP", "CS-CLIP")
+    for stem in ("table1", "table6", "table7"):
+        rows = {r["paper_row"]: r for r in _csv(report / f"{stem}.csv") if r["paper_row"]}
+        assert set(models) <= set(rows), (stem, sorted(rows))
+        for row in models:
+            assert _empty_cells(rows[row]) == [], (stem, row)
+    table1 = {r["paper_row"]: r for r in _csv(report / "table1.csv")}
+    for row in models:
+        ours, paper = float(table1[row]["ht_all"]), float(table1[row]["ht_all_paper"])
+        assert float(table1[row]["ht_all_diff"]) == pytest.approx(ours - paper, abs=1e-6)
+    assert places["<csclip-run>"] in table1["CS-CLIP"]["pretrained"]
+    assert places["<clip-run>"] in table1["CLIP-FT"]["pretrained"]
+    # The sweep's row is the paper's swap row, every column measured (the paper's ZS and
+    # Retr columns included) beside the paper's number.
+    swaps = {r["paper_row"]: r for r in _csv(report / "table16.csv")
+             if r["paper_row"].startswith("swapfrac-") and r["ht_all"]}
+    assert set(swaps) == {"swapfrac-0.5"}, swaps
+    assert all(_empty_cells(r) == [] for r in swaps.values())
+
+
+def _empty_cells(row: dict[str, str]) -> list[str]:
+    """The columns of a report row (each `<key>` with a `<key>_paper` beside it) that
+    have no number of ours."""
+    return [key for key in row if f"{key}_paper" in row and not row[key]]
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _has(client, experiment: str) -> bool:
+    return client.get_experiment_by_name(experiment) is not None
 
 
 def _local_stores() -> dict[str, int]:
