@@ -499,13 +499,16 @@ def plot_comparison(comparison: Comparison, path: Path) -> Path:
                 shade[i, j] = max(-1.0, min(1.0, diff / _COLOUR_SCALE[column.kind]))
             text = "\n".join(_fmt(v, column.kind) if v is not None else MISSING
                              for v in (ours, paper))
-            ax.text(j, i, text, ha="center", va="center", fontsize=6.5)
+            dark = abs(shade[i, j]) > 0.6  # NaN (no pair, grey) is False
+            ax.text(j, i, text, ha="center", va="center", fontsize=6.5,
+                    color="white" if dark else "black")
     colours = matplotlib.colormaps["RdBu"].with_extremes(bad="#dddddd")
     image = ax.imshow(np.ma.masked_invalid(shade), cmap=colours, vmin=-1, vmax=1,
                       aspect="auto")
     ax.set_xticks(range(len(columns)), [c.header for c in columns], rotation=30, ha="right",
                   fontsize=8)
-    ax.set_yticks(range(len(lines)), [line.name[:48] for line in lines], fontsize=7)
+    ax.set_yticks(range(len(lines)), [line.name if len(line.name) <= 48 else
+                                      line.name[:47] + "…" for line in lines], fontsize=7)
     ax.set_title(f"{comparison.paper.title}\ncell: ours (top), paper (bottom); colour: "
                  "ours − paper", fontsize=9)
     bar = fig.colorbar(image, ax=ax, fraction=0.03, ticks=[-1, -0.5, 0, 0.5, 1])
