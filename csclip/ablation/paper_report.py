@@ -109,10 +109,9 @@ def local_copy(run: str) -> Path:
     return folder / ABLATION_CSV if is_csv else folder
 
 
-def run_kind(run: str, path: Path | None = None) -> str:
+def run_kind(run: str, path: Path) -> str:
     """"evaluation" or "ablation" for a RUN argument (read at `path`, its local copy);
     ConfigError when it is neither, DataError for an evaluation that did not finish."""
-    path = Path(run) if path is None else path
     if not path.exists():
         raise ConfigError(f"--paper {run}: no such folder")
     if path.is_file() and path.name == ABLATION_CSV or (path / ABLATION_CSV).is_file():
@@ -123,10 +122,7 @@ def run_kind(run: str, path: Path | None = None) -> str:
                              ("table1.csv", "halftruth.md", EVALUATION_COMPLETE)):
         from csclip.eval.report import check_evaluation
 
-        try:
-            check_evaluation(path)
-        except DataError as err:  # named by the RUN, not by a cache folder
-            raise DataError(str(err).replace(str(path), run)) from None
+        check_evaluation(path, shown_as=run)  # named by the RUN, not by a cache folder
         return "evaluation"
     raise ConfigError(f"--paper {run}: neither the --out folder of `csclip evaluate` "
                       "(table1.csv, _complete.json) nor the report of `csclip ablate` "
@@ -151,10 +147,9 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
         raise DataError(f"{path}: cannot read it as CSV ({err})") from None
 
 
-def read_evaluation(run: str, folder: Path | None = None) -> list[EvaluatedModel]:
+def read_evaluation(run: str, folder: Path) -> list[EvaluatedModel]:
     """The models of a finished evaluation folder (`run`, read at `folder`, its local
     copy), with their Tables 1, 6, 7 metrics."""
-    folder = Path(run) if folder is None else folder
     if not (folder / "table1.csv").is_file():
         raise DataError(f"--paper {run}: the evaluation holds no table1.csv")
     rows: dict[str, dict[str, str]] = {}
@@ -170,12 +165,11 @@ def read_evaluation(run: str, folder: Path | None = None) -> list[EvaluatedModel
             for label, row in rows.items()]
 
 
-def read_ablation(run: str, path: Path | None = None) -> list[AblationResult]:
+def read_ablation(run: str, path: Path) -> list[AblationResult]:
     """The rows of an ablation report (its folder, or the ablation.csv itself; read at
     `path`, its local copy)."""
     from csclip.ablation.report import CSV_KEYS
 
-    path = Path(run) if path is None else path
     path = path if path.is_file() else path / ABLATION_CSV
     return [AblationResult(run, row.get("setting", ""), row.get("axis", ""),
                            row.get("value", ""), row.get("is_base") == "true",

@@ -507,14 +507,15 @@ def evaluation_problem(out_dir: str | Path) -> str | None:
     return storage.export_problem(fs, path, check_hashes=True, manifest=EVALUATION_COMPLETE)
 
 
-def check_evaluation(out_dir: str | Path) -> None:
-    """Raise DataError when `out_dir` holds no finished evaluation."""
+def check_evaluation(out_dir: str | Path, shown_as: str | None = None) -> None:
+    """Raise DataError when `out_dir` holds no finished evaluation; the message names it
+    `shown_as` (e.g. the s3:// URI a local copy was made from) when given."""
     from csclip.errors import DataError
 
     problem = evaluation_problem(out_dir)
     if problem is not None:
-        raise DataError(f"the evaluation in {out_dir} did not finish (killed, or still "
-                        f"running?): rerun the same command ({problem})")
+        raise DataError(f"the evaluation in {shown_as or out_dir} did not finish (killed, or "
+                        f"still running?): rerun the same command ({problem})")
 
 
 def _publish_outputs(staging: Path, out: Path) -> dict[str, Path]:
