@@ -117,6 +117,10 @@ class RunSection(StrictModel):
     compile: bool = False  # torch.compile the model (the DDP-wrapped one, as open_clip_train)
     compile_mode: CompileMode = "default"
     channels_last: bool = False  # images and the patch convolution in NHWC
+    # The text tower runs each row only up to its end-of-text token (the same features to
+    # float rounding, ~2x less text work on short units; csclip.train.trimmed_text). It
+    # reads each batch's lengths, one host sync per step on a GPU.
+    trim_text: bool = True
     # Start from this checkpoint directory (a checkpoint_* directory of any run, with its
     # train_state.pt; a local path every worker reads): model, optimizer, scaler and step.
     # The run's own checkpoints, once it has any, take precedence (restarts resume there).
@@ -215,7 +219,8 @@ def step_options(config: TrainConfig) -> StepOptions:
                        grad_clip=config.optim.grad_clip,
                        logit_scale_max=config.optim.logit_scale_max,
                        channels_last=config.run.channels_last,
-                       compile=config.run.compile, compile_mode=config.run.compile_mode)
+                       compile=config.run.compile, compile_mode=config.run.compile_mode,
+                       trim_text=config.run.trim_text)
 
 
 def _layout_question(data: DataConfig):

@@ -48,7 +48,7 @@ class OptimConfig(StrictModel):
     # micro-batches; the loss is still one loss over the whole batch (csclip.train.step), so
     # loss and gradients equal the unsplit step's. Less activation memory, ~1/3 more compute.
     accum_freq: int = Field(1, ge=1)
-    fused: bool = True  # fused AdamW kernel when every parameter is on CUDA
+    fused: bool = True  # fused AdamW kernel (CUDA, and CPU: 1/7 of the foreach step's time)
     # cosine: warmup then cosine, advanced every optimizer step (as intended).
     # authors_per_epoch: the authors' run. Their scheduler is built over optimizer steps
     # but stepped once per epoch, so during epoch e it sits at step e: warmup never ends
@@ -111,9 +111,12 @@ def build_optimizer(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.A
     groups = [{"params": no_decay, "weight_decay": 0.0},
               {"params": decay, "weight_decay": optim.weight_decay}]
     # One fused kernel instead of a dozen foreach kernels per step, and no host sync for
-    # the step count; only on CUDA (the CPU kernel's numerics differ from the foreach path
-    # every CPU test and result was made with). Build after the model is on its device.
+    # the step count. On CPU too: csclip-tiny's step (3.3M parameters, most of them the
+    # token embedding) took 19 ms in the foreach update and takes 2.6 ms fused; the two
+    # round differently, so the losses agree to float rounding, not bit for bit.
+    # Build after the model is on its device.
     params = decay + no_decay
-    fused = optim.fused and bool(params) and all(p.device.type == "cuda" for p in params)
+    fused = optim.fused and bool(params) and all(p.device.type in ("cuda", "cpu")
+                                                 for p in params)
     return torch.optim.AdamW(groups, lr=optim.lr, betas=optim.betas, eps=optim.eps,
                              fused=fused or None)

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from csclip.loss import LossParts, Objective
 from csclip.train.optim import OptimConfig, build_optimizer
+from csclip.train.trimmed_text import TrimmedTextForward, can_trim
 
 # auto: bf16 autocast on GPU, fp32 on CPU. fp16 adds a gradient scaler. bf16_pure: bf16
 # weights, activations and gradients with fp32 master weights in the optimizer.
@@ -38,6 +39,7 @@ class StepOptions:
     channels_last: bool = False       # images and conv weights in NHWC (run.channels_last)
     compile: bool = False             # torch.compile the model (run.compile)
     compile_mode: CompileMode = "default"
+    trim_text: bool = True            # the text tower without its padding (run.trim_text)
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
@@ -162,7 +164,8 @@ def build_training(model: torch.nn.Module, optim: OptimConfig, options: StepOpti
     optimizer and scaler state of `train_state` (a checkpoint's train_state.pt).
 
     With loss.method layout the model carries its layout head (warm_start.add_layout_head)
-    and the runner answers the layout question (LayoutForward).
+    and the runner answers the layout question (LayoutForward); otherwise, with
+    options.trim_text, the runner skips the text tower's padding (TrimmedTextForward).
     The order matters: AdamW is built, and its state loaded, only once the parameters are
     on their device, so its state tensors land beside them (a GPU resume used to leave
     them on the CPU) and fused AdamW sees CUDA parameters.
@@ -177,6 +180,8 @@ def build_training(model: torch.nn.Module, optim: OptimConfig, options: StepOpti
         from csclip.train.warm_start import LayoutForward
 
         runner = LayoutForward(runner)
+    elif options.trim_text and can_trim(runner):
+        runner = TrimmedTextForward(runner)
     if options.channels_last:
         runner = runner.to(memory_format=torch.channels_last)
     if wrap is not None:

@@ -1,0 +1,100 @@
+"""The text tower without its padding (csclip.train.trimmed_text): the same features and
+gradients as open_clip's full-context forward, for the rows of every length a batch mixes,
+and the step's runner uses it only where it is exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from csclip.model import create_bundle
+from csclip.preprocess import tokenizer
+from csclip.train.trimmed_text import TrimmedTextForward, can_trim, encode_text_trimmed
+
+TEXTS = [
+    "red circle",
+    "a large yellow cross",
+    "A scene with a green square, a large yellow cross and a purple circle. The purple "
+    "circle is below the large yellow cross.",
+    "the blue square is left of the red circle",
+    "two dogs",
+    "a man riding a horse on a beach next to the sea while the sun sets behind him and two "
+    "dogs run after them along the water towards the rocks",
+]
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return create_bundle("csclip-tiny").model.eval()
+
+
+def _tokens(texts: list[str]) -> torch.Tensor:
+    return tokenizer("csclip-tiny")(texts)
+
+
+def test_features_and_gradients_equal_the_full_context(model):
+    tokens = _tokens(TEXTS * 3)
+    lengths = tokens.argmax(1) + 1
+    assert lengths.min() < 8 and lengths.max() == tokens.shape[1]  # short, long, truncated rows
+    full = model.encode_text(tokens, normalize=True)
+    trimmed = encode_text_trimmed(model, tokens)
+    torch.testing.assert_close(trimmed, full, rtol=0, atol=1e-5)
+
+    weights = torch.randn_like(full)
+    grads = []
+    for encode in (lambda t: model.encode_text(t, normalize=True),
+                   lambda t: encode_text_trimmed(model, t)):
+        model.zero_grad(set_to_none=True)
+        (encode(tokens) * weights).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()
+                      if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name, expected in grads[0].items():
+        # Float rounding of sums in another order, relative to the tensor's scale.
+        error = float((grads[1][name] - expected).abs().max())
+        assert error <= 1e-5 * max(float(expected.abs().max()), 1e-3), (name, error)
+
+
+def test_positions_past_every_end_get_no_gradient(model):
+    """Why cutting them changes nothing: the full forward's gradient there is exactly 0."""
+    tokens = _tokens(TEXTS[:4])
+    longest = int((tokens.argmax(1) + 1).max())
+    assert longest < tokens.shape[1]
+    model.zero_grad(set_to_none=True)
+    model.encode_text(tokens, normalize=True).sum().backward()
+    assert model.positional_embedding.grad[:longest].abs().sum() > 0
+    assert not model.positional_embedding.grad[longest:].any()
+
+
+def test_runner_returns_clip_forward(model):
+    images = torch.randn(3, 3, 64, 64)
+    tokens = _tokens(TEXTS[:3])
+    expected = model(images, tokens)
+    got = TrimmedTextForward(model)(images, tokens)
+    torch.testing.assert_close(got[0], expected[0], rtol=0, atol=0)
+    torch.testing.assert_close(got[1], expected[1], rtol=0, atol=1e-5)
+    torch.testing.assert_close(got[2], expected[2], rtol=0, atol=0)
+    assert TrimmedTextForward(model)(None, tokens)[0] is None
+
+
+def test_only_argmax_pooled_causal_towers_are_trimmed(model):
+    assert can_trim(model)
+    model.text_pool_type = "last"
+    try:
+        assert not can_trim(model)
+    finally:
+        model.text_pool_type = "argmax"
+
+
+def test_the_step_runs_it_unless_asked_not_to(model):
+    from csclip.loss import LossConfig, objective_for
+    from csclip.train.optim import OptimConfig
+    from csclip.train.step import StepOptions, build_training
+
+    objective = objective_for(LossConfig(method="clip"), 2, None)
+    on = build_training(model, OptimConfig(), StepOptions(objective), torch.device("cpu"))
+    off = build_training(model, OptimConfig(), StepOptions(objective, trim_text=False),
+                         torch.device("cpu"))
+    assert isinstance(on.runner, TrimmedTextForward) and on.runner.model is model
+    assert off.runner is model
