@@ -451,9 +451,10 @@ def remote_checkpoint_check(uri: str, wanted: Callable[[], ModelSpec] | None = N
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The open_clip model inside torch.compile's and DistributedDataParallel's wrappers
-    (or the model)."""
+    and the step's runners (LayoutForward, TrimmedTextForward), or the model."""
     model = getattr(model, "_orig_mod", model)   # torch.compile's OptimizedModule
-    return getattr(model, "module", model)       # DistributedDataParallel
+    model = getattr(model, "module", model)      # DistributedDataParallel
+    return model.model if getattr(type(model), "wraps_model", False) else model
 
 
 def _num_groups(tower_blocks: int) -> int:

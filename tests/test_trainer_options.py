@@ -315,12 +315,13 @@ def test_compile_wraps_the_runner_and_keeps_the_model_plain():
     assert step_options(_config("run.compile=true")).compile is True
 
 
-def test_fused_adamw_only_on_cuda_parameters():
+def test_fused_adamw_on_cpu_and_cuda_parameters():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     cpu_optimizer = build_optimizer(torch.nn.Linear(4, 4), OptimConfig())
-    assert not cpu_optimizer.defaults["fused"]
+    assert cpu_optimizer.defaults["fused"] is True
     cpu_optimizer.step()  # never crashes on the CPU
+    assert not build_optimizer(torch.nn.Linear(4, 4), OptimConfig(fused=False)).defaults["fused"]
     with FakeTensorMode():  # fake CUDA tensors: no GPU needed to see the flag
         cuda_model = torch.nn.Linear(4, 4, device="cuda")
         assert build_optimizer(cuda_model, OptimConfig()).defaults["fused"] is True
@@ -333,7 +334,7 @@ def test_channels_last_gives_the_same_loss():
     for channels_last in (False, True):
         training = build_training(_model(), OptimConfig(), _options(channels_last=channels_last), CPU)
         if channels_last:
-            assert training.runner.visual.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+            assert unwrap(training.runner).visual.conv1.weight.is_contiguous(memory_format=torch.channels_last)
         losses.append(train_step(training, batch).total.item())
     assert losses[0] == pytest.approx(losses[1], abs=1e-5)
 
@@ -341,7 +342,7 @@ def test_channels_last_gives_the_same_loss():
 def test_pure_bf16_runs_in_bf16_and_steps_fp32_master_weights():
     training = build_training(_model(), OptimConfig(lr=1e-6, warmup_steps=0),
                               _options(precision="bf16_pure"), CPU)
-    assert training.runner.visual.conv1.weight.dtype == torch.bfloat16
+    assert unwrap(training.runner).visual.conv1.weight.dtype == torch.bfloat16
     assert training.model.visual.conv1.weight.dtype == torch.float32
     before = training.model.visual.proj.detach().clone()
     parts = train_step(training, _batch())
@@ -351,7 +352,7 @@ def test_pure_bf16_runs_in_bf16_and_steps_fp32_master_weights():
     # stepped in bf16 almost every weight would stay put; the fp32 master weights move.
     assert (after != before).float().mean() > 0.9
     assert (after.to(torch.bfloat16) != before.to(torch.bfloat16)).float().mean() < 0.1
-    assert torch.equal(training.runner.visual.proj, after.to(torch.bfloat16))
+    assert torch.equal(unwrap(training.runner).visual.proj, after.to(torch.bfloat16))
     assert all(p.grad is None for p in training.runner.parameters())
 
 

@@ -71,6 +71,8 @@ class TrimmedTextForward(torch.nn.Module):
     the text tower run without its padding: the step's runner (csclip.train.step), so
     DDP still sees one forward call."""
 
+    wraps_model = True  # csclip.model.unwrap finds the model inside
+
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.model = model

@@ -95,6 +95,8 @@ class LayoutForward(torch.nn.Module):
     (B, K * classes), in the shape of CLIP's forward (features, text features, scale), so
     the step's encoding, accumulation and DDP treat it as any runner."""
 
+    wraps_model = True  # csclip.model.unwrap finds the model inside
+
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.model = model
