@@ -98,3 +98,20 @@ def test_the_step_runs_it_unless_asked_not_to(model):
                          torch.device("cpu"))
     assert isinstance(on.runner, TrimmedTextForward) and on.runner.model is model
     assert off.runner is model
+
+
+def test_length_groups_split_only_where_it_saves():
+    from csclip.train.trimmed_text import length_groups
+
+    # Captions of 17-32 tokens: one call at the longest (groups of a few rows cost more).
+    captions = [17, 20, 24, 28, 32, 30, 22, 26]
+    assert length_groups(captions) == [(32, sorted(range(8), key=lambda i: -captions[i]))]
+    # A CS-CLIP batch: captions near 30 beside units of 4-11 tokens: two calls.
+    lengths = [30, 28, 31, 29, 5, 7, 11, 6, 4, 9, 8, 10]
+    groups = length_groups(lengths)
+    assert [length for length, _ in groups] == [31, 11]
+    assert sorted(groups[0][1]) == [0, 1, 2, 3] and sorted(groups[1][1]) == list(range(4, 12))
+    # Every row exactly once, each in a call at least as long as it.
+    for length, rows in groups:
+        assert all(lengths[row] <= length for row in rows)
+    assert sorted(row for _, rows in groups for row in rows) == list(range(len(lengths)))

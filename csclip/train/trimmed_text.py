@@ -4,9 +4,9 @@ open_clip's CLIP text tower is causal and pools at the end-of-text token (the ro
 highest id, `text_pool_type` argmax), so what a row's feature depends on stops there: the
 positions after it change neither the feature nor, therefore, any gradient (theirs are
 exactly zero). A unit ("red circle") is 4-11 of csclip-tiny's 32 positions and a COCO
-caption ~15-20 of ViT-B/32's 77, so most of the text tower's work is padding. Here each
-batch's rows are grouped by length (bucket edges every BUCKET positions), each group cut to
-its longest row and encoded apart. The features equal the full-context ones up to float
+caption ~13 of ViT-B/32's 77, so most of the text tower's work is padding. Here a batch
+runs cut to its longest row, and its shorter rows (a CS-CLIP batch's units beside its
+captions) in a shorter call of their own where that saves enough (length_groups). The features equal the full-context ones up to float
 rounding (a different matrix shape sums in another order; tests/test_trimmed_text.py); the
 optimisation path and its numbers are otherwise the same.
 
@@ -21,8 +21,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-BUCKET = 8  # rows whose lengths round up to the same multiple of 8 share one call
-
 
 def can_trim(model: torch.nn.Module) -> bool:
     """True when `model`'s text tower is open_clip's causal transformer pooled at the
@@ -33,19 +31,49 @@ def can_trim(model: torch.nn.Module) -> bool:
             and getattr(model, "logit_bias", None) is None)
 
 
+# A batch's rows are split into another length group only where that saves at least this
+# share of the group's token positions: each group is one more call, and on CPU a call on
+# a few rows costs more than it saves (caption-only batches of 17-32 tokens ran 1.2x slower
+# when cut into groups every 8 positions; benchmarks/bench_step.py).
+MIN_SAVING = 0.25
+
+
+def length_groups(lengths: list[int], min_saving: float = MIN_SAVING) -> list[tuple[int, list[int]]]:
+    """The rows (their indices) of each call and its length: starting from all rows at the
+    longest, split off the shorter rows at the length that saves the most positions,
+    while that saves at least `min_saving` of the group's."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups = []
+    while order:
+        longest = lengths[order[0]]
+        best_saving, best_at = 0, None
+        for position in range(1, len(order)):  # rows order[position:] in a shorter call
+            if lengths[order[position]] < lengths[order[position - 1]]:
+                saving = (len(order) - position) * (longest - lengths[order[position]])
+                if saving > best_saving:
+                    best_saving, best_at = saving, position
+        if best_at is None or best_saving < min_saving * len(order) * longest:
+            groups.append((longest, order))
+            break
+        groups.append((longest, order[:best_at]))
+        order = order[best_at:]
+    return groups
+
+
 def encode_text_trimmed(model: torch.nn.Module, text: Tensor) -> Tensor:
     """model.encode_text(text, normalize=True), each row run only up to its end-of-text
     token. text: (N, context_length) token ids; returns (N, D)."""
-    lengths = text.argmax(dim=1) + 1                    # the end-of-text token's position + 1
-    buckets = (lengths + BUCKET - 1) // BUCKET
+    lengths = (text.argmax(dim=1) + 1).tolist()          # the end-of-text token's position + 1
+    groups = length_groups(lengths)
+    if len(groups) == 1:
+        return F.normalize(_encode(model, text[:, :groups[0][0]]), dim=-1)
     out: Tensor | None = None
-    for bucket in torch.unique(buckets).tolist():
-        rows = (buckets == bucket).nonzero(as_tuple=True)[0]
-        length = int(lengths[rows].max())
-        features = _encode(model, text[rows, :length])
+    for length, rows in groups:
+        index = torch.as_tensor(rows, device=text.device)
+        features = _encode(model, text[index, :length])
         if out is None:
             out = features.new_empty(text.shape[0], features.shape[1])
-        out[rows] = features
+        out[index] = features
     assert out is not None
     return F.normalize(out, dim=-1)
 
