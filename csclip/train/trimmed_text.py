@@ -6,9 +6,9 @@ positions after it change neither the feature nor, therefore, any gradient (thei
 exactly zero). A unit ("red circle") is 4-11 of csclip-tiny's 32 positions and a COCO
 caption ~13 of ViT-B/32's 77, so most of the text tower's work is padding. Here a batch
 runs cut to its longest row, and its shorter rows (a CS-CLIP batch's units beside its
-captions) in a shorter call of their own where that saves enough (length_groups). The features equal the full-context ones up to float
-rounding (a different matrix shape sums in another order; tests/test_trimmed_text.py); the
-optimisation path and its numbers are otherwise the same.
+captions) in a shorter call of their own where that saves enough (length_groups). The
+features and gradients equal the full-context ones up to float rounding (a matrix of
+another shape sums in another order; tests/test_trimmed_text.py).
 
 Only for the models whose text tower is open_clip's own causal transformer pooled at the
 argmax token (CLIP, csclip's small configs); any other (a HuggingFace tower, SigLIP's
