@@ -458,8 +458,10 @@ def estimate_memory(args, method: str, batch: int, *, accum_freq: int = 1,
     mode = FakeTensorMode()
     model = _fake_model(args, mode, grad_checkpointing)
     with mode:
+        # trim_text off: a fake batch has no token ids to read lengths from; the estimate is
+        # a batch whose every row fills the context, the most a step can hold.
         options = StepOptions(objective=SameShapesLoss(method, columns), precision=precision,
-                              accum_freq=accum_freq)
+                              accum_freq=accum_freq, trim_text=False)
         with mock.patch.object(torch.nn.Module, "to", _placed_to(torch.nn.Module.to)):
             training = build_training(model, OptimConfig(), options, torch.device("cpu"))
         context = int(model.context_length)
