@@ -63,14 +63,14 @@ def length_groups(lengths: list[int], min_saving: float = MIN_SAVING) -> list[tu
 def encode_text_trimmed(model: torch.nn.Module, text: Tensor) -> Tensor:
     """model.encode_text(text, normalize=True), each row run only up to its end-of-text
     token. text: (N, context_length) token ids; returns (N, D)."""
-    lengths = (text.argmax(dim=1) + 1).tolist()          # the end-of-text token's position + 1
-    groups = length_groups(lengths)
+    ends = text.argmax(dim=1)                           # each row's end-of-text position
+    groups = length_groups((ends + 1).tolist())
     if len(groups) == 1:
-        return F.normalize(_encode(model, text[:, :groups[0][0]]), dim=-1)
+        return F.normalize(_encode(model, text[:, :groups[0][0]], ends), dim=-1)
     out: Tensor | None = None
     for length, rows in groups:
         index = torch.as_tensor(rows, device=text.device)
-        features = _encode(model, text[index, :length])
+        features = _encode(model, text[index, :length], ends[index])
         if out is None:
             out = features.new_empty(text.shape[0], features.shape[1])
         out[index] = features
@@ -78,16 +78,16 @@ def encode_text_trimmed(model: torch.nn.Module, text: Tensor) -> Tensor:
     return F.normalize(out, dim=-1)
 
 
-def _encode(model: torch.nn.Module, text: Tensor) -> Tensor:
+def _encode(model: torch.nn.Module, text: Tensor, ends: Tensor) -> Tensor:
     # open_clip.model.CLIP.encode_text, with the positional embedding and causal mask cut
-    # to the rows' length.
+    # to the rows' length; pooled at `ends`, the rows' end-of-text positions (its argmax).
     length = text.shape[1]
     cast_dtype = model.transformer.get_cast_dtype()
     x = model.token_embedding(text).to(cast_dtype)
     x = x + model.positional_embedding[:length].to(cast_dtype)
     x = model.transformer(x, attn_mask=model.attn_mask[:length, :length])
     x = model.ln_final(x)
-    x = x[torch.arange(x.shape[0], device=x.device), text.argmax(dim=-1)]
+    x = x[torch.arange(x.shape[0], device=x.device), ends]
     projection = model.text_projection
     if projection is None:
         return x
