@@ -17,12 +17,16 @@ workers, raylet and GCS) and the wall time of one pass over every image:
   with plain CLIP's columns (the caption's tokens only: open_clip's CsvDataset's work);
   the epoch ships the transform's uint8 pixels and the consumer normalises them
   (ImageNormalizer, on the CPU here, on the GPU in training), as for the prepared path;
+  and an epoch of 64 other images, whose cost against the full epoch's splits the stream's
+  CPU into a fixed part per epoch and a part per image (the at-scale ratio);
 - open_clip 1w / 2w: open_clip_train's CsvDataset in a torch DataLoader (batch 64,
   shuffled, 1 or 2 workers); the class itself when open_clip_train.data imports (it needs
   webdataset and braceexpand), otherwise the same four lines here;
 - prepared: data.prepare_images's epochs (csclip.train.prepared), reading the uint8 pixels
   prepared once and shipping them to the consumer, which normalises them (on the CPU here,
-  on the GPU in training); the preparation's own cost is reported apart.
+  on the GPU in training), four epochs in a row per timed sample (its epoch is short and
+  Ray's background ticks would make one epoch's figure a coin toss); the preparation's own
+  cost is reported apart.
 
 The last line is `csclip/open_clip CPU ratio X.XX, prepared/full ratio Y.YY`: images per
 CPU-second of csclip's stream over open_clip's better DataLoader, and of the prepared path
@@ -56,6 +60,8 @@ PREPROCESS = {"size": 224, "mode": "RGB", "mean": (0.48145466, 0.4578275, 0.4082
               "resize_mode": "shortest", "fill_color": 0}
 MODEL = "ViT-B-32"  # its tokenizer (context length 77)
 BATCH = 64
+PREPARED_EPOCHS = 4  # epochs per timed sample of the prepared path (see main)
+SMALL_EPOCH = 64  # images in the stream's small epoch (its fixed per-epoch cost)
 
 
 def photo(width: int, height: int, seed: int):
@@ -264,15 +270,20 @@ def csclip_pass(units: str, prepared: bool, method: str = "csclip") -> Callable[
     return run
 
 
+def _epochs(run: Callable[[], int], epochs: int) -> Callable[[], int]:
+    """`run` `epochs` times in a row, as one sample: the images of all of them."""
+    return lambda: sum(run() for _ in range(epochs))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="512 images, 2 repeats (< 5 min)")
+    parser.add_argument("--quick", action="store_true", help="512 images, 3 repeats (< 5 min)")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args(argv)
     if args.quick:
-        args.images, args.repeats = 512, 2
+        args.images, args.repeats = 512, 3
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
     import torch
@@ -281,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(tempfile.mkdtemp(prefix="csclip-bench-datapath-"))
     started = time.perf_counter()
     units, csv = make_data(folder, args.images)
+    small_units, _ = make_data(folder / "small", SMALL_EPOCH)
     paths = sorted(str(p) for p in (folder / "images").glob("*.jpg"))
     jpeg_kb = statistics.mean(Path(p).stat().st_size for p in paths) / 1024
     print(f"{args.images} JPEGs ({jpeg_kb:.0f} KB each) made in "
@@ -309,9 +321,17 @@ def main(argv: list[str] | None = None) -> int:
         "limit": limit_pass(paths, draft=False), "draft limit": limit_pass(paths, draft=True),
         "csclip stream": csclip_pass(units, prepared=False),
         "csclip stream, CLIP columns": csclip_pass(units, prepared=False, method="clip"),
+        f"csclip stream, {SMALL_EPOCH}-image epoch": csclip_pass(small_units, prepared=False),
         "open_clip 1w": open_clip_1, "open_clip 2w": open_clip_2,
         "prepared": csclip_pass(units, prepared=True)}
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+    # A prepared epoch takes a quarter of a streamed one's wall time. Ray's background work
+    # (its stats and autoscaler actors' ticks, the dashboard agent: ~0.07 CPU-s a second
+    # here) comes in bursts of up to 0.4 CPU-s, which a 0.5 s window either catches or
+    # not (a prepared epoch measured 1.0 to 2.4 CPU ms per image in one session). So a
+    # sample of the prepared path is PREPARED_EPOCHS epochs in a row, as training reads
+    # them, and every rate below is per image-epoch.
+    variants["prepared"] = _epochs(variants["prepared"], PREPARED_EPOCHS)
+    results: dict[str, list[tuple[float, float, int]]] = {name: [] for name in variants}
     for name, run in variants.items():  # warm-up: workers started, caches filled
         if "limit" not in name:
             run()
@@ -319,18 +339,31 @@ def main(argv: list[str] | None = None) -> int:
         for name, run in variants.items():
             mark, wall = cpu.snapshot(), time.perf_counter()
             count = run()
-            results[name].append((cpu.since(mark), time.perf_counter() - wall))
-            assert count >= args.images - BATCH, (name, count)
-        print(f"repeat {repeat + 1}/{args.repeats} done, load {os.getloadavg()[0]:.1f}",
-              flush=True)
+            results[name].append((cpu.since(mark), time.perf_counter() - wall, count))
+            assert count >= (SMALL_EPOCH if "image epoch" in name else args.images - BATCH), \
+                (name, count)
+        print(f"repeat {repeat + 1}/{args.repeats} done, load {os.getloadavg()[0]:.1f}; CPU ms "
+              "per image: " + ", ".join(f"{name} {1000 * c / n:.1f}" for name, (c, _, n) in
+                                        ((k, r[-1]) for k, r in results.items())), flush=True)
     ray.shutdown()
     load = os.getloadavg()
-    per_cpu = {n: args.images / statistics.median(c for c, _ in r) for n, r in results.items()}
-    per_wall = {n: args.images / statistics.median(w for _, w in r) for n, r in results.items()}
+    # Images per CPU-second (and per second): the median sample's, each over its own
+    # count (a DataLoader drops its last partial batch, a prepared sample is 4 epochs).
+    per_cpu = {n: statistics.median(k / c for c, _, k in r) for n, r in results.items()}
+    per_wall = {n: statistics.median(k / w for _, w, k in r) for n, r in results.items()}
     best_open_clip = max(per_cpu["open_clip 1w"], per_cpu["open_clip 2w"])
     csclip_ratio = per_cpu["csclip stream"] / best_open_clip
     prepared_ratio = per_cpu["prepared"] / per_cpu["csclip stream"]
     same_work_ratio = per_cpu["csclip stream, CLIP columns"] / best_open_clip
+    # An epoch of the stream costs fixed + n * marginal CPU-s: two epoch sizes give both.
+    # At COCO's 590k rows an epoch's fixed part is nothing; the marginal cost is what a
+    # node's CPUs pay per image there (docs/cluster.md).
+    full_epoch = statistics.median(c for c, _, _ in results["csclip stream"])
+    small_epoch = statistics.median(c for c, _, _ in
+                                    results[f"csclip stream, {SMALL_EPOCH}-image epoch"])
+    marginal = (full_epoch - small_epoch) / (args.images - SMALL_EPOCH)
+    fixed = small_epoch - SMALL_EPOCH * marginal
+    at_scale_ratio = 1 / marginal / best_open_clip
     rows = "".join(
         f"| {name} | {per_cpu[name]:.0f} | {per_wall[name]:.0f} | "
         f"{per_cpu[name] / per_cpu['limit']:.2f} | {1000 / per_cpu[name]:.1f} |\n"
@@ -342,12 +375,16 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.cpu_count()} cores shared with other work: load average {load[0]:.1f} / "
         f"{load[1]:.1f} at the end; {args.images} JPEGs of {jpeg_kb:.0f} KB, 640x480 and "
         "480x640, quality 90; ViT-B/32's eval transform, 224 px; one Ray session with "
-        f"2 CPUs; median of {args.repeats} interleaved passes after a warm-up).\n\n"
+        f"2 CPUs; median of {args.repeats} interleaved samples after a warm-up, a sample one epoch, the prepared path's {PREPARED_EPOCHS} in a row).\n\n"
         "| path | images / CPU-s | images / s (wall) | vs the limit (CPU) | CPU ms / image |\n"
         "|---|---:|---:|---:|---:|\n" + rows +
         f"\nCPU is the whole process tree's (Ray's workers, raylet and GCS included). "
         f"With the same text work as open_clip's loader (CLIP columns), csclip/open_clip "
         f"is {same_work_ratio:.2f}; the ratio below is CS-CLIP's stream. "
+        f"An epoch of the stream costs {fixed:.2f} CPU-s of its own (planning, the units' "
+        f"read and global shuffle, the tasks: from the {SMALL_EPOCH}-image epoch) and "
+        f"{1000 * marginal:.1f} CPU ms per image beyond it: at scale, where the epoch's own "
+        f"cost is spread over every image, csclip/open_clip is {at_scale_ratio:.2f}. "
         f"open_clip: {loader_source}. Draft mode changes the tensor (up to "
         f"{draft_difference(paths):.2f} after normalisation), so csclip does not use it. "
         f"Preparing the images once (data.prepare_images) took {prep_cpu:.1f} CPU-s "
