@@ -317,9 +317,13 @@ def split_coordinators() -> dict[str, dict]:
             if a["ActorClassName"] == "SplitCoordinator"}
 
 
-def overlapping_lifetimes(coordinators: list[dict]) -> list[tuple[dict, dict]]:
-    """Pairs of the same owner alive at once: (earlier, later) where the earlier had not
-    ended when the later started."""
-    by_start = sorted(coordinators, key=lambda c: c["start"])
-    return [(a, b) for i, a in enumerate(by_start) for b in by_start[i + 1:]
-            if a["owner"] == b["owner"] and not 0 < a["end"] <= b["start"]]
+def overlapping_lifetimes(coordinators: list[dict], ahead: int = 1) -> list[tuple[dict, dict]]:
+    """Pairs of the same owner alive at once, other than an epoch's and the next's (the
+    workers open the next epoch before the current one ends: csclip.train.lookahead):
+    (earlier, later) where the later started more than `ahead` coordinators after the
+    earlier and the earlier had not ended by then."""
+    by_owner: dict[str, list[dict]] = {}
+    for coordinator in sorted(coordinators, key=lambda c: c["start"]):
+        by_owner.setdefault(coordinator["owner"], []).append(coordinator)
+    return [(a, b) for group in by_owner.values() for i, a in enumerate(group)
+            for b in group[i + 1 + ahead:] if not 0 < a["end"] <= b["start"]]

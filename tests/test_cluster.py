@@ -106,8 +106,8 @@ def test_training_on_two_nodes_resumes_from_s3_after_a_worker_is_killed(scenario
     assert _close(history, [(step, rank_0[step]) for step, _ in history]), history
     assert run["tags"]["checkpoint_uri"] == train["checkpoint_uri"]
     # Each epoch split over the two nodes by its own SplitCoordinator: the killed group's
-    # epochs 0 and 1, the restarted group's from its checkpoint's epoch on; each group's
-    # first ended before its second began.
+    # epochs 0 and 1, the restarted group's from its checkpoint's epoch on; none alive
+    # beside another than the next epoch's (opened early: csclip.train.lookahead).
     coordinators = train["split_coordinators"]
     assert sorted(Counter(c["owner"] for c in coordinators).values()) == \
         ([2, 2] if resumed == 3 else [1, 2])

@@ -63,7 +63,7 @@ def test_training_logs_validation_metrics_and_keeps_best(tmp_path, mlflow_uri, r
     config = load_config(TrainConfig, None, [
         "model.name=csclip-tiny", "model.image_size=32", "data.world.image_size=32",
         "data.world.num_train=16", "data.world.num_val=10", "data.batch_size=4",
-        "data.shuffle_buffer=16", "optim.max_steps=4", "optim.warmup_steps=1",
+        "data.shuffle_buffer=16", "optim.max_steps=6", "optim.warmup_steps=1",
         "optim.lr=1e-3", "run.checkpoint_every=2", "run.log_every=1", "run.eval_every=2",
         "run.eval_max_images=6", f"run.storage_path={tmp_path / 'runs'}",
         f"tracking.uri={mlflow_uri}",
@@ -74,17 +74,18 @@ def test_training_logs_validation_metrics_and_keeps_best(tmp_path, mlflow_uri, r
     assert run_name(plain) == run_name(config)  # evaluating does not change what is trained
     before = harness.split_coordinators()
     result = run(config)
-    assert result.metrics["step"] == 4
-    # Two epochs of 2 steps, each split over the two workers by its own SplitCoordinator:
-    # the first ended before the second started (Ray Train alone keeps both to the end).
+    assert result.metrics["step"] == 6
+    # Three epochs of 2 steps, each split over the two workers by its own SplitCoordinator:
+    # each ended before the epoch after next started (Ray Train alone keeps all three to
+    # the end; the next epoch opens before the current one ends, csclip.train.lookahead).
     coordinators = [c for key, c in harness.split_coordinators().items() if key not in before]
-    assert len(coordinators) == 2 and all(c["state"] == "DEAD" for c in coordinators)
+    assert len(coordinators) == 3 and all(c["state"] == "DEAD" for c in coordinators)
     assert harness.overlapping_lifetimes(coordinators) == []
     assert result.metrics["loss_unit"] == 0.0 and result.metrics["loss"] > 0  # NegCLIP: no units
     history = {key: tracking.run_metrics(mlflow_uri, result.mlflow_run_id, f"val_{key}")
                for key in LOGGED_KEYS}
-    assert [step for step, _ in history["ht_all"]] == [2, 4]
-    assert all(len(points) == 2 for points in history.values())
+    assert [step for step, _ in history["ht_all"]] == [2, 4, 6]
+    assert all(len(points) == 3 for points in history.values())
     best_dir = tmp_path / "runs" / result.run_name / "best"
     assert best_dir.is_dir() and (tmp_path / "runs" / result.run_name / "final").is_dir()
     saved = json.loads((best_dir / "metrics.json").read_text())

@@ -450,22 +450,28 @@ def _epoch_batches(config: TrainConfig, plan: WorkerPlan, step: int, device: tor
     with the epoch it resumes in, and never runs the epochs before it. With the order
     deterministic (csclip.train.stream.deterministic), the skipped batches are exactly
     those already trained on. A split epoch's coordinator ends when the caller asks for
-    the next epoch (csclip.train.ingest): iterate this to its end.
+    the next epoch (csclip.train.ingest): iterate this to its end. The next epoch opens
+    a few batches before this one ends (csclip.train.lookahead).
     """
     import ray.train
 
     from csclip.train.ingest import release_epoch
+    from csclip.train.lookahead import epochs_ahead
     from csclip.train.stream import local_shuffle_seed
 
-    first = step // plan.steps_per_epoch
-    for epoch in range(first, plan.num_epochs):
+    def open_epoch(epoch: int) -> tuple[object, Iterator[dict]]:
         shard = ray.train.get_dataset_shard(shard_name(epoch, rank, config.data.batch_scope))
-        batches = iter(shard.iter_torch_batches(**batch_options(
+        return shard, iter(shard.iter_torch_batches(**batch_options(
             config.data, device, local_shuffle_seed(config.run.seed, epoch, rank),
             config.run.num_workers)))
-        if epoch == first:
-            for _ in range(step - first * plan.steps_per_epoch):
-                next(batches)  # trained on before the restart
+
+    first = step // plan.steps_per_epoch
+    # The next epoch's stream starts a few batches before this one ends (its shuffle is
+    # a barrier): csclip.train.lookahead. The skipped batches were trained on before a
+    # restart.
+    for epoch, shard, batches in epochs_ahead(open_epoch, first, plan.num_epochs,
+                                              plan.steps_per_epoch,
+                                              skip=step - first * plan.steps_per_epoch):
         yield epoch, batches
         batches.close()  # stops its prefetching (the last epoch may end before its data)
         release_epoch(shard, rank)  # every worker is past it: its coordinator ends
