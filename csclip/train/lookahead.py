@@ -73,9 +73,7 @@ class NextEpoch:
 
     def close(self) -> None:
         self._thread.join()
-        close = getattr(self._batches, "close", None)
-        if close is not None:
-            close()
+        _close(self._batches)
 
 
 def epochs_ahead(open_epoch: Callable[[int], tuple[Any, Iterator]], first: int,
@@ -123,8 +121,13 @@ def _opening_next(batches: Iterator, before: int, open_next: Callable[[], None] 
                 open_next = None
             yield batch
     finally:  # closed early (the run's last step came first): stop its prefetching
-        close = getattr(batches, "close", None)
-        if close is not None:
-            close()
+        _close(batches)
     if open_next is not None:  # a shorter epoch than planned: the loop says so
         open_next()
+
+
+def _close(batches: Iterator) -> None:
+    """Close a batch iterator that can be closed (Ray's generators stop prefetching)."""
+    close = getattr(batches, "close", None)
+    if close is not None:
+        close()
