@@ -121,6 +121,9 @@ class RunSection(StrictModel):
     # float rounding, ~2x less text work on short units; csclip.train.trimmed_text). It
     # reads each batch's lengths, one host sync per step on a GPU.
     trim_text: bool = True
+    # The least time between two passes of Ray Data's scheduling loop in a worker's process
+    # (csclip.train.pace): unpaced, the loop holds the GIL the step needs. None: Ray's loop.
+    data_loop_period_s: float | None = Field(0.02, gt=0, le=1)
     # Start from this checkpoint directory (a checkpoint_* directory of any run, with its
     # train_state.pt; a local path every worker reads): model, optimizer, scaler and step.
     # The run's own checkpoints, once it has any, take precedence (restarts resume there).
@@ -366,6 +369,10 @@ def train_loop_per_worker(loop_config: dict) -> None:
     config = TrainConfig.model_validate(loop_config["config"])
     plan: WorkerPlan = loop_config["plan"]
     _worker_logging()
+    if config.run.data_loop_period_s is not None:  # before the first epoch's executor starts
+        from csclip.train.pace import pace_ray_data
+
+        pace_ray_data(config.run.data_loop_period_s)
     context = ray.train.get_context()
     rank = context.get_world_rank()
     generators.seed_all(config.run.seed + rank)
