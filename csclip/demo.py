@@ -15,7 +15,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pydantic import Field, model_validator
@@ -78,6 +78,10 @@ class DemoConfig(StrictModel):
     finetune: dict = Field(default_factory=lambda: default_delta("finetune"))
     eval_seed: int = 0
     out_dir: str = "runs/demo"  # tables, figures, the results section, the stage timings
+    # CLIP-FT and CS-CLIP at the same time where the CPUs allow (csclip.demo.side_by_side):
+    # they share only the pretraining, and one CPU training leaves most of a second core
+    # idle. Each run's batches and numbers are the same either way.
+    finetune_together: bool = True
 
     @model_validator(mode="before")
     @classmethod
@@ -234,13 +238,21 @@ def run_demo(demo: DemoConfig, command: str = "make demo",
     pre = pretrain_config(demo, warm_start)
     pretrained, stage = _train_stage("pretrain", pre, uri)
     stages.append(stage)
-    finetuned = {}
-    for index, (label, method) in enumerate(METHODS.items(), start=2):
-        config = finetune_config(demo, method, pretrained.checkpoint_uri)
+    configs = {label: finetune_config(demo, method, pretrained.checkpoint_uri)
+               for label, method in METHODS.items()}
+    together = side_by_side(configs, _ray_cpus()) if demo.finetune_together else None
+    for index, (label, config) in enumerate(configs.items(), start=2):
         _header(index, f"fine-tuning {label}: {config.optim.max_steps} steps x batch "
-                       f"{config.data.batch_size} on {config.data.world.num_train} scenes")
-        finetuned[label], stage = _train_stage(label, config, uri)
-        stages.append(stage)
+                       f"{config.data.batch_size} on {config.data.world.num_train} scenes"
+                       + (" (both fine-tunings at once)" if together else ""))
+    if together:
+        finetuned, finetune_stages = _train_together(together, uri)
+    else:
+        finetuned, finetune_stages = {}, []
+        for label, config in configs.items():
+            finetuned[label], stage = _train_stage(label, config, uri)
+            finetune_stages.append(stage)
+    stages.extend(finetune_stages)
     _header(4, f"half-truth evaluation on {demo.train.data.world.num_val} validation scenes")
     clock = time.perf_counter()
     markdown = evaluate(demo, pretrained, finetuned)
@@ -329,6 +341,77 @@ def _train_stage(stage: str, config: TrainConfig, uri: str | None
     logger.info("%s: %.0f s%s", stage, seconds, " (cached)" if cached else "")
     return result, StageTime(stage, seconds, config.optim.max_steps, config.data.batch_size,
                              rate, wait, cached)
+
+
+DATA_CPUS = 1.5  # left to Ray Data when the fine-tunings train at once (side_by_side)
+
+
+def side_by_side(configs: dict[str, TrainConfig], cpus: float
+                 ) -> dict[str, TrainConfig] | None:
+    """`configs` set to train at the same time on a Ray instance of `cpus` CPUs, or None
+    where they should train one after the other (a GPU each, or too few CPUs).
+
+    Each worker's CPU reservation is cut, down to a quarter CPU, so that all of them fit
+    with one and a half CPUs left to Ray Data: its tasks take one CPU each (none free,
+    the streams would never run), and a dataset the driver starts while one runs needs a
+    CPU free (Ray Data warns that it will hang when none is). The torch threads stay
+    what each run had, so its numbers do not change; both fields are how a run runs, not
+    what it is (csclip.train.identity): the run names, caches and resumption are the
+    same as one after the other."""
+    if len(configs) < 2 or any(config.run.use_gpu for config in configs.values()):
+        return None
+    workers = sum(config.run.num_workers for config in configs.values())
+    share = min(min(config.run.cpus_per_worker for config in configs.values()),
+                (cpus - DATA_CPUS) / workers)
+    if share < 0.25:
+        return None
+    together = {}
+    for label, config in configs.items():
+        threads = config.run.torch_threads or max(1, int(config.run.cpus_per_worker))
+        together[label] = config.model_copy(update={"run": config.run.model_copy(
+            update={"cpus_per_worker": share, "torch_threads": threads})})
+    return together
+
+
+def local_cpus(demo: DemoConfig) -> int | None:
+    """Logical CPUs of the demo's own local Ray instance (the entry point starts it; an
+    address given, the cluster's own count applies). With the fine-tunings at once:
+    max(4, cores), as for a sweep (csclip.entry.ablate), so that each fine-tuning's worker
+    keeps its CPU, Ray Data has two, and the raylet does not warn: it does once a node's
+    worker processes pass four per CPU, and two Train runs beside Ray Data's task workers
+    come near 8 on 2 cores. None: Ray's default, one per core."""
+    return max(4, os.cpu_count() or 1) if demo.finetune_together else None
+
+
+def _ray_cpus() -> float:
+    import ray
+
+    return float(ray.cluster_resources().get("CPU", 0))
+
+
+def _train_together(configs: dict[str, TrainConfig], uri: str | None
+                    ) -> tuple[dict[str, TrainResult], list[StageTime]]:
+    """_train_stage for each of `configs` at the same time, each in a thread of its own.
+    An error of either is raised once both ended; Ctrl-C ends this driver's Ray work
+    (both trainings) and is raised."""
+    from concurrent.futures import ThreadPoolExecutor, wait
+
+    with ThreadPoolExecutor(len(configs), thread_name_prefix="csclip-finetune") as pool:
+        futures = {label: pool.submit(_train_stage, label, config, uri)
+                   for label, config in configs.items()}
+        try:
+            wait(futures.values())
+        except KeyboardInterrupt:
+            import ray
+
+            logger.warning("interrupted: stopping both fine-tunings")
+            ray.shutdown()
+            raise
+    results = {label: future.result() for label, future in futures.items()}
+    return ({label: result for label, (result, _) in results.items()},
+            [replace(stage, stage=f"{label} (at once with "
+                                  f"{', '.join(sorted(set(configs) - {label}))})")
+             for label, (_, stage) in results.items()])
 
 
 def _median_metric(uri: str, run_id: str, key: str) -> float | None:

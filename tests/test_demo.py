@@ -145,6 +145,36 @@ def test_the_demo_is_three_deltas_on_the_fine_tuning_config():
     assert not unlocked.finetune_config("clip", "/ckpt").model.lock.image
 
 
+def test_both_fine_tunings_at_once_where_the_cpus_allow():
+    from csclip.config import load_config
+    from csclip.demo import METHODS, DemoConfig, local_cpus, side_by_side
+    from csclip.train.identity import run_name
+
+    demo = load_config(DemoConfig, None, [])
+    configs = {label: demo.finetune_config(method, "/ckpt") for label, method in METHODS.items()}
+    # 2 CPUs: a quarter CPU each, 1.5 left to Ray Data; each keeps its one torch thread
+    together = side_by_side(configs, 2.0)
+    assert set(together) == {"CLIP-FT", "CS-CLIP"}
+    for label, config in together.items():
+        assert (config.run.cpus_per_worker, config.run.torch_threads) == (0.25, 1)
+        # how it runs, not what it is: the same runs, caches and resumption
+        assert run_name(config) == run_name(configs[label])
+        assert config.model_dump(exclude={"run"}) == configs[label].model_dump(exclude={"run"})
+    # enough CPUs: each keeps its own reservation
+    assert {c.run.cpus_per_worker for c in side_by_side(configs, 16.0).values()} == {1.0}
+    # one after the other: too few CPUs for both and Ray Data, or a GPU each
+    assert side_by_side(configs, 1.9) is None
+    gpu = {label: c.model_copy(update={"run": c.run.model_copy(update={"use_gpu": True})})
+           for label, c in configs.items()}
+    assert side_by_side(gpu, 16.0) is None
+    assert side_by_side({"CS-CLIP": configs["CS-CLIP"]}, 16.0) is None
+    # the demo's own Ray: four logical CPUs at least (then each worker keeps its CPU)
+    assert local_cpus(demo) >= 4
+    assert {c.run.cpus_per_worker for c in side_by_side(configs, local_cpus(demo)).values()} == {1.0}
+    one_by_one = load_config(DemoConfig, None, ["finetune_together=false"])
+    assert not one_by_one.finetune_together and local_cpus(one_by_one) is None
+
+
 def test_no_warm_start_is_one_flag_and_a_random_locked_tower_is_refused():
     from csclip.config import load_config
     from csclip.demo import DemoConfig
@@ -227,6 +257,9 @@ def test_demo_log_holds_no_warning_and_no_traceback(tmp_path):
     assert code == 0, log[-3000:]
     bad = [line for line in log.splitlines() if "WARNING" in line or "Traceback" in line]
     assert not bad, "\n".join(bad)
+    # two CPUs: the fine-tunings ran at once (csclip.demo.side_by_side)
+    assert "(both fine-tunings at once)" in log
+    assert "| CS-CLIP (at once with CLIP-FT) |" in (tmp_path / "demo" / "demo_stages.md").read_text()
     for stage in ("[1/4] pretraining", "layout step 2/3", "held-out objects in their cell", "[2/4] fine-tuning CLIP-FT", "[3/4] fine-tuning CS-CLIP",
                   "[4/4] half-truth evaluation", "| CS-CLIP |", "csclip step 4/4",
                   "mlflow ui --backend-store-uri"):

@@ -21,6 +21,7 @@ import re
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -93,6 +94,9 @@ FINAL_DIR = "final"
 
 RUN_NAME_MAX = 200
 RUN_NAME_PATTERN = re.compile(rf"[A-Za-z0-9_-][A-Za-z0-9._-]{{0,{RUN_NAME_MAX - 1}}}")
+
+
+_DRIVER_DATA_PASSES = threading.Lock()  # _train: one run's driver-side data passes at a time
 
 
 class RunSection(StrictModel):
@@ -681,24 +685,28 @@ def _train(config: TrainConfig, callbacks: Sequence = (), *, hooks: WorkerHooks 
     # the config, so a resumed run skips exactly what it trained on (epoch_datasets).
     # The world's rows, a units table's, or its images prepared once (data.prepare_images).
     objective = step_options(config).objective
-    source, checked = training_source(config.data, spec.preprocess_cfg, config.model.name,
-                                      objective)
-    source, checked, heldout, num_held = split_source(config.data, config.run.seed, source, checked)
-    plan = plan_data(checked, config.data, config.run.num_workers, config.optim.epochs,
-                     config.optim.max_steps)
-    logger.info("run %s: %d rows (%d undecodable), %d epochs, %d steps", name, plan.num_rows,
-                plan.num_decode_failures, plan.num_epochs, plan.total_steps)
-    check_data_cpus(config.run)
-    # Image foils are drawn from the decoded image (and the scene) in each epoch.
-    cache_images = (image_cache_fits(config.data, plan.num_rows, spec.preprocess_cfg)
-                    and "image_foil" not in objective.image_columns)
-    build = partial(epoch_datasets, source, sampling=config.sampling,
-                    preprocess_cfg=spec.preprocess_cfg, model_name=config.model.name,
-                    seed=config.run.seed, num_epochs=plan.num_epochs,
-                    augment=config.data.augment, objective=objective, cache_images=cache_images,
-                    prepared=config.data.prepare_images)
-    datasets = training_datasets(build, plan, config.data.batch_scope, config.run.seed,
-                                 config.run.num_workers, config.data.batch_size)
+    # Runs started from threads of one driver (the demo's two fine-tunings) check and
+    # cache their data one at a time: two such passes at once take every CPU of a small
+    # instance, and Ray Data then warns that a dataset will hang.
+    with _DRIVER_DATA_PASSES:
+        source, checked = training_source(config.data, spec.preprocess_cfg, config.model.name,
+                                          objective)
+        source, checked, heldout, num_held = split_source(config.data, config.run.seed, source, checked)
+        plan = plan_data(checked, config.data, config.run.num_workers, config.optim.epochs,
+                         config.optim.max_steps)
+        logger.info("run %s: %d rows (%d undecodable), %d epochs, %d steps", name, plan.num_rows,
+                    plan.num_decode_failures, plan.num_epochs, plan.total_steps)
+        check_data_cpus(config.run)
+        # Image foils are drawn from the decoded image (and the scene) in each epoch.
+        cache_images = (image_cache_fits(config.data, plan.num_rows, spec.preprocess_cfg)
+                        and "image_foil" not in objective.image_columns)
+        build = partial(epoch_datasets, source, sampling=config.sampling,
+                        preprocess_cfg=spec.preprocess_cfg, model_name=config.model.name,
+                        seed=config.run.seed, num_epochs=plan.num_epochs,
+                        augment=config.data.augment, objective=objective, cache_images=cache_images,
+                        prepared=config.data.prepare_images)
+        datasets = training_datasets(build, plan, config.data.batch_scope, config.run.seed,
+                                     config.run.num_workers, config.data.batch_size)
     data_params = {"data.num_rows": plan.num_rows, "data.decode_failures": plan.num_decode_failures,
                    "data.total_steps": plan.total_steps, "data.num_epochs": plan.num_epochs,
                    "data.held_out_rows": num_held}
