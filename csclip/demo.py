@@ -373,16 +373,6 @@ def side_by_side(configs: dict[str, TrainConfig], cpus: float
     return together
 
 
-def local_cpus(demo: DemoConfig) -> int | None:
-    """Logical CPUs of the demo's own local Ray instance (the entry point starts it; an
-    address given, the cluster's own count applies). With the fine-tunings at once:
-    max(4, cores), as for a sweep (csclip.entry.ablate), so that each fine-tuning's worker
-    keeps its CPU, Ray Data has two, and the raylet does not warn: it does once a node's
-    worker processes pass four per CPU, and two Train runs beside Ray Data's task workers
-    come near 8 on 2 cores. None: Ray's default, one per core."""
-    return max(4, os.cpu_count() or 1) if demo.finetune_together else None
-
-
 def _ray_cpus() -> float:
     import ray
 

@@ -147,7 +147,7 @@ def test_the_demo_is_three_deltas_on_the_fine_tuning_config():
 
 def test_both_fine_tunings_at_once_where_the_cpus_allow():
     from csclip.config import load_config
-    from csclip.demo import METHODS, DemoConfig, local_cpus, side_by_side
+    from csclip.demo import METHODS, DemoConfig, side_by_side
     from csclip.train.identity import run_name
 
     demo = load_config(DemoConfig, None, [])
@@ -168,11 +168,7 @@ def test_both_fine_tunings_at_once_where_the_cpus_allow():
            for label, c in configs.items()}
     assert side_by_side(gpu, 16.0) is None
     assert side_by_side({"CS-CLIP": configs["CS-CLIP"]}, 16.0) is None
-    # the demo's own Ray: four logical CPUs at least (then each worker keeps its CPU)
-    assert local_cpus(demo) >= 4
-    assert {c.run.cpus_per_worker for c in side_by_side(configs, local_cpus(demo)).values()} == {1.0}
-    one_by_one = load_config(DemoConfig, None, ["finetune_together=false"])
-    assert not one_by_one.finetune_together and local_cpus(one_by_one) is None
+    assert not load_config(DemoConfig, None, ["finetune_together=false"]).finetune_together
 
 
 def test_no_warm_start_is_one_flag_and_a_random_locked_tower_is_refused():

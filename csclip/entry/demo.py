@@ -91,14 +91,13 @@ def demo_config(args: argparse.Namespace):
 
 def _demo(args: argparse.Namespace, command: str) -> int:
     config = demo_config(args)  # before csclip.demo (and torch) is imported
-    from csclip.demo import demo_summary, local_cpus, publish, run_demo
+    from csclip.demo import demo_summary, publish, run_demo
     from csclip.entry.ray_init import init_ray
 
     if args.publish:
         for path in publish(config.out_dir):
             print(f"published: {path}")
         return 0
-    result = run_demo(config, command=command, start_ray=lambda: init_ray(
-        args.address, num_cpus=local_cpus(config)))
+    result = run_demo(config, command=command, start_ray=lambda: init_ray(args.address))
     print(demo_summary(result))
     return 0

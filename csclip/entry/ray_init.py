@@ -139,12 +139,11 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> bool
         for name, value in LOCAL_ENV.items():
             os.environ.setdefault(name, value)
         os.environ.setdefault("RAY_DATA_LOGGING_CONFIG", _ray_data_logging_file())
-        if num_cpus is not None:
-            # The raylet starts at most this many worker processes at once (its default:
-            # the cores, 2 here) and warns once four times that many start together, as
-            # two Train runs side by side do (csclip.demo.side_by_side). The raylet reads
-            # it from its environment.
-            os.environ.setdefault("RAY_worker_maximum_startup_concurrency", str(num_cpus))
+        # The raylet starts at most this many worker processes at once (its default: the
+        # cores, 2 here) and warns once four times that many start together, as two Train
+        # runs side by side do (csclip.demo.side_by_side). It reads this at its start.
+        os.environ.setdefault("RAY_worker_maximum_startup_concurrency",
+                              str(max(4, num_cpus or os.cpu_count() or 1)))
     import ray
 
     if ray.is_initialized():
