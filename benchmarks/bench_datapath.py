@@ -12,7 +12,8 @@ workers, raylet and GCS) and the wall time of one pass over every image:
 - limit: one loop, PIL decode + open_clip's eval transform (ViT-B/32, 224 px) to a tensor;
 - draft limit: the same after PIL's JPEG draft mode (decode at 1/2 size; another tensor);
 - csclip stream: csclip.train.stream's epoch as a Train worker consumes it (Ray Data,
-  iter_torch_batches of 64 with the default local shuffle buffer of 512; CS-CLIP's
+  its scheduling loop paced as in the worker (csclip.train.pace), iter_torch_batches
+  of 64 with the default local shuffle buffer of 512; CS-CLIP's
   columns: caption, caption negative, two unit slots with their foils), and the same
   with plain CLIP's columns (the caption's tokens only: open_clip's CsvDataset's work);
   the epoch ships the transform's uint8 pixels and the consumer normalises them
@@ -304,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     from ray.data import DataContext
 
     DataContext.get_current().enable_progress_bars = False
+    from csclip.train.pace import pace_ray_data
+
+    pace_ray_data()  # this process consumes the stream as a Train worker, which paces Ray Data
     cpu = ProcessTreeCpu()
     mark = cpu.snapshot()
     wall = time.perf_counter()
