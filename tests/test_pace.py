@@ -1,5 +1,7 @@
 """csclip.train.pace: Ray Data's scheduling loop paced, the rows and their order unchanged."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -8,7 +10,7 @@ from csclip.train.pace import pace_ray_data, unpace_ray_data
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 
-def _epoch() -> list[int]:
+def _epoch() -> tuple[list[int], int]:
     """The ids of a shuffled, mapped epoch as a slow step reads them, and how many
     scheduling-loop passes its executor made."""
     import ray
@@ -29,15 +31,13 @@ def _epoch() -> list[int]:
         ids = []
         for batch in ds.iter_batches(batch_size=64, drop_last=True):
             ids.extend(batch["id"].tolist())
-            __import__("time").sleep(0.01)  # the step
+            time.sleep(0.01)  # the step
     finally:
         StreamingExecutor._scheduling_loop_step = step
     return ids, len(passes)
 
 
 def test_paced_loop_gives_the_same_rows_in_fewer_passes():
-    import time
-
     plain, plain_passes = _epoch()
     assert pace_ray_data(0.05)
     try:
