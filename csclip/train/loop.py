@@ -125,6 +125,10 @@ class RunSection(StrictModel):
     # float rounding, ~2x less text work on short units; csclip.train.trimmed_text). It
     # reads each batch's lengths, one host sync per step on a GPU.
     trim_text: bool = True
+    # MiB of a locked image tower's features kept per distinct image, so that the tower
+    # runs once per image rather than once per epoch (CPU runs with trim_text, without
+    # compile; csclip.train.locked_images). 0: the tower runs on every batch.
+    locked_image_cache_mb: float = Field(256, ge=0)
     # The least time between two passes of Ray Data's scheduling loop in a worker's process
     # (csclip.train.pace): unpaced, the loop holds the GIL the step needs. None: Ray's loop.
     data_loop_period_s: float | None = Field(0.02, gt=0, le=1)
@@ -227,7 +231,8 @@ def step_options(config: TrainConfig) -> StepOptions:
                        logit_scale_max=config.optim.logit_scale_max,
                        channels_last=config.run.channels_last,
                        compile=config.run.compile, compile_mode=config.run.compile_mode,
-                       trim_text=config.run.trim_text)
+                       trim_text=config.run.trim_text,
+                       locked_image_cache_mb=config.run.locked_image_cache_mb)
 
 
 def _layout_question(data: DataConfig):

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from csclip.loss import LossParts, Objective
+from csclip.train.locked_images import LockedImageFeatures, tower_is_fixed
 from csclip.train.optim import OptimConfig, build_optimizer
 from csclip.train.trimmed_text import TrimmedTextForward, can_trim
 
@@ -40,6 +41,7 @@ class StepOptions:
     compile: bool = False             # torch.compile the model (run.compile)
     compile_mode: CompileMode = "default"
     trim_text: bool = True            # the text tower without its padding (run.trim_text)
+    locked_image_cache_mb: float = 0  # a locked image tower's features kept (run.locked_image_cache_mb)
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
@@ -165,7 +167,9 @@ def build_training(model: torch.nn.Module, optim: OptimConfig, options: StepOpti
 
     With loss.method layout the model carries its layout head (warm_start.add_layout_head)
     and the runner answers the layout question (LayoutForward); otherwise, with
-    options.trim_text, the runner skips the text tower's padding (TrimmedTextForward).
+    options.trim_text, the runner skips the text tower's padding (TrimmedTextForward), and
+    with a locked image tower it keeps that tower's features per image
+    (locked_image_features).
     The order matters: AdamW is built, and its state loaded, only once the parameters are
     on their device, so its state tensors land beside them (a GPU resume used to leave
     them on the CPU) and fused AdamW sees CUDA parameters.
@@ -181,7 +185,7 @@ def build_training(model: torch.nn.Module, optim: OptimConfig, options: StepOpti
 
         runner = LayoutForward(runner)
     elif options.trim_text and can_trim(runner):
-        runner = TrimmedTextForward(runner)
+        runner = TrimmedTextForward(runner, image_features=locked_image_features(runner, options, device))
     if options.channels_last:
         runner = runner.to(memory_format=torch.channels_last)
     if wrap is not None:
@@ -200,6 +204,17 @@ def build_training(model: torch.nn.Module, optim: OptimConfig, options: StepOpti
         if "scaler" in train_state:
             scaler.load_state_dict(train_state["scaler"])
     return Training(model, runner, optimizer, scaler, options, device, shadow)
+
+
+def locked_image_features(model: torch.nn.Module, options: StepOptions,
+                          device: torch.device) -> LockedImageFeatures | None:
+    """The features of `model`'s image tower kept per image, where that gives the same
+    features (a locked tower without dropout, csclip.train.locked_images.tower_is_fixed)
+    and saves time: on a CPU, without torch.compile (which would trace the digests)."""
+    if (options.locked_image_cache_mb <= 0 or device.type != "cpu" or options.compile
+            or not tower_is_fixed(model.visual)):
+        return None
+    return LockedImageFeatures(options.locked_image_cache_mb)
 
 
 def _ddp_of(runner: torch.nn.Module) -> torch.nn.parallel.DistributedDataParallel | None:

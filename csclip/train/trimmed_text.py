@@ -17,6 +17,8 @@ bias) runs its plain forward.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -97,16 +99,23 @@ def _encode(model: torch.nn.Module, text: Tensor, ends: Tensor) -> Tensor:
 class TrimmedTextForward(torch.nn.Module):
     """CLIP's forward (normalised image features, text features, logit_scale.exp()) with
     the text tower run without its padding: the step's runner (csclip.train.step), so
-    DDP still sees one forward call."""
+    DDP still sees one forward call. image_features: a locked tower's features kept per
+    image (csclip.train.locked_images), or None to run the image tower every time."""
 
     wraps_model = True  # csclip.model.unwrap finds the model inside
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, image_features: Callable | None = None):
         super().__init__()
         self.model = model
+        self.image_features = image_features
 
     def forward(self, image: Tensor | None = None, text: Tensor | None = None):
         model = self.model
-        image_features = model.encode_image(image, normalize=True) if image is not None else None
+        if image is None:
+            image_features = None
+        elif self.image_features is not None:
+            image_features = self.image_features(model, image)
+        else:
+            image_features = model.encode_image(image, normalize=True)
         text_features = encode_text_trimmed(model, text) if text is not None else None
         return image_features, text_features, model.logit_scale.exp()
