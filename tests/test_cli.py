@@ -74,6 +74,21 @@ def test_ray_data_console_shows_warnings_only(tmp_path):
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, check=True)
 
 
+def test_a_local_instance_starts_with_settings_ray_reads():
+    """Each variable local_env sets is one this Ray reads (a renamed one would silently do
+    nothing): Ray Train's poll interval and preemption watcher, the raylet's startup
+    concurrency."""
+    from ray.train.v2._internal import constants
+
+    from csclip.entry.ray_init import local_env
+
+    env = local_env(None)
+    assert float(env[constants.HEALTH_CHECK_INTERVAL_S_ENV_VAR]) < constants.DEFAULT_HEALTH_CHECK_INTERVAL_S
+    assert env[constants.ENABLE_PREEMPTION_WATCHER_ENV_VAR] == "0"
+    assert int(env["RAY_worker_maximum_startup_concurrency"]) >= 4
+    assert local_env(16)["RAY_worker_maximum_startup_concurrency"] == "16"
+
+
 def test_extract_shortcuts_are_the_fields_they_name():
     from csclip.config import load_config
     from csclip.entry import extract

@@ -35,6 +35,11 @@ LOCAL_ENV = {
     # The preemption watcher polls for spot-instance drain notices; a single local node
     # is never drained, and its actor's restart policy logs an error line at start.
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+    # Ray Train's controller polls its workers every 2 s and acts (a run's end, a restart)
+    # only on a poll: up to 2 s of waiting at the end of every training run. A poll not
+    # answered in time is not a failure (it waits up to the 10-minute health-check
+    # timeout), so polling a local worker more often changes no outcome.
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
 }
 
 
@@ -120,6 +125,17 @@ def _worker_setup() -> None:
     os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
 
 
+def local_env(num_cpus: int | None) -> dict[str, str]:
+    """The environment a local instance starts with (its raylet, and every worker and
+    actor it starts, inherit it): LOCAL_ENV, Ray Data's logging config and the raylet's
+    startup concurrency. A variable already set keeps its value (init_ray)."""
+    return {**LOCAL_ENV, "RAY_DATA_LOGGING_CONFIG": _ray_data_logging_file(),
+            # The raylet starts at most this many worker processes at once (its default:
+            # the cores, 2 here) and warns once four times that many start together, as
+            # two Train runs side by side do (csclip.demo.side_by_side).
+            "RAY_worker_maximum_startup_concurrency": str(max(4, num_cpus or os.cpu_count() or 1))}
+
+
 def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> bool:
     """Connect to `address` (or RAY_ADDRESS), or start a local instance; True when a local
     instance was started here. Does nothing when Ray is already initialised.
@@ -136,14 +152,8 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> bool
     if not address and "ray" not in sys.modules:
         # Before the first `import ray`: Ray reads RAY_AUTH_MODE into its C++ config once,
         # at import. Imported already (a library caller), Ray's own default applies.
-        for name, value in LOCAL_ENV.items():
+        for name, value in local_env(num_cpus).items():
             os.environ.setdefault(name, value)
-        os.environ.setdefault("RAY_DATA_LOGGING_CONFIG", _ray_data_logging_file())
-        # The raylet starts at most this many worker processes at once (its default: the
-        # cores, 2 here) and warns once four times that many start together, as two Train
-        # runs side by side do (csclip.demo.side_by_side). It reads this at its start.
-        os.environ.setdefault("RAY_worker_maximum_startup_concurrency",
-                              str(max(4, num_cpus or os.cpu_count() or 1)))
     import ray
 
     if ray.is_initialized():
