@@ -297,6 +297,29 @@ def test_objectives_that_read_the_decoded_image_are_refused(tmp_path):
         training_source(data, VIT_B_32, MODEL, foils)
 
 
+def test_the_worlds_rows_are_rendered_and_checked_once_per_driver(ray_session):
+    """The demo's warm start and pretraining read one world: the second run gets the same
+    materialized rows and the check's answer without rendering or checking again; another
+    world (or split) is its own."""
+    from csclip.train.prepared import training_source
+    from csclip.world import WorldConfig
+
+    clip = objective_for(LossConfig(method="clip"), 2)
+    data = DataConfig(world=WorldConfig(num_train=96, num_val=8, num_test=8, image_size=32))
+    first, _ = training_source(data, VIT_B_32, MODEL, clip)
+    again, _ = training_source(data.model_copy(), VIT_B_32, MODEL, clip)
+    assert again is first and first.count() == 96
+    plan = plan_data(first, data, 1, 1, None)
+    from csclip.train import stream
+
+    kept = stream._CHECKED[id(first)][1]
+    assert plan_data(again, data, 1, 1, None) == plan and stream._CHECKED[id(first)][1] is kept
+    other = data.model_copy(update={"world": data.world.model_copy(update={"seed": 7})})
+    assert training_source(other, VIT_B_32, MODEL, clip)[0] is not first
+    val = data.model_copy(update={"split": "val"})
+    assert training_source(val, VIT_B_32, MODEL, clip)[0].count() == 8
+
+
 @pytest.mark.parametrize("prepare", [True, False])
 def test_training_runs_on_prepared_and_streamed_images(ray_session, tmp_path, prepare):
     """A run on the prepared table, and one streaming the units' images (both ship uint8

@@ -88,11 +88,10 @@ def training_source(data: DataConfig, preprocess_cfg: dict, model_name: str,
     epoch (image foils, loss.method layout), DataError for an unreadable units table.
     """
     if not data.prepare_images:
-        source = deterministic(source_dataset(data))
         if data.units_uri is None:
-            # The world is generated: keep its rows (PNG bytes, a few KB each) instead of
-            # rendering every scene again in every epoch. A units table streams from storage.
-            source = source.materialize()
+            source = world_rows(data)
+        else:  # a units table streams from storage
+            source = deterministic(source_dataset(data))
         return source, source
     if objective.layout is not None or "image_foil" in objective.image_columns:
         raise ConfigError(f"data.prepare_images: loss.method {objective.method} with image "
@@ -108,6 +107,29 @@ def training_source(data: DataConfig, preprocess_cfg: dict, model_name: str,
     rows = deterministic(read_units_parquet(rows_path, fs, override_num_blocks=blocks))
     checked = deterministic(read_units_parquet(rows_path, fs, columns=["sample_id", DECODED]))
     return rows, checked
+
+
+# The world's rows, materialized, per (Ray node and job, world, split): the demo's warm
+# start and pretraining read one world and its two fine-tunings another, and each run
+# rendered its world again (~4 s of a run's start on 2 cores, with the check of
+# csclip.train.stream.plan_data, which keeps its answer for these datasets). The two last.
+_WORLD_ROWS: dict[tuple, Any] = {}
+_WORLD_ROWS_KEPT = 2
+
+
+def world_rows(data: DataConfig):
+    """The synthetic world's rows of `data` (PNG bytes, a few KB each) as a materialized
+    Ray Dataset: kept, rather than every scene rendered again in every epoch, and the
+    same dataset for the next run of this driver on the same world."""
+    import ray
+
+    context = ray.get_runtime_context()
+    key = (context.get_node_id(), context.get_job_id(), data.world.model_dump_json(), data.split)
+    if key not in _WORLD_ROWS:
+        while len(_WORLD_ROWS) >= _WORLD_ROWS_KEPT:
+            _WORLD_ROWS.pop(next(iter(_WORLD_ROWS)))
+        _WORLD_ROWS[key] = deterministic(source_dataset(data)).materialize()
+    return _WORLD_ROWS[key]
 
 
 def channel_lookup(preprocess_cfg: dict) -> np.ndarray:

@@ -30,7 +30,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -554,7 +554,7 @@ def plan_data(source, data: DataConfig, num_workers: int, epochs: int,
     With max_steps the plan holds enough epochs for max_steps; otherwise `epochs`.
     Raises DataError when nothing decodes or the data is smaller than one global batch.
     """
-    status = source.map_batches(image_status, batch_format="pyarrow").to_pandas()
+    status = _checked(source)
     failed = status.loc[~status["ok"].astype(bool), "sample_id"].astype(str).tolist()
     num_rows = len(status) - len(failed)
     if failed:
@@ -575,6 +575,28 @@ def plan_data(source, data: DataConfig, num_workers: int, epochs: int,
     usable = status.loc[status["ok"].astype(bool), "sample_id"].astype(str)
     return DataPlan(num_rows, len(failed), tuple(failed[:max_listed_failures]), num_epochs,
                     steps_per_epoch, total_steps, tuple(usable))
+
+
+# The check's answer for materialized datasets (the world's rows, kept per driver by
+# csclip.train.prepared.world_rows), by the dataset's identity: the same blocks give the
+# same answer. The two last.
+_CHECKED: dict[int, tuple[Any, Any]] = {}
+_CHECKED_KEPT = 2
+
+
+def _checked(source):
+    """image_status over every row of `source` (a pandas frame: sample_id, ok)."""
+    from ray.data.dataset import MaterializedDataset
+
+    kept = _CHECKED.get(id(source))
+    if kept is not None and kept[0] is source:
+        return kept[1]
+    status = source.map_batches(image_status, batch_format="pyarrow").to_pandas()
+    if isinstance(source, MaterializedDataset):
+        while len(_CHECKED) >= _CHECKED_KEPT:
+            _CHECKED.pop(next(iter(_CHECKED)))
+        _CHECKED[id(source)] = (source, status)
+    return status
 
 
 def image_cache_fits(data: DataConfig, num_rows: int, preprocess_cfg: dict) -> bool:
