@@ -115,3 +115,25 @@ def test_a_run_that_stops_closes_the_epoch_it_opened_ahead():
     generator.close()  # a failed step: the loop's generator is closed
     assert opener.epochs[0].closed and opener.epochs[1].closed
     assert 2 not in opener.epochs
+
+
+def test_a_first_epoch_opened_before_the_loop_is_the_one_trained():
+    """A fresh run opens epoch 0 while its model is built (loop.train_loop_per_worker):
+    its first batch is drawn in the thread, epoch 0 is not opened again, and the batches
+    are the same."""
+    from csclip.train.lookahead import NextEpoch
+
+    gate = threading.Event()
+    opener = Opener(12, {0: {"gate": gate}})
+    early = NextEpoch(*opener(0))  # the model is being built: the draw waits on the gate
+    gate.set()
+    assert opener.epochs[0].drawn.wait(10)
+    seen = consume(epochs_ahead(opener, first=0, num_epochs=2, steps_per_epoch=12,
+                                opened=early), opener)
+    assert seen == [(e, i) for e in (0, 1) for i in range(12)]
+    assert opener.log.count(("open", 0)) == 1
+    assert opener.epochs[0].first_thread == "csclip-next-epoch"
+
+    stopped = NextEpoch(*Opener(12)(0))  # the model failed to build: the caller closes it
+    stopped.close()
+    assert stopped._batches.closed

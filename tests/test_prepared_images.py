@@ -387,3 +387,17 @@ def test_s3_units_are_keyed_by_their_bytes_and_prepared_beside_them(s3_endpoint,
         assert prepared_uri("s3://csclip-prepared/coco/units", "k1") == \
             "s3://csclip-prepared/coco/prepared_images/k1"
         assert filesystem_for("s3://csclip-prepared/coco/units")[0].type_name == "s3"
+
+
+def test_a_data_pass_waits_a_moment_for_a_cpu_ray_frees(monkeypatch):
+    """Ray's resource view frees a finished task's CPU a moment late: the next driver pass
+    waits for it (no "will hang" warning), and where every CPU stays taken it goes on."""
+    import ray
+
+    from csclip.train.stream import wait_for_a_free_cpu
+
+    views = iter([{}, {"CPU": 0.0}, {"CPU": 1.0}])
+    monkeypatch.setattr(ray, "available_resources", lambda: next(views))
+    assert wait_for_a_free_cpu(timeout_s=5, poll_s=0.001)
+    monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 0.0})
+    assert not wait_for_a_free_cpu(timeout_s=0.05, poll_s=0.001)

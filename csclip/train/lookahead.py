@@ -77,16 +77,18 @@ class NextEpoch:
 
 
 def epochs_ahead(open_epoch: Callable[[int], tuple[Any, Iterator]], first: int,
-                 num_epochs: int, steps_per_epoch: int, skip: int = 0
-                 ) -> Iterator[tuple[int, Any, Iterator]]:
+                 num_epochs: int, steps_per_epoch: int, skip: int = 0,
+                 opened: NextEpoch | None = None) -> Iterator[tuple[int, Any, Iterator]]:
     """(epoch, handle, batches) for epochs first .. num_epochs - 1, as `open_epoch(epoch)`
     gives (handle, iterator), with the first `skip` batches of the first epoch skipped
     (trained on before a restart). The next epoch is opened, and its first batch drawn
     in a thread, when ahead_of_end(steps_per_epoch) of the current epoch's batches are
-    left (at once when fewer are). The caller iterates each epoch's batches to the end
-    before asking for the next; closing this generator closes an epoch opened ahead.
+    left (at once when fewer are). `opened`: epoch `first`, opened already (a fresh run
+    opens epoch 0 while its model is built). The caller iterates each epoch's batches to
+    the end before asking for the next; closing this generator closes an epoch opened
+    ahead.
     """
-    opened: list[NextEpoch] = []  # the next epoch, once opened
+    opened: list[NextEpoch] = [opened] if opened is not None else []  # the next epoch
     try:
         for epoch in range(first, num_epochs):
             if opened:

@@ -23,7 +23,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -70,6 +70,7 @@ from csclip.train.identity import (  # noqa: F401  (re-exported)
     run_identity,
     run_name,
 )
+from csclip.train.lookahead import NextEpoch, epochs_ahead
 from csclip.train.optim import OptimConfig, lr_at
 from csclip.train.prepared import ImageNormalizer
 from csclip.train.sampling import SamplingConfig
@@ -388,8 +389,17 @@ def train_loop_per_worker(loop_config: dict) -> None:
     if config.run.torch_threads is not None:
         torch.set_num_threads(config.run.torch_threads)
     device = ray.train.torch.get_device()
+    open_epoch = _epoch_opener(config, device, rank)
     with _checkpoint_dir(config.run) as directory:
-        setup = prepare_training(config, device, directory, wrap=ray.train.torch.prepare_model)
+        # A fresh run starts with epoch 0: its stream starts (shuffle, first map task,
+        # first batch; 2-5 s in the demo) while the model is built and loaded (~3 s).
+        first_epoch = NextEpoch(*open_epoch(0)) if directory is None else None
+        try:
+            setup = prepare_training(config, device, directory, wrap=ray.train.torch.prepare_model)
+        except BaseException:
+            if first_epoch is not None:
+                first_epoch.close()
+            raise
         if directory is not None:
             logger.info("resumed from %s at step %d", directory, setup.state.step)
     training, state = setup.training, setup.state
@@ -408,7 +418,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     metrics, window, last = StepMetrics(), _Window(time.perf_counter()), {}
     first_step = state.step + 1  # of this worker: a line says training began
     images = ImageNormalizer(setup.spec.preprocess_cfg, device)  # the stream ships uint8 pixels
-    for epoch, batches in _epoch_batches(config, plan, state.step, device, rank):
+    for epoch, batches in _epoch_batches(open_epoch, plan, state.step, rank, first_epoch):
         tick = time.perf_counter()
         for batch in batches:
             data_wait = time.perf_counter() - tick  # blocked on the Ray Data stream for this batch
@@ -452,8 +462,9 @@ def train_loop_per_worker(loop_config: dict) -> None:
         ray.train.report({"step": state.step, "resumed_from": state.restored_from}, checkpoint=None)
 
 
-def _epoch_batches(config: TrainConfig, plan: WorkerPlan, step: int, device: torch.device,
-                   rank: int) -> Iterator[tuple[int, Iterator[dict]]]:
+def _epoch_batches(open_epoch: Callable[[int], tuple[object, Iterator[dict]]], plan: WorkerPlan,
+                   step: int, rank: int, opened: NextEpoch | None = None
+                   ) -> Iterator[tuple[int, Iterator[dict]]]:
     """(epoch, this worker's batches of it) from the epoch of `step` on, with the batches
     of that epoch before `step` (trained on before a restart) already skipped.
 
@@ -467,12 +478,29 @@ def _epoch_batches(config: TrainConfig, plan: WorkerPlan, step: int, device: tor
     deterministic (csclip.train.stream.deterministic), the skipped batches are exactly
     those already trained on. A split epoch's coordinator ends when the caller asks for
     the next epoch (csclip.train.ingest): iterate this to its end. The next epoch opens
-    a few batches before this one ends (csclip.train.lookahead).
+    a few batches before this one ends (csclip.train.lookahead). opened: the first
+    epoch, opened already (open_epoch gives each epoch's shard and batches).
     """
+    from csclip.train.ingest import release_epoch
+
+    first = step // plan.steps_per_epoch
+    # The next epoch's stream starts a few batches before this one ends (its shuffle is
+    # a barrier): csclip.train.lookahead. The skipped batches were trained on before a
+    # restart.
+    for epoch, shard, batches in epochs_ahead(open_epoch, first, plan.num_epochs,
+                                              plan.steps_per_epoch,
+                                              skip=step - first * plan.steps_per_epoch,
+                                              opened=opened):
+        yield epoch, batches
+        batches.close()  # stops its prefetching (the last epoch may end before its data)
+        release_epoch(shard, rank)  # every worker is past it: its coordinator ends
+
+
+def _epoch_opener(config: TrainConfig, device: torch.device, rank: int
+                  ) -> Callable[[int], tuple[object, Iterator[dict]]]:
+    """open_epoch(epoch) -> (this worker's shard of the epoch, an iterator of its batches)."""
     import ray.train
 
-    from csclip.train.ingest import release_epoch
-    from csclip.train.lookahead import epochs_ahead
     from csclip.train.stream import local_shuffle_seed
 
     def open_epoch(epoch: int) -> tuple[object, Iterator[dict]]:
@@ -481,16 +509,7 @@ def _epoch_batches(config: TrainConfig, plan: WorkerPlan, step: int, device: tor
             config.data, device, local_shuffle_seed(config.run.seed, epoch, rank),
             config.run.num_workers)))
 
-    first = step // plan.steps_per_epoch
-    # The next epoch's stream starts a few batches before this one ends (its shuffle is
-    # a barrier): csclip.train.lookahead. The skipped batches were trained on before a
-    # restart.
-    for epoch, shard, batches in epochs_ahead(open_epoch, first, plan.num_epochs,
-                                              plan.steps_per_epoch,
-                                              skip=step - first * plan.steps_per_epoch):
-        yield epoch, batches
-        batches.close()  # stops its prefetching (the last epoch may end before its data)
-        release_epoch(shard, rank)  # every worker is past it: its coordinator ends
+    return open_epoch
 
 
 def _publish(metrics: StepMetrics, window: _Window, step_logger, steps_per_epoch: int,

@@ -43,6 +43,7 @@ from csclip.train.stream import (
     read_units_parquet,
     source_dataset,
     text_rows,
+    wait_for_a_free_cpu,
 )
 
 if TYPE_CHECKING:
@@ -128,6 +129,7 @@ def world_rows(data: DataConfig):
     if key not in _WORLD_ROWS:
         while len(_WORLD_ROWS) >= _WORLD_ROWS_KEPT:
             _WORLD_ROWS.pop(next(iter(_WORLD_ROWS)))
+        wait_for_a_free_cpu()
         _WORLD_ROWS[key] = deterministic(source_dataset(data)).materialize()
     return _WORLD_ROWS[key]
 

@@ -577,6 +577,22 @@ def plan_data(source, data: DataConfig, num_workers: int, epochs: int,
                     steps_per_epoch, total_steps, tuple(usable))
 
 
+def wait_for_a_free_cpu(timeout_s: float = 3.0, poll_s: float = 0.05) -> bool:
+    """Wait, `timeout_s` at most, until Ray's resource view shows a free CPU; True when
+    it does. The driver's data passes run back to back, and Ray frees a finished task's
+    CPU in that view a moment after its result arrived: a pass started in that moment
+    has Ray Data warn that the dataset "will hang unless more CPUs are freed up". Where
+    every CPU really is taken, the warning comes after the wait, as it should."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while not ray.available_resources().get("CPU"):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
 # The check's answer for materialized datasets (the world's rows, kept per driver by
 # csclip.train.prepared.world_rows), by the dataset's identity: the same blocks give the
 # same answer. The two last.
@@ -591,6 +607,7 @@ def _checked(source):
     kept = _CHECKED.get(id(source))
     if kept is not None and kept[0] is source:
         return kept[1]
+    wait_for_a_free_cpu()
     status = source.map_batches(image_status, batch_format="pyarrow").to_pandas()
     if isinstance(source, MaterializedDataset):
         while len(_CHECKED) >= _CHECKED_KEPT:
@@ -681,7 +698,9 @@ def epoch_datasets(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
         rows = source.map_batches(decode_batch, batch_format="pyarrow", batch_size=rows_per_block,
                                   fn_kwargs={"preprocess": preprocess, "model_name": model_name,
                                              "layout": objective.layout})
+        wait_for_a_free_cpu()
         rows = rows.materialize()
+        wait_for_a_free_cpu()  # count() checks the CPUs as an execution would
         logger.info("images decoded once for all %d epochs: %d rows cached", num_epochs,
                     rows.count())
         prepare, fn_kwargs = sample_batch, {"image_shape": image_shape(preprocess_cfg)}
