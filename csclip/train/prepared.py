@@ -39,6 +39,7 @@ from csclip.train.stream import (
     decode_image,
     deterministic,
     image_shape,
+    keep_last,
     preprocess_key,
     read_units_parquet,
     source_dataset,
@@ -115,7 +116,6 @@ def training_source(data: DataConfig, preprocess_cfg: dict, model_name: str,
 # rendered its world again (~4 s of a run's start on 2 cores, with the check of
 # csclip.train.stream.plan_data, which keeps its answer for these datasets). The two last.
 _WORLD_ROWS: dict[tuple, Any] = {}
-_WORLD_ROWS_KEPT = 2
 
 
 def world_rows(data: DataConfig):
@@ -126,12 +126,12 @@ def world_rows(data: DataConfig):
 
     context = ray.get_runtime_context()
     key = (context.get_node_id(), context.get_job_id(), data.world.model_dump_json(), data.split)
-    if key not in _WORLD_ROWS:
-        while len(_WORLD_ROWS) >= _WORLD_ROWS_KEPT:
-            _WORLD_ROWS.pop(next(iter(_WORLD_ROWS)))
+
+    def render():
         wait_for_a_free_cpu()
-        _WORLD_ROWS[key] = deterministic(source_dataset(data)).materialize()
-    return _WORLD_ROWS[key]
+        return deterministic(source_dataset(data)).materialize()
+
+    return keep_last(_WORLD_ROWS, key, render)
 
 
 def channel_lookup(preprocess_cfg: dict) -> np.ndarray:

@@ -28,7 +28,7 @@ import io
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -593,27 +593,32 @@ def wait_for_a_free_cpu(timeout_s: float = 3.0, poll_s: float = 0.05) -> bool:
     return True
 
 
+def keep_last(store: dict, key: Any, make: Callable[[], Any], kept: int = 2) -> Any:
+    """store[key], made by make() the first time; `store` keeps the `kept` last made."""
+    if key not in store:
+        while len(store) >= kept:
+            store.pop(next(iter(store)))
+        store[key] = make()
+    return store[key]
+
+
 # The check's answer for materialized datasets (the world's rows, kept per driver by
 # csclip.train.prepared.world_rows), by the dataset's identity: the same blocks give the
-# same answer. The two last.
+# same answer. Each entry holds its dataset, so that no other takes its id.
 _CHECKED: dict[int, tuple[Any, Any]] = {}
-_CHECKED_KEPT = 2
 
 
 def _checked(source):
     """image_status over every row of `source` (a pandas frame: sample_id, ok)."""
     from ray.data.dataset import MaterializedDataset
 
-    kept = _CHECKED.get(id(source))
-    if kept is not None and kept[0] is source:
-        return kept[1]
-    wait_for_a_free_cpu()
-    status = source.map_batches(image_status, batch_format="pyarrow").to_pandas()
-    if isinstance(source, MaterializedDataset):
-        while len(_CHECKED) >= _CHECKED_KEPT:
-            _CHECKED.pop(next(iter(_CHECKED)))
-        _CHECKED[id(source)] = (source, status)
-    return status
+    def check():
+        wait_for_a_free_cpu()
+        return source.map_batches(image_status, batch_format="pyarrow").to_pandas()
+
+    if not isinstance(source, MaterializedDataset):
+        return check()
+    return keep_last(_CHECKED, id(source), lambda: (source, check()))[1]
 
 
 def image_cache_fits(data: DataConfig, num_rows: int, preprocess_cfg: dict) -> bool:
