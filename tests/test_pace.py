@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from csclip.train.pace import pace_ray_data, unpace_ray_data
+from csclip.train.stream import deterministic
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -25,9 +26,11 @@ def _epoch() -> tuple[list[int], int]:
 
     StreamingExecutor._scheduling_loop_step = counted
     try:
-        ds = (ray.data.range(2048, override_num_blocks=16).random_shuffle(seed=3)
-              .map_batches(lambda batch: {"id": batch["id"], "x": np.ones((len(batch["id"]), 3000),
-                                                                          np.uint8)}))
+        # In order, as a training epoch is (csclip.train.stream.deterministic): otherwise
+        # the blocks come out as their tasks finish, and two epochs differ by chance.
+        ds = deterministic(ray.data.range(2048, override_num_blocks=16)).random_shuffle(seed=3)
+        ds = ds.map_batches(lambda batch: {"id": batch["id"],
+                                           "x": np.ones((len(batch["id"]), 3000), np.uint8)})
         ids = []
         for batch in ds.iter_batches(batch_size=64, drop_last=True):
             ids.extend(batch["id"].tolist())
