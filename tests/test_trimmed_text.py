@@ -56,6 +56,31 @@ def test_features_and_gradients_equal_the_full_context(model):
         assert error <= 1e-5 * max(float(expected.abs().max()), 1e-3), (name, error)
 
 
+def test_a_repeated_text_runs_once_and_its_rows_sum_its_gradient(model):
+    tokens = _tokens(TEXTS + TEXTS[:2] + TEXTS[3:4])  # 9 rows, 6 distinct
+    seen = []
+    hook = model.transformer.register_forward_hook(lambda _m, args, _o: seen.append(args[0]))
+    try:
+        features = encode_text_trimmed(model, tokens)
+    finally:
+        hook.remove()
+    assert sum(x.shape[0] for x in seen) == len(TEXTS)  # each distinct text once
+    torch.testing.assert_close(features, model.encode_text(tokens, normalize=True),
+                               rtol=0, atol=1e-5)
+    assert torch.equal(features[6], features[0]) and torch.equal(features[8], features[3])
+
+    weights = torch.randn_like(features)
+    grads = []
+    for encode in (lambda t: model.encode_text(t, normalize=True),
+                   lambda t: encode_text_trimmed(model, t)):
+        model.zero_grad(set_to_none=True)
+        (encode(tokens) * weights).sum().backward()
+        grads.append(model.token_embedding.weight.grad.clone())
+    assert grads[0].abs().max() > 0
+    torch.testing.assert_close(grads[1], grads[0], rtol=0,
+                               atol=1e-5 * float(grads[0].abs().max()))
+
+
 def test_positions_past_every_end_get_no_gradient(model):
     """Why cutting them changes nothing: the full forward's gradient there is exactly 0."""
     tokens = _tokens(TEXTS[:4])
