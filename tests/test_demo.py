@@ -81,9 +81,9 @@ def test_units_are_drawn_again_every_epoch_from_the_cached_rows(preprocess):
 
 def test_image_cache_fits_by_size():
     preprocess = {"size": [64, 64]}
-    # 64 px float32: 3 * 64 * 64 * 4 bytes = 48 KiB a row.
-    assert image_cache_fits(DataConfig(image_cache_mb=1), 21, preprocess)
-    assert not image_cache_fits(DataConfig(image_cache_mb=1), 22, preprocess)
+    # 64 px uint8 pixels: 3 * 64 * 64 bytes = 12 KiB a row.
+    assert image_cache_fits(DataConfig(image_cache_mb=1), 85, preprocess)
+    assert not image_cache_fits(DataConfig(image_cache_mb=1), 86, preprocess)
     assert not image_cache_fits(DataConfig(image_cache_mb=0), 1, preprocess)
     assert image_shape({"size": 224}) == (3, 224, 224)
 
@@ -100,12 +100,14 @@ def test_cached_stream_gives_the_streamed_batches(ray_session, preprocess):
               "model_name": "csclip-tiny", "seed": 3, "num_epochs": 2,
               "objective": objective_for(LossConfig(method="csclip"), 2), "rows_per_block": 4}
 
-    # As a worker sees them: the streamed epochs' uint8 pixels normalised by the worker
-    # (ImageNormalizer), the cached path's float32 passed through.
+    # As a worker sees them: both paths ship uint8 pixels (a quarter of float32's bytes),
+    # normalised by the worker (ImageNormalizer).
     normalizer = ImageNormalizer(preprocess, "cpu")
 
     def rows(cache: bool) -> list[bytes]:
         epochs = epoch_datasets(source, cache_images=cache, **kwargs)
+        assert all(batch["image"].dtype == np.uint8 for epoch in epochs
+                   for batch in epoch.iter_batches(batch_format="numpy", batch_size=None))
         batches = (normalizer({k: torch.from_numpy(np.ascontiguousarray(v))
                                for k, v in batch.items()})
                    for epoch in epochs

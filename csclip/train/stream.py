@@ -65,9 +65,10 @@ class DataConfig(StrictModel):
     # Rows of the local shuffle buffer in each worker, on top of the global shuffle of every
     # epoch (csclip.train.stream.epoch_order); 0 = none.
     shuffle_buffer: int = Field(512, ge=0)
-    # Decode + transform every image once and keep the tensors in Ray's object store when
-    # they take at most this many MB (the world: 4000 images of 64 px = 197 MB); larger
-    # data (COCO), and any run with `augment`, decodes again in every epoch. 0: never cache.
+    # Decode + transform every image once and keep its uint8 pixels (the transform before
+    # normalisation, which the worker applies) in Ray's object store when they take at most
+    # this many MB (the world: 4000 images of 64 px = 47 MB); larger data (COCO), and any
+    # run with `augment`, decodes again in every epoch. 0: never cache.
     image_cache_mb: int = Field(1024, ge=0)
     # open_clip's training transform (RandomResizedCrop, scale 0.9-1) instead of the eval
     # transform. The paper trains with the eval transform, hence off; seeded per sample.
@@ -622,13 +623,13 @@ def _checked(source):
 
 
 def image_cache_fits(data: DataConfig, num_rows: int, preprocess_cfg: dict) -> bool:
-    """Whether the decoded training images fit in `data.image_cache_mb` (float32 tensors);
+    """Whether the decoded training images fit in `data.image_cache_mb` (uint8 pixels);
     never with `data.augment`, whose images differ per epoch, nor with
     `data.prepare_images` (the prepared table is that cache, on storage)."""
     if data.augment or data.prepare_images:
         return False
     channels, height, width = image_shape(preprocess_cfg)
-    megabytes = num_rows * channels * height * width * 4 / 2**20
+    megabytes = num_rows * channels * height * width / 2**20
     return 0 < megabytes <= data.image_cache_mb
 
 
@@ -684,11 +685,12 @@ def epoch_datasets(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
     and keep the result in the object store for every epoch (image_cache_fits says when
     it fits; never with augment). Without it each epoch decodes its rows again
     (prepare_batch), streaming, unless `prepared`: `source` is a prepared table
-    (csclip.train.prepared). Streamed and prepared epochs ship `image` (and `image_foil`)
-    as the transform's uint8 pixels, which the worker normalises (ImageNormalizer) to the
-    cached path's float32 tensors bit for bit. Either way each epoch draws its own text
-    slots, and the batches hold the same rows. Pass a `deterministic` source for
-    reproducible batches.
+    (csclip.train.prepared). All three ship `image` (and `image_foil`) as the transform's
+    uint8 pixels, which the worker normalises (ImageNormalizer) to the transform's float32
+    tensors bit for bit: a quarter of the bytes through each epoch's shuffle, the object
+    store and the worker's batching. Either way each epoch draws its own text slots, and
+    the batches hold the same rows. Pass a `deterministic` source for reproducible
+    batches.
     order(rows, epoch): the rows of one epoch in the order the workers read them; default
     epoch_order (csclip.train.global_batch passes one worker's share of each global batch).
     """
@@ -702,13 +704,15 @@ def epoch_datasets(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
     if cache_images:
         rows = source.map_batches(decode_batch, batch_format="pyarrow", batch_size=rows_per_block,
                                   fn_kwargs={"preprocess": preprocess, "model_name": model_name,
-                                             "layout": objective.layout})
+                                             "layout": objective.layout, "pixels": True})
         wait_for_a_free_cpu()
         rows = rows.materialize()
         wait_for_a_free_cpu()  # count() checks the CPUs as an execution would
         logger.info("images decoded once for all %d epochs: %d rows cached", num_epochs,
                     rows.count())
-        prepare, fn_kwargs = sample_batch, {"image_shape": image_shape(preprocess_cfg)}
+        prepare = sample_batch
+        fn_kwargs = {"image_shape": image_shape(preprocess_cfg), "preprocess": preprocess,
+                     "normalize": False}
     elif prepared:  # csclip.train.prepared.training_source's rows: pixels, caption tokens
         # The uint8 pixels go to the workers (a quarter of the bytes through the object
         # store and to the device), normalised there: csclip.train.prepared.ImageNormalizer.
