@@ -33,6 +33,20 @@ def _tokens(texts: list[str]) -> torch.Tensor:
     return tokenizer("csclip-tiny")(texts)
 
 
+def _full_and_trimmed_gradients(model, tokens: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+    """Each parameter's gradient of one random weighting of the features, through the
+    full-context forward and through encode_text_trimmed."""
+    weights = torch.randn(tokens.shape[0], model.text_projection.shape[1])
+    grads = []
+    for encode in (lambda t: model.encode_text(t, normalize=True),
+                   lambda t: encode_text_trimmed(model, t)):
+        model.zero_grad(set_to_none=True)
+        (encode(tokens) * weights).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()
+                      if p.grad is not None})
+    return grads
+
+
 def test_features_and_gradients_equal_the_full_context(model):
     tokens = _tokens(TEXTS * 3)
     lengths = tokens.argmax(1) + 1
@@ -41,14 +55,7 @@ def test_features_and_gradients_equal_the_full_context(model):
     trimmed = encode_text_trimmed(model, tokens)
     torch.testing.assert_close(trimmed, full, rtol=0, atol=1e-5)
 
-    weights = torch.randn_like(full)
-    grads = []
-    for encode in (lambda t: model.encode_text(t, normalize=True),
-                   lambda t: encode_text_trimmed(model, t)):
-        model.zero_grad(set_to_none=True)
-        (encode(tokens) * weights).sum().backward()
-        grads.append({n: p.grad.clone() for n, p in model.named_parameters()
-                      if p.grad is not None})
+    grads = _full_and_trimmed_gradients(model, tokens)
     assert grads[0].keys() == grads[1].keys()
     for name, expected in grads[0].items():
         # Float rounding of sums in another order, relative to the tensor's scale.
@@ -69,13 +76,7 @@ def test_a_repeated_text_runs_once_and_its_rows_sum_its_gradient(model):
                                rtol=0, atol=1e-5)
     assert torch.equal(features[6], features[0]) and torch.equal(features[8], features[3])
 
-    weights = torch.randn_like(features)
-    grads = []
-    for encode in (lambda t: model.encode_text(t, normalize=True),
-                   lambda t: encode_text_trimmed(model, t)):
-        model.zero_grad(set_to_none=True)
-        (encode(tokens) * weights).sum().backward()
-        grads.append(model.token_embedding.weight.grad.clone())
+    grads = [g["token_embedding.weight"] for g in _full_and_trimmed_gradients(model, tokens)]
     assert grads[0].abs().max() > 0
     torch.testing.assert_close(grads[1], grads[0], rtol=0,
                                atol=1e-5 * float(grads[0].abs().max()))
