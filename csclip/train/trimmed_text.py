@@ -9,7 +9,7 @@ runs cut to its longest row, and its shorter rows (a CS-CLIP batch's units besid
 captions) in a shorter call of their own where that saves enough (length_groups). A text
 that repeats in the batch runs once, its feature shared by its rows: a CS-CLIP batch of
 the world repeats ~20% of its 512 texts (an image foil's relation unit is often one of the
-row's unit slots; entity units recur across rows), and its step took ~17% less time. The
+row's unit slots; entity units recur across rows), and its step took 12-17% less time. The
 gradient of a shared feature is the sum over its rows, as the tower's would be over the
 copies. The features and gradients equal the full-context ones up to float rounding (a
 matrix of another shape sums in another order; tests/test_trimmed_text.py).
