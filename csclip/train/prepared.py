@@ -145,8 +145,8 @@ def channel_lookup(preprocess_cfg: dict) -> np.ndarray:
 
 class ImageNormalizer:
     """A batch's uint8 `image` and `image_foil` (B, 3, H, W), as the prepared, the
-    cached and the streamed epochs ship them, normalised on the worker's device to the float32 tensors
-    of the eval or training transform, bit for bit: on a CPU by
+    cached and the streamed epochs ship them, normalised on the worker's device to the
+    float32 tensors of the eval or training transform, bit for bit: on a CPU by
     csclip.preprocess.image_normalize itself, on an accelerator by looking each value up
     in channel_lookup's table (a copy, exact on any device; the device's own division may
     differ in the last bit). A float32 image passes through."""

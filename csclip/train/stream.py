@@ -706,8 +706,10 @@ def epoch_datasets(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
                                   fn_kwargs={"preprocess": preprocess, "model_name": model_name,
                                              "layout": objective.layout, "pixels": True})
         wait_for_a_free_cpu()
+        # materialize() ends with a second execution of its own (of the blocks it made),
+        # whose CPU check can still find the task's CPU taken and warn; count() on its
+        # result reads the blocks' metadata and executes nothing.
         rows = rows.materialize()
-        wait_for_a_free_cpu()  # count() checks the CPUs as an execution would
         logger.info("images decoded once for all %d epochs: %d rows cached", num_epochs,
                     rows.count())
         prepare = sample_batch
