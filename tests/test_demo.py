@@ -29,6 +29,7 @@ from csclip.world import WorldConfig, world_record
 from tests.conftest import REPO_ROOT
 
 CSCLIP_COLUMNS = ["caption", "caption_negative", "unit_0", "foil_0", "unit_1", "foil_1"]
+IMAGE_FOIL_COLUMNS = ["image_foil_unit", "image_foil_text"]  # loss.image_foils' (the demo's)
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +69,33 @@ def test_decoded_once_then_sampled_equals_decoding_every_epoch(preprocess, colum
     assert cached["image"].shape == (8, 3, 32, 32)
 
 
+@pytest.mark.parametrize("columns", [["caption", *IMAGE_FOIL_COLUMNS],
+                                     CSCLIP_COLUMNS + IMAGE_FOIL_COLUMNS])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_cached_image_foils_are_the_streamed_ones(preprocess, columns, normalize):
+    # The demo's pretraining and CS-CLIP: every candidate foil rendered once into the cache,
+    # and each epoch draws the one the streamed path draws and renders.
+    table = _table(12, broken=(4,))
+    key = preprocess_key(preprocess)
+    decoded = decode_batch(table, preprocess=key, model_name="csclip-tiny", pixels=True,
+                           image_foils=True)
+    drawn = set()
+    for epoch in range(3):
+        kwargs = {**_stream_kwargs(preprocess, epoch, columns), "normalize": normalize}
+        cached = sample_batch(decoded, image_shape=image_shape(preprocess), preprocess=key,
+                              **kwargs)
+        streamed = prepare_batch(table, preprocess=key, **kwargs)
+        assert cached.keys() == streamed.keys() >= {"image_foil", "image_foil_mask"}
+        for name in cached:
+            assert cached[name].dtype == streamed[name].dtype, name
+            np.testing.assert_array_equal(cached[name], streamed[name], err_msg=name)
+        assert cached["image_foil"].dtype == (np.float32 if normalize else np.uint8)
+        drawn.add(cached["image_foil_unit"].tobytes())
+    assert cached["image_foil_mask"].any() and len(drawn) > 1  # foils, drawn anew each epoch
+    assert not (cached["image_foil"] == cached["image"]).all(axis=(1, 2, 3))[
+        cached["image_foil_mask"]].any()  # a foil is another image than its own
+
+
 def test_units_are_drawn_again_every_epoch_from_the_cached_rows(preprocess):
     decoded = decode_batch(_table(16), preprocess=preprocess_key(preprocess),
                            model_name="csclip-tiny")
@@ -85,10 +113,18 @@ def test_image_cache_fits_by_size():
     assert image_cache_fits(DataConfig(image_cache_mb=1), 85, preprocess)
     assert not image_cache_fits(DataConfig(image_cache_mb=1), 86, preprocess)
     assert not image_cache_fits(DataConfig(image_cache_mb=0), 1, preprocess)
+    # With image foils the world's rows keep one foil per relation a caption states too.
+    world = WorldConfig(max_relations=2)
+    assert image_cache_fits(DataConfig(image_cache_mb=1, world=world), 28, preprocess,
+                            image_foils=True)
+    assert not image_cache_fits(DataConfig(image_cache_mb=1, world=world), 29, preprocess,
+                                image_foils=True)
+    assert not image_cache_fits(DataConfig(units_uri="units/"), 1, preprocess, image_foils=True)
     assert image_shape({"size": 224}) == (3, 224, 224)
 
 
-def test_cached_stream_gives_the_streamed_batches(ray_session, preprocess):
+@pytest.mark.parametrize("image_foil_weight", [None, 2.0])
+def test_cached_stream_gives_the_streamed_batches(ray_session, preprocess, image_foil_weight):
     import torch
 
     from csclip.loss import LossConfig, objective_for
@@ -96,9 +132,10 @@ def test_cached_stream_gives_the_streamed_batches(ray_session, preprocess):
     from csclip.train.stream import epoch_datasets
 
     source = ray_session.data.from_arrow(_table(12, broken=(2,)))
+    objective = objective_for(LossConfig(method="csclip", image_foil_weight=image_foil_weight), 2)
     kwargs = {"sampling": SamplingConfig(relation_prob=0.5), "preprocess_cfg": preprocess,
               "model_name": "csclip-tiny", "seed": 3, "num_epochs": 2,
-              "objective": objective_for(LossConfig(method="csclip"), 2), "rows_per_block": 4}
+              "objective": objective, "rows_per_block": 4}
 
     # As a worker sees them: both paths ship uint8 pixels (a quarter of float32's bytes),
     # normalised by the worker (ImageNormalizer).
@@ -106,8 +143,9 @@ def test_cached_stream_gives_the_streamed_batches(ray_session, preprocess):
 
     def rows(cache: bool) -> list[bytes]:
         epochs = epoch_datasets(source, cache_images=cache, **kwargs)
-        assert all(batch["image"].dtype == np.uint8 for epoch in epochs
-                   for batch in epoch.iter_batches(batch_format="numpy", batch_size=None))
+        assert all(batch[name].dtype == np.uint8 for epoch in epochs
+                   for batch in epoch.iter_batches(batch_format="numpy", batch_size=None)
+                   for name in objective.image_columns)
         batches = (normalizer({k: torch.from_numpy(np.ascontiguousarray(v))
                                for k, v in batch.items()})
                    for epoch in epochs

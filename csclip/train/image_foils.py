@@ -74,7 +74,24 @@ def draw_image_foil(record: UnitsRecord, image: Image.Image,
     units = foil_units(record)
     if not units:
         return None
-    unit = rng.choice(units)
+    return image_foil(record, units[draw_foil_index(len(units), rng)], image)
+
+
+def draw_foil_index(count: int, rng: random.Random) -> int:
+    """Which of `count` (> 0) candidates an epoch's draw takes: draw_image_foil's draw, and
+    the image cache's among the foils it rendered once (image_foil_candidates)."""
+    return rng.randrange(count)
+
+
+def image_foil_candidates(record: UnitsRecord, image: Image.Image) -> list[ImageFoil | None]:
+    """Every foil draw_image_foil can give `record`, in foil_units' order (the image cache
+    renders them once and each epoch draws one index, csclip.train.stream)."""
+    return [image_foil(record, unit, image) for unit in foil_units(record)]
+
+
+def image_foil(record: UnitsRecord, unit: Unit, image: Image.Image) -> ImageFoil | None:
+    """The image foil of relation unit `unit` (one of foil_units(record)); `image` is the
+    record's decoded RGB image."""
     if _is_world(record):
         foil = _world_foil(record, unit)
         if foil is None:

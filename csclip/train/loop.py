@@ -721,9 +721,8 @@ def _train(config: TrainConfig, callbacks: Sequence = (), *, hooks: WorkerHooks 
         logger.info("run %s: %d rows (%d undecodable), %d epochs, %d steps", name, plan.num_rows,
                     plan.num_decode_failures, plan.num_epochs, plan.total_steps)
         check_data_cpus(config.run)
-        # Image foils are drawn from the decoded image (and the scene) in each epoch.
-        cache_images = (image_cache_fits(config.data, plan.num_rows, spec.preprocess_cfg)
-                        and "image_foil" not in objective.image_columns)
+        cache_images = image_cache_fits(config.data, plan.num_rows, spec.preprocess_cfg,
+                                        image_foils="image_foil" in objective.image_columns)
         build = partial(epoch_datasets, source, sampling=config.sampling,
                         preprocess_cfg=spec.preprocess_cfg, model_name=config.model.name,
                         seed=config.run.seed, num_epochs=plan.num_epochs,

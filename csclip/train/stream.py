@@ -295,6 +295,13 @@ LAYOUT_TARGET = "layout_target"  # loss.method layout's targets (decode_batch's 
 # image does not decode.
 PIXELS = "pixels"
 DECODED = "decoded"
+# The image cache's image foils (decode_batch's `image_foils`): each row's candidate foils
+# (csclip.train.image_foils.image_foil_candidates), transformed once: their uint8 pixels
+# (null where a candidate has none), the relation unit each belongs to and the text true
+# of it. Each epoch draws one (sample_batch), as the streamed path draws and renders one.
+FOIL_CANDIDATE_PIXELS = "image_foil_candidate_pixels"
+FOIL_CANDIDATE_UNITS = "image_foil_candidate_units"
+FOIL_CANDIDATE_TEXTS = "image_foil_candidate_texts"
 
 
 IMAGE_SOURCE_COLUMNS = ("sample_id", "image_bytes", "image_path")
@@ -308,7 +315,8 @@ def decode_rows(batch: pa.Table) -> list:
 
 def decode_batch(batch: pa.Table, *, preprocess: tuple, model_name: str, augment: bool = False,
                  seed: int = 0, epoch: int = 0, decoded: Sequence | None = None,
-                 layout: LayoutQuestion | None = None, pixels: bool = False) -> pa.Table:
+                 layout: LayoutQuestion | None = None, pixels: bool = False,
+                 image_foils: bool = False) -> pa.Table:
     """The image half of preparation: decode + transform each image and tokenize each
     caption. Rows whose image does not decode are dropped (the check pass counted them).
     Without `augment` nothing here depends on the epoch; with it, open_clip's training
@@ -321,8 +329,11 @@ def decode_batch(batch: pa.Table, *, preprocess: tuple, model_name: str, augment
     same tensor once image_normalize has them), and `caption_tokens` (fixed-size list of
     context_length int64);
     with `layout` (loss.method layout) also `layout_target` (each kind's cell, from the
-    scene: csclip.train.warm_start.layout_targets).
+    scene: csclip.train.warm_start.layout_targets); with `image_foils` (and `pixels`) also
+    every row's candidate image foils (FOIL_CANDIDATE_*), for the image cache.
     """
+    if image_foils and not pixels:
+        raise ValueError("the cached image foils are uint8 pixels, as the cached images")
     if pixels:
         from csclip.preprocess import image_pixels
 
@@ -358,7 +369,27 @@ def decode_batch(batch: pa.Table, *, preprocess: tuple, model_name: str, augment
 
         rows = batch.take(pa.array(keep, type=pa.int64())).to_pylist()
         kept = kept.append_column(LAYOUT_TARGET, _fixed_size_list(layout_targets(rows, layout)))
+    if image_foils:
+        rows = batch.take(pa.array(keep, type=pa.int64())).to_pylist()
+        for name, column in _foil_candidates(rows, [decoded[i] for i in keep], transform).items():
+            kept = kept.append_column(name, column)
     return kept
+
+
+def _foil_candidates(rows: list[dict], decoded: Sequence, transform) -> dict[str, pa.Array]:
+    """The FOIL_CANDIDATE_* columns of `rows` (decoded: their RGB images): every candidate
+    foil rendered and transformed once."""
+    from csclip.train.image_foils import image_foil_candidates
+
+    pixels, units, texts = [], [], []
+    for row, image in zip(rows, decoded, strict=True):
+        candidates = image_foil_candidates(record_from_row(row), image)
+        pixels.append([transform(c.image).tobytes() if c else None for c in candidates])
+        units.append([c.unit if c else None for c in candidates])
+        texts.append([c.foil_text if c else None for c in candidates])
+    return {FOIL_CANDIDATE_PIXELS: pa.array(pixels, type=pa.list_(pa.binary())),
+            FOIL_CANDIDATE_UNITS: pa.array(units, type=pa.list_(pa.string())),
+            FOIL_CANDIDATE_TEXTS: pa.array(texts, type=pa.list_(pa.string()))}
 
 
 def pixel_column(pixels: np.ndarray) -> pa.FixedSizeBinaryArray:
@@ -400,7 +431,9 @@ def sample_batch(batch: pa.Table, *, sampling: dict, model_name: str, seed: int,
     Returns image (n, 3, H, W) float32 (uint8 pixels unless `normalize`); each token
     column (n, context_length) int64;
     unit_mask (n,) bool when unit columns are produced; negative_mask (n,) bool (False:
-    no caption negative could be built, SPEC §3) when caption_negative is produced.
+    no caption negative could be built, SPEC §3) when caption_negative is produced;
+    the image-foil columns (image_foil_batch's) where `columns` has `image_foil_*`,
+    drawn among the image cache's candidates (cached_image_foils).
     """
     if PIXELS in batch.column_names and batch.column(PIXELS).null_count:
         batch = batch.filter(batch.column(PIXELS).is_valid())  # a copy: only when needed
@@ -415,6 +448,12 @@ def sample_batch(batch: pa.Table, *, sampling: dict, model_name: str, seed: int,
                                   pixel_array(batch.column(PIXELS), image_shape)}
     if LAYOUT_TARGET in batch.column_names:  # loss.method layout: images and targets only
         out[LAYOUT_TARGET] = _unflatten(batch.column(LAYOUT_TARGET), (-1,)).astype(np.int64)
+    foil_columns = [name for name in wanted if name.startswith("image_foil_")]
+    if foil_columns:  # the image cache's rows (decode_batch's image_foils)
+        wanted = [name for name in wanted if name not in foil_columns]
+        out.update(cached_image_foils(batch, model_name=model_name, seed=seed, epoch=epoch,
+                                      image_shape=image_shape,
+                                      preprocess=preprocess if normalize else None))
     if not wanted:
         return out
     if wanted == ["caption"]:
@@ -453,6 +492,50 @@ def pixel_array(column: pa.ChunkedArray | pa.Array, image_shape: Sequence[int]) 
     data = np.frombuffer(column.buffers()[1], dtype=np.uint8, count=len(column) * size,
                          offset=column.offset * size)
     return data.reshape(len(column), *image_shape)
+
+
+def cached_image_foils(batch: pa.Table, *, model_name: str, seed: int, epoch: int,
+                       image_shape: Sequence[int], preprocess: tuple | None = None
+                       ) -> dict[str, np.ndarray]:
+    """image_foil_batch's columns for the image cache's rows (decode_batch's
+    `image_foils`): each row's foil drawn among its candidates, rendered and transformed
+    when the cache was made, by the draw the streamed path makes (image_foil_columns), so
+    both give the same foils. uint8 pixels, or normalised by `preprocess`."""
+    from csclip.train.image_foils import draw_foil_index
+    from csclip.train.sampling import sample_rng
+
+    if FOIL_CANDIDATE_PIXELS not in batch.column_names:
+        raise ValueError("image foils from the image cache need its candidates "
+                         "(decode_batch with image_foils)")
+    images = pixel_array(batch.column(PIXELS), image_shape)
+    candidates = zip(batch.column("sample_id").to_pylist(), batch.column("caption").to_pylist(),
+                     batch.column(FOIL_CANDIDATE_PIXELS).to_pylist(),
+                     batch.column(FOIL_CANDIDATE_UNITS).to_pylist(),
+                     batch.column(FOIL_CANDIDATE_TEXTS).to_pylist(), strict=True)
+    foil_images, units, foil_texts, mask = [], [], [], []
+    for row, (sample_id, caption, pixels, row_units, row_texts) in enumerate(candidates):
+        pick = None
+        if pixels:
+            pick = draw_foil_index(len(pixels), sample_rng(seed, f"{sample_id}/image-foil", epoch))
+        if pick is None or pixels[pick] is None:  # no foil: placeholders, masked out
+            foil_images.append(images[row])
+            units.append(caption)
+            foil_texts.append(caption)
+            mask.append(False)
+        else:
+            foil_images.append(np.frombuffer(pixels[pick], dtype=np.uint8).reshape(image_shape))
+            units.append(row_units[pick])
+            foil_texts.append(row_texts[pick])
+            mask.append(True)
+    stacked = np.stack(foil_images)                                        # (n, 3, H, W) uint8
+    if preprocess is not None:
+        from csclip.preprocess import image_normalize
+
+        stacked = image_normalize(preprocess)(stacked)
+    tokenize = _tokenizer(model_name)
+    return {"image_foil": stacked, "image_foil_mask": np.asarray(mask, dtype=bool),
+            "image_foil_unit": tokenize(units).numpy().astype(np.int64),
+            "image_foil_text": tokenize(foil_texts).numpy().astype(np.int64)}
 
 
 def image_shape(preprocess_cfg: dict) -> tuple[int, int, int]:
@@ -622,14 +705,23 @@ def _checked(source):
     return keep_last(_CHECKED, id(source), lambda: (source, check()))[1]
 
 
-def image_cache_fits(data: DataConfig, num_rows: int, preprocess_cfg: dict) -> bool:
+def image_cache_fits(data: DataConfig, num_rows: int, preprocess_cfg: dict,
+                     image_foils: bool = False) -> bool:
     """Whether the decoded training images fit in `data.image_cache_mb` (uint8 pixels);
     never with `data.augment`, whose images differ per epoch, nor with
-    `data.prepare_images` (the prepared table is that cache, on storage)."""
+    `data.prepare_images` (the prepared table is that cache, on storage). With
+    `image_foils` (loss.image_foils) the cache keeps every candidate foil too
+    (decode_batch): only the world's rows, whose candidates its captions bound (one per
+    relation, data.world.max_relations); a units table's decode in every epoch."""
     if data.augment or data.prepare_images:
         return False
+    images_per_row = 1
+    if image_foils:
+        if data.units_uri is not None:
+            return False
+        images_per_row += data.world.max_relations
     channels, height, width = image_shape(preprocess_cfg)
-    megabytes = num_rows * channels * height * width / 2**20
+    megabytes = num_rows * images_per_row * channels * height * width / 2**20
     return 0 < megabytes <= data.image_cache_mb
 
 
@@ -683,7 +775,9 @@ def epoch_datasets(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
 
     cache_images: decode + transform the images (and tokenize the captions) once, here,
     and keep the result in the object store for every epoch (image_cache_fits says when
-    it fits; never with augment). Without it each epoch decodes its rows again
+    it fits; never with augment); with image foils (loss.image_foils) also every row's
+    candidate foils, rendered once, of which each epoch draws one as the streamed path
+    does (cached_image_foils). Without it each epoch decodes its rows again
     (prepare_batch), streaming, unless `prepared`: `source` is a prepared table
     (csclip.train.prepared). All three ship `image` (and `image_foil`) as the transform's
     uint8 pixels, which the worker normalises (ImageNormalizer) to the transform's float32
@@ -699,12 +793,11 @@ def epoch_datasets(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
         raise ValueError("augmented images differ per epoch; they cannot be cached")
     if prepared and cache_images:
         raise ValueError("a prepared table is decoded already; there is nothing to cache")
-    if cache_images and "image_foil" in objective.image_columns:
-        raise ValueError("image foils are drawn from the decoded image; it is not cached")
     if cache_images:
         rows = source.map_batches(decode_batch, batch_format="pyarrow", batch_size=rows_per_block,
                                   fn_kwargs={"preprocess": preprocess, "model_name": model_name,
-                                             "layout": objective.layout, "pixels": True})
+                                             "layout": objective.layout, "pixels": True,
+                                             "image_foils": "image_foil" in objective.image_columns})
         wait_for_a_free_cpu()
         # materialize() ends with a second execution of its own (of the blocks it made),
         # whose CPU check can still find the task's CPU taken and warn; count() on its
