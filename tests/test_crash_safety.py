@@ -21,7 +21,7 @@ from csclip.config import load_config
 from csclip.errors import DataError
 from csclip.model import create_bundle, load_bundle, save_checkpoint, spec_of
 from csclip.train import TrainConfig, finished_result
-from csclip.train.loop import _export_final
+from csclip.train.finished import export_final
 from tests.conftest import REPO_ROOT
 
 BUCKET = "csclip-crash"
@@ -56,13 +56,13 @@ _EXPORTER = textwrap.dedent("""
     real_copytree = shutil.copytree
     pafs.copy_files, shutil.copytree = slow_copy_files, slow_copytree
 
-    class Checkpoint:  # what _export_final reads of Ray's checkpoint
+    class Checkpoint:  # what export_final reads of Ray's checkpoint
         def to_directory(self, path):
             shutil.copytree(sys.argv[1], path, dirs_exist_ok=True)
 
     if sys.argv[2] == "final":
-        from csclip.train.loop import _export_final
-        _export_final(Checkpoint(), sys.argv[3], sys.argv[4])
+        from csclip.train.finished import export_final
+        export_final(Checkpoint(), sys.argv[3], sys.argv[4])
     else:  # best/ (csclip.train.periodic) is the same upload
         from csclip.storage import upload_dir
         upload_dir(sys.argv[1], sys.argv[3])
@@ -136,7 +136,7 @@ def test_local_export_killed_mid_way_reads_as_unfinished_and_keeps_the_old_best(
     assert all(torch.equal(loaded[key], saved[key]) for key in saved)
 
     # The same command again finishes, and reads as finished.
-    _export_final(_Checkpoint(source), str(tmp_path / "runs"), "crash")
+    export_final(_Checkpoint(source), str(tmp_path / "runs"), "crash")
     result = finished_result(config)
     assert result is not None and result.metrics["step"] == 4
     assert not list(run_dir.glob(".*final"))  # the killed export's staging copy is gone
@@ -181,7 +181,7 @@ def test_s3_export_killed_mid_way_is_refused_in_one_line_then_the_rerun_finishes
     assert "\n" not in message and message.startswith(
         f"checkpoint {final} is incomplete (export interrupted?): rerun the same command")
 
-    _export_final(_Checkpoint(source), f"s3://{BUCKET}/runs", "crash")
+    export_final(_Checkpoint(source), f"s3://{BUCKET}/runs", "crash")
     assert finished_result(config).metrics["step"] == 4
     loaded = load_bundle(final).model.state_dict()
     saved = torch.load(source / "model.pt", weights_only=True)

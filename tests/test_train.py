@@ -272,11 +272,12 @@ def test_reused_run_name_with_other_config_is_refused(tmp_path, mlflow_uri):
     import json
 
     from csclip.storage import write_manifest
-    from csclip.train.loop import _final_uri, storage_root
+    from csclip.train.finished import final_uri
+    from csclip.train.loop import storage_root
 
     config = tiny_config(tmp_path, mlflow_uri, "run.name=fixed")
     final = tmp_path / "runs" / "fixed" / "final"
-    assert _final_uri(storage_root(config), "fixed") == str(final)
+    assert final_uri(storage_root(config), "fixed") == str(final)
     final.mkdir(parents=True)
     (final / "config.json").write_text(json.dumps(config.model_dump(mode="json")))
     (final / "metrics.json").write_text(json.dumps({"step": 4}))

@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import signal
 import tempfile
 import threading
@@ -33,13 +32,11 @@ import torch
 from pydantic import Field, field_validator, model_validator
 
 from csclip.config import StrictModel, flatten
-from csclip.errors import CheckpointMismatch, ConfigError, CsclipError
+from csclip.errors import CheckpointMismatch, ConfigError
 from csclip.loss import LossConfig, objective_for
 from csclip.model import (
-    CONFIG_FILE,
     SPEC_FILE,
     TRAIN_STATE_FILE,
-    WEIGHTS_FILE,
     ClipBundle,
     ModelConfig,
     ModelSpec,
@@ -56,6 +53,14 @@ from csclip.model import (
 from csclip.tracking import TrackingConfig
 from csclip.train import rng as generators
 from csclip.train.console import first_step_line, step_line
+from csclip.train.finished import (  # noqa: F401  (re-exported)
+    FINAL_DIR,
+    METRICS_FILE,
+    check_unfinished_run,
+    export_final,
+    finished_result,
+    read_metrics,
+)
 from csclip.train.global_batch import (
     check_global_batch,
     shard_name,
@@ -89,8 +94,6 @@ from csclip.train.stream import DataConfig
 
 logger = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.json"
-FINAL_DIR = "final"
 
 
 RUN_NAME_MAX = 200
@@ -745,8 +748,8 @@ def _train(config: TrainConfig, callbacks: Sequence = (), *, hooks: WorkerHooks 
     except Exception:
         finish_run(config.tracking, run_id, status="FAILED")
         raise
-    final_uri = _export_final(result.checkpoint, root, name)
-    metrics = {**_read_metrics(final_uri), "decode_failures": plan.num_decode_failures,
+    final_uri = export_final(result.checkpoint, root, name)
+    metrics = {**read_metrics(final_uri), "decode_failures": plan.num_decode_failures,
                "num_rows": plan.num_rows}
     # Per-step metrics are already logged by rank 0; here only the run's totals.
     finish_run(config.tracking, run_id, tags={"checkpoint_uri": final_uri},
@@ -812,94 +815,3 @@ def _trainer(config: TrainConfig, name: str, root: str, loop_config: dict, datas
             execution_options=ingest,
             datasets_to_split="all" if config.run.num_workers > 1
             and config.data.batch_scope == "worker" else []))
-
-
-def _final_uri(root: str, name: str) -> str:
-    return f"{root.rstrip('/')}/{name}/{FINAL_DIR}"
-
-
-def _export_final(checkpoint, root: str, name: str) -> str:
-    """Copy the last checkpoint's weights, spec, config and metrics (not the optimizer
-    state) to <storage>/<name>/final: a stable path that open_clip and load_bundle read."""
-    from csclip.storage import upload_dir
-
-    if checkpoint is None:
-        raise CsclipError(f"run {name} finished without a checkpoint; check run.checkpoint_every")
-    uri = _final_uri(root, name)
-    with tempfile.TemporaryDirectory() as tmp:
-        checkpoint.to_directory(tmp)
-        staging = Path(tmp, FINAL_DIR)
-        staging.mkdir()
-        for file in (WEIGHTS_FILE, SPEC_FILE, CONFIG_FILE, METRICS_FILE):
-            if Path(tmp, file).exists():
-                shutil.copy(Path(tmp, file), staging / file)
-        upload_dir(staging, uri)
-    return uri
-
-
-def _read_metrics(final_uri: str) -> dict:
-    from csclip.storage import exists, filesystem_for, read_bytes
-
-    fs, path = filesystem_for(final_uri)
-    file = f"{path}/{METRICS_FILE}"
-    return json.loads(read_bytes(fs, file)) if exists(fs, file) else {}
-
-
-def finished_result(config: TrainConfig) -> TrainResult | None:
-    """The result of an already finished run of `config`, or None.
-
-    Raises CsclipError when `run.name` names a finished run with a different config.
-    """
-    from csclip.storage import exists, export_problem, filesystem_for
-
-    name = run_name(config)
-    uri = _final_uri(storage_root(config), name)
-    fs, path = filesystem_for(uri)
-    # final/ is finished when its manifest (written last) matches its files: an export
-    # killed mid-way is not, and the rerun resumes from the last checkpoint and exports again.
-    if not exists(fs, path):
-        return None
-    problem = export_problem(fs, path)
-    if problem is not None:
-        logger.info("run %s: %s is not a finished export (%s); training resumes", name, uri,
-                    problem)
-        return None
-    if _saved_identity(fs, f"{path}/{CONFIG_FILE}") != run_identity(config):
-        raise CsclipError(f"run.name {name!r} already finished with a different config at {uri}; "
-                          "choose another run.name or remove that directory")
-    return TrainResult(name, uri, _read_metrics(uri), None)
-
-
-def check_unfinished_run(config: TrainConfig) -> None:
-    """Refuse to reuse a run's storage for another config: when `<storage>/<name>/` holds
-    checkpoints of an unfinished run, resuming is only right for the config that wrote
-    them (the how-to-run fields aside). Raises CsclipError naming the run and the fixes."""
-    import pyarrow.fs as pafs
-
-    from csclip.storage import exists, filesystem_for
-
-    name = run_name(config)
-    uri = f"{storage_root(config).rstrip('/')}/{name}"
-    fs, path = filesystem_for(uri)
-    if not exists(fs, path):
-        return
-    infos = fs.get_file_info(pafs.FileSelector(path, recursive=False, allow_not_found=True))
-    saved = sorted(i.path for i in infos if i.type == pafs.FileType.Directory
-                   and i.base_name.startswith("checkpoint_")
-                   and exists(fs, f"{i.path}/{CONFIG_FILE}"))
-    if saved and _saved_identity(fs, f"{saved[-1]}/{CONFIG_FILE}") != run_identity(config):
-        raise CsclipError(f"run.name {name!r}: {uri} holds an unfinished run of a different "
-                          "config; rerun that config to resume it, or choose another run.name")
-
-
-# Fields that were once in RunSection and live elsewhere now (a saved config may hold them).
-_RETIRED_RUN_FIELDS = ("fail_after_step",)
-
-
-def _saved_identity(fs, file: str) -> str:
-    from csclip.storage import read_bytes
-
-    data = json.loads(read_bytes(fs, file))
-    for key in _RETIRED_RUN_FIELDS:
-        data.get("run", {}).pop(key, None)
-    return run_identity(TrainConfig.model_validate(data))
