@@ -39,7 +39,7 @@ from pydantic import Field, model_validator
 from csclip.config import StrictModel
 from csclip.errors import DataError
 from csclip.train.sampling import SamplingConfig, sample_text_columns
-from csclip.units import SWAP_NEGATIVES_META, UnitsRecord, record_from_row, unit_columns
+from csclip.units import SWAP_NEGATIVES_META, record_from_row, unit_columns
 from csclip.world.config import WorldConfig
 
 if TYPE_CHECKING:  # csclip.loss imports torch, which the dataset actors never need
@@ -364,13 +364,14 @@ def decode_batch(batch: pa.Table, *, preprocess: tuple, model_name: str, augment
         image = np.stack(images).astype(np.float32, copy=False)           # (n, 3, H, W)
         kept = kept.append_column("image", _fixed_size_list(image))
     kept = kept.append_column(CAPTION_TOKENS, _fixed_size_list(tokens))
+    if layout is None and not image_foils:
+        return kept
+    rows = batch.take(pa.array(keep, type=pa.int64())).to_pylist()  # the scenes, as records
     if layout is not None:
         from csclip.train.warm_start import layout_targets
 
-        rows = batch.take(pa.array(keep, type=pa.int64())).to_pylist()
         kept = kept.append_column(LAYOUT_TARGET, _fixed_size_list(layout_targets(rows, layout)))
     if image_foils:
-        rows = batch.take(pa.array(keep, type=pa.int64())).to_pylist()
         for name, column in _foil_candidates(rows, [decoded[i] for i in keep], transform).items():
             kept = kept.append_column(name, column)
     return kept
@@ -499,7 +500,7 @@ def cached_image_foils(batch: pa.Table, *, model_name: str, seed: int, epoch: in
                        ) -> dict[str, np.ndarray]:
     """image_foil_batch's columns for the image cache's rows (decode_batch's
     `image_foils`): each row's foil drawn among its candidates, rendered and transformed
-    when the cache was made, by the draw the streamed path makes (image_foil_columns), so
+    when the cache was made, by the draw the streamed path makes (image_foil_batch), so
     both give the same foils. uint8 pixels, or normalised by `preprocess`."""
     from csclip.train.image_foils import draw_foil_index
     from csclip.train.sampling import sample_rng
@@ -508,34 +509,22 @@ def cached_image_foils(batch: pa.Table, *, model_name: str, seed: int, epoch: in
         raise ValueError("image foils from the image cache need its candidates "
                          "(decode_batch with image_foils)")
     images = pixel_array(batch.column(PIXELS), image_shape)
-    candidates = zip(batch.column("sample_id").to_pylist(), batch.column("caption").to_pylist(),
-                     batch.column(FOIL_CANDIDATE_PIXELS).to_pylist(),
-                     batch.column(FOIL_CANDIDATE_UNITS).to_pylist(),
-                     batch.column(FOIL_CANDIDATE_TEXTS).to_pylist(), strict=True)
-    foil_images, units, foil_texts, mask = [], [], [], []
-    for row, (sample_id, caption, pixels, row_units, row_texts) in enumerate(candidates):
-        pick = None
-        if pixels:
-            pick = draw_foil_index(len(pixels), sample_rng(seed, f"{sample_id}/image-foil", epoch))
-        if pick is None or pixels[pick] is None:  # no foil: placeholders, masked out
-            foil_images.append(images[row])
-            units.append(caption)
-            foil_texts.append(caption)
-            mask.append(False)
-        else:
-            foil_images.append(np.frombuffer(pixels[pick], dtype=np.uint8).reshape(image_shape))
-            units.append(row_units[pick])
-            foil_texts.append(row_texts[pick])
-            mask.append(True)
-    stacked = np.stack(foil_images)                                        # (n, 3, H, W) uint8
+    drawn = []
+    for sample_id, pixels, units, texts in zip(
+            batch.column("sample_id").to_pylist(), batch.column(FOIL_CANDIDATE_PIXELS).to_pylist(),
+            batch.column(FOIL_CANDIDATE_UNITS).to_pylist(),
+            batch.column(FOIL_CANDIDATE_TEXTS).to_pylist(), strict=True):
+        pick = (draw_foil_index(len(pixels), sample_rng(seed, f"{sample_id}/image-foil", epoch))
+                if pixels else None)
+        drawn.append(None if pick is None or pixels[pick] is None else
+                     (np.frombuffer(pixels[pick], dtype=np.uint8).reshape(image_shape),
+                      units[pick], texts[pick]))
+    out = _image_foil_output(drawn, images, batch.column("caption").to_pylist(), model_name)
     if preprocess is not None:
         from csclip.preprocess import image_normalize
 
-        stacked = image_normalize(preprocess)(stacked)
-    tokenize = _tokenizer(model_name)
-    return {"image_foil": stacked, "image_foil_mask": np.asarray(mask, dtype=bool),
-            "image_foil_unit": tokenize(units).numpy().astype(np.int64),
-            "image_foil_text": tokenize(foil_texts).numpy().astype(np.int64)}
+        out["image_foil"] = image_normalize(preprocess)(out["image_foil"])
+    return out
 
 
 def image_shape(preprocess_cfg: dict) -> tuple[int, int, int]:
@@ -579,49 +568,47 @@ def image_foil_batch(batch: pa.Table, decoded: Sequence, images: np.ndarray, *,
                      preprocess: tuple, model_name: str, seed: int, epoch: int,
                      pixels: bool = False) -> dict[str, np.ndarray]:
     """The image-foil columns of `batch`'s decodable rows (the rows, in order, of
-    decode_batch). decoded: decode_rows(batch); images: the kept rows' transformed images
-    (with `pixels` their uint8 pixels, and the foils' are pixels too)."""
+    decode_batch), each sample's foil drawn per (seed, sample, epoch)
+    (csclip.train.image_foils) and transformed like its image. decoded:
+    decode_rows(batch); images: the kept rows' transformed images (with `pixels` their
+    uint8 pixels, and the foils' are pixels too)."""
+    from csclip.train.image_foils import draw_image_foil
+    from csclip.train.sampling import sample_rng
+
     if pixels:
         from csclip.preprocess import image_pixels
 
         transform = image_pixels(preprocess)
     else:
         transform = _transform(preprocess)
-    tokenize = _tokenizer(model_name)
-    kept = [(record_from_row(row), image)
-            for row, image in zip(batch.to_pylist(), decoded, strict=True) if image is not None]
-    foils = image_foil_columns([r for r, _ in kept], [i for _, i in kept], images, transform,
-                               seed, epoch)
-    out = {"image_foil": foils["image_foil"],                                # (n, 3, H, W)
-           "image_foil_mask": foils["image_foil_mask"]}                      # (n,)
-    for name in ("image_foil_unit", "image_foil_text"):
-        out[name] = tokenize(foils[name]).numpy().astype(np.int64)           # (n, L)
-    return out
-
-
-def image_foil_columns(records: Sequence[UnitsRecord], decoded: Sequence, images: np.ndarray,
-                       transform, seed: int, epoch: int) -> dict:
-    """Each sample's image foil (csclip.train.image_foils), drawn per (seed, sample, epoch):
-    `image_foil` (n, 3, H, W) transformed like the image (float32, or uint8 pixels where
-    `transform` gives pixels), `image_foil_unit` (the relation
-    unit's text), `image_foil_text` (the text true of the foil) and `image_foil_mask` (n,)
-    bool. A sample without a foil gets its own image and caption as placeholders, masked
-    out of the loss."""
-    from csclip.train.image_foils import draw_image_foil
-    from csclip.train.sampling import sample_rng
-
-    foil_images, units, foil_texts, mask = [], [], [], []
-    for record, image, transformed in zip(records, decoded, images, strict=True):
+    records = [record_from_row(row)
+               for row, image in zip(batch.to_pylist(), decoded, strict=True) if image is not None]
+    drawn = []
+    for record, image in zip(records, (i for i in decoded if i is not None), strict=True):
         foil = draw_image_foil(record, image, sample_rng(seed, f"{record.sample_id}/image-foil",
                                                          epoch))
-        foil_images.append(transform(foil.image) if foil else transformed)
-        units.append(foil.unit if foil else record.caption)
-        foil_texts.append(foil.foil_text if foil else record.caption)
-        mask.append(foil is not None)
-    stacked = np.stack(foil_images)
-    return {"image_foil": stacked if stacked.dtype == np.uint8 else stacked.astype(np.float32),
-            "image_foil_unit": units,
-            "image_foil_text": foil_texts, "image_foil_mask": np.asarray(mask, dtype=bool)}
+        drawn.append((transform(foil.image), foil.unit, foil.foil_text) if foil else None)
+    return _image_foil_output(drawn, images, [r.caption for r in records], model_name)
+
+
+def _image_foil_output(drawn: Sequence[tuple[np.ndarray, str, str] | None], images: np.ndarray,
+                       captions: Sequence[str], model_name: str) -> dict[str, np.ndarray]:
+    """The image-foil columns from each row's drawn foil (its transformed image, its
+    relation unit, the text true of it) or None: `image_foil` (n, 3, H, W) (uint8 pixels
+    or float32, as `images`), `image_foil_unit` and `image_foil_text` tokens (n, L),
+    `image_foil_mask` (n,). A row without a foil gets its own image and caption as
+    placeholders, masked out of the loss."""
+    foil_images = np.stack([foil[0] if foil else image for foil, image in
+                            zip(drawn, images, strict=True)])                # (n, 3, H, W)
+    if foil_images.dtype != np.uint8:
+        foil_images = foil_images.astype(np.float32)
+    tokenize = _tokenizer(model_name)
+    units = [foil[1] if foil else caption for foil, caption in zip(drawn, captions, strict=True)]
+    texts = [foil[2] if foil else caption for foil, caption in zip(drawn, captions, strict=True)]
+    return {"image_foil": foil_images,
+            "image_foil_unit": tokenize(units).numpy().astype(np.int64),          # (n, L)
+            "image_foil_text": tokenize(texts).numpy().astype(np.int64),          # (n, L)
+            "image_foil_mask": np.asarray([foil is not None for foil in drawn], dtype=bool)}
 
 
 # ---------------------------------------------------------------------------------------
