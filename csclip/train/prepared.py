@@ -253,8 +253,11 @@ def prepare_images(data: DataConfig, preprocess_cfg: dict, model_name: str, *,
     rows = source.map_batches(pixels_batch, batch_format="pyarrow", batch_size=rows_per_block,
                               fn_kwargs={"preprocess": preprocess, "model_name": model_name})
     rows_path = join(path, ROWS_DIR)
+    # Uncompressed: zstd saved ~5% of the pixels' bytes (photographs' resized pixels
+    # hardly compress; the text columns are ~1% of a row) and cost every epoch their
+    # decompression, 2-4x the read itself (docs/performance.md).
     rows.write_parquet(rows_path, filesystem=fs, min_rows_per_file=rows_per_file,
-                       compression="zstd")
+                       compression="none")
     manifest = _manifest(fs, rows_path, key, units_uri, data.split, preprocess_cfg, model_name,
                          time.perf_counter() - started)
     write_bytes_atomic(fs, join(path, MANIFEST), json.dumps(manifest, indent=1).encode())

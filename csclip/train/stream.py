@@ -359,9 +359,9 @@ def decode_batch(batch: pa.Table, *, preprocess: tuple, model_name: str, augment
                     .append_column(CAPTION_TOKENS, empty_tokens))
     tokens = tokenize(kept.column("caption").to_pylist()).numpy().astype(np.int64)  # (n, L)
     if pixels:
-        kept = kept.append_column(PIXELS, pixel_column(np.stack(images)))  # (n, 3, H, W) uint8
+        kept = kept.append_column(PIXELS, pixel_column(stack_rows(images)))  # (n, 3, H, W) uint8
     else:
-        image = np.stack(images).astype(np.float32, copy=False)           # (n, 3, H, W)
+        image = stack_rows(images).astype(np.float32, copy=False)           # (n, 3, H, W)
         kept = kept.append_column("image", _fixed_size_list(image))
     kept = kept.append_column(CAPTION_TOKENS, _fixed_size_list(tokens))
     if layout is None and not image_foils:
@@ -391,6 +391,18 @@ def _foil_candidates(rows: list[dict], decoded: Sequence, transform) -> dict[str
     return {FOIL_CANDIDATE_PIXELS: pa.array(pixels, type=pa.list_(pa.binary())),
             FOIL_CANDIDATE_UNITS: pa.array(units, type=pa.list_(pa.string())),
             FOIL_CANDIDATE_TEXTS: pa.array(texts, type=pa.list_(pa.string()))}
+
+
+def stack_rows(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """The arrays stacked along a new first axis, C-contiguous. np.stack keeps its inputs'
+    memory order, and the transform's pixels are an (H, W, 3) image transposed to
+    (3, H, W): its stack needed a second, transposing copy (np.ascontiguousarray in
+    pixel_column, or Ray's tensor column); here each array is copied once, in place."""
+    dtype = np.result_type(*(np.asarray(array).dtype for array in arrays))
+    out = np.empty((len(arrays), *np.shape(arrays[0])), dtype=dtype)
+    for index, array in enumerate(arrays):
+        out[index] = array
+    return out
 
 
 def pixel_column(pixels: np.ndarray) -> pa.FixedSizeBinaryArray:
@@ -598,8 +610,8 @@ def _image_foil_output(drawn: Sequence[tuple[np.ndarray, str, str] | None], imag
     or float32, as `images`), `image_foil_unit` and `image_foil_text` tokens (n, L),
     `image_foil_mask` (n,). A row without a foil gets its own image and caption as
     placeholders, masked out of the loss."""
-    foil_images = np.stack([foil[0] if foil else image for foil, image in
-                            zip(drawn, images, strict=True)])                # (n, 3, H, W)
+    foil_images = stack_rows([foil[0] if foil else image for foil, image in
+                              zip(drawn, images, strict=True)])              # (n, 3, H, W)
     if foil_images.dtype != np.uint8:
         foil_images = foil_images.astype(np.float32)
     tokenize = _tokenizer(model_name)
