@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from csclip.errors import ConfigError, DataError
+from csclip.train.malloc import reuse_freed_memory
 from csclip.train.stream import (
     CAPTION_TOKENS,
     DECODED,
@@ -158,6 +159,7 @@ class ImageNormalizer:
 
         from csclip.preprocess import image_normalize
 
+        reuse_freed_memory()  # the worker's batches (shuffle buffer, normalised copies)
         self._normalize = image_normalize(preprocess_key(preprocess_cfg))
         self._lookup = torch.from_numpy(channel_lookup(preprocess_cfg)).to(device)  # (3, 256)
 
@@ -311,6 +313,7 @@ def pixels_batch(batch: pa.Table, *, preprocess: tuple, model_name: str) -> pa.T
     """
     from csclip.preprocess import image_pixels, tokenizer
 
+    reuse_freed_memory()  # csclip.train.malloc: each image's buffers reused
     pixels_of = image_pixels(preprocess)
     shape = image_shape(dict(preprocess))
     size = int(np.prod(shape))

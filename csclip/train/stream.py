@@ -38,6 +38,7 @@ from pydantic import Field, model_validator
 
 from csclip.config import StrictModel
 from csclip.errors import DataError
+from csclip.train.malloc import reuse_freed_memory
 from csclip.train.sampling import SamplingConfig, sample_text_columns
 from csclip.units import SWAP_NEGATIVES_META, record_from_row, unit_columns
 from csclip.world.config import WorldConfig
@@ -309,6 +310,7 @@ IMAGE_SOURCE_COLUMNS = ("sample_id", "image_bytes", "image_path")
 
 def decode_rows(batch: pa.Table) -> list:
     """Each row's decoded RGB image, None where it does not decode."""
+    reuse_freed_memory()  # the first call in a process: its images' buffers reused
     return [decode_image(row) for row in batch.select(
         [c for c in IMAGE_SOURCE_COLUMNS if c in batch.column_names]).to_pylist()]
 
@@ -448,6 +450,7 @@ def sample_batch(batch: pa.Table, *, sampling: dict, model_name: str, seed: int,
     the image-foil columns (image_foil_batch's) where `columns` has `image_foil_*`,
     drawn among the image cache's candidates (cached_image_foils).
     """
+    reuse_freed_memory()
     if PIXELS in batch.column_names and batch.column(PIXELS).null_count:
         batch = batch.filter(batch.column(PIXELS).is_valid())  # a copy: only when needed
     if batch.num_rows == 0:
