@@ -137,6 +137,8 @@ def test_stacked_rows_are_np_stack_in_c_order():
     mixed = [transposed[0], transposed[1].astype(np.float32)]
     assert stack_rows(mixed).dtype == np.stack(mixed).dtype == np.float32
     assert np.array_equal(stack_rows(mixed), np.stack(mixed))
+    many = transposed * 40  # a block's worth: more arrays than numpy takes arguments (32)
+    assert np.array_equal(stack_rows(many), np.stack(many))
 
 
 def _rows(batches, worker=lambda batch: batch, dtype=torch.float32) -> list[tuple]:

@@ -400,7 +400,7 @@ def stack_rows(arrays: Sequence[np.ndarray]) -> np.ndarray:
     memory order, and the transform's pixels are an (H, W, 3) image transposed to
     (3, H, W): its stack needed a second, transposing copy (np.ascontiguousarray in
     pixel_column, or Ray's tensor column); here each array is copied once, in place."""
-    dtype = np.result_type(*(np.asarray(array).dtype for array in arrays))
+    dtype = np.result_type(*{np.asarray(array).dtype for array in arrays})  # a few at most
     out = np.empty((len(arrays), *np.shape(arrays[0])), dtype=dtype)
     for index, array in enumerate(arrays):
         out[index] = array
