@@ -53,8 +53,7 @@ from csclip.model import (
 from csclip.tracking import TrackingConfig
 from csclip.train import rng as generators
 from csclip.train.console import first_step_line, step_line
-from csclip.train.finished import (  # noqa: F401  (re-exported)
-    FINAL_DIR,
+from csclip.train.finished import (
     METRICS_FILE,
     check_unfinished_run,
     export_final,
