@@ -16,11 +16,14 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Decodes and resizes COCO-sized JPEGs in a new thread and stacks them four at a time, as a
-# Ray Data task does, before and after reuse_freed_memory, and prints the page faults per
-# image of each pass.
+# Decodes and resizes COCO-sized JPEGs and stacks them four at a time, as a Ray Data task
+# does, in one long-lived thread (a map task's thread), before and after reuse_freed_memory,
+# and prints the page faults per image of each pass. One thread for every pass: a thread
+# started after another was joined can find that one's arena not yet released (Python's
+# join returns before the OS thread exits) and take a fresh arena, whose first growth
+# faults whatever the thresholds (CI saw 88 faults an image after the call that way).
 SCRIPT = textwrap.dedent("""
-    import json, resource, sys, threading
+    import json, queue, resource, sys, threading
     import numpy as np
     from PIL import Image
     from csclip.train.malloc import reuse_freed_memory
@@ -29,26 +32,34 @@ SCRIPT = textwrap.dedent("""
     paths = sys.argv[1:]
 
     def faults_per_image():
-        out = []
-        def work():
-            start = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-            images = []
-            for path in paths:
-                image = decode_image({"image_path": path}).resize((298, 224), Image.BICUBIC)
-                images.append(np.asarray(image))
-                if len(images) == 4:
-                    np.stack(images).copy()  # a block, as the map task's output
-                    images = []
-            out.append((resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - start) / len(paths))
-        thread = threading.Thread(target=work)
-        thread.start()
-        thread.join()
-        return out[0]
+        start = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        images = []
+        for path in paths:
+            image = decode_image({"image_path": path}).resize((298, 224), Image.BICUBIC)
+            images.append(np.asarray(image))
+            if len(images) == 4:
+                np.stack(images).copy()  # a block, as the map task's output
+                images = []
+        return (resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - start) / len(paths)
 
-    before = [faults_per_image() for _ in range(3)]
-    done = reuse_freed_memory()
-    faults_per_image()  # the arena grows once to what an image needs
-    after = [faults_per_image() for _ in range(2)]
+    jobs, results = queue.Queue(), queue.Queue()
+
+    def data_thread():
+        while (job := jobs.get()) is not None:
+            results.put(job())
+
+    threading.Thread(target=data_thread, daemon=True).start()
+
+    def in_data_thread(job):
+        jobs.put(job)
+        return results.get()
+
+    in_data_thread(faults_per_image)  # the arena's first growth faults in any case
+    before = [in_data_thread(faults_per_image) for _ in range(3)]
+    done = in_data_thread(reuse_freed_memory)
+    in_data_thread(faults_per_image)  # the arena grows once to what an image needs
+    after = [in_data_thread(faults_per_image) for _ in range(3)]
+    jobs.put(None)
     print(json.dumps({"done": done, "before": before, "after": after}))
 """)
 
@@ -79,14 +90,14 @@ def _run(paths: list[str], **env: str) -> dict:
 def test_a_data_thread_reuses_what_it_freed(jpegs):
     result = _run(jpegs)
     assert result["done"]
-    # Each image's buffers went back to the kernel and were faulted in again (~300 pages
-    # an image), then none.
-    assert min(result["before"]) > 50
-    assert max(result["after"]) < 5
+    # Each image's buffers went back to the kernel and were faulted in again (53 pages an
+    # image here, ~330 in a Ray Data task's larger blocks), then none.
+    assert min(result["before"]) > 20
+    assert max(result["after"]) < 2
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_the_users_own_malloc_settings_are_kept(jpegs):
     result = _run(jpegs, MALLOC_TRIM_THRESHOLD_="131072")
     assert not result["done"]
-    assert min(result["after"]) > 50  # nothing changed: the user's thresholds rule
+    assert min(result["after"]) > 20  # nothing changed: the user's thresholds rule
