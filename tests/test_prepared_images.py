@@ -278,7 +278,9 @@ def test_changed_units_table_is_prepared_again_not_reused(ray_session, photos, t
     again = prepare_images(data, VIT_B_32, MODEL)
     assert again.reused and again.uri == first.uri
     # Stored uncompressed: every epoch reads the pixels, and zstd saved ~5% of them.
-    for part in Path(first.rows_uri).glob("*.parquet"):
+    parts = sorted(Path(first.rows_uri).glob("*.parquet"))
+    assert parts
+    for part in parts:
         metadata = pq.ParquetFile(part).metadata
         assert {metadata.row_group(g).column(c).compression for g in range(metadata.num_row_groups)
                 for c in range(metadata.num_columns)} == {"UNCOMPRESSED"}
