@@ -4,8 +4,9 @@ one), and exits as the doc says: 0, or the code its `# exits N` comment names, w
 error line the doc prints. A block the test does not run carries a marker line just above
 its fence, `<!-- quickstart-test: not run: REASON -->`, allowed only for the commands in
 NOT_RUN_ALLOWED (the 12-minute demo, the test suite itself, a server, the sweep); each one
-is reported as a skipped test with its reason. Also: the doc's false claims that issue 38
-listed stay gone."""
+is reported as a skipped test with its reason. Also: false claims the docs once made (a
+../shared directory, checkpoint paths under runs/demo/, world columns unread, a README that
+missed commands) stay gone."""
 
 from __future__ import annotations
 
@@ -219,7 +220,7 @@ def test_every_quickstart_command_exits_as_the_doc_says(tmp_path, monkeypatch):
     assert not (REPO / "captions.txt").exists()
 
 
-def test_the_false_claims_of_issue_38_are_gone():
+def test_the_docs_false_claims_about_paths_and_commands_are_gone():
     from csclip import cli
     from csclip.entry import extract
 

@@ -1,4 +1,4 @@
-"""Images decoded once per run (`data.prepare_images`, issue 41): the eval transform's uint8
+"""Images decoded once per run (`data.prepare_images`): the eval transform's uint8
 pixels of every image, written once to a Parquet table beside the units table and read by
 every epoch instead of the JPEGs.
 
