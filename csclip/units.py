@@ -121,7 +121,9 @@ def normalize_text(text: str) -> str:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _stem(word: str) -> str:
+def stem_word(word: str) -> str:
+    """`word` with one inflection suffix cut (-ing, -es, -ed, -s) and a final -e dropped:
+    the form foil checks compare."""
     # Crude number/inflection folding, enough to catch "horse"/"horses", "rides"/"riding".
     for suffix in ("ing", "es", "ed", "s"):
         if len(word) > len(suffix) + 2 and word.endswith(suffix):
@@ -132,18 +134,19 @@ def _stem(word: str) -> str:
 
 @functools.lru_cache(maxsize=1 << 16)
 def _stems(text: str) -> tuple[str, ...]:
-    return tuple(_stem(w) for w in normalize_text(text).split()
+    return tuple(stem_word(w) for w in normalize_text(text).split()
                  if w not in {"a", "an", "the", "is", "are"})
 
 
-_SYNONYMS_OF: dict[str, frozenset[str]] = {}
+# Each word of SYNONYM_SETS -> every word it shares a set with (itself included).
+SYNONYMS_OF: dict[str, frozenset[str]] = {}
 for _synonyms in SYNONYM_SETS:
     for _word in _synonyms:
-        _SYNONYMS_OF[_word] = _SYNONYMS_OF.get(_word, frozenset()) | _synonyms
+        SYNONYMS_OF[_word] = SYNONYMS_OF.get(_word, frozenset()) | _synonyms
 
 
 def _are_synonyms(a: str, b: str) -> bool:
-    return a != b and b in _SYNONYMS_OF.get(a, ())
+    return a != b and b in SYNONYMS_OF.get(a, ())
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from csclip.extract.quality import (
     entity_head,
     load_gold,
     rules_prediction,
+    score_against_gold,
     score_caption,
     score_gold,
 )
@@ -29,7 +30,6 @@ from csclip.extract.rules import (
     extract_record,
     extract_units,
     foil_category,
-    score_against_gold,
 )
 from csclip.units import (
     ChangeType,
@@ -385,7 +385,8 @@ def test_score_rejects_misaligned_records():
 
 
 def test_world_f1_is_at_least_095():
-    from csclip.world import WorldConfig, iter_world
+    from csclip.config.world import WorldConfig
+    from csclip.world import iter_world
 
     config = WorldConfig(seed=7, num_train=0, num_val=300, num_test=0)
     gold = list(iter_world(config, splits=("val",)))
@@ -401,7 +402,8 @@ def test_world_f1_is_at_least_095():
 
 
 def test_world_foils_are_never_true_of_the_scene():
-    from csclip.world import WorldConfig, WorldLanguageError, iter_world, scene_from_record
+    from csclip.config.world import WorldConfig
+    from csclip.world import WorldLanguageError, iter_world, scene_from_record
 
     config = WorldConfig(seed=3, num_train=0, num_val=80, num_test=0)
     judged = 0
@@ -661,12 +663,12 @@ def _foil_verdicts_disagree(captions, monkeypatch) -> tuple[int, list]:
     each candidate it judges is judged by `foil_rejection` too; the disagreements. Also
     checks the extractor's claim about each candidate: reading its text piece by piece
     gives what reading the whole text gives."""
-    from csclip.extract import rules
+    from csclip.extract.rules import foils
 
     judged, disagreements = [0], []
-    fast = rules._FoilCheck.candidate_rejection
+    fast = foils.FoilCheck.candidate_rejection
     seen: dict[int, tuple] = {}
-    original_init = rules._FoilCheck.__init__
+    original_init = foils.FoilCheck.__init__
 
     def init(self, caption, entity_texts):
         original_init(self, caption, entity_texts)
@@ -682,13 +684,13 @@ def _foil_verdicts_disagree(captions, monkeypatch) -> tuple[int, list]:
         judged[0] += 1
         is_rendered = foil.subject is None or foil.text == render_relation(
             foil.subject, foil.predicate, foil.object)
-        if mine != reference or unit_reading != rules._read_piece(unit_text) or (
-                reading != rules._read_piece(foil.text)) or not is_rendered:
+        if mine != reference or unit_reading != foils._read_piece(unit_text) or (
+                reading != foils._read_piece(foil.text)) or not is_rendered:
             disagreements.append((caption, unit.text, foil.text, mine, reference))
         return mine
 
-    monkeypatch.setattr(rules._FoilCheck, "__init__", init)
-    monkeypatch.setattr(rules._FoilCheck, "candidate_rejection", candidate_rejection)
+    monkeypatch.setattr(foils.FoilCheck, "__init__", init)
+    monkeypatch.setattr(foils.FoilCheck, "candidate_rejection", candidate_rejection)
     for caption in captions:
         extract_units(caption)
     return judged[0], disagreements
@@ -728,9 +730,9 @@ _RIDING = Unit.relation("man", "is riding", "brown horse")
      Foil.relation("fence", "is near", "man", ChangeType.SUBJECT_OBJECT_SWAP)),
 ])
 def test_fast_foil_check_gives_foil_rejections_reason_for_each_rule(unit, foil):
-    from csclip.extract.rules import _FoilCheck
+    from csclip.extract.rules.foils import FoilCheck
 
-    check = _FoilCheck(_CHECK_CAPTION, _CHECK_ENTITIES)
+    check = FoilCheck(_CHECK_CAPTION, _CHECK_ENTITIES)
     assert check.rejection(unit, foil) == foil_rejection(unit, foil, _CHECK_CAPTION,
                                                          _CHECK_ENTITIES)
 
@@ -755,7 +757,7 @@ def test_fast_unit_and_foil_builders_give_the_dataclasses_objects():
     # the objects must be the ones __init__ builds, field for field (and stay frozen).
     from dataclasses import FrozenInstanceError, fields
 
-    from csclip.extract.rules import _make_foils, _make_unit
+    from csclip.extract.rules.foils import _make_foils, _make_unit
 
     args = ("man is under horse", ChangeType.ANTONYM, "man", "is under", "horse")
     (foil,), reference = _make_foils([(args, None)]), Foil(*args)

@@ -25,14 +25,11 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from csclip.errors import DataError
 from csclip.extract import lexicon as lx
+from csclip.extract.rules import RulesResult, extract_units
 from csclip.units import Unit, UnitsRecord, normalize_text
-
-if TYPE_CHECKING:
-    from csclip.extract.rules import RulesResult
 
 # "X of Y" phrases whose object is the thing ("a group of people", "a slice of pizza",
 # "different types of couches"); other "X of Y" are the X ("a box of pizza", "a plate of food").
@@ -185,7 +182,8 @@ class GoldScores:
         return out
 
 
-def _relation_pairs(relations: Iterable[tuple[str, str, str]]) -> dict[tuple[str, str], set]:
+def relation_pairs(relations: Iterable[tuple[str, str, str]]) -> dict[tuple[str, str], set]:
+    """(subject head, object head) -> the normalized predicates between them."""
     pairs: dict[tuple[str, str], set] = {}
     for subject, predicate, obj in relations:
         key = (entity_head(subject), entity_head(obj))
@@ -202,9 +200,9 @@ def score_caption(gold: GoldCaption, predicted: Prediction, into: GoldScores) ->
     for head in set(found_entities) & set(wanted_entities):
         into.attributes_matched += 1
         into.attributes_exact += found_entities[head] == wanted_entities[head]
-    found = _relation_pairs((u.subject or "", u.predicate or "", u.object or "")
+    found = relation_pairs((u.subject or "", u.predicate or "", u.object or "")
                             for u in predicted.relations)
-    wanted = _relation_pairs(gold.relations)
+    wanted = relation_pairs(gold.relations)
     into.relation.add(set(found), set(wanted))
     for key in set(found) & set(wanted):
         into.predicates_matched += 1
@@ -271,8 +269,6 @@ def score_against_gold(predicted: Sequence[UnitsRecord] | Sequence[RulesResult],
 
 def rules_prediction(caption: str) -> Prediction:
     """The rules backend's reading of a caption, as a `Prediction`."""
-    from csclip.extract.rules import extract_units
-
     result = extract_units(caption)
     return Prediction(result.entities, result.relations, result.absent)
 

@@ -13,27 +13,19 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from csclip.extract.quality import PRF, ExtractionScores, score_against_gold
-from csclip.extract.rules.absence import _cut_absent
-from csclip.extract.rules.base import ABSENT_META_KEY, RulesResult, _Parse, tokenize
-from csclip.extract.rules.foils import (  # noqa: F401 (the underscored internals: see __all__)
-    _entity_units,
-    _FoilCheck,
-    _make_foils,
-    _make_unit,
-    _read_piece,
-    _relation_units,
-    _stable_seed,
-    foil_category,
-)
-from csclip.extract.rules.phrases import _find_phrases, _skip_frames
-from csclip.extract.rules.relations import _check_leftover, _read_relations, _unknown_hint
+from csclip.extract.rules.absence import cut_absent
+from csclip.extract.rules.base import ABSENT_META_KEY, Parse, RulesResult, tokenize
+from csclip.extract.rules.foils import entity_units, foil_category, relation_units, stable_seed
+from csclip.extract.rules.phrases import find_phrases, skip_frames
+from csclip.extract.rules.relations import check_leftover, read_relations, unknown_hint
 from csclip.units import Rejection, RejectReason, UnitsRecord, normalize_text
 
-# Also importable from here, for tests/test_rules.py, which checks them against their
-# references: _FoilCheck, _make_foils, _make_unit, _read_piece.
-__all__ = ["ABSENT_META_KEY", "PRF", "ExtractionScores", "RulesResult", "extract_record",
-           "extract_units", "foil_category", "score_against_gold", "tokenize"]
+# The modules inside: base (tokens, word lists, the parse's types), phrases (noun
+# phrases), absence (what the caption says is not there), relations (between phrases),
+# foils (units and their foils). Their shared names are public in the module that
+# defines them; scoring against gold units is csclip.extract.quality.
+__all__ = ["ABSENT_META_KEY", "RulesResult", "extract_record", "extract_units", "foil_category",
+           "tokenize"]
 
 
 def extract_units(caption: str) -> RulesResult:
@@ -45,17 +37,17 @@ def extract_units(caption: str) -> RulesResult:
     """
     if not caption or not caption.strip():
         return RulesResult((), (), (Rejection(RejectReason.EMPTY_CAPTION, "caption is empty"),))
-    tokens, absent = _cut_absent(tokenize(caption))
+    tokens, absent = cut_absent(tokenize(caption))
     parse = _parse(tokens)
     if not parse.phrases:
-        reason = "no known object noun" + _unknown_hint(tokens)
+        reason = "no known object noun" + unknown_hint(tokens)
         return RulesResult((), (), (*parse.rejections, Rejection(RejectReason.UNPARSED, reason)),
                            absent)
-    rng_seed = _stable_seed(normalize_text(caption))
+    rng_seed = stable_seed(normalize_text(caption))
     rejections = list(parse.rejections)
-    entities, first_foils, check = _entity_units(parse.phrases, caption, tokens, rng_seed,
+    entities, first_foils, check = entity_units(parse.phrases, caption, tokens, rng_seed,
                                                  rejections)
-    relations = _relation_units(parse, entities, first_foils, check, rejections)
+    relations = relation_units(parse, entities, first_foils, check, rejections)
     return RulesResult(tuple(entities.values()), tuple(relations), tuple(rejections), absent)
 
 
@@ -70,13 +62,13 @@ def extract_record(record: UnitsRecord) -> tuple[UnitsRecord, tuple[Rejection, .
                    source="rules", meta=meta), result.rejections
 
 
-def _parse(tokens: list[str]) -> _Parse:
+def _parse(tokens: list[str]) -> Parse:
     # The noun phrases (phrases.py), then the relations between them (relations.py).
-    parse = _Parse()
-    spans = _find_phrases(tokens, parse.rejections)
+    parse = Parse()
+    spans = find_phrases(tokens, parse.rejections)
     parse.phrases = spans
     if spans:
-        _check_leftover(_skip_frames(tokens[: spans[0].lead]), None, parse.rejections,
+        check_leftover(skip_frames(tokens[: spans[0].lead]), None, parse.rejections,
                         leading=True)
-        _read_relations(tokens, parse)
+        read_relations(tokens, parse)
     return parse

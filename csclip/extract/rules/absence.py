@@ -5,17 +5,17 @@ from __future__ import annotations
 
 from csclip.extract import lexicon as lx
 from csclip.extract.rules.base import (
-    _FUNCTION_WORDS,
-    _PREPOSITION_WORDS,
-    _SENTENCE_END,
-    _is_unknown_word,
-    _Phrase,
-    _verb_ing,
+    FUNCTION_WORDS,
+    PREPOSITION_WORDS,
+    SENTENCE_END,
+    Phrase,
+    is_unknown_word,
+    verb_ing,
 )
-from csclip.extract.rules.phrases import _match_phrase
+from csclip.extract.rules.phrases import match_phrase
 
 
-def _cut_absent(tokens: list[str]) -> tuple[list[str], tuple[str, ...]]:
+def cut_absent(tokens: list[str]) -> tuple[list[str], tuple[str, ...]]:
     """`tokens` with what the caption says is absent cut out (with the word that says so),
     and the absent noun phrases' texts.
 
@@ -49,8 +49,8 @@ def _cut_absent(tokens: list[str]) -> tuple[list[str], tuple[str, ...]]:
     return [t for i, t in enumerate(tokens) if i not in cut], tuple(dict.fromkeys(absent))
 
 
-def _absent_phrase(tokens: list[str], i: int) -> _Phrase | None:
-    phrase, _, _ = _match_phrase(tokens, i)
+def _absent_phrase(tokens: list[str], i: int) -> Phrase | None:
+    phrase, _, _ = match_phrase(tokens, i)
     return phrase
 
 
@@ -70,23 +70,23 @@ def _absent_span(tokens: list[str], i: int, absent: list[str]) -> int | None:
                 phrase is not None and k == j and phrase.lead == k):
             end = phrase.end
             if end + 1 < len(tokens) and (tokens[end] in lx.PARTICIPLES or (
-                    tokens[end].endswith("ed") and _is_unknown_word(tokens[end]))):
+                    tokens[end].endswith("ed") and is_unknown_word(tokens[end]))):
                 following = _absent_phrase(tokens, end + 1)
                 if following is not None and following.lead == end + 1:
                     absent.append(" ".join(tokens[phrase.start : following.end]))
                     return following.end
                 last = end + 1
-                while last < len(tokens) and _is_unknown_word(tokens[last]):
+                while last < len(tokens) and is_unknown_word(tokens[last]):
                     last += 1
                 if last > end + 1:  # "orange decorated wallpaper": an unknown head
                     absent.append(" ".join(tokens[phrase.start : last]))
                     return last
             return _record_absent(phrase, absent)
-        if not (_is_unknown_word(tokens[k]) or tokens[k] in lx.OTHER_ADJECTIVES
+        if not (is_unknown_word(tokens[k]) or tokens[k] in lx.OTHER_ADJECTIVES
                 or tokens[k] in lx.ATTRIBUTE_KIND or tokens[k].endswith(("ed", "ing"))):
             break
         k += 1
-    if k > j and _is_unknown_word(tokens[k - 1]):
+    if k > j and is_unknown_word(tokens[k - 1]):
         absent.append(" ".join(tokens[j:k]))  # "face piercings": an unknown noun
         return k
     return None
@@ -106,7 +106,7 @@ def _coordinated_absent(tokens: list[str], end: int, absent: list[str],
         before = len(absent)
         span_end = _absent_span(tokens, j, absent)
         if span_end is None and j < len(tokens) and tokens[j].isalpha() and (
-                tokens[j] not in _FUNCTION_WORDS and tokens[j] not in _PREPOSITION_WORDS):
+                tokens[j] not in FUNCTION_WORDS and tokens[j] not in PREPOSITION_WORDS):
             # "skates" reads as a verb, but between commas after "no" it is a noun.
             absent.append(tokens[j])
             span_end = j + 1
@@ -119,7 +119,7 @@ def _coordinated_absent(tokens: list[str], end: int, absent: list[str],
     return end
 
 
-def _record_absent(phrase: _Phrase, absent: list[str]) -> int:
+def _record_absent(phrase: Phrase, absent: list[str]) -> int:
     """Record `phrase` as absent and return where the cut ends: a sign named by what it
     forbids ("a no bicycles sign") is itself there, so only its modifiers are absent."""
     if phrase.head.singular in lx.SIGN_NOUNS and phrase.head_start > 0:
@@ -138,7 +138,7 @@ def _cut_after_no(tokens: list[str], i: int, absent: list[str]) -> tuple[int, in
     end = _coordinated_absent(tokens, _record_absent(phrase, absent), absent, True)
     start = i
     before = tokens[i - 1] if i else ""
-    if before in ("and", ",") or _verb_ing(before) or before in ("has", "have", "had"):
+    if before in ("and", ",") or verb_ing(before) or before in ("has", "have", "had"):
         start = i - 1  # "paddles and no passengers", "wearing no shoes"
     elif before == "with":
         following = tokens[end + 1] if end + 1 < len(tokens) else ""
@@ -177,7 +177,7 @@ def _cut_missing(tokens: list[str], i: int, absent: list[str]) -> tuple[int, int
 
 def _cut_not_any(tokens: list[str], i: int, absent: list[str]) -> tuple[int, int] | None:
     for j in range(i + 1, min(i + 5, len(tokens))):
-        if tokens[j] in _SENTENCE_END or tokens[j] == ",":
+        if tokens[j] in SENTENCE_END or tokens[j] == ",":
             return None
         if tokens[j] == "any":
             end = _absent_span(tokens, j, absent)

@@ -14,26 +14,31 @@ from csclip.units import Rejection, Unit
 # Words, with inner hyphens/apostrophes kept ("close-up", "elephant's"), and the
 # punctuation that separates phrases and sentences.
 _TOKEN = re.compile(r"[a-z0-9]+(?:['-][a-z0-9]+)*|[.,;:!?]")
-_SENTENCE_END = frozenset(".;:!?")
-_COORDINATORS = frozenset({",", "and", "or", "plus", "also"})
+# Tokens that end a sentence: no relation reads across them.
+SENTENCE_END = frozenset(".;:!?")
+# Tokens that join noun phrases into a list ("a cat and a dog").
+COORDINATORS = frozenset({",", "and", "or", "plus", "also"})
 # Words after which the next noun phrase starts a new clause ("... while a girl plays").
-_CLAUSE_OPENERS = frozenset({"while", "whilst", "as", "and", "but", "when", "where", ",",
+CLAUSE_OPENERS = frozenset({"while", "whilst", "as", "and", "but", "when", "where", ",",
                              "because", "so"})
-_REL_PRONOUNS = frozenset({"that", "which", "who"})
-_SUBORDINATORS = frozenset({"while", "whilst", "and", ","})
-_PRONOUNS = frozenset({"it", "them"})
+# Relative pronouns: "a man who is riding ..." attaches to the phrase just before.
+REL_PRONOUNS = frozenset({"that", "which", "who"})
+# Words after which a participle starts a clause of the sentence's subject.
+SUBORDINATORS = frozenset({"while", "whilst", "and", ","})
+# Pronouns a relation may point back through ("a plate with food on it").
+PRONOUNS = frozenset({"it", "them"})
 # "to its left" style phrases: the relation points back at the phrase before.
-_POSSESSIVE_DIRECTIONS = {("to", "its", "left"): "left of", ("to", "its", "right"): "right of",
+POSSESSIVE_DIRECTIONS = {("to", "its", "left"): "left of", ("to", "its", "right"): "right of",
                           ("on", "its", "left"): "left of", ("on", "its", "right"): "right of"}
 # One spelling per spatial relation, so "to the left of" and "left of" give one predicate.
-_CANONICAL_PREPOSITION = {"to the left of": "left of", "to the right of": "right of",
+CANONICAL_PREPOSITION = {"to the left of": "left of", "to the right of": "right of",
                           "inside of": "inside", "outside of": "outside",
                           "towards": "toward", "underneath": "under", "beneath": "under"}
-_MAX_ENTITY_FOILS = 3
+MAX_ENTITY_FOILS = 3  # foils kept per entity unit
 # The record's meta key for what the caption says is absent: a JSON list of entity texts.
 ABSENT_META_KEY = "absent"
 # Prepositions that say nothing spatial on their own ("holding a slice to her face").
-_NEEDS_VERB = frozenset({"to", "for", "from", "up", "down", "off", "of"})
+NEEDS_VERB = frozenset({"to", "for", "from", "up", "down", "off", "of"})
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,7 @@ class RulesResult:
 
 
 @dataclass(slots=True)
-class _Phrase:
+class Phrase:
     """A noun phrase: token span [start, end) of the entity text (determiners excluded),
     its head noun and the attribute words with their kinds."""
 
@@ -75,7 +80,7 @@ class _Phrase:
     text: str
 
 
-class _Predicate(NamedTuple):
+class Predicate(NamedTuple):
     """A relation predicate as read from the caption: an optional verb ("riding", "filled",
     "has") and an optional preposition ("on", "left of"). A tuple: it keys the caches of
     its renderings, and a tuple hashes in C."""
@@ -84,7 +89,7 @@ class _Predicate(NamedTuple):
     preposition: str | None
 
     def render(self, is_plural: bool, negated: bool = False) -> str:
-        forms = _predicate_forms(self)
+        forms = predicate_forms(self)
         return (forms.negated if negated else forms.plain)[is_plural]
 
     def _render(self, is_plural: bool, negated: bool) -> str:
@@ -99,12 +104,12 @@ class _Predicate(NamedTuple):
         words += [w for w in (self.verb, self.preposition) if w]
         return " ".join(words)
 
-    def antonym(self) -> _Predicate | None:
+    def antonym(self) -> Predicate | None:
         if self.preposition and lx.PREPOSITION_ANTONYMS.get(self.preposition):
             opposite = lx.PREPOSITION_ANTONYMS[self.preposition]
-            return _Predicate(self.verb, _CANONICAL_PREPOSITION.get(opposite, opposite))
+            return Predicate(self.verb, CANONICAL_PREPOSITION.get(opposite, opposite))
         if self.verb in lx.VERB_ANTONYMS:
-            return _Predicate(lx.VERB_ANTONYMS[self.verb], self.preposition)
+            return Predicate(lx.VERB_ANTONYMS[self.verb], self.preposition)
         return None
 
     @property
@@ -112,7 +117,7 @@ class _Predicate(NamedTuple):
         return self.preposition in lx.SYMMETRIC_PREPOSITIONS
 
 
-class _PredicateForms(NamedTuple):
+class PredicateForms(NamedTuple):
     """A predicate's renderings, each a (singular subject, plural subject) pair."""
 
     plain: tuple[str, str]
@@ -122,10 +127,11 @@ class _PredicateForms(NamedTuple):
 
 
 @functools.lru_cache(maxsize=1 << 14)
-def _predicate_forms(predicate: _Predicate) -> _PredicateForms:
+def predicate_forms(predicate: Predicate) -> PredicateForms:
+    """Every rendering of `predicate` a unit or foil needs (cached)."""
     # A few hundred predicates, each rendered ~5 times a relation (unit and foils).
     antonym = predicate.antonym()
-    return _PredicateForms(
+    return PredicateForms(
         (predicate._render(False, False), predicate._render(True, False)),
         (predicate._render(False, True), predicate._render(True, True)),
         None if antonym is None else (antonym._render(False, False),
@@ -134,10 +140,10 @@ def _predicate_forms(predicate: _Predicate) -> _PredicateForms:
 
 
 @dataclass
-class _Connector:
+class Connector:
     """The words between two noun phrases, read as a predicate."""
 
-    predicate: _Predicate
+    predicate: Predicate
     is_relative: bool = False  # "that is ...": attaches to the phrase just before
     aux_plural: bool | None = None  # number the caption's own auxiliary gives the subject
     is_bare_with: bool = False
@@ -146,9 +152,12 @@ class _Connector:
 
 
 @dataclass
-class _Parse:
-    phrases: list[_Phrase] = field(default_factory=list)
-    relations: list[tuple[int, _Predicate, int]] = field(default_factory=list)
+class Parse:
+    """A caption's reading so far: its noun phrases in caption order, the relations
+    between them as (subject index, predicate, object index), and what was not read."""
+
+    phrases: list[Phrase] = field(default_factory=list)
+    relations: list[tuple[int, Predicate, int]] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)
 
 
@@ -157,10 +166,11 @@ def tokenize(caption: str) -> list[str]:
     return _TOKEN.findall(caption.lower())
 
 
-_FUNCTION_WORDS = (
+# Words that are never an unknown content word: determiners, auxiliaries, pronouns, ...
+FUNCTION_WORDS = (
     lx.DETERMINERS | lx.AUXILIARIES | lx.RELATIVE_WORDS | lx.SKIPPABLE_ADVERBS
-    | lx.INTENSIFIERS | lx.QUANTITIES | lx.OTHER_ADJECTIVES | lx.PARTICIPLES | _CLAUSE_OPENERS
-    | _PRONOUNS | frozenset({"of", "not", "its", "there", "here", "has", "have", "had",
+    | lx.INTENSIFIERS | lx.QUANTITIES | lx.OTHER_ADJECTIVES | lx.PARTICIPLES | CLAUSE_OPENERS
+    | PRONOUNS | frozenset({"of", "not", "its", "there", "here", "has", "have", "had",
                              "plus", "also", "their", "his", "her", "one", "each", "other",
                              "about", "like", "than", "what", "how", "only", "too", "during",
                              "until", "since", "per", "via", "despite", "except", "if", "or",
@@ -168,17 +178,20 @@ _FUNCTION_WORDS = (
                              "we", "you", "i", "me", "us", "himself", "herself", "themselves",
                              "itself", "someone", "something", "everyone", "anyone"})
 )
-_PREPOSITION_WORDS = frozenset(w for p in lx.PREPOSITIONS for w in p.split())
+# Every word of a known preposition ("next", "to", "in", "front", "of", ...).
+PREPOSITION_WORDS = frozenset(w for p in lx.PREPOSITIONS for w in p.split())
 
 
-def _is_unknown_word(word: str) -> bool:
-    return (word.isalpha() and word not in _FUNCTION_WORDS and word not in _PREPOSITION_WORDS
+def is_unknown_word(word: str) -> bool:
+    """Whether `word` is a content word the lexicon does not know (no function word,
+    preposition, attribute, noun or verb form)."""
+    return (word.isalpha() and word not in FUNCTION_WORDS and word not in PREPOSITION_WORDS
             and word not in lx.ATTRIBUTE_KIND and word not in lx.NOUNS
-            and _verb_ing(word) is None and not word.endswith(("ing", "ed")))
+            and verb_ing(word) is None and not word.endswith(("ing", "ed")))
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _verb_ing(word: str) -> str | None:
+def verb_ing(word: str) -> str | None:
     """The -ing form of a known verb in any form ("rides", "riding", "ride", "sat")."""
     if word in _ING_FORMS:
         return word

@@ -1,5 +1,5 @@
 """Units and foils: the entity and relation units of a reading, each with foils that pass
-`foil_rejection`, checked per caption by `_FoilCheck` (seeded by the caption's hash)."""
+`foil_rejection`, checked per caption by `FoilCheck` (seeded by the caption's hash)."""
 
 from __future__ import annotations
 
@@ -11,37 +11,38 @@ from typing import NamedTuple
 
 from csclip.extract import lexicon as lx
 from csclip.extract.rules.base import (
-    _MAX_ENTITY_FOILS,
-    _Parse,
-    _Phrase,
-    _predicate_forms,
-    _PredicateForms,
+    MAX_ENTITY_FOILS,
+    Parse,
+    Phrase,
+    PredicateForms,
+    predicate_forms,
 )
 from csclip.units import (
-    _SYNONYMS_OF,
     ENTITY_CHANGES,
     GENERIC_WORDS,
     MAX_ENTITIES,
     MAX_RELATIONS,
     RELATION_CHANGES,
+    SYNONYMS_OF,
     ChangeType,
     Foil,
     Rejection,
     RejectReason,
     Unit,
-    _stem,
     is_placeholder,
     normalize_text,
+    stem_word,
 )
 
 
-def _stable_seed(text: str) -> int:
+def stable_seed(text: str) -> int:
+    """A 64-bit seed from `text`, the same in every process."""
     # Not hash(): Python salts str hashes per process, and foils must not change between runs.
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
 # The same entity texts ("man", "table") recur across captions; their hash need not.
-_phrase_seed = functools.lru_cache(maxsize=1 << 14)(_stable_seed)
+_phrase_seed = functools.lru_cache(maxsize=1 << 14)(stable_seed)
 
 
 # A foil candidate as plain data, the fields of `Foil` in its order: (text, change_type,
@@ -92,9 +93,9 @@ def _make_unit(kind: str, text: str, foils: tuple[Foil, ...], subject: str | Non
     return unit
 
 
-def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed: int,
+def entity_units(phrases: list[Phrase], caption: str, tokens: list[str], seed: int,
                   rejections: list[Rejection]
-                  ) -> tuple[dict[str, Unit], dict[str, tuple[str, _Reading]], _FoilCheck]:
+                  ) -> tuple[dict[str, Unit], dict[str, tuple[str, _Reading]], FoilCheck]:
     """Entity units keyed by text (first mention wins), with validated foils; each entity's
     first foil with its reading, by entity text (the relations' subject and object
     replacements); and the caption's foil check (the relations' foils are checked against
@@ -109,7 +110,7 @@ def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed:
     taboo = frozenset().union(*[_taboo_of(p.head.singular) for p in phrases])
     units: dict[str, Unit] = {}
     first_foils: dict[str, tuple[str, _Reading]] = {}
-    check = _FoilCheck(caption, texts)
+    check = FoilCheck(caption, texts)
     for phrase in phrases:
         text = phrase.text
         if text in units or text not in texts:
@@ -123,10 +124,10 @@ def _entity_units(phrases: list[_Phrase], caption: str, tokens: list[str], seed:
         kept = check.valid_foils("entity", text, reading, (None, None),
                                  _object_foil_candidates(phrase, taboo, caption_words, salt),
                                  rejections, max_object, limit=max_object)
-        if phrase.attributes and len(kept) < _MAX_ENTITY_FOILS:  # else there are none to add
+        if phrase.attributes and len(kept) < MAX_ENTITY_FOILS:  # else there are none to add
             kept += check.valid_foils("entity", text, reading, (None, None),
                                       _attribute_foil_candidates(phrase, caption_words, salt),
-                                      rejections, limit=_MAX_ENTITY_FOILS - len(kept))
+                                      rejections, limit=MAX_ENTITY_FOILS - len(kept))
         if kept:
             # Object changes first: "woman is riding horse" is the SPEC's subject_replace
             # example.
@@ -142,7 +143,7 @@ def _taboo_of(singular: str) -> frozenset[str]:
     return frozenset({singular}).union(lx.SAME_THING_GROUPS.get(singular, ()))
 
 
-def _object_foil_candidates(phrase: _Phrase, taboo: frozenset[str],
+def _object_foil_candidates(phrase: Phrase, taboo: frozenset[str],
                             caption_words: set[str], salt: int) -> Iterator[_Judged]:
     """Object changes: the head noun replaced by one of its category (not in the caption),
     at most three."""
@@ -172,7 +173,7 @@ def _object_foil_candidates(phrase: _Phrase, taboo: frozenset[str],
                 return
 
 
-def _attribute_foil_candidates(phrase: _Phrase, caption_words: set[str],
+def _attribute_foil_candidates(phrase: Phrase, caption_words: set[str],
                                salt: int) -> Iterator[_Judged]:
     """Up to two attribute changes per attribute word: color -> another color, size/state
     -> its opposite, count -> the next count, material -> another material."""
@@ -293,7 +294,7 @@ _Reading = tuple[str, tuple[str, ...], tuple[str, ...]]
 def _read_piece(text: str) -> _Reading:
     norm = normalize_text(text)
     words = tuple(norm.split())
-    return norm, words, tuple(_stem(w) for w in words if w not in _UNSTEMMED)
+    return norm, words, tuple(stem_word(w) for w in words if w not in _UNSTEMMED)
 
 
 def _join_readings(first: _Reading, second: _Reading) -> _Reading:
@@ -318,7 +319,7 @@ def _join_three(first: _Reading, second: _Reading, third: _Reading) -> _Reading:
 
 
 _UNSTEMMED = frozenset({"a", "an", "the", "is", "are"})
-_SYNONYM_WORDS = frozenset(_SYNONYMS_OF)
+_SYNONYM_WORDS = frozenset(SYNONYMS_OF)
 
 
 def _build_category_nouns() -> dict[str, list[lx.Noun]]:
@@ -344,7 +345,7 @@ _CATEGORY_ENTRIES = {
     for category, nouns in _CATEGORY_NOUNS.items()}
 
 
-class _FoilCheck:
+class FoilCheck:
     """`foil_rejection` for one caption's foil candidates: the same reason, checked in the
     same order, with the caption and its entity texts normalised once instead of once per
     foil, and unit and foil texts read by their pieces (entity texts, predicates,
@@ -417,7 +418,7 @@ class _FoilCheck:
             is_synonym = False
             for unit_word, foil_word in zip(unit_words, foil_words):  # noqa: B905 (same length)
                 if unit_word != foil_word:
-                    if foil_word not in _SYNONYMS_OF.get(unit_word, ()):
+                    if foil_word not in SYNONYMS_OF.get(unit_word, ()):
                         is_synonym = False
                         break
                     is_synonym = True
@@ -471,8 +472,8 @@ _ENTITY_CHANGES = tuple(ENTITY_CHANGES)
 assert RELATION_CHANGES == frozenset(ChangeType) - ENTITY_CHANGES
 
 
-def _relation_units(parse: _Parse, entities: dict[str, Unit],
-                    first_foils: dict[str, tuple[str, _Reading]], check: _FoilCheck,
+def relation_units(parse: Parse, entities: dict[str, Unit],
+                    first_foils: dict[str, tuple[str, _Reading]], check: FoilCheck,
                     rejections: list[Rejection]) -> list[Unit]:
     """Relation units over caption entities: antonym, negation, swap (not for symmetric
     predicates, where it would be true) and subject/object replacement foils."""
@@ -483,7 +484,7 @@ def _relation_units(parse: _Parse, entities: dict[str, Unit],
         s_text, o_text = subject.text, obj.text
         if s_text == o_text or s_text not in entities or o_text not in entities:
             continue
-        forms = _predicate_forms(predicate)
+        forms = predicate_forms(predicate)
         rendered = forms.plain[subject.is_plural]
         text = f"{s_text} {rendered} {o_text}"  # render_relation's text (see _relation_candidate)
         if text in units:
@@ -502,8 +503,8 @@ def _relation_units(parse: _Parse, entities: dict[str, Unit],
     return list(units.values())[:MAX_RELATIONS]
 
 
-def _relation_foil_candidates(subject: _Phrase, s_reading: _Reading, forms: _PredicateForms,
-                              obj: _Phrase, o_reading: _Reading, rendered: str,
+def _relation_foil_candidates(subject: Phrase, s_reading: _Reading, forms: PredicateForms,
+                              obj: Phrase, o_reading: _Reading, rendered: str,
                               first_foils: dict[str, tuple[str, _Reading]]) -> list[_Judged]:
     s, o = subject.text, obj.text
     candidates = []

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from csclip.extract import lexicon as lx
 from csclip.extract.rules.base import (
-    _COORDINATORS,
-    _FUNCTION_WORDS,
-    _PREPOSITION_WORDS,
-    _Phrase,
-    _verb_ing,
+    COORDINATORS,
+    FUNCTION_WORDS,
+    PREPOSITION_WORDS,
+    Phrase,
+    verb_ing,
 )
 from csclip.units import (
     Rejection,
@@ -17,8 +17,10 @@ from csclip.units import (
 )
 
 
-def _find_phrases(tokens: list[str], rejections: list[Rejection]) -> list[_Phrase]:
-    phrases: list[_Phrase] = []
+def find_phrases(tokens: list[str], rejections: list[Rejection]) -> list[Phrase]:
+    """The caption's noun phrases in order; a phrase seen but not readable goes to
+    `rejections`."""
+    phrases: list[Phrase] = []
     i = 0
     has_frames = not _FRAME_CUES.isdisjoint(tokens)
     while i < len(tokens):
@@ -29,7 +31,7 @@ def _find_phrases(tokens: list[str], rejections: list[Rejection]) -> list[_Phras
         if tokens[i] not in _PHRASE_STARTS or _is_not_an_entity(tokens, i):
             i += 1  # most tokens (verbs, prepositions) cannot start a noun phrase
             continue
-        phrase, next_i, rejected = _match_phrase(tokens, i)
+        phrase, next_i, rejected = match_phrase(tokens, i)
         if rejected:
             rejections.append(Rejection(RejectReason.UNPARSED, rejected))
         if phrase is not None:
@@ -68,12 +70,12 @@ def _is_inner_modifier(tokens: list[str], j: int) -> bool:
     word = tokens[j]
     if word.endswith("'s"):
         return word[:-2] in lx.NOUNS
-    if not word.isalpha() or word in _FUNCTION_WORDS or word in _PREPOSITION_WORDS:
+    if not word.isalpha() or word in FUNCTION_WORDS or word in PREPOSITION_WORDS:
         return False
-    return word not in lx.NOUNS and _verb_ing(word) is None and word not in lx.PARTICIPLES
+    return word not in lx.NOUNS and verb_ing(word) is None and word not in lx.PARTICIPLES
 
 
-def _skip_frames(tokens: list[str]) -> list[str]:
+def skip_frames(tokens: list[str]) -> list[str]:
     """`tokens` without framing phrases ("a close up of")."""
     if _FRAME_CUES.isdisjoint(tokens):
         return tokens
@@ -132,13 +134,13 @@ _FRAME_STARTS = (frozenset({"a", "an", "the", "and"}) | frozenset(lx.ATTRIBUTE_K
                  | frozenset(p.split()[0] for p in lx.FRAME_PHRASES))
 
 
-# The words `_match_phrase` can find a phrase at: anything else gives (None, i + 1, None).
+# The words `match_phrase` can find a phrase at: anything else gives (None, i + 1, None).
 _PHRASE_STARTS = (lx.DETERMINERS | lx.INTENSIFIERS | frozenset(lx.QUANTITY_PREFIXES)
                   | frozenset(lx.COLLECTIVES) | frozenset(lx.ATTRIBUTE_KIND)
                   | lx.OTHER_ADJECTIVES | frozenset(lx.NOUNS) | _MULTIWORD_NOUN_STARTS)
 
 
-def _match_phrase(tokens: list[str], i: int) -> tuple[_Phrase | None, int, str | None]:
+def match_phrase(tokens: list[str], i: int) -> tuple[Phrase | None, int, str | None]:
     """The noun phrase starting at token i (after determiners), the index after it, and a
     rejection detail when a phrase was seen but cannot be read."""
     j = i
@@ -220,7 +222,7 @@ def _match_phrase(tokens: list[str], i: int) -> tuple[_Phrase | None, int, str |
         is_plural = form == noun.plural
     if attributes:
         attributes = [(k, kind) for k, kind in attributes if k < head_index - start]
-    return (_Phrase(start, end, i, words, head_index - start, noun, tuple(attributes),
+    return (Phrase(start, end, i, words, head_index - start, noun, tuple(attributes),
                     is_plural, " ".join(words)), end, None)
 
 
@@ -236,12 +238,12 @@ def _starts_phrase_body(tokens: list[str], i: int) -> bool:
 def _reads_as_verb(tokens: list[str], i: int, form: str) -> bool:
     """A plural noun after a noun that is also a verb form ("a man skateboards down"),
     followed by a preposition or determiner, is the verb."""
-    if _verb_ing(form) is None or " " in form:
+    if verb_ing(form) is None or " " in form:
         return False
     after = tokens[i + 1] if i + 1 < len(tokens) else ""
-    return after in lx.DETERMINERS or after in _PREPOSITION_WORDS
+    return after in lx.DETERMINERS or after in PREPOSITION_WORDS
 # Words after which a noun starts a phrase even when it could be a verb ("with paddles").
-_OPENS_PHRASE = lx.DETERMINERS | _PREPOSITION_WORDS | frozenset({",", "and", "or", "of"})
+_OPENS_PHRASE = lx.DETERMINERS | PREPOSITION_WORDS | frozenset({",", "and", "or", "of"})
 
 
 def _is_bare_verb_noun(word: str) -> bool:
@@ -254,15 +256,15 @@ def _is_unknown_noun(word: str, after: str) -> bool:
     """Whether `word`, right after a noun, is likely the real (unknown) head noun: an
     unknown word that does not look like a verb form ("swats at" is a verb, "seat" and
     "dwellers walk" are nouns)."""
-    if not word or not word.isalpha() or word in _FUNCTION_WORDS or word in _PREPOSITION_WORDS:
+    if not word or not word.isalpha() or word in FUNCTION_WORDS or word in PREPOSITION_WORDS:
         return False
-    if word in lx.NOUNS or word in lx.ATTRIBUTE_KIND or _verb_ing(word) is not None:
+    if word in lx.NOUNS or word in lx.ATTRIBUTE_KIND or verb_ing(word) is not None:
         return False
     if word.endswith(("ing", "ed")):
         return False
     if word.endswith("s") and not word.endswith("ss"):
         # A verb in the third person is followed by its object or a preposition.
         return not (not after or not after.isalpha() or after in lx.DETERMINERS
-                    or after in _PREPOSITION_WORDS or after in _COORDINATORS
+                    or after in PREPOSITION_WORDS or after in COORDINATORS
                     or after in lx.SKIPPABLE_ADVERBS)
     return True

@@ -8,32 +8,32 @@ from dataclasses import dataclass, field, replace
 
 from csclip.extract import lexicon as lx
 from csclip.extract.rules.base import (
-    _CANONICAL_PREPOSITION,
-    _CLAUSE_OPENERS,
-    _COORDINATORS,
-    _FUNCTION_WORDS,
-    _NEEDS_VERB,
-    _POSSESSIVE_DIRECTIONS,
-    _PREPOSITION_WORDS,
-    _PRONOUNS,
-    _REL_PRONOUNS,
-    _SENTENCE_END,
-    _SUBORDINATORS,
-    _Connector,
-    _is_unknown_word,
-    _Parse,
-    _Phrase,
-    _Predicate,
-    _verb_ing,
+    CANONICAL_PREPOSITION,
+    CLAUSE_OPENERS,
+    COORDINATORS,
+    FUNCTION_WORDS,
+    NEEDS_VERB,
+    POSSESSIVE_DIRECTIONS,
+    PREPOSITION_WORDS,
+    PRONOUNS,
+    REL_PRONOUNS,
+    SENTENCE_END,
+    SUBORDINATORS,
+    Connector,
+    Parse,
+    Phrase,
+    Predicate,
+    is_unknown_word,
+    verb_ing,
 )
-from csclip.extract.rules.phrases import _skip_frames
+from csclip.extract.rules.phrases import skip_frames
 from csclip.units import (
     Rejection,
     RejectReason,
 )
 
 
-def _read_relations(tokens: list[str], parse: _Parse) -> None:
+def read_relations(tokens: list[str], parse: Parse) -> None:
     """Walk the gaps between consecutive noun phrases, reading each as a predicate, a
     coordination ("and"), a sentence break, or nothing (with a rejection).
 
@@ -48,10 +48,10 @@ def _read_relations(tokens: list[str], parse: _Parse) -> None:
         gap_end = phrases[i + 1].lead if i + 1 < len(phrases) else len(tokens)
         gap = _read_pronoun_relation(tokens[phrases[i].end : gap_end], i, parse)
         if i + 1 == len(phrases):
-            _check_leftover(gap, phrases[i].text, parse.rejections)
-        elif not _SENTENCE_END.isdisjoint(gap) or _is_existential(gap):
+            check_leftover(gap, phrases[i].text, parse.rejections)
+        elif not SENTENCE_END.isdisjoint(gap) or _is_existential(gap):
             reader.clause_subjects, reader.last = [i + 1], None
-        elif gap and _COORDINATORS.issuperset(gap):
+        elif gap and COORDINATORS.issuperset(gap):
             reader.coordinate(i)
         else:
             reader.connect(i, gap)
@@ -59,13 +59,13 @@ def _read_relations(tokens: list[str], parse: _Parse) -> None:
 
 @dataclass
 class _RelationReader:
-    """The state of `_read_relations` while it walks a caption."""
+    """The state of `read_relations` while it walks a caption."""
 
     tokens: list[str]
-    parse: _Parse
+    parse: Parse
     clause_subjects: list[int] = field(default_factory=list)
     # The last relation read, as (subjects, predicate); its object is the current phrase.
-    last: tuple[list[int], _Predicate] | None = None
+    last: tuple[list[int], Predicate] | None = None
     # After "a kitchen with a teapot on the stove": the kitchen, which also has what comes
     # next in the list ("and books on a shelf").
     with_holders: list[int] | None = None
@@ -79,7 +79,7 @@ class _RelationReader:
         nxt = i + 1
         phrases = self.parse.phrases
         if self.with_holders and _preposition_follows(self.tokens, phrases[nxt].end):
-            has = _Predicate("has", None)
+            has = Predicate("has", None)
             for h in self.with_holders:
                 self.parse.relations.append((h, has, nxt))
             self.last = (list(self.with_holders), has)
@@ -107,11 +107,11 @@ class _RelationReader:
             self._reject(f"no relation between {phrases[i].text!r} and "
                          f"{phrases[nxt].text!r}: {problem}")
             self.last, self.clause_subjects = None, []
-            if gap and gap[-1] in _CLAUSE_OPENERS:
+            if gap and gap[-1] in CLAUSE_OPENERS:
                 self.clause_subjects = [nxt]
             elif gap and gap[-1] == "with":
                 # "... with toothbrushes in their mouths": what follows describes the object.
-                self.last = ([], _Predicate("has", None))
+                self.last = ([], Predicate("has", None))
             return
         if connector.needs_verb:
             if self.last is None or self.last[1].verb in (None, "has") or not self.last[0]:
@@ -120,7 +120,7 @@ class _RelationReader:
                              f"{connector.predicate.preposition!r} without a verb")
                 self.last, self.clause_subjects = None, []
                 return
-            connector = replace(connector, predicate=_Predicate(
+            connector = replace(connector, predicate=Predicate(
                 self.last[1].verb, connector.predicate.preposition), needs_verb=False)
             subjects = list(self.last[0])
         else:
@@ -148,7 +148,7 @@ class _RelationReader:
                 and connector.predicate.preposition in _PATH_PREPOSITIONS
                 and list(subjects) == list(prev[0])):
             # "riding a horse down a street": the path goes with the verb.
-            connector = replace(connector, predicate=_Predicate(
+            connector = replace(connector, predicate=Predicate(
                 prev[1].verb, connector.predicate.preposition))
         if not subjects:
             self._reject(f"no readable subject for {_gap_text(gap)!r} {phrases[nxt].text!r}")
@@ -167,7 +167,7 @@ class _RelationReader:
             self.parse.relations.append((s, connector.predicate, nxt))
         self.last = (list(subjects), connector.predicate)
 
-    def _subjects(self, i: int, connector: _Connector, gap: list[str]) -> list[int] | None:
+    def _subjects(self, i: int, connector: Connector, gap: list[str]) -> list[int] | None:
         """Who the predicate is about, or None when that is too ambiguous to say.
 
         After a "with" object ("a bathroom with towels", "a counter topped with a cake") a
@@ -238,23 +238,23 @@ _ON_LIKE = frozenset({"on", "on top of", "in", "at", "inside", "under"})
 _WORN = frozenset({"clothing", "body", "accessory"})
 
 
-def _is_person(phrase: _Phrase) -> bool:
+def _is_person(phrase: Phrase) -> bool:
     return phrase.head.category.startswith("person")
 
 
-def _is_agent(phrase: _Phrase) -> bool:
+def _is_agent(phrase: Phrase) -> bool:
     return _is_person(phrase) or phrase.head.category == "animal"
 
 
-def _is_place(phrase: _Phrase) -> bool:
+def _is_place(phrase: Phrase) -> bool:
     return phrase.head.category in ("room", "outdoor_place")
 
 
 def _preposition_follows(tokens: list[str], end: int) -> bool:
-    return end < len(tokens) and tokens[end] in _PREPOSITION_WORDS and tokens[end] != "of"
+    return end < len(tokens) and tokens[end] in PREPOSITION_WORDS and tokens[end] != "of"
 
 
-def _on_pronoun_follows(tokens: list[str], phrases: list[_Phrase], index: int) -> bool:
+def _on_pronoun_follows(tokens: list[str], phrases: list[Phrase], index: int) -> bool:
     """Whether "on it" / "in it" (not "to its left") follows phrase `index`."""
     end = phrases[index].end
     for n in (1, 3):
@@ -286,7 +286,7 @@ def _describes_scenery(tokens: list[str], start: int) -> bool:
     """Whether the clause from `start` places things "in the background" (then "X with Y in
     the background" says nothing about X having Y)."""
     for i in range(start, len(tokens)):
-        if tokens[i] in _SENTENCE_END:
+        if tokens[i] in SENTENCE_END:
             return False
         if tokens[i : i + 2] == ["the", "background"] or tokens[i : i + 2] == [
                 "the", "foreground"] or tokens[i : i + 2] == ["the", "distance"]:
@@ -300,7 +300,7 @@ def _has_preamble(tokens: list[str]) -> bool:
     one unknown modifier ("an attractive young woman")."""
     if lx.DETERMINERS.issuperset(tokens):
         return False  # "A man ...": the common case, nothing to look at
-    words = _drop_unknown_modifiers(_skip_frames(tokens))
+    words = _drop_unknown_modifiers(skip_frames(tokens))
     return any(w not in _IGNORABLE_PREAMBLE and w not in lx.ATTRIBUTE_KIND
                for w in _content_words(words))
 
@@ -312,11 +312,11 @@ _IGNORABLE_PREAMBLE = (lx.COLLECTIVES | lx.QUANTITY_PREFIXES | lx.OTHER_ADJECTIV
 def _content_words(tokens: list[str]) -> list[str]:
     """Words that may carry meaning (not determiners, "there is", adverbs, punctuation)."""
     return [w for w in _drop_adverbials(tokens) if w.isalnum() and w not in lx.DETERMINERS
-            and w not in lx.SKIPPABLE_ADVERBS and w not in _COORDINATORS
+            and w not in lx.SKIPPABLE_ADVERBS and w not in COORDINATORS
             and w not in ("there", "here", "is", "are", "'s")]
 
 
-def _is_bare_connector(connector: _Connector) -> bool:
+def _is_bare_connector(connector: Connector) -> bool:
     return (connector.aux_plural is None and not connector.is_relative
             and connector.predicate.verb != "has" and not connector.is_bare_with)
 
@@ -327,7 +327,7 @@ def _is_existential(gap: list[str]) -> bool:
     return "here" in text and any(e in text for e in lx.EXISTENTIAL)
 
 
-def _starts_clause(tokens: list[str], phrases: list[_Phrase], index: int) -> bool:
+def _starts_clause(tokens: list[str], phrases: list[Phrase], index: int) -> bool:
     """Whether phrase `index` is followed by a verb (so it is a new clause's subject)."""
     end = phrases[index].end
     following = tokens[end : end + 2]
@@ -335,36 +335,36 @@ def _starts_clause(tokens: list[str], phrases: list[_Phrase], index: int) -> boo
         return False
     first = following[0]
     return first in lx.AUXILIARIES or (
-        _verb_ing(first) is not None and first not in _PREPOSITION_WORDS)
+        verb_ing(first) is not None and first not in PREPOSITION_WORDS)
 
 
-def _read_pronoun_relation(gap: list[str], subject: int, parse: _Parse) -> list[str]:
+def _read_pronoun_relation(gap: list[str], subject: int, parse: Parse) -> list[str]:
     """Read a leading "to its left" / "above it" (pointing back at the nearest earlier
     phrase of the pronoun's number: "a dresser with a monitor on top of it", "a desktop
     with two computers and fruit on it"), record the relation, and return the rest of the
     gap."""
-    if "its" not in gap and _PRONOUNS.isdisjoint(gap):
+    if "its" not in gap and PRONOUNS.isdisjoint(gap):
         return gap  # most gaps: no pronoun, nothing to read here
-    for words, preposition in _POSSESSIVE_DIRECTIONS.items():
+    for words, preposition in POSSESSIVE_DIRECTIONS.items():
         if tuple(gap[: len(words)]) == words:
             antecedent = _antecedent(parse.phrases, subject, is_plural=False)
             if antecedent is None:
                 return gap
-            parse.relations.append((subject, _Predicate(None, preposition), antecedent))
+            parse.relations.append((subject, Predicate(None, preposition), antecedent))
             return gap[len(words):]
     for n in range(min(lx.MAX_PREPOSITION_WORDS, len(gap) - 1), 0, -1):
         preposition = " ".join(gap[:n])
-        if preposition in lx.PREPOSITION_ANTONYMS and gap[n] in _PRONOUNS:
+        if preposition in lx.PREPOSITION_ANTONYMS and gap[n] in PRONOUNS:
             antecedent = _antecedent(parse.phrases, subject, is_plural=gap[n] == "them")
             if antecedent is None:
                 return gap
-            parse.relations.append((subject, _Predicate(None, _canonical(preposition)),
+            parse.relations.append((subject, Predicate(None, _canonical(preposition)),
                                     antecedent))
             return gap[n + 1:]
     return gap
 
 
-def _antecedent(phrases: list[_Phrase], subject: int, is_plural: bool) -> int | None:
+def _antecedent(phrases: list[Phrase], subject: int, is_plural: bool) -> int | None:
     for j in range(subject - 1, -1, -1):
         head = phrases[j].head
         # "lettuce" or "sheep" could be either number: not a safe antecedent.
@@ -373,18 +373,18 @@ def _antecedent(phrases: list[_Phrase], subject: int, is_plural: bool) -> int | 
     return None
 
 
-def _pronoun_relation_follows(tokens: list[str], phrases: list[_Phrase], index: int) -> bool:
+def _pronoun_relation_follows(tokens: list[str], phrases: list[Phrase], index: int) -> bool:
     end = phrases[index].end
     gap = tokens[end : end + 4]
-    if any(tuple(gap[: len(w)]) == w for w in _POSSESSIVE_DIRECTIONS):
+    if any(tuple(gap[: len(w)]) == w for w in POSSESSIVE_DIRECTIONS):
         return True
     for n in range(min(lx.MAX_PREPOSITION_WORDS, len(gap) - 1), 0, -1):
-        if " ".join(gap[:n]) in lx.PREPOSITION_ANTONYMS and gap[n] in _PRONOUNS:
+        if " ".join(gap[:n]) in lx.PREPOSITION_ANTONYMS and gap[n] in PRONOUNS:
             return True
     return False
 
 
-def _read_connector(gap: list[str]) -> tuple[_Connector | None, str]:
+def _read_connector(gap: list[str]) -> tuple[Connector | None, str]:
     """Read the words between two phrases as [that|while|,] [is|are] [verb] [preposition].
     Returns (connector, "") or (None, why not)."""
     # The same few gaps ("is riding", "on", "sitting on") recur in caption after caption;
@@ -394,7 +394,7 @@ def _read_connector(gap: list[str]) -> tuple[_Connector | None, str]:
 
 
 @functools.lru_cache(maxsize=1 << 14)
-def _read_connector_words(gap: tuple[str, ...]) -> tuple[_Connector | None, str]:
+def _read_connector_words(gap: tuple[str, ...]) -> tuple[Connector | None, str]:
     words = _drop_unknown_modifiers(
         [w for w in _drop_adverbials(list(gap)) if w not in lx.SKIPPABLE_ADVERBS
          and not _is_unknown_adverb(w)])
@@ -404,9 +404,9 @@ def _read_connector_words(gap: tuple[str, ...]) -> tuple[_Connector | None, str]
     if not words and gap:
         return None, f"{_gap_text(gap)!r} not in lexicon"
     is_relative = False
-    while words and words[0] in _SUBORDINATORS:
+    while words and words[0] in SUBORDINATORS:
         words = words[1:]
-    if words and words[0] in _REL_PRONOUNS:
+    if words and words[0] in REL_PRONOUNS:
         is_relative, words = True, words[1:]
     aux_plural = None
     if words and words[0] in lx.AUXILIARIES:
@@ -418,13 +418,13 @@ def _read_connector_words(gap: tuple[str, ...]) -> tuple[_Connector | None, str]
         return None, "negated predicate"
     if len(words) == 2 and words[0] in lx.AGENT_PARTICIPLES and words[1] == "by":
         # "a trolley that is being pulled by a horse" is "horse is pulling trolley".
-        return _Connector(_Predicate(lx.AGENT_PARTICIPLES[words[0]], None), is_relative,
+        return Connector(Predicate(lx.AGENT_PARTICIPLES[words[0]], None), is_relative,
                           None, is_passive=True), ""
     verb = None
     if words and words[0] in ("has", "have", "had"):
         verb, words = "has", words[1:]
     elif words:
-        verb = _verb_ing(words[0]) or (words[0] if words[0] in lx.PARTICIPLES else None)
+        verb = verb_ing(words[0]) or (words[0] if words[0] in lx.PARTICIPLES else None)
         if verb is not None:
             words = words[1:]
             if len(words) > 1 and words[0] in lx.PARTICLES and _preposition_at(words, 1):
@@ -440,18 +440,18 @@ def _read_connector_words(gap: tuple[str, ...]) -> tuple[_Connector | None, str]
         return None, _unknown_reason(words, verb)
     if verb is None and preposition is None:
         return None, "no verb or preposition" if gap else "nothing between them"
-    if verb is None and preposition in _NEEDS_VERB:
+    if verb is None and preposition in NEEDS_VERB:
         # "drinking water from a bottle": the verb before the object carries it.
-        return _Connector(_Predicate(None, preposition), is_relative, aux_plural,
+        return Connector(Predicate(None, preposition), is_relative, aux_plural,
                           needs_verb=True), ""
     if preposition == "with" and verb is None:
-        return _Connector(_Predicate("has", None), is_relative, aux_plural, True), ""
+        return Connector(Predicate("has", None), is_relative, aux_plural, True), ""
     if verb == "has" and preposition is not None:
         return None, f"'has ... {preposition}' not in lexicon"
     if verb in lx.PARTICIPLES and preposition is None:
         # "a snow covered forest": a participle without its preposition is an adjective.
         return None, f"participle {verb!r} without a preposition"
-    return _Connector(_Predicate(verb, preposition), is_relative, aux_plural), ""
+    return Connector(Predicate(verb, preposition), is_relative, aux_plural), ""
 
 
 def _infinitive(verb: str | None, words: list[str]) -> tuple[str | None, list[str]]:
@@ -470,7 +470,7 @@ def _is_unknown_adverb(word: str) -> bool:
     """An unknown "-ly" word between phrases is a manner adverb ("walking slowly across"):
     it changes how, not what, so it is skipped."""
     return (len(word) > 4 and word.endswith("ly") and word not in lx.NOUNS
-            and word not in lx.VERB_ING and _is_unknown_word(word))
+            and word not in lx.VERB_ING and is_unknown_word(word))
 
 
 def _preposition_at(words: list[str], i: int) -> bool:
@@ -505,7 +505,7 @@ def _drop_unknown_modifiers(words: list[str]) -> list[str]:
     santa costume" the phrase is "costume" and "santa" a modifier we do not know. The
     entity is then less specific, but still true."""
     end = len(words)
-    while end and _is_unknown_word(words[end - 1]):
+    while end and is_unknown_word(words[end - 1]):
         end -= 1
     if end < len(words) and end and words[end - 1] in lx.DETERMINERS:
         end -= 1
@@ -515,16 +515,16 @@ def _drop_unknown_modifiers(words: list[str]) -> list[str]:
 def _unknown_reason(words: list[str], verb: str | None) -> str:
     first = words[0]
     if verb is None and first.isalpha() and first not in lx.DETERMINERS and (
-            first not in _FUNCTION_WORDS and first not in lx.ATTRIBUTE_KIND):
+            first not in FUNCTION_WORDS and first not in lx.ATTRIBUTE_KIND):
         return f"verb {first!r} not in lexicon"
     return f"{' '.join(words)!r} not in lexicon"
 
 
 def _canonical(preposition: str) -> str:
-    return _CANONICAL_PREPOSITION.get(preposition, preposition)
+    return CANONICAL_PREPOSITION.get(preposition, preposition)
 
 
-def _check_leftover(gap: list[str], after: str | None, rejections: list[Rejection],
+def check_leftover(gap: list[str], after: str | None, rejections: list[Rejection],
                     leading: bool = False) -> None:
     """Record words outside any unit that may have carried a relation."""
     if not gap or lx.DETERMINERS.issuperset(gap):
@@ -537,7 +537,8 @@ def _check_leftover(gap: list[str], after: str | None, rejections: list[Rejectio
     rejections.append(Rejection(RejectReason.UNPARSED, f"{where}: {text!r} not parsed"))
 
 
-def _unknown_hint(tokens: list[str]) -> str:
-    unknown = [t for t in tokens if t.isalpha() and t not in _FUNCTION_WORDS
-               and t not in _PREPOSITION_WORDS and _verb_ing(t) is None]
+def unknown_hint(tokens: list[str]) -> str:
+    """A rejection detail's tail naming the caption's unknown words ("" if none)."""
+    unknown = [t for t in tokens if t.isalpha() and t not in FUNCTION_WORDS
+               and t not in PREPOSITION_WORDS and verb_ing(t) is None]
     return f" (unknown words: {', '.join(unknown[:5])})" if unknown else ""
