@@ -1,7 +1,7 @@
 """open_clip's eval image transform and its BPE tokenizer, for Ray Data's tasks, without
 importing the open_clip package.
 
-`import open_clip` costs ~5 s of CPU beyond torch in every fresh process (torchvision
+`import open_clip` is slow beyond torch's own import in every fresh process (torchvision
 and torch._dynamo, transformers, timm, for towers we never build), and each Ray Data task
 worker that decodes images or tokenizes captions is one. Here the eval transform is
 rebuilt from PIL and numpy, step for step as torchvision applies it to a PIL image
@@ -90,7 +90,7 @@ class CachedTokenizer:
     """An open_clip tokenizer that tokenizes each distinct text once per process.
 
     The sampled slots repeat their texts across rows and epochs (units such as "a man",
-    their foils), and open_clip's SimpleTokenizer costs ~0.1 ms per text in Python (ftfy,
+    their foils), and open_clip's SimpleTokenizer is slow Python for every text (ftfy,
     a regex, BPE): a pure function of the text, so a text's tokens are kept (int32,
     up to MAX_TEXTS texts) and the result is the tokenizer's own, value for value."""
 
@@ -272,7 +272,7 @@ class _EvalTransform:
         # The same IEEE operations, in the same order, as (pixels / 255 - mean) / std in
         # float32, into one (..., 3, H, W) buffer, one image at a time: the uint8 to
         # float32 cast is the division's own (exact), and an image's 600 KB at 224 px stay
-        # in the cache for the three passes (~30% less CPU than whole-batch passes).
+        # in the cache for the three passes (less CPU than whole-batch passes).
         tensor = np.empty(pixels.shape, dtype=np.float32)
         images = tensor.reshape(-1, *pixels.shape[-3:])
         for source, image in zip(pixels.reshape(-1, *pixels.shape[-3:]), images, strict=True):
