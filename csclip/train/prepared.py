@@ -114,7 +114,7 @@ def training_source(data: DataConfig, preprocess_cfg: dict, model_name: str,
 
 # The world's rows, materialized, per (Ray node and job, world, split): the demo's warm
 # start and pretraining read one world and its two fine-tunings another, and each run
-# rendered its world again (~4 s of a run's start on 2 cores, with the check of
+# rendered its world again (a good part of a run's start, with the check of
 # csclip.train.stream.plan_data, which keeps its answer for these datasets). The two last.
 _WORLD_ROWS: dict[tuple, Any] = {}
 
@@ -255,9 +255,9 @@ def prepare_images(data: DataConfig, preprocess_cfg: dict, model_name: str, *,
     rows = source.map_batches(pixels_batch, batch_format="pyarrow", batch_size=rows_per_block,
                               fn_kwargs={"preprocess": preprocess, "model_name": model_name})
     rows_path = join(path, ROWS_DIR)
-    # Uncompressed: zstd saved ~5% of the pixels' bytes (photographs' resized pixels
-    # hardly compress; the text columns are ~1% of a row) and cost every epoch their
-    # decompression, 2-4x the read itself (docs/performance.md).
+    # Uncompressed: zstd hardly shrinks the pixels (photographs' resized pixels hardly
+    # compress; the text columns are a small part of a row) and cost every epoch their
+    # decompression, more than the read itself (docs/performance.md).
     rows.write_parquet(rows_path, filesystem=fs, min_rows_per_file=rows_per_file,
                        compression="none")
     manifest = _manifest(fs, rows_path, key, units_uri, data.split, preprocess_cfg, model_name,
