@@ -5,7 +5,7 @@ training. Evaluation never imports it; the demo, the ablation and the entry poin
 The names below load csclip.train.loop (and torch) on first use, not on `import
 csclip.train`: Ray Train's dataset actors (its DatasetManager, Ray Data's SplitCoordinator
 of every epoch) unpickle the map functions of csclip.train.stream and never need torch,
-whose import costs each of them ~3 s of CPU on the way to a run's first step.
+whose slow import each of them would pay on the way to a run's first step.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Each epoch is its own Ray Data execution (csclip.train.stream.epoch_datasets), a
 global shuffle is a barrier: no row comes out before every row went in. Opened when the
 last batch of the epoch before is taken, an epoch's first batch waits for the shuffle,
 the first map task and the iterator's start: in the demo's warm start every report
-interval that holds an epoch boundary waited ~10% of its steps (~0.45 s a boundary, 33
-of them), and the intervals without one waited 0%. Here the next epoch is opened a few
+interval that holds an epoch boundary waited for data, and the intervals without one
+did not (docs/performance.md). Here the next epoch is opened a few
 batches before the current one ends and its first batch is drawn in a thread, so that
 wait overlaps the last steps. The batches are the same, in the same order: each epoch's
 content is a function of the config (csclip.train.stream.deterministic); only the time
@@ -24,7 +24,7 @@ from typing import Any
 # a twentieth of a long epoch): by then the current epoch's rows are produced (its
 # batches come from the local shuffle buffer and the prefetch queue), so the two
 # executions hardly share the CPUs, and the window still covers the world's shuffle
-# barrier (~0.4 s; 8 steps of the demo are ~0.6 s).
+# barrier (shorter than 8 of the demo's steps).
 LEFT_WHEN_OPENED = 8
 
 _END = object()

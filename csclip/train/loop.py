@@ -394,7 +394,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     open_epoch = _epoch_opener(config, device, rank)
     with _checkpoint_dir(config.run) as directory:
         # A fresh run starts with epoch 0: its stream starts (shuffle, first map task,
-        # first batch; 2-5 s in the demo) while the model is built and loaded (~3 s).
+        # first batch) while the model is built and loaded, so neither waits for the other.
         first_epoch = NextEpoch(*open_epoch(0)) if directory is None else None
         try:
             setup = prepare_training(config, device, directory, wrap=ray.train.torch.prepare_model)

@@ -111,8 +111,8 @@ def build_optimizer(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.A
     groups = [{"params": no_decay, "weight_decay": 0.0},
               {"params": decay, "weight_decay": optim.weight_decay}]
     # One fused kernel instead of a dozen foreach kernels per step, and no host sync for
-    # the step count. On CPU too: csclip-tiny's step (3.3M parameters, most of them the
-    # token embedding) took 19 ms in the foreach update and takes 2.6 ms fused; the two
+    # the step count. On CPU too: csclip-tiny's update (3.3M parameters, most of them the
+    # token embedding) is several times faster fused (docs/performance.md); the two
     # round differently, so the losses agree to float rounding, not bit for bit.
     # Build after the model is on its device.
     params = decay + no_decay

@@ -3,12 +3,12 @@
 One Train worker runs each epoch's Ray Data execution in its own process
 (csclip.train.loop: one worker needs no split), in a StreamingExecutor thread beside the
 training thread. While an epoch's blocks wait for the step to take them, Ray Data 2.60's
-scheduling loop hardly waits: in the demo's stages it ran 75-210 passes a second, each a
-millisecond or more of Python (resource budgets, metrics, progress), so the loop held the
+scheduling loop hardly waits: in the demo's stages it ran pass after pass, each a good
+deal of Python (resource budgets, metrics, progress), so the loop held the
 GIL for a large share of the time the step wanted it. A small model's step is mostly
 Python dispatch and waits for the GIL on every op: two threads doing that much Python
-stretched a 54 ms CLIP-FT step to 86 ms on this machine (outside Ray, the same
-step).
+stretched a CLIP-FT step by more than half (outside Ray, the same step;
+docs/performance.md).
 
 Here every StreamingExecutor of the worker's process leaves at least MIN_PERIOD_S between
 the starts of two passes. A pass still dispatches every task it can and reads every ready
