@@ -421,7 +421,7 @@ def record_to_row(record: UnitsRecord) -> dict:
     }
 
 
-# The members by value: an Enum call per foil was ~9% of a training epoch's map task
+# The members by value: an Enum call per foil was a visible share of an epoch's map task
 # (every row's units and foils are read back in every epoch).
 _CHANGE_TYPES = {member.value: member for member in ChangeType}
 

@@ -131,7 +131,7 @@ def local_env(num_cpus: int | None) -> dict[str, str]:
     startup concurrency. A variable already set keeps its value (init_ray)."""
     return {**LOCAL_ENV, "RAY_DATA_LOGGING_CONFIG": _ray_data_logging_file(),
             # The raylet starts at most this many worker processes at once (its default:
-            # the cores, 2 here) and warns once four times that many start together, as
+            # the number of cores) and warns once four times that many start together, as
             # two Train runs side by side do (csclip.demo.side_by_side).
             "RAY_worker_maximum_startup_concurrency": str(max(4, num_cpus or os.cpu_count() or 1))}
 

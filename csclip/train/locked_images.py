@@ -3,8 +3,8 @@
 With the image tower locked (model.lock.image, LiT) and the eval transform, a step's
 image features are a function of its pixels alone: the same image gives the same
 feature in every epoch. The demo's pretraining and both fine-tunings lock the tower, and
-at csclip-tiny's size its forward on a batch's images and image foils is a third of a
-CS-CLIP step (53 of ~165 ms on one CPU thread). Here each image is keyed by a digest of
+at csclip-tiny's size its forward on a batch's images and image foils is a large share of
+a CS-CLIP step on a CPU. Here each image is keyed by a digest of
 its pixels, and only the images not seen before run through the tower; a changed image
 is a new key, never a stale feature.
 

@@ -3,11 +3,11 @@
 Ray Data runs a map function in a thread of its worker, whose allocations come from one of
 glibc's per-thread arenas, and such an arena hands memory it frees back to the kernel: every
 image's buffers (a decoded 640x480 JPEG is 1.2 MB, its resize 0.6 MB) were faulted in again
-for the next image, ~330 page faults an image in a Ray Data task at 224 px, 120 in a plain
-thread and ~16 in the main thread, whose mmap threshold glibc raises as it goes.
+for the next image: hundreds of page faults an image in a Ray Data task at 224 px, fewer in
+a plain thread and in the main thread, whose mmap threshold glibc raises as it goes.
 With the threshold fixed at 32 MB (glibc's largest on 64-bit) and the trim threshold at
-256 MB, freed memory is reused: no faults, and the map function's CPU per image 5.5 ms
-instead of 6.1-7.4 (docs/performance.md). Allocations of 32 MB and more are still mapped
+256 MB, freed memory is reused: no faults, and less of the map function's CPU per image
+(docs/performance.md). Allocations of 32 MB and more are still mapped
 and unmapped as before, and what an arena keeps is memory the process used anyway.
 
 A process whose environment sets glibc's own MALLOC_MMAP_THRESHOLD_ or

@@ -140,8 +140,8 @@ def read_units_parquet(path: str, filesystem, columns: list[str] | None = None,
     """`ray.data.read_parquet` through Ray Data's first Parquet reader.
 
     Ray 2.60's default reader (DataSourceV2) lists the files on a pool of 32 FooterReader
-    actors, started anew each time the dataset executes: 32 worker processes (~3 CPU-s
-    each) for a units table of a few part files, again for every epoch and every restart.
+    actors, started anew each time the dataset executes: 32 worker processes (each a
+    fresh interpreter importing Ray and pyarrow) for a units table of a few part files, again for every epoch and every restart.
     Its gains (row-group statistics for predicate push-down) need a predicate, and the
     split is filtered per row. The first reader lists the files in the driver (in tasks
     past 24 files); the dataset keeps the setting (a Dataset keeps the context it was
@@ -255,7 +255,7 @@ def decode_image(row: dict):
     try:
         image = Image.open(io.BytesIO(data))
         image.load()
-        # convert("RGB") of an RGB image is a full-size copy (~1 ms at 640x480): skipped.
+        # convert("RGB") of an RGB image is a full-size copy: skipped.
         return image if image.mode == "RGB" else image.convert("RGB")
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as err:
         # PIL reports a truncated or corrupt file as OSError; the bytes are already read.

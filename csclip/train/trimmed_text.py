@@ -9,7 +9,7 @@ runs cut to its longest row, and its shorter rows (a CS-CLIP batch's units besid
 captions) in a shorter call of their own where that saves enough (length_groups). A text
 that repeats in the batch runs once, its feature shared by its rows: a CS-CLIP batch of
 the world repeats ~20% of its 512 texts (an image foil's relation unit is often one of the
-row's unit slots; entity units recur across rows), and its step took 12-17% less time. The
+row's unit slots; entity units recur across rows), and its step takes less time. The
 gradient of a shared feature is the sum over its rows, as the tower's would be over the
 copies. The features and gradients equal the full-context ones up to float rounding (a
 matrix of another shape sums in another order; tests/test_trimmed_text.py).
@@ -39,8 +39,8 @@ def can_trim(model: torch.nn.Module) -> bool:
 
 # A batch's rows are split into another length group only where that saves at least this
 # share of the group's token positions: each group is one more call, and on CPU a call on
-# a few rows costs more than it saves (caption-only batches of 17-32 tokens ran 1.2x slower
-# when cut into groups every 8 positions; benchmarks/bench_step.py).
+# a few rows costs more than it saves (caption-only batches ran slower when cut into
+# groups every 8 positions; benchmarks/bench_step.py).
 MIN_SAVING = 0.25
 
 
@@ -79,7 +79,7 @@ def _encode_trimmed(model: torch.nn.Module, text: Tensor) -> Tensor:
     ends = text.argmax(dim=1)                           # each row's end-of-text position
     groups = length_groups((ends + 1).tolist())
     # One lookup for all groups: each call's backward fills a dense (vocabulary, width)
-    # gradient (49408 x 64 floats: ~4 ms on a CPU core), and the calls' gradients are added.
+    # gradient (49408 x 64 floats, costly on a CPU), and the calls' gradients are added.
     embedded = model.token_embedding(text[:, :groups[0][0]]).to(model.transformer.get_cast_dtype())
     if len(groups) == 1:
         return F.normalize(_encode(model, embedded, ends), dim=-1)
