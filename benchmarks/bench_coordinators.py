@@ -33,8 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=10)
     args = parser.parse_args(argv)
     from csclip.config import load_config
+    from csclip.config.train import TrainConfig
     from csclip.entry.ray_init import init_ray
-    from csclip.train import TrainConfig, run
+    from csclip.train import run
 
     init_ray(num_cpus=4)
     tmp = tempfile.mkdtemp()

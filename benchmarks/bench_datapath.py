@@ -250,10 +250,11 @@ def open_clip_loader(csv: str, workers: int):
 def csclip_pass(units: str, prepared: bool, method: str = "csclip") -> Callable[[], int]:
     """One epoch of csclip's training data, consumed as a worker does; `method` clip makes
     only the caption's tokens (open_clip's CsvDataset's work), csclip all of CS-CLIP's."""
-    from csclip.loss import LossConfig, objective_for
+    from csclip.config.loss import LossConfig
+    from csclip.config.train import DataConfig, SamplingConfig
+    from csclip.loss import objective_for
     from csclip.train.prepared import ImageNormalizer, training_source
-    from csclip.train.sampling import SamplingConfig
-    from csclip.train.stream import DataConfig, epoch_datasets
+    from csclip.train.stream import epoch_datasets
 
     data = DataConfig(units_uri=units, batch_size=BATCH, prepare_images=prepared)
     objective = objective_for(LossConfig(method=method), 2)
@@ -311,8 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     cpu = ProcessTreeCpu()
     mark = cpu.snapshot()
     wall = time.perf_counter()
+    from csclip.config.train import DataConfig
     from csclip.train.prepared import prepare_images
-    from csclip.train.stream import DataConfig
 
     preparation = prepare_images(DataConfig(units_uri=units, prepare_images=True), PREPROCESS,
                                  MODEL)

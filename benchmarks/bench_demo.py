@@ -88,8 +88,9 @@ def data_path_costs(rows: int = 512, epochs: int = 3) -> list[tuple[str, float, 
     """CPU microseconds per sample per epoch of the data preparation, in this process:
     (objective, streamed = prepare_batch on the PNG rows, cached = sample_batch on rows
     decode_batch made once), for the CLIP (pretraining, CLIP-FT) and CS-CLIP columns."""
+    from csclip.config.train import SamplingConfig
+    from csclip.config.world import WorldConfig
     from csclip.model import create_bundle, spec_of
-    from csclip.train.sampling import SamplingConfig
     from csclip.train.stream import (
         decode_batch,
         image_shape,
@@ -98,7 +99,7 @@ def data_path_costs(rows: int = 512, epochs: int = 3) -> list[tuple[str, float, 
         sample_batch,
     )
     from csclip.units import records_to_table
-    from csclip.world import WorldConfig, world_record
+    from csclip.world import world_record
 
     spec = spec_of(create_bundle("csclip-tiny").model, "csclip-tiny")
     preprocess = preprocess_key(spec.preprocess_cfg)
@@ -142,7 +143,8 @@ class StageRun:
 def stage_configs(steps: int, rows: int, storage: Path, uri: str):
     """The demo's three training configs at `steps` steps on `rows` world rows."""
     from csclip.config import apply_overrides, read_yaml, validate_config
-    from csclip.demo import DemoConfig, finetune_config, pretrain_config
+    from csclip.config.demo import DemoConfig
+    from csclip.demo import finetune_config, pretrain_config
     from csclip.entry.common import default_config_path
 
     data = apply_overrides({"train": read_yaml(default_config_path("default.yaml"))}, [

@@ -100,15 +100,17 @@ def find_captions(explicit: str | None) -> Path | None:
 
 def caption_records(count: int, captions: Path | None) -> tuple[list, str]:
     """`count` UnitsRecords with units and a world image each, and where the texts came from."""
+    from csclip.config.world import WorldConfig
     from csclip.units import UnitsRecord
-    from csclip.world import WorldConfig, world_record
+    from csclip.world import world_record
 
     world = WorldConfig(image_size=64)
     images = [world_record(world, "train", i).image_bytes for i in range(16)]
     if captions is None:
         return [world_record(world, "train", i) for i in range(count)], "world captions, gold units"
+    from csclip.config.extract import InputConfig
     from csclip.extract.backends import rules_outcome
-    from csclip.extract.captions import InputConfig, iter_captions
+    from csclip.extract.captions import iter_captions
 
     records: list[UnitsRecord] = []
     for row in iter_captions(InputConfig(format="sugarcrepe", uri=str(captions))):
@@ -128,7 +130,7 @@ def caption_records(count: int, captions: Path | None) -> tuple[list, str]:
 def prepare_batches(records: list, sizes: list[int], pool: int, spec, model_name: str,
                     num_unit_slots: int, device: torch.device) -> dict[int, list[dict]]:
     """`pool` csclip batches per size (every column CS-CLIP needs), on `device`."""
-    from csclip.train.sampling import SamplingConfig
+    from csclip.config.train import SamplingConfig
     from csclip.train.stream import prepare_batch, preprocess_key
     from csclip.units import records_to_table
 
@@ -196,8 +198,9 @@ def csclip_row(row: Row, args, batches: list[dict], device: torch.device,
     """Time csclip.train.step.train_step; count FLOPs on the second eager warmup step."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from csclip.loss import LossConfig, objective_for
-    from csclip.train.optim import OptimConfig
+    from csclip.config.loss import LossConfig
+    from csclip.config.train import OptimConfig
+    from csclip.loss import objective_for
     from csclip.train.step import StepMetrics, StepOptions, build_training, train_step
 
     options = StepOptions(objective=objective_for(LossConfig(method=row.method), args.num_unit_slots),
@@ -299,8 +302,9 @@ def profile_step(args, batches: list[dict], device: torch.device, method: str) -
     """(markdown summary, full op table) of `args.profile_steps` eager steps of `method`."""
     from torch.profiler import ProfilerActivity, profile
 
-    from csclip.loss import LossConfig, objective_for
-    from csclip.train.optim import OptimConfig
+    from csclip.config.loss import LossConfig
+    from csclip.config.train import OptimConfig
+    from csclip.loss import objective_for
     from csclip.train.step import StepOptions, build_training, train_step
 
     options = StepOptions(objective=objective_for(LossConfig(method=method), args.num_unit_slots),
@@ -403,7 +407,8 @@ class _LiveBytes(TorchDispatchMode):
 def _fake_model(args, mode, grad_checkpointing: bool) -> torch.nn.Module:
     # Built on the meta device (no memory, no init compute), then every parameter and
     # buffer becomes a fake CPU tensor of the same shape and dtype.
-    from csclip.model import ModelConfig, apply_training_options, create_bundle
+    from csclip.config.model import ModelConfig
+    from csclip.model import apply_training_options, create_bundle
 
     with torch.device("meta"):
         model = create_bundle(args.model, device="meta", quick_gelu=args.quick_gelu,
@@ -444,8 +449,9 @@ def estimate_memory(args, method: str, batch: int, *, accum_freq: int = 1,
     of csclip's training step, on fake tensors."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from csclip.loss import LossConfig, LossParts, Objective, clip_loss, objective_for
-    from csclip.train.optim import OptimConfig
+    from csclip.config.loss import LossConfig
+    from csclip.config.train import OptimConfig
+    from csclip.loss import LossParts, Objective, clip_loss, objective_for
     from csclip.train.step import StepOptions, build_training, train_step
 
     class SameShapesLoss(Objective):

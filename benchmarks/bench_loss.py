@@ -68,8 +68,10 @@ def loss_rows(batch: int, dim: int, slots: int, repeats: int) -> list[tuple[str,
 def sampler_rows(num_records: int, slots: int, repeats: int) -> list[tuple[str, float]]:
     import open_clip
 
-    from csclip.train.sampling import SamplingConfig, sample_text_columns
-    from csclip.world import WorldConfig, iter_world
+    from csclip.config.train import SamplingConfig
+    from csclip.config.world import WorldConfig
+    from csclip.train.sampling import sample_text_columns
+    from csclip.world import iter_world
 
     world = WorldConfig(seed=0, num_train=num_records, num_val=0, num_test=0)
     records = list(iter_world(world, splits=("train",)))

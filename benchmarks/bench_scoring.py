@@ -30,10 +30,11 @@ SECTION = "## Half-truth scoring (benchmarks/bench_scoring.py)"
 
 
 def measure(model: str, num_images: int, baseline_items: int, batch_size: int) -> dict[str, float]:
+    from csclip.config.world import WorldConfig
     from csclip.eval.encoder import BundleScorer, encode_features, load_image
     from csclip.eval.halftruth import BenchmarkConfig, prepare_benchmark, score_items
     from csclip.model import create_bundle
-    from csclip.world import WorldConfig, iter_world
+    from csclip.world import iter_world
 
     records = list(
         iter_world(WorldConfig(num_train=0, num_val=num_images, num_test=0), splits=("val",))

@@ -47,12 +47,14 @@ STAGES = {  # the demo's stages: loss, image foils
 
 def stage_batches(method: str, image_foils: bool, steps: int) -> tuple[object, list[dict]]:
     """The stage's Objective and `steps` batches of 64 world samples with its columns."""
-    from csclip.loss import LossConfig, objective_for
+    from csclip.config.loss import LossConfig
+    from csclip.config.train import SamplingConfig
+    from csclip.config.world import WorldConfig
+    from csclip.loss import objective_for
     from csclip.model import create_bundle, spec_of
-    from csclip.train.sampling import SamplingConfig
     from csclip.train.stream import prepare_batch, preprocess_key
     from csclip.units import records_to_table
-    from csclip.world import WorldConfig, world_record
+    from csclip.world import world_record
 
     loss = LossConfig(method=method, image_foil_weight=2.0 if image_foils else None)
     objective = objective_for(loss, 2)
@@ -73,8 +75,8 @@ def stage_batches(method: str, image_foils: bool, steps: int) -> tuple[object, l
 
 def time_stage(objective, batches: list[dict], repeats: int) -> dict[str, float]:
     """Median ms per step of each variant, interleaved."""
+    from csclip.config.train import OptimConfig
     from csclip.model import create_bundle
-    from csclip.train.optim import OptimConfig
     from csclip.train.step import StepOptions, build_training, train_step
 
     torch.manual_seed(0)

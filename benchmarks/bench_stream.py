@@ -44,10 +44,12 @@ def main(argv: list[str] | None = None) -> int:
 
     DataContext.get_current().enable_progress_bars = False
     import csclip.train.stream as data
-    from csclip.loss import LossConfig, objective_for
-    from csclip.model import ModelConfig, spec_from_config
-    from csclip.train.sampling import SamplingConfig
-    from csclip.world.config import WorldConfig
+    from csclip.config.loss import LossConfig
+    from csclip.config.model import ModelConfig
+    from csclip.config.train import SamplingConfig
+    from csclip.config.world import WorldConfig
+    from csclip.loss import objective_for
+    from csclip.model import spec_from_config
     from csclip.world.ray_source import world_dataset
 
     world = WorldConfig(image_size=64, num_train=args.rows, num_val=1, num_test=1)

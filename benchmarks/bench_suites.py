@@ -28,12 +28,14 @@ SHOWN = ("comp_i2t", "comp_t2i", "comp_group", "comp_i2t_replace", "ret_i2t", "r
 
 
 def measure(model: str, num_images: int, checkpoint: str | None) -> dict:
+    from csclip.config.eval import SuitesConfig
+    from csclip.config.world import WorldConfig
     from csclip.eval.encoder import BundleScorer, Encoder
     from csclip.eval.halftruth import BenchmarkConfig, prepare_benchmark
     from csclip.eval.pipeline import evaluate_encoder
-    from csclip.eval.suites import SuitesConfig, evaluate_suites
+    from csclip.eval.suites import evaluate_suites
     from csclip.model import create_bundle, load_bundle
-    from csclip.world import WorldConfig, iter_world
+    from csclip.world import iter_world
 
     records = list(
         iter_world(WorldConfig(num_train=0, num_val=num_images, num_test=0), splits=("val",))

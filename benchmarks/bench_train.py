@@ -27,11 +27,12 @@ import torch
 
 
 def make_batches(model_name: str, image_size: int, batch: int, steps: int) -> list[dict]:
+    from csclip.config.train import SamplingConfig
+    from csclip.config.world import WorldConfig
     from csclip.model import create_bundle, spec_of
-    from csclip.train.sampling import SamplingConfig
     from csclip.train.stream import prepare_batch, preprocess_key
     from csclip.units import records_to_table
-    from csclip.world import WorldConfig, world_record
+    from csclip.world import world_record
 
     world = WorldConfig(image_size=min(max(image_size, 32), 96))
     spec = spec_of(create_bundle(model_name, image_size=image_size).model, model_name)
@@ -110,7 +111,8 @@ class _Loader:
 def time_csclip(model_name: str, image_size: int, batches: list[dict], warmup: int,
                 method: str) -> float:
     """Samples/s of csclip's training step (schedule + loss + clip + logit clamp)."""
-    from csclip.train import TrainConfig, step_options
+    from csclip.config.train import TrainConfig
+    from csclip.train import step_options
     from csclip.train.optim import lr_at
     from csclip.train.step import build_training, train_step
 
@@ -134,8 +136,9 @@ def ray_clip_samples_per_s(model_name: str, image_size: int, batch: int, steps: 
     import ray
 
     from csclip.config import load_config
+    from csclip.config.train import TrainConfig
     from csclip.tracking import run_metrics
-    from csclip.train import TrainConfig, run
+    from csclip.train import run
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     with tempfile.TemporaryDirectory() as tmp:

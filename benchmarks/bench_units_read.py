@@ -47,8 +47,9 @@ def _footer_readers() -> int:
 def _write_table(directory: Path, parts: int, rows: int) -> None:
     import pyarrow.parquet as pq
 
+    from csclip.config.world import WorldConfig
     from csclip.units import records_to_table
-    from csclip.world import WorldConfig, world_record
+    from csclip.world import world_record
 
     world = WorldConfig(image_size=32)
     per_part = rows // parts

@@ -30,7 +30,8 @@ SECTION = "## World generation (benchmarks/bench_world.py)"
 
 def child(num_samples: int, image_size: int, out_dir: str) -> dict:
     """One measured run; called in a fresh interpreter."""
-    from csclip.world import WorldConfig, write_world
+    from csclip.config.world import WorldConfig
+    from csclip.world import write_world
 
     config = WorldConfig(seed=0, image_size=image_size, num_train=num_samples, num_val=0,
                          num_test=0)

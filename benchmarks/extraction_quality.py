@@ -20,9 +20,16 @@ import random
 import sys
 from pathlib import Path
 
-from csclip.extract.quality import load_gold, markdown_table, rules_prediction, score_gold
-from csclip.extract.rules import extract_record, extract_units, score_against_gold
-from csclip.world import WorldConfig, WorldLanguageError, iter_world, scene_from_record
+from csclip.config.world import WorldConfig
+from csclip.extract.quality import (
+    load_gold,
+    markdown_table,
+    rules_prediction,
+    score_against_gold,
+    score_gold,
+)
+from csclip.extract.rules import extract_record, extract_units
+from csclip.world import WorldLanguageError, iter_world, scene_from_record
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "sugarcrepe"
 DEFAULT_GOLD = Path(__file__).resolve().parents[1] / "tests" / "gold" / "sugarcrepe_gold.jsonl"
@@ -99,14 +106,14 @@ def gold_report(path: Path, show_errors: bool) -> None:
     print(f"\nNegation errors: {errors if errors else 'none'}")
     if not show_errors:
         return
-    from csclip.extract.quality import _relation_pairs, entity_head
+    from csclip.extract.quality import entity_head, relation_pairs
 
     for item in gold:
         predicted = rules_prediction(item.caption)
         found = {entity_head(u.text) for u in predicted.entities}
         wanted = {entity_head(t) for t in item.entities}
-        pairs = _relation_pairs((u.subject, u.predicate, u.object) for u in predicted.relations)
-        gold_pairs = _relation_pairs(item.relations)
+        pairs = relation_pairs((u.subject, u.predicate, u.object) for u in predicted.relations)
+        gold_pairs = relation_pairs(item.relations)
         lines = [f"entity missed {sorted(wanted - found)}" if wanted - found else "",
                  f"entity spurious {sorted(found - wanted)}" if found - wanted else "",
                  f"relation missed {sorted(set(gold_pairs) - set(pairs))}"

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from extraction_quality import DEFAULT_DATA, load_sugarcrepe  # noqa: E402
 from perfdoc import write_section  # noqa: E402
 
-from csclip.train.sampling import (  # noqa: E402
-    SamplingConfig,
+from csclip.config.train import SamplingConfig
+from csclip.train.sampling import (
     draw_caption_negative,
     draw_unit_slots,
     entity_foil_candidates,
@@ -42,7 +42,8 @@ FOIL_TYPES = ("antonym", "negation", "subject_object_swap", "subject_replace", "
 
 
 def world_records(num: int, seed: int) -> list[UnitsRecord]:
-    from csclip.world import WorldConfig, iter_world
+    from csclip.config.world import WorldConfig
+    from csclip.world import iter_world
 
     config = WorldConfig(seed=seed, num_train=num, num_val=1, num_test=1)
     return list(iter_world(config, splits=("train",)))

@@ -4,9 +4,9 @@ load their split here, so none of them imports the training program to read data
 
 from __future__ import annotations
 
+from csclip.config.world import WorldConfig
 from csclip.errors import ConfigError, DataError
 from csclip.units import UnitsRecord
-from csclip.world.config import WorldConfig
 
 
 def load_split(units_uri: str | None, split: str, world: WorldConfig) -> list[UnitsRecord]:

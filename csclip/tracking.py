@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from csclip.config import StrictModel
+from csclip.config.tracking import TrackingConfig
 from csclip.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -26,12 +26,6 @@ _PARAMS_PER_BATCH = 100
 _METRICS_PER_BATCH = 1000
 
 
-class TrackingConfig(StrictModel):
-    """The `tracking` section: where MLflow runs go."""
-
-    uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db (see resolve_uri)
-    experiment: str = "csclip"
-    enabled: bool = True
 
 
 def resolve_uri(uri: str | None) -> str:

@@ -82,7 +82,8 @@ def upload_captions() -> None:
     input whose images are read from S3 by whichever node needs them."""
     import boto3
 
-    from csclip.world import WorldConfig, iter_world
+    from csclip.config.world import WorldConfig
+    from csclip.world import iter_world
 
     s3 = boto3.client("s3")
     lines = []
@@ -127,7 +128,8 @@ def run_on_cluster(result: dict, workdir: Path, servers_ready) -> None:
 
 def extract(result: dict, workdir: Path) -> dict:
     from csclip.config import load_config
-    from csclip.extract.pipeline import ExtractConfig, run_extraction
+    from csclip.config.extract import ExtractConfig
+    from csclip.extract.pipeline import run_extraction
 
     config = load_config(ExtractConfig, None, [
         "input.format=jsonl", f"input.uri=s3://{BUCKET}/captions.jsonl", "backend.name=rules",
@@ -140,7 +142,8 @@ def extract(result: dict, workdir: Path) -> dict:
 
 def train(result: dict, workdir: Path) -> dict:
     from csclip.config import load_config
-    from csclip.train.loop import TrainConfig, WorkerHooks, read_loss_log, run
+    from csclip.config.train import TrainConfig
+    from csclip.train.loop import WorkerHooks, read_loss_log, run
 
     units = result["extract"]["units_uri"]
     config = load_config(TrainConfig, None, [
@@ -165,7 +168,8 @@ def train(result: dict, workdir: Path) -> dict:
 def train_reference(result: dict, workdir: Path) -> dict:
     """`train`'s config, uninterrupted: what every rank's losses after the kill must be."""
     from csclip.config import load_config
-    from csclip.train.loop import TrainConfig, WorkerHooks, read_loss_log, run
+    from csclip.config.train import TrainConfig
+    from csclip.train.loop import WorkerHooks, read_loss_log, run
 
     config = load_config(TrainConfig, None, [
         *TINY, f"data.units_uri={result['extract']['units_uri']}", "optim.max_steps=8",

@@ -174,7 +174,7 @@ def test_absolute_uri():
 
 def tiny_config(tmp_path, mlflow_uri: str):
     from csclip.config import load_config
-    from csclip.train import TrainConfig
+    from csclip.config.train import TrainConfig
 
     return load_config(TrainConfig, None, [
         "model.name=csclip-tiny", "model.image_size=32",
@@ -349,7 +349,7 @@ def check_table_matches_runs(result, children) -> None:
 
 def _coco_base():
     from csclip.config import load_config
-    from csclip.train import TrainConfig
+    from csclip.config.train import TrainConfig
 
     return load_config(TrainConfig, REPO_ROOT / "configs" / "coco.yaml", [])
 

@@ -16,8 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from csclip.config import load_config
+from csclip.config.extract import ExtractConfig
 from csclip.extract import authors_prompts as ap
-from csclip.extract.pipeline import ExtractConfig, run_extraction
+from csclip.extract.pipeline import run_extraction
 from csclip.units import RejectReason, record_to_row
 
 FIXTURES = Path(__file__).parent / "fixtures" / "authors_extraction"

@@ -16,8 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from csclip.config.world import WorldConfig
 from csclip.units import records_to_table
-from csclip.world import WorldConfig, world_record
+from csclip.world import world_record
 
 WORLD = WorldConfig(image_size=32)
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ ")  # csclip.entry.common.LOG_FORMAT

@@ -8,8 +8,9 @@ import json
 import pytest
 
 from csclip.config import load_config
+from csclip.config.extract import InputConfig
 from csclip.errors import ConfigError, DataError
-from csclip.extract.captions import CAPTION_SCHEMA, InputConfig, caption_table
+from csclip.extract.captions import CAPTION_SCHEMA, caption_table
 
 KARPATHY = {
     "dataset": "coco",

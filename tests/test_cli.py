@@ -91,8 +91,8 @@ def test_a_local_instance_starts_with_settings_ray_reads():
 
 def test_extract_shortcuts_are_the_fields_they_name():
     from csclip.config import load_config
+    from csclip.config.extract import ExtractConfig
     from csclip.entry import extract
-    from csclip.extract.pipeline import ExtractConfig
 
     args = extract.build_parser().parse_args(
         ["--backend", "rules", "--format", "csv", "--input", "s3://b/c.csv", "--out", "runs/x",
@@ -108,8 +108,8 @@ def test_extract_shortcuts_are_the_fields_they_name():
 
 def test_train_shortcuts_are_the_fields_they_name():
     from csclip.config import load_config
+    from csclip.config.train import TrainConfig
     from csclip.entry import train
-    from csclip.train import TrainConfig
 
     args = train.build_parser().parse_args(
         ["--method", "clip", "--max-steps", "7", "--lr", "2e-4", "--out", "s3://b/runs", "--gpu"])

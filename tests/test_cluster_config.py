@@ -14,7 +14,8 @@ import yaml
 
 from csclip import cluster
 from csclip.ablation import sweep as sweeps
-from csclip.extract.vllm import VllmConfig, processor_config
+from csclip.config.extract import VllmConfig
+from csclip.extract.vllm import processor_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_YAML = REPO_ROOT / "cluster.yaml"

@@ -50,7 +50,8 @@ def test_outside_ray_the_local_default_is_an_absolute_path(outside_ray):
 
 
 def test_relative_output_paths_are_refused_inside_a_job(outside_ray, monkeypatch):
-    from csclip.train import TrainConfig, storage_root
+    from csclip.config.train import TrainConfig
+    from csclip.train import storage_root
 
     assert storage.resolve_output("runs/train", "run.storage_path") == str(outside_ray / "runs/train")
     monkeypatch.setenv(cluster.JOB_DRIVER_ENV, JOB_ENV[cluster.JOB_DRIVER_ENV])
@@ -63,7 +64,8 @@ def test_relative_output_paths_are_refused_inside_a_job(outside_ray, monkeypatch
 def test_extraction_logs_to_mlflow_tracking_uri(ray_session, outside_ray, monkeypatch, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from csclip.extract.pipeline import ExtractConfig, run_extraction
+    from csclip.config.extract import ExtractConfig
+    from csclip.extract.pipeline import run_extraction
 
     store = f"sqlite:///{tmp_path / 'server.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
@@ -77,7 +79,8 @@ def test_extraction_logs_to_mlflow_tracking_uri(ray_session, outside_ray, monkey
 
 
 def test_extraction_in_a_job_refuses_a_relative_store_before_any_work(outside_ray, monkeypatch):
-    from csclip.extract.pipeline import ExtractConfig, run_extraction
+    from csclip.config.extract import ExtractConfig
+    from csclip.extract.pipeline import run_extraction
 
     monkeypatch.setenv(cluster.JOB_DRIVER_ENV, JOB_ENV[cluster.JOB_DRIVER_ENV])
     config = load_config(ExtractConfig, None, ["output.uri=/tmp/never-written"])

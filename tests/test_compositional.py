@@ -15,11 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from csclip.config.eval import SuitesConfig
+from csclip.config.world import WorldConfig
 from csclip.errors import DataError
 from csclip.eval.encoder import CaptionLengthScorer, Encoder
 from csclip.eval.halftruth import BenchmarkConfig
 from csclip.eval.pipeline import compare_models, evaluate_bundle
-from csclip.eval.suites import SuitesConfig, evaluate_suites
+from csclip.eval.suites import evaluate_suites
 from csclip.eval.suites.core import IncompleteBenchmark
 from csclip.eval.suites.registry import BENCHMARKS
 from csclip.eval.suites.rules import strict_accuracy, winoground_metrics
@@ -30,7 +32,7 @@ from csclip.eval.suites.sugarcrepe import (
 )
 from csclip.eval.suites.world import evaluate_world_suites
 from csclip.units import UnitsRecord
-from csclip.world import WorldConfig, iter_world, scene_from_record
+from csclip.world import iter_world, scene_from_record
 from csclip.world.generate import world_record
 from csclip.world.pairs import (
     build_mirrored_pairs,
@@ -341,38 +343,18 @@ def test_pipeline_runs_sugarcrepe_and_names_a_missing_image_folder(
     assert error.startswith("error: ") and "absent" in error and "\n" not in error
 
 
-@pytest.fixture
-def s3_bucket(monkeypatch):
-    """A real S3 server (moto) on 127.0.0.1 with one bucket; AWS variables point at it."""
-    import boto3
-    from moto.server import ThreadedMotoServer
+def test_sugarcrepe_reads_images_from_s3(sugarcrepe_dir, tmp_path, s3_endpoint, monkeypatch):
+    from s3_helpers import fresh_bucket
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": endpoint,
-    }.items():
-        monkeypatch.setenv(key, value)
-    client = boto3.client("s3", endpoint_url=endpoint)
-    client.create_bucket(Bucket="coco")
-    yield client
-    server.stop()
-
-
-def test_sugarcrepe_reads_images_from_s3(sugarcrepe_dir, tmp_path, s3_bucket):
     directory, subsets = small_sugarcrepe(sugarcrepe_dir, tmp_path, per_subset=2)
     local = tmp_path / "val2017"
     write_coco_images(local, [i for items in subsets.values() for i in items])
-    for path in local.iterdir():
-        s3_bucket.put_object(Bucket="coco", Key=f"val2017/{path.name}", Body=path.read_bytes())
-    scorer = CaptionLengthScorer(prefer_short=True)
-    from_s3 = evaluate_sugarcrepe(Encoder(scorer), directory, "s3://coco/val2017")
-    assert from_s3 == evaluate_sugarcrepe(Encoder(scorer), directory, str(local))
-    assert from_s3["sugarcrepe_add_obj_i2t"] == 100.0
-    with pytest.raises(DataError, match="s3://coco/missing"):
-        evaluate_sugarcrepe(Encoder(scorer), directory, "s3://coco/missing")
+    with fresh_bucket(s3_endpoint, monkeypatch, "coco") as client:
+        for path in local.iterdir():
+            client.put_object(Bucket="coco", Key=f"val2017/{path.name}", Body=path.read_bytes())
+        scorer = CaptionLengthScorer(prefer_short=True)
+        from_s3 = evaluate_sugarcrepe(Encoder(scorer), directory, "s3://coco/val2017")
+        assert from_s3 == evaluate_sugarcrepe(Encoder(scorer), directory, str(local))
+        assert from_s3["sugarcrepe_add_obj_i2t"] == 100.0
+        with pytest.raises(DataError, match="s3://coco/missing"):
+            evaluate_sugarcrepe(Encoder(scorer), directory, "s3://coco/missing")

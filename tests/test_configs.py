@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from csclip.config import load_config
+from csclip.config.train import TrainConfig
 from csclip.errors import ConfigError
-from csclip.train import TrainConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 TRAIN_CONFIGS = ["default.yaml", "coco.yaml", "coco_authors.yaml", "paper.yaml"]
@@ -128,7 +128,7 @@ def test_demo_yaml_holds_the_demos_deltas():
     # training config when the demo loads.
     import yaml
 
-    from csclip.demo import DemoConfig
+    from csclip.config.demo import DemoConfig
 
     data = yaml.safe_load((CONFIGS / "demo.yaml").read_text())
     assert set(data) == {"pretrain", "warm_start", "finetune"}
@@ -186,7 +186,7 @@ def test_demo_takes_a_fine_tuning_yaml_as_its_train_section():
     ("train.loss.method=negclip", "train.loss.method"),
 ])
 def test_demo_refuses_the_fields_it_sets_itself(override, field):
-    from csclip.demo import DemoConfig
+    from csclip.config.demo import DemoConfig
 
     with pytest.raises(ConfigError, match=field):
         load_config(DemoConfig, None, [override])
@@ -195,7 +195,7 @@ def test_demo_refuses_the_fields_it_sets_itself(override, field):
 @pytest.mark.parametrize("override,field", [("model.grad_checkpointing=true", "model.grad_checkpointing"),
                                             ("model.lock.image=true", "model.lock")])
 def test_evaluation_refuses_training_options_it_would_ignore(override, field):
-    from csclip.eval.pipeline import EvalConfig
+    from csclip.config.eval import EvalConfig
 
     with pytest.raises(ConfigError, match=field):
         load_config(EvalConfig, None, [override])

@@ -18,9 +18,10 @@ import torch
 
 from csclip import storage
 from csclip.config import load_config
+from csclip.config.train import TrainConfig
 from csclip.errors import DataError
 from csclip.model import create_bundle, load_bundle, save_checkpoint, spec_of
-from csclip.train import TrainConfig, finished_result
+from csclip.train import finished_result
 from csclip.train.finished import export_final
 from tests.conftest import REPO_ROOT
 
@@ -232,13 +233,14 @@ def _extract_overrides(captions: Path, out: Path) -> list[str]:
 
 def test_extraction_killed_mid_way_is_refused_by_its_readers_then_the_rerun_finishes(
         ray_session, tmp_path, capsys):
+    from csclip.config.extract import ExtractConfig
+    from csclip.config.world import WorldConfig
     from csclip.entry import benchmark
     from csclip.extract.backends import rules_outcome
     from csclip.extract.captions import caption_table
-    from csclip.extract.pipeline import ExtractConfig, run_extraction
+    from csclip.extract.pipeline import run_extraction
     from csclip.records import load_split
     from csclip.units import read_units
-    from csclip.world.config import WorldConfig
 
     captions = tmp_path / "captions.jsonl"
     captions.write_text("".join(json.dumps({"image": f"img{i}.jpg", "caption": text}) + "\n"
@@ -306,10 +308,11 @@ def _tables(out: Path) -> dict[str, str]:
 
 
 def test_evaluation_killed_mid_way_reads_as_unfinished_then_the_rerun_finishes(tmp_path):
+    from csclip.config.world import WorldConfig
     from csclip.entry.evaluate import main
     from csclip.eval.report import EVALUATION_COMPLETE, check_evaluation, evaluation_problem
     from csclip.units import write_units
-    from csclip.world import WorldConfig, iter_world
+    from csclip.world import iter_world
 
     config = _config(str(tmp_path / "runs"))
     checkpoint = _checkpoint(tmp_path / "ckpt", config, seed=1, step=4)
@@ -382,8 +385,9 @@ def _kill(process: subprocess.Popen) -> None:
 
 
 def test_a_second_writer_is_refused_and_a_dead_writers_lease_is_taken_over(tmp_path, capsys):
+    from csclip.config.extract import ExtractConfig
     from csclip.entry import evaluate
-    from csclip.extract.pipeline import ExtractConfig, run_extraction
+    from csclip.extract.pipeline import run_extraction
     from csclip.train import run
 
     out = tmp_path / "eval"

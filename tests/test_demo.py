@@ -13,10 +13,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from csclip.config.train import DataConfig, SamplingConfig
+from csclip.config.world import WorldConfig
 from csclip.errors import ConfigError
-from csclip.train.sampling import SamplingConfig
 from csclip.train.stream import (
-    DataConfig,
     decode_batch,
     image_cache_fits,
     image_shape,
@@ -25,7 +25,7 @@ from csclip.train.stream import (
     sample_batch,
 )
 from csclip.units import records_to_table
-from csclip.world import WorldConfig, world_record
+from csclip.world import world_record
 from tests.conftest import REPO_ROOT
 
 CSCLIP_COLUMNS = ["caption", "caption_negative", "unit_0", "foil_0", "unit_1", "foil_1"]
@@ -127,7 +127,8 @@ def test_image_cache_fits_by_size():
 def test_cached_stream_gives_the_streamed_batches(ray_session, preprocess, image_foil_weight):
     import torch
 
-    from csclip.loss import LossConfig, objective_for
+    from csclip.config.loss import LossConfig
+    from csclip.loss import objective_for
     from csclip.train.prepared import ImageNormalizer
     from csclip.train.stream import epoch_datasets
 
@@ -161,7 +162,7 @@ def test_the_demo_is_three_deltas_on_the_fine_tuning_config():
     # the layout warm start on top of the pretraining, the pretraining and the
     # fine-tunings on top of `train`: each a TrainConfig like any other run's.
     from csclip.config import load_config
-    from csclip.demo import DemoConfig
+    from csclip.config.demo import DemoConfig
 
     demo = load_config(DemoConfig, None, ["warm_start.optim.max_steps=3",
                                           "pretrain.data.world.num_train=96"])
@@ -187,7 +188,8 @@ def test_the_demo_is_three_deltas_on_the_fine_tuning_config():
 
 def test_both_fine_tunings_at_once_where_the_cpus_allow():
     from csclip.config import load_config
-    from csclip.demo import METHODS, DemoConfig, side_by_side
+    from csclip.config.demo import DemoConfig
+    from csclip.demo import METHODS, side_by_side
     from csclip.train.identity import run_name
 
     demo = load_config(DemoConfig, None, [])
@@ -213,7 +215,7 @@ def test_both_fine_tunings_at_once_where_the_cpus_allow():
 
 def test_no_warm_start_is_one_flag_and_a_random_locked_tower_is_refused():
     from csclip.config import load_config
-    from csclip.demo import DemoConfig
+    from csclip.config.demo import DemoConfig
     from csclip.entry.demo import build_parser, demo_config
 
     cold = demo_config(build_parser().parse_args(["--layout-steps", "0"]))
@@ -240,7 +242,7 @@ def test_no_warm_start_is_one_flag_and_a_random_locked_tower_is_refused():
 ])
 def test_the_demo_refuses_what_it_sets_itself_and_the_old_fields_in_one_line(override, field):
     from csclip.config import load_config
-    from csclip.demo import DemoConfig
+    from csclip.config.demo import DemoConfig
 
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")) as raised:
         load_config(DemoConfig, None, [override])

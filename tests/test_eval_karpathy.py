@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 from suites_helpers import FIXTURES, ColorScorer
 
+from csclip.config.eval import SuitesConfig
 from csclip.errors import DataError
 from csclip.eval.encoder import Encoder
 from csclip.eval.retrieval import evaluate_karpathy, load_karpathy
-from csclip.eval.suites import SuitesConfig, evaluate_named_suites
+from csclip.eval.suites import evaluate_named_suites
 
 COCO = FIXTURES / "coco"
 

@@ -155,7 +155,8 @@ def clip_benchmark_reference(k: int) -> tuple[float, float]:
 
 
 def test_paper_protocol_retrieval_counts_as_clip_benchmark(tmp_path):
-    from csclip.eval.suites import SuitesConfig, evaluate_named_suites
+    from csclip.config.eval import SuitesConfig
+    from csclip.eval.suites import evaluate_named_suites
 
     karpathy_set(tmp_path / "coco", "coco", PROBE)
     paper = SuitesConfig(names=("coco_retrieval",), data_root=str(tmp_path), protocol="paper")

@@ -10,9 +10,10 @@ import cluster_harness as harness
 import pytest
 import torch
 
+from csclip.config.world import WorldConfig
 from csclip.model import create_bundle, load_bundle, spec_of
 from csclip.train.periodic import LOGGED_KEYS, PeriodicEvaluator, capped_records
-from csclip.world import WorldConfig, iter_world
+from csclip.world import iter_world
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,8 @@ def test_evaluator_scores_keeps_best_and_restores_train_mode(tmp_path, val_recor
 def test_training_logs_validation_metrics_and_keeps_best(tmp_path, mlflow_uri, ray_session):
     from csclip import tracking
     from csclip.config import load_config
-    from csclip.train import TrainConfig, run, run_name
+    from csclip.config.train import TrainConfig
+    from csclip.train import run, run_name
 
     config = load_config(TrainConfig, None, [
         "model.name=csclip-tiny", "model.image_size=32", "data.world.image_size=32",

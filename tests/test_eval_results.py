@@ -137,8 +137,8 @@ def test_model_pairs_follow_clip_benchmark(tmp_path):
 
 
 def test_result_names_as_clip_benchmark_formats_them():
+    from csclip.config.eval import DEFAULT_RESULTS_TEMPLATE
     from csclip.eval.report import (
-        DEFAULT_RESULTS_TEMPLATE,
         ModelIdentity,
         benchmark_results,
         check_results_template,

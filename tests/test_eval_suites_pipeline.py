@@ -10,10 +10,9 @@ import logging
 
 import pytest
 from suites_helpers import FIXTURES, ColorScorer
-from test_compositional import s3_bucket  # noqa: F401  (the moto fixture)
 
+from csclip.config.eval import SUITE_NAMES
 from csclip.eval.encoder import Encoder
-from csclip.eval.suites import SUITE_NAMES
 from csclip.eval.suites.registry import evaluate_benchmarks
 from tests.conftest import REPO_ROOT
 
@@ -63,16 +62,19 @@ def test_entry_point_runs_every_suite_and_names_missing_ones(tmp_path, capsys, c
     assert "unknown suites" in capsys.readouterr().err
 
 
-def test_benchmarks_read_from_s3_equal_local(s3_bucket):  # noqa: F811
-    for benchmark in ("winoground", "whatsup", "valse"):
-        for path in (FIXTURES / benchmark).rglob("*"):
-            if path.is_file():
-                key = f"bench/{path.relative_to(FIXTURES)}"
-                s3_bucket.put_object(Bucket="coco", Key=key, Body=path.read_bytes())
+def test_benchmarks_read_from_s3_equal_local(s3_endpoint, monkeypatch):
+    from s3_helpers import fresh_bucket
+
     names = ["winoground", "whatsup", "valse"]
+    with fresh_bucket(s3_endpoint, monkeypatch, "coco") as client:
+        for benchmark in names:
+            for path in (FIXTURES / benchmark).rglob("*"):
+                if path.is_file():
+                    key = f"bench/{path.relative_to(FIXTURES)}"
+                    client.put_object(Bucket="coco", Key=key, Body=path.read_bytes())
+        remote = evaluate_benchmarks(Encoder(ColorScorer()), names, "s3://coco/bench",
+                                     allow_partial=True)
     local = evaluate_benchmarks(Encoder(ColorScorer()), names, str(FIXTURES), allow_partial=True)
-    remote = evaluate_benchmarks(Encoder(ColorScorer()), names, "s3://coco/bench",
-                                 allow_partial=True)
     assert remote == local and local["winoground_i2t"] == pytest.approx(200 / 3)
 
 

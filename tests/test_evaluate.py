@@ -11,6 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from csclip.config import load_config
+from csclip.config.eval import EvalConfig, EvalDataConfig
+from csclip.config.world import WorldConfig
 from csclip.errors import ConfigError, DataError
 from csclip.eval.halftruth import (
     CONDITIONS,
@@ -20,16 +22,10 @@ from csclip.eval.halftruth import (
     prepare_benchmark,
     save_benchmark,
 )
-from csclip.eval.pipeline import (
-    EvalConfig,
-    EvalDataConfig,
-    compare_models,
-    evaluate_bundle,
-    load_records,
-)
+from csclip.eval.pipeline import compare_models, evaluate_bundle, load_records
 from csclip.model import create_bundle, save_checkpoint, spec_of
 from csclip.units import UnitsRecord, write_units
-from csclip.world import WorldConfig, iter_world, scene_from_record
+from csclip.world import iter_world, scene_from_record
 from tests.conftest import REPO_ROOT
 
 FAST = BenchmarkConfig(num_bootstrap=50)

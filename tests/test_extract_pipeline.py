@@ -11,8 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from csclip.config import load_config
+from csclip.config.extract import ExtractConfig
 from csclip.errors import ConfigError, DataError
-from csclip.extract.pipeline import ExtractConfig, run_extraction
+from csclip.extract.pipeline import run_extraction
 from csclip.units import read_units
 
 REPO = Path(__file__).resolve().parents[1]
@@ -234,7 +235,8 @@ def test_resume_into_output_of_another_config_is_refused(ray_session, sugarcrepe
 def test_gold_backend_passes_world_units_through_and_logs_to_mlflow(ray_session, tmp_path, mlflow_uri):
     import mlflow
 
-    from csclip.world import WorldConfig, iter_world
+    from csclip.config.world import WorldConfig
+    from csclip.world import iter_world
 
     world = {"num_train": 6, "num_val": 3, "num_test": 0}
     config = load_config(ExtractConfig, None, [

@@ -147,8 +147,9 @@ def extract_out(tmp_path_factory) -> Path:
 
 def test_extract_out_is_taken_by_benchmark_build_evaluate_and_train(extract_out, tmp_path,
                                                                     capsys, monkeypatch):
+    from csclip.config.train import DataConfig
     from csclip.entry import benchmark, evaluate
-    from csclip.train.stream import DataConfig, source_dataset
+    from csclip.train.stream import source_dataset
 
     out, images = extract_out / "out", extract_out / "images"
     frozen = tmp_path / "bench.json"

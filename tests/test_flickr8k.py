@@ -8,10 +8,11 @@ import pytest
 from paper_fixtures import FLICKR8K, write_coco, write_flickr8k
 from suites_helpers import ColorScorer
 
+from csclip.config.eval import SuitesConfig
 from csclip.errors import DataError
 from csclip.eval.encoder import Encoder
 from csclip.eval.retrieval import evaluate_karpathy, load_clip_benchmark_captions
-from csclip.eval.suites import SuitesConfig, evaluate_named_suites, find_named_suites
+from csclip.eval.suites import evaluate_named_suites, find_named_suites
 
 
 def test_clip_benchmark_caption_file_is_read_as_theirs(tmp_path):

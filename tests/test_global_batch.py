@@ -9,8 +9,9 @@ import pyarrow as pa
 import pytest
 
 from csclip.config import load_config
+from csclip.config.train import TrainConfig
 from csclip.errors import ConfigError
-from csclip.train import TrainConfig, run, run_name
+from csclip.train import run, run_name
 from csclip.train.global_batch import epoch_keys, rank_rows
 from csclip.train.loop import WorkerHooks, read_loss_log
 

@@ -15,6 +15,7 @@ import pytest
 from PIL import Image
 
 from csclip.authors import read_verbatim_records
+from csclip.config.world import WorldConfig
 from csclip.entry import benchmark as benchmark_entry
 from csclip.entry import evaluate as evaluate_entry
 from csclip.errors import DataError
@@ -27,7 +28,7 @@ from csclip.eval.benchmark_file import (
 )
 from csclip.eval.halftruth import BenchmarkConfig, benchmark_hash, build_paper_benchmark
 from csclip.model import create_bundle, save_checkpoint, spec_of
-from csclip.world import WorldConfig, iter_world
+from csclip.world import iter_world
 from tests.conftest import REPO_ROOT
 
 UNITS = Path(__file__).parent / "fixtures" / "halftruth_paper" / "units_older.json"

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from csclip.authors import read_verbatim_records
+from csclip.config.world import WorldConfig
 from csclip.errors import DataError
 from csclip.eval.halftruth import (
     ALL_CONDITIONS,
@@ -25,7 +26,7 @@ from csclip.eval.halftruth import (
     verbatim_from_units,
 )
 from csclip.units import ChangeType, Foil, Unit, UnitsRecord
-from csclip.world import WorldConfig, iter_world
+from csclip.world import iter_world
 
 FIXTURES = Path(__file__).parent / "fixtures" / "halftruth_paper"
 # Their condition names (HalfTruthEvaluator) -> ours.

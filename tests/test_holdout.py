@@ -66,10 +66,11 @@ def test_evaluation_due_every_n_steps_or_per_epoch():
 
 
 def test_best_state_is_the_step_with_the_highest_held_out_accuracy(tmp_path):
+    from csclip.config.world import WorldConfig
     from csclip.eval.selection import held_out_best
     from csclip.model import create_bundle, spec_of
     from csclip.train.periodic import PeriodicEvaluator
-    from csclip.world import WorldConfig, iter_world
+    from csclip.world import iter_world
 
     val = list(iter_world(WorldConfig(image_size=32, num_train=0, num_val=4, num_test=0),
                           splits=("val",)))
@@ -97,11 +98,11 @@ def test_held_out_rows_scored_alone_without_a_validation_split(tmp_path):
     import numpy as np
     import torch.nn.functional as F
 
+    from csclip.config.train import SamplingConfig
+    from csclip.config.world import WorldConfig
     from csclip.model import create_bundle
     from csclip.train.holdout import HeldOut
     from csclip.train.periodic import PeriodicEvaluator, validation_records
-    from csclip.train.sampling import SamplingConfig
-    from csclip.world import WorldConfig
     from csclip.world.ray_source import generate_batch
 
     world = WorldConfig(image_size=32, num_train=8, num_val=0, num_test=0)
@@ -143,9 +144,10 @@ def test_held_out_rows_leave_training_and_are_scored(tmp_path, mlflow_uri, ray_s
     end of each epoch, logs val_contrastive_accuracy and keeps best/ by it."""
     from csclip import tracking
     from csclip.config import load_config
-    from csclip.train import TrainConfig, run
+    from csclip.config.train import DataConfig, TrainConfig
+    from csclip.train import run
     from csclip.train.holdout import split_source
-    from csclip.train.stream import DataConfig, deterministic, source_dataset
+    from csclip.train.stream import deterministic, source_dataset
 
     data = DataConfig.model_validate({"world": {"image_size": 32, "num_train": 20},
                                       "val_ratio": 0.25})

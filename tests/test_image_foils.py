@@ -12,10 +12,12 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from csclip.loss import LossConfig, image_foil_loss, objective_for
+from csclip.config.loss import LossConfig
+from csclip.config.world import WorldConfig
+from csclip.loss import image_foil_loss, objective_for
 from csclip.train.image_foils import draw_image_foil, foil_units
 from csclip.units import Unit, UnitsRecord
-from csclip.world import WorldConfig, scene_from_record, world_record
+from csclip.world import scene_from_record, world_record
 from csclip.world.pairs import relation_objects, swap_objects
 
 WORLD = WorldConfig(image_size=32)
@@ -119,8 +121,8 @@ def test_objective_adds_the_weighted_image_foil_term():
 
 @pytest.mark.parametrize("method", ["clip", "csclip"])
 def test_training_batch_carries_image_foils(method):
+    from csclip.config.train import SamplingConfig
     from csclip.model import create_bundle, spec_of
-    from csclip.train.sampling import SamplingConfig
     from csclip.train.step import compute_loss
     from csclip.train.stream import prepare_batch, preprocess_key
     from csclip.units import records_to_table

@@ -103,8 +103,9 @@ def test_only_a_tower_whose_output_cannot_change_counts_as_fixed():
 
 
 def test_the_step_keeps_features_only_for_a_locked_tower_on_a_cpu(locked):
-    from csclip.loss import LossConfig, objective_for
-    from csclip.train.optim import OptimConfig
+    from csclip.config.loss import LossConfig
+    from csclip.config.train import OptimConfig
+    from csclip.loss import objective_for
     from csclip.train.step import StepOptions, build_training, locked_image_features
 
     objective = objective_for(LossConfig(method="clip"), 2, None)
@@ -124,9 +125,10 @@ def test_the_step_keeps_features_only_for_a_locked_tower_on_a_cpu(locked):
 def test_training_with_kept_features_takes_the_same_steps(locked):
     """Three epochs of CLIP steps over the same batches, with and without the features
     kept: the same losses and weights (to float rounding)."""
-    from csclip.loss import LossConfig, objective_for
+    from csclip.config.loss import LossConfig
+    from csclip.config.train import OptimConfig
+    from csclip.loss import objective_for
     from csclip.preprocess import tokenizer
-    from csclip.train.optim import OptimConfig
     from csclip.train.step import StepOptions, build_training, train_step
 
     objective = objective_for(LossConfig(method="clip"), 2, None)

@@ -215,7 +215,8 @@ def test_bf16_features_are_scored_in_fp32():
 
 
 def test_objectives_name_their_columns_and_compute_their_loss():
-    from csclip.loss import LossConfig, objective_for
+    from csclip.config.loss import LossConfig
+    from csclip.loss import objective_for
 
     assert objective_for(LossConfig(method="clip"), 3).columns == ("caption",)
     assert objective_for(LossConfig(method="negclip"), 3).columns == ("caption", "caption_negative")

@@ -9,12 +9,12 @@ import open_clip
 import pytest
 import torch
 
+from csclip.config.model import ModelConfig
 from csclip.errors import CheckpointMismatch, ConfigError
 from csclip.model import (
     SMALL_MODEL_CONFIGS,
     SPEC_FILE,
     WEIGHTS_FILE,
-    ModelConfig,
     create_bundle,
     load_bundle,
     load_train_state,
@@ -105,7 +105,7 @@ def test_directory_without_spec_is_not_a_checkpoint(tmp_path):
 
 def test_relative_pretrained_path_travels_as_absolute(tmp_path, monkeypatch):
     # Ray workers have another working directory; a relative checkpoint path must resolve.
-    from csclip.model import ModelConfig
+    from csclip.config.model import ModelConfig
 
     (tmp_path / "ckpt").mkdir()
     monkeypatch.chdir(tmp_path)

@@ -12,9 +12,9 @@ import torch
 from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, SequentialLR
 
 from csclip.config import load_config
+from csclip.config.train import OptimConfig, TrainConfig
 from csclip.model import create_bundle
-from csclip.train import TrainConfig
-from csclip.train.optim import OptimConfig, build_optimizer, lr_at, warmup_steps_of
+from csclip.train.optim import build_optimizer, lr_at, warmup_steps_of
 
 
 def test_lr_warms_up_then_decays_to_zero_every_step():

@@ -15,8 +15,10 @@ from open_clip.transform import PreprocessCfg, image_transform_v2
 from PIL import Image
 
 from csclip.config import load_config
+from csclip.config.loss import LossConfig
+from csclip.config.train import DataConfig, SamplingConfig
 from csclip.errors import ConfigError
-from csclip.loss import LossConfig, objective_for
+from csclip.loss import objective_for
 from csclip.preprocess import (
     OPENAI_MEAN,
     OPENAI_STD,
@@ -24,8 +26,7 @@ from csclip.preprocess import (
     image_pixels,
     image_transform,
 )
-from csclip.train.sampling import SamplingConfig
-from csclip.train.stream import DataConfig, decode_image, epoch_datasets, plan_data, preprocess_key
+from csclip.train.stream import decode_image, epoch_datasets, plan_data, preprocess_key
 from csclip.units import Unit, UnitsRecord, write_units
 
 # ViT-B/32's eval transform (open_clip's preprocess cfg for it), the paper's 224 px.
@@ -246,8 +247,9 @@ def test_augmented_stream_ships_pixels_bit_for_bit(ray_session, photos, tmp_path
 def test_streamed_image_foils_are_pixels_bit_for_bit(ray_session, tmp_path):
     """loss.image_foil_weight: the foils (a rendered swap of the world's scene) ship as
     uint8 pixels beside the image, and the worker normalises both."""
+    from csclip.config.world import WorldConfig
     from csclip.train.prepared import ImageNormalizer, training_source
-    from csclip.world import WorldConfig, world_record
+    from csclip.world import world_record
 
     cfg = {"size": 48, "mean": OPENAI_MEAN, "std": OPENAI_STD}  # the world's 32 px, upscaled
     units = str(tmp_path / "out" / "units.parquet")
@@ -304,7 +306,7 @@ def test_changed_units_table_is_prepared_again_not_reused(ray_session, photos, t
 
 
 def test_prepare_images_with_augment_is_refused_in_one_line(tmp_path):
-    from csclip.train.loop import TrainConfig
+    from csclip.config.train import TrainConfig
 
     with pytest.raises(ConfigError) as err:
         load_config(TrainConfig, overrides=[f"data.units_uri={tmp_path}", "data.augment=true",
@@ -327,8 +329,8 @@ def test_the_worlds_rows_are_rendered_and_checked_once_per_driver(ray_session):
     """The demo's warm start and pretraining read one world: the second run gets the same
     materialized rows and the check's answer without rendering or checking again; another
     world (or split) is its own."""
+    from csclip.config.world import WorldConfig
     from csclip.train.prepared import training_source
-    from csclip.world import WorldConfig
 
     clip = objective_for(LossConfig(method="clip"), 2)
     data = DataConfig(world=WorldConfig(num_train=96, num_val=8, num_test=8, image_size=32))
@@ -350,8 +352,10 @@ def test_the_worlds_rows_are_rendered_and_checked_once_per_driver(ray_session):
 def test_training_runs_on_prepared_and_streamed_images(ray_session, tmp_path, prepare):
     """A run on the prepared table, and one streaming the units' images (both ship uint8
     pixels that the worker normalises before its step)."""
-    from csclip.train.loop import TrainConfig, run
-    from csclip.world import WorldConfig, world_record
+    from csclip.config.train import TrainConfig
+    from csclip.config.world import WorldConfig
+    from csclip.train.loop import run
+    from csclip.world import world_record
 
     world = WorldConfig(image_size=32)
     units = tmp_path / "out" / "units.parquet"
@@ -398,9 +402,10 @@ def test_s3_units_are_keyed_by_their_bytes_and_prepared_beside_them(s3_endpoint,
     # started without the test server's), so this checks what the driver does on S3.
     from s3_helpers import fresh_bucket
 
+    from csclip.config.world import WorldConfig
     from csclip.storage import filesystem_for
     from csclip.train.prepared import prepared_uri, units_digest
-    from csclip.world import WorldConfig, world_record
+    from csclip.world import world_record
 
     records = [world_record(WorldConfig(image_size=32), "train", i) for i in range(4)]
     (tmp_path / "units").mkdir()

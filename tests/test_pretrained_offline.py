@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from csclip.config.model import ModelSource
 from csclip.errors import CheckpointMismatch
-from csclip.model import ModelSource, create_bundle, spec_from_config
+from csclip.model import create_bundle, spec_from_config
 from csclip.pretrained import cached_weights, tag_config, tag_quick_gelu
 
 REPO = "csclip-test/tiny-clip"
@@ -118,9 +119,10 @@ def test_a_tag_neither_cached_nor_downloadable_is_one_line_before_any_data(
 
 
 def test_a_cached_tag_evaluates(tiny_tags, hub_cache, tmp_path, monkeypatch, capsys):
+    from csclip.config.world import WorldConfig
     from csclip.entry.evaluate import main
     from csclip.units import write_units
-    from csclip.world import WorldConfig, iter_world
+    from csclip.world import iter_world
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     _cache_weights(hub_cache, create_bundle("csclip-tiny").model.state_dict())

@@ -121,8 +121,9 @@ def test_encoder_features_show_progress_for_a_tiny_model(monkeypatch, caplog):
 
 
 def test_training_start_line_says_what_is_trained():
+    from csclip.config.train import TrainConfig
     from csclip.train.console import start_line, step_line
-    from csclip.train.loop import TrainConfig, run_name
+    from csclip.train.loop import run_name
 
     config = TrainConfig.model_validate({
         "model": {"name": "csclip-tiny"}, "optim": {"max_steps": 20},

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from csclip.ablation import grid as grids
-from csclip.loss import LossConfig, csclip_loss, objective_for, ranking_loss
+from csclip.config.loss import LossConfig
+from csclip.loss import csclip_loss, objective_for, ranking_loss
 from csclip.train.step import StepMetrics
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -121,7 +122,7 @@ def test_the_config_field_reaches_the_objective_and_the_step_metrics():
 
 def test_paper_grid_swap_rows_carry_the_authors_ranking_weight():
     from csclip.config import load_config
-    from csclip.train import TrainConfig
+    from csclip.config.train import TrainConfig
 
     base = load_config(TrainConfig, REPO_ROOT / "configs" / "coco.yaml", [])
     assert base.loss.ranking_loss_weight == 0

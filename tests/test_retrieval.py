@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from csclip.config.world import WorldConfig
 from csclip.errors import DataError
 from csclip.eval.encoder import BundleScorer, Encoder, FeatureTables, encode_features, image_sources
 from csclip.eval.retrieval import (
@@ -20,7 +21,7 @@ from csclip.eval.retrieval import (
     text_to_image_ranks,
 )
 from csclip.units import UnitsRecord
-from csclip.world import WorldConfig, iter_world
+from csclip.world import iter_world
 
 
 @pytest.fixture(scope="module")

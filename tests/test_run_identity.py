@@ -11,7 +11,8 @@ import pytest
 from pydantic import BaseModel
 
 from csclip.config import load_config
-from csclip.train import TrainConfig, run_name
+from csclip.config.train import TrainConfig
+from csclip.train import run_name
 from csclip.train.identity import HOW_IT_RUNS_FIELDS, IDENTITY_FIELDS, IDENTITY_FIELDS_WHEN_SET
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

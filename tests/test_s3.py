@@ -9,9 +9,10 @@ import pytest
 
 from csclip import storage
 from csclip.config import load_config
+from csclip.config.extract import ExtractConfig, InputConfig
 from csclip.errors import DataError
-from csclip.extract.captions import InputConfig, caption_table
-from csclip.extract.pipeline import ExtractConfig, run_extraction
+from csclip.extract.captions import caption_table
+from csclip.extract.pipeline import run_extraction
 from csclip.units import read_units
 
 BUCKET = "csclip-test"

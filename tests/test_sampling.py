@@ -15,11 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from csclip.config import validate_config
+from csclip.config.train import SamplingConfig
 from csclip.errors import ConfigError
 from csclip.train.sampling import (
     FoilCandidate,
     NegativeKind,
-    SamplingConfig,
     draw_caption_negative,
     draw_unit_slots,
     entity_foil_candidates,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from csclip.config.world import WorldConfig
 from csclip.errors import DataError
 from csclip.eval.encoder import (
     BundleScorer,
@@ -20,7 +21,7 @@ from csclip.eval.halftruth import BenchmarkConfig, build_benchmark, prepare_benc
 from csclip.eval.pipeline import evaluate_encoder
 from csclip.model import create_bundle
 from csclip.units import UnitsRecord
-from csclip.world import WorldConfig, iter_world
+from csclip.world import iter_world
 
 NO_CI = BenchmarkConfig(num_bootstrap=0, image_side=False)
 

@@ -14,9 +14,11 @@ import pytest
 from test_sampling import horse_record
 
 from csclip.authors import read_authors_units
+from csclip.config.train import SamplingConfig
+from csclip.config.world import WorldConfig
 from csclip.model import create_bundle, spec_of
 from csclip.train.prepared import pixels_batch
-from csclip.train.sampling import NegativeKind, SamplingConfig, draw_caption_negative, sample_rng
+from csclip.train.sampling import NegativeKind, draw_caption_negative, sample_rng
 from csclip.train.stream import (
     decode_batch,
     image_shape,
@@ -26,7 +28,7 @@ from csclip.train.stream import (
     text_rows,
 )
 from csclip.units import SWAP_NEGATIVES_META, records_to_table, stored_shuffles
-from csclip.world import WorldConfig, world_record
+from csclip.world import world_record
 
 SHUFFLES = ["a horse is riding a brown man next to a red car.",
             "a man is riding a red horse next to a brown car."]

@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 from suites_helpers import FIXTURES, RGB, ColorScorer
 
+from csclip.config.eval import PAPER_SUITE, SuitesConfig
 from csclip.errors import DataError
 from csclip.eval.encoder import CaptionLengthScorer, Encoder
-from csclip.eval.suites import SuitesConfig, evaluate_suites
+from csclip.eval.suites import evaluate_suites
 from csclip.eval.suites.colorfoil import build_colorfoil, official_foil, paper_foil
 from csclip.eval.suites.core import SubsetScores, evaluate_suite_data, suite_metrics
-from csclip.eval.suites.protocol import PAPER_SUITE, load_benchmark
+from csclip.eval.suites.protocol import load_benchmark
 from csclip.eval.suites.registry import BENCHMARKS, CAPABILITY_OF, evaluate_benchmarks
 from csclip.eval.suites.vismin import vismin_paper_average
 
@@ -525,7 +526,7 @@ def test_suite_paper_names_the_papers_sixteen_with_the_paper_protocol():
 
 def test_suite_paper_through_the_evaluate_config_and_a_dumped_copy():
     from csclip.config import load_config
-    from csclip.eval.pipeline import EvalConfig
+    from csclip.config.eval import EvalConfig
 
     config = load_config(EvalConfig, None, ["suites.names=paper", f"suites.data_root={ROOT}"])
     assert config.suites.scoring_protocol == "paper" and config.suites.names == PAPER_SUITE

@@ -12,12 +12,13 @@ import pytest
 import torch
 
 from csclip.config import load_config
+from csclip.config.loss import LossConfig
+from csclip.config.train import DataConfig, RunSection, SamplingConfig, TrainConfig
+from csclip.config.world import WorldConfig
 from csclip.errors import CsclipError, DataError
-from csclip.loss import LossConfig, objective_for
+from csclip.loss import objective_for
 from csclip.model import WEIGHTS_FILE, create_bundle, register_small_models, spec_of
 from csclip.train.loop import (
-    RunSection,
-    TrainConfig,
     WorkerHooks,
     check_data_cpus,
     compute_loss,
@@ -26,10 +27,9 @@ from csclip.train.loop import (
     run,
     run_name,
 )
-from csclip.train.sampling import SamplingConfig
-from csclip.train.stream import DataConfig, plan_data, prepare_batch, preprocess_key
+from csclip.train.stream import plan_data, prepare_batch, preprocess_key
 from csclip.units import records_to_table
-from csclip.world import WorldConfig, world_record
+from csclip.world import world_record
 
 TINY_WORLD = WorldConfig(image_size=32, num_train=48, num_val=8, num_test=8)
 
@@ -329,7 +329,8 @@ def test_relative_sqlite_uri_is_made_absolute(monkeypatch, tmp_path):
 
 def test_demo_stages_share_the_model_and_differ_in_objective():
     from csclip.config import load_config
-    from csclip.demo import DemoConfig, finetune_config, pretrain_config
+    from csclip.config.demo import DemoConfig
+    from csclip.demo import finetune_config, pretrain_config
 
     demo = load_config(DemoConfig, None, ["pretrain.optim.max_steps=7", "train.optim.max_steps=5"])
     pre = pretrain_config(demo)
@@ -347,10 +348,10 @@ def test_demo_stages_share_the_model_and_differ_in_objective():
 
 
 def test_publish_copies_the_demo_sections_and_keeps_the_other_sections(tmp_path):
+    from csclip.config.demo import DemoConfig
     from csclip.demo import (
         RESULTS_SECTION,
         STAGES_SECTION,
-        DemoConfig,
         StageTime,
         publish,
         results_section,

@@ -15,18 +15,14 @@ import pytest
 import torch
 
 from csclip.config import load_config
+from csclip.config.loss import LossConfig
+from csclip.config.model import ModelConfig
+from csclip.config.train import DataConfig, OptimConfig, SamplingConfig, TrainConfig
+from csclip.config.world import WorldConfig
 from csclip.errors import CheckpointMismatch, ConfigError
-from csclip.loss import LossConfig, LossParts, objective_for
-from csclip.model import (
-    ModelConfig,
-    apply_training_options,
-    create_bundle,
-    save_checkpoint,
-    spec_of,
-    unwrap,
-)
+from csclip.loss import LossParts, objective_for
+from csclip.model import apply_training_options, create_bundle, save_checkpoint, spec_of, unwrap
 from csclip.train.loop import (
-    TrainConfig,
     _publish,
     _Window,
     batch_options,
@@ -35,8 +31,7 @@ from csclip.train.loop import (
     run_name,
     step_options,
 )
-from csclip.train.optim import OptimConfig, build_optimizer
-from csclip.train.sampling import SamplingConfig
+from csclip.train.optim import build_optimizer
 from csclip.train.step import (
     StepMetrics,
     StepOptions,
@@ -44,9 +39,9 @@ from csclip.train.step import (
     compute_loss,
     train_step,
 )
-from csclip.train.stream import DataConfig, prepare_batch, preprocess_key
+from csclip.train.stream import prepare_batch, preprocess_key
 from csclip.units import records_to_table
-from csclip.world import WorldConfig, world_record
+from csclip.world import world_record
 
 CPU = torch.device("cpu")
 MODEL = "csclip-tiny"

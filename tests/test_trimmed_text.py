@@ -114,8 +114,9 @@ def test_only_argmax_pooled_causal_towers_are_trimmed(model):
 
 
 def test_the_step_runs_it_unless_asked_not_to(model):
-    from csclip.loss import LossConfig, objective_for
-    from csclip.train.optim import OptimConfig
+    from csclip.config.loss import LossConfig
+    from csclip.config.train import OptimConfig
+    from csclip.loss import objective_for
     from csclip.train.step import StepOptions, build_training
 
     objective = objective_for(LossConfig(method="clip"), 2, None)

@@ -80,7 +80,7 @@ def test_s3_prefix_without_a_spec_is_refused_before_its_weights_are_copied(s3, c
 
 def test_s3_checkpoint_of_another_model_is_refused_before_its_weights_are_copied(
         s3, checkpoint_files, tmp_path):
-    from csclip.model import ModelConfig
+    from csclip.config.model import ModelConfig
 
     for name, data in checkpoint_files.items():
         s3.put_object(Bucket=BUCKET, Key=f"final/{name}", Body=data)
@@ -216,8 +216,8 @@ def test_a_directory_owned_by_another_user_is_not_used(tmp_path, monkeypatch):
 def test_unsafe_run_names_are_refused_in_one_line_before_any_work(name, capsys):
     from pydantic import ValidationError
 
+    from csclip.config.train import TrainConfig
     from csclip.entry import train as train_entry
-    from csclip.train import TrainConfig
 
     with pytest.raises(ValidationError, match="a run name is"):
         TrainConfig.model_validate({"run": {"name": name}})
@@ -228,7 +228,7 @@ def test_unsafe_run_names_are_refused_in_one_line_before_any_work(name, capsys):
 
 
 def test_safe_run_names_pass():
-    from csclip.train import TrainConfig
+    from csclip.config.train import TrainConfig
 
     for name in ("csclip-1a2b3c4d5e6f", "sweep-lr-1e-5_units-1", "my.run_2"):
         assert TrainConfig.model_validate({"run": {"name": name}}).run.name == name

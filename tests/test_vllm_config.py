@@ -13,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from csclip.config import load_config
+from csclip.config.extract import VllmConfig
 from csclip.errors import ConfigError
 from csclip.extract import backends, prompts
-from csclip.extract.vllm import VllmConfig, add_prompt_columns, processor_config, sampling_params
+from csclip.extract.vllm import add_prompt_columns, processor_config, sampling_params
 from csclip.units import ChangeType, RejectReason, validate_record
 
 ROW = {"sample_id": "s-0", "image_id": "img", "caption": "A man riding a brown horse on a beach.",
@@ -34,7 +35,7 @@ def test_processor_config_has_paper_settings():
 
 
 def test_processor_config_accepts_s3_model_and_overrides():
-    from csclip.extract.backends import BackendConfig
+    from csclip.config.extract import BackendConfig
 
     cfg = load_config(BackendConfig, None, ["vllm.model_source=s3://models/qwen3-14b-awq",
                                             "vllm.batch_size=64", "vllm.accelerator_type=L4"])
@@ -44,7 +45,7 @@ def test_processor_config_accepts_s3_model_and_overrides():
 
 
 def test_bad_vllm_field_is_a_config_error_naming_it():
-    from csclip.extract.backends import BackendConfig
+    from csclip.config.extract import BackendConfig
 
     with pytest.raises(ConfigError, match="vllm.top_p"):
         load_config(BackendConfig, None, ["vllm.top_p=0"])
@@ -269,14 +270,14 @@ def test_engine_placement_follows_the_device():
 
 
 def test_cpu_engine_with_a_gpu_type_is_a_config_error():
-    from csclip.extract.backends import BackendConfig
+    from csclip.config.extract import BackendConfig
 
     with pytest.raises(ConfigError, match="accelerator_type='L4' asks for a GPU type, but device=cpu"):
         load_config(BackendConfig, None, ["vllm.device=cpu", "vllm.accelerator_type=L4"])
 
 
 def test_engine_kwargs_pass_through_and_guidance_is_the_default_backend():
-    from csclip.extract.backends import BackendConfig
+    from csclip.config.extract import BackendConfig
 
     cfg = load_config(BackendConfig, None, ["vllm.engine_kwargs.dtype=float32",
                                             "vllm.engine_kwargs.enforce_eager=true"]).vllm
@@ -289,7 +290,7 @@ def test_engine_kwargs_pass_through_and_guidance_is_the_default_backend():
 
 
 def test_engine_kwargs_may_not_shadow_a_field():
-    from csclip.extract.backends import BackendConfig
+    from csclip.config.extract import BackendConfig
 
     with pytest.raises(ConfigError, match="engine_kwargs sets max_model_len: use the field max_model_len"):
         load_config(BackendConfig, None, ["vllm.engine_kwargs.max_model_len=8192"])

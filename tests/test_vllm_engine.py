@@ -219,8 +219,9 @@ def test_engine_that_cannot_be_placed_fails_fast_with_one_line(ray_session, mode
     the processor as the head does, the chat-template actors start (transformers), and
     the engine actor is never placed."""
     from csclip.config import load_config
+    from csclip.config.extract import ExtractConfig
     from csclip.errors import ConfigError
-    from csclip.extract.pipeline import ExtractConfig, run_extraction
+    from csclip.extract.pipeline import run_extraction
 
     path, _ = captions
     # Short: on a busy machine a CPU stage's actors (importing transformers) may be the
@@ -300,7 +301,8 @@ def test_http_path_against_a_real_vllm_server(ray_session, vllm_server, captions
     response_format carries the schema, chat_template_kwargs turns thinking off; the
     repair pass (on by default) sends its prompts through the same real engine."""
     from csclip.config import load_config
-    from csclip.extract.pipeline import ExtractConfig, run_extraction
+    from csclip.config.extract import ExtractConfig
+    from csclip.extract.pipeline import run_extraction
 
     path, ids = captions
     out = tmp_path / "out"

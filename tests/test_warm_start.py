@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from csclip.config import validate_config
+from csclip.config.world import WorldConfig
 from csclip.errors import ConfigError
 from csclip.loss import LayoutQuestion, layout_loss
 from csclip.train.warm_start import (
@@ -17,7 +18,7 @@ from csclip.train.warm_start import (
     layout_question,
     layout_targets,
 )
-from csclip.world import Scene, SceneObject, WorldConfig, scene_from_record, world_record
+from csclip.world import Scene, SceneObject, scene_from_record, world_record
 
 VOCABULARY = LayoutVocabulary(("red", "green", "blue"), ("circle", "square", "triangle", "cross"))
 QUESTION = LayoutQuestion(("red", "green", "blue"), ("circle", "square", "triangle", "cross"), 3)
@@ -56,8 +57,8 @@ def test_layout_loss_is_the_cross_entropy_of_each_kind():
 
 
 def test_the_stream_carries_each_scenes_targets_cached_or_not():
+    from csclip.config.train import SamplingConfig
     from csclip.model import create_bundle, spec_of
-    from csclip.train.sampling import SamplingConfig
     from csclip.train.stream import (
         decode_batch,
         image_shape,
@@ -87,7 +88,7 @@ def test_the_stream_carries_each_scenes_targets_cached_or_not():
 
 
 def _layout_config(**optim):
-    from csclip.train import TrainConfig
+    from csclip.config.train import TrainConfig
 
     return validate_config(TrainConfig, {
         "model": {"image_size": 32}, "data": {"world": WORLD.model_dump(), "batch_size": 16},

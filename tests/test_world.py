@@ -11,13 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from csclip.config import validate_config
+from csclip.config.world import WorldConfig
 from csclip.errors import ConfigError, DataError
 from csclip.units import ChangeType, UnitsRecord, read_units, validate_record
 from csclip.world import (
     PALETTE,
     Scene,
     SceneObject,
-    WorldConfig,
     WorldLanguageError,
     format_summary,
     iter_world,
@@ -344,22 +344,12 @@ def test_summary_counts_splits_and_every_change_type():
 
 
 @pytest.fixture
-def s3_world_uri(monkeypatch):
-    """A moto S3 server on 127.0.0.1 with one bucket; yields its s3:// prefix."""
-    boto3 = pytest.importorskip("boto3")
-    from moto.server import ThreadedMotoServer
+def s3_world_uri(s3_endpoint, monkeypatch):
+    """A bucket on the local S3 server; yields an s3:// prefix in it."""
+    from s3_helpers import fresh_bucket
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    for name, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                        "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1",
-                        "AWS_ENDPOINT_URL": endpoint}.items():
-        monkeypatch.setenv(name, value)
-    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="world")
-    yield "s3://world/v1"
-    server.stop()
+    with fresh_bucket(s3_endpoint, monkeypatch, "world", AWS_REGION="us-east-1"):
+        yield "s3://world/v1"
 
 
 def test_write_world_to_s3_reads_back(s3_world_uri):

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from csclip.config.world import WorldConfig
 from csclip.units import UNITS_SCHEMA, record_from_row
-from csclip.world import WorldConfig, iter_world
+from csclip.world import iter_world
 
 
 def test_world_dataset_matches_the_generator(ray_session):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from suites_helpers import FIXTURES, ColorScorer
 
+from csclip.config.world import WorldConfig
 from csclip.errors import DataError
 from csclip.eval.encoder import CaptionLengthScorer, Encoder
 from csclip.eval.zeroshot import (
@@ -17,7 +18,7 @@ from csclip.eval.zeroshot import (
     load_image_folder,
     world_zeroshot_tasks,
 )
-from csclip.world import WorldConfig, iter_world
+from csclip.world import iter_world
 from csclip.world.scene import scene_from_record
 
 

@@ -22,9 +22,10 @@ from paper_fixtures import (
     write_zeroshot_paper,
 )
 
+from csclip.config.eval import SuitesConfig
 from csclip.eval import zeroshot_paper
 from csclip.eval.encoder import Encoder
-from csclip.eval.suites import SuitesConfig, evaluate_named_suites, find_named_suites
+from csclip.eval.suites import evaluate_named_suites, find_named_suites
 from csclip.eval.zeroshot_paper import PAPER_DATASETS, paper_task, read_paper_dataset
 
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ ")

@@ -174,7 +174,8 @@ def stages(model_dir: str) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from ray.data.llm import build_processor
 
-    from csclip.extract.vllm import VllmConfig, processor_config
+    from csclip.config.extract import VllmConfig
+    from csclip.extract.vllm import processor_config
 
     report = {}
     for device in ("gpu", "cpu"):

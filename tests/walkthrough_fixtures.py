@@ -19,7 +19,7 @@ def write_coco_karpathy(root: Path, image_size: int = 32, seed: int = 0) -> Path
     walk-through's step 1 puts them on S3; returns the split file's path."""
     from PIL import Image
 
-    from csclip.world.config import WorldConfig
+    from csclip.config.world import WorldConfig
     from csclip.world.generate import world_record
 
     config = WorldConfig(seed=seed, image_size=image_size)
@@ -74,8 +74,9 @@ def complete_suites(data_root: Path, names: tuple[str, ...], limit: int = 40) ->
 
     from PIL import Image
 
+    from csclip.config.eval import SuitesConfig
     from csclip.errors import DataError
-    from csclip.eval.suites import SuitesConfig, find_named_suites
+    from csclip.eval.suites import find_named_suites
 
     config = SuitesConfig(names=names, data_root=str(data_root))
     written: list[str] = []

@@ -16,7 +16,7 @@ from csclip.config import parse_override, validate_config
 from csclip.errors import ConfigError
 
 if TYPE_CHECKING:  # torch: not for --help
-    from csclip.train import TrainConfig
+    from csclip.config.train import TrainConfig
 
 
 @dataclass(frozen=True)

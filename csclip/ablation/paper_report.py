@@ -29,10 +29,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from csclip.config import StrictModel
+from csclip.config.report import ReportConfig
 from csclip.errors import ConfigError, DataError
 from csclip.eval.paper_numbers import COMMIT, REPOSITORY, TABLES, PaperTable
-from csclip.tracking import TrackingConfig
 
 log = logging.getLogger(__name__)
 
@@ -46,18 +45,8 @@ TABLE_AXES: dict[str, tuple[str, ...]] = {"table16": ("units", "relfrac", "swapf
                                           "table17": ("lr", "wd", "bs")}
 
 
-class ReportTrackingConfig(TrackingConfig):
-    """The training `tracking` section (uri None: $MLFLOW_TRACKING_URI, else
-    sqlite:///mlflow.db; enabled), with the report's own experiment."""
-
-    experiment: str = "csclip-report"
 
 
-class ReportConfig(StrictModel):
-    """`csclip report`: where the tables go and where they are logged."""
-
-    tracking: ReportTrackingConfig = ReportTrackingConfig()
-    out_dir: str = "runs/paper-report"
 
 
 # ---------------------------------------------------------------------------------------

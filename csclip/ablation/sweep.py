@@ -38,7 +38,7 @@ from csclip.errors import ConfigError
 from csclip.markdoc import update_marked_section
 
 if TYPE_CHECKING:
-    from csclip.train import TrainConfig
+    from csclip.config.train import TrainConfig
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from csclip.ablation.report import TABLE_CAPTION, build_table, plot_curves
 from csclip.config import validate_config
 
 if TYPE_CHECKING:
-    from csclip.train import TrainConfig
+    from csclip.config.train import TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -141,9 +141,9 @@ def evaluate_trial(config: TrainConfig, checkpoint_uri: str, seed: int, suites: 
     """The HalfTruthReport (half-truth, image-side, and the suites: the world's by default,
     or `suites`, a SuitesConfig as a dict, e.g. real-data suites under a data root) of a
     trained checkpoint on the validation split."""
+    from csclip.config.eval import SuitesConfig
     from csclip.eval.halftruth import BenchmarkConfig
     from csclip.eval.pipeline import evaluate_bundle
-    from csclip.eval.suites import SuitesConfig
     from csclip.model import load_bundle
 
     bundle = load_bundle(checkpoint_uri)

@@ -7,9 +7,12 @@ import argparse
 import os
 import sys
 
+from csclip.config import apply_overrides, read_yaml, refuse_given, validate_config
+from csclip.config.train import TrainConfig
 from csclip.entry.common import (
     default_config_path,
     make_parser,
+    printed_config,
     run_guarded,
     setup_logging,
     shortcut_overrides,
@@ -101,23 +104,13 @@ SET_BY_THE_SWEEP = {
 def base_config(args: argparse.Namespace):
     """The sweep's base TrainConfig: --config, then the shortcuts, then --set; the fields
     the sweep sets itself (SET_BY_THE_SWEEP) refused in one line."""
-    from csclip import train
-    from csclip.config import (
-        apply_overrides,
-        check_settings,
-        read_yaml,
-        refuse_given,
-        validate_config,
-    )
-
     overrides = shortcut_overrides({
         "loss.method": args.method, "optim.max_steps": args.max_steps,
         "data.units_uri": args.units, "run.storage_path": args.out,
     }, args.overrides)
     data = apply_overrides(read_yaml(args.config), overrides)
     refuse_given(data, SET_BY_THE_SWEEP, accepted={"run.name": None, "tracking.enabled": True})
-    check_settings("csclip.train.loop:TrainConfig", data, str(args.config))  # before torch
-    return validate_config(train.TrainConfig, data, origin=str(args.config))
+    return validate_config(TrainConfig, data, origin=str(args.config))
 
 
 def _ablate(args: argparse.Namespace, command: str) -> int:
@@ -127,6 +120,8 @@ def _ablate(args: argparse.Namespace, command: str) -> int:
     from csclip.errors import ConfigError
 
     base = base_config(args)
+    if printed_config(args, base):
+        return 0
     if grids.is_paper_grid(args.grid):
         if args.full_grid:
             raise ConfigError("--full-grid: the authors' rows (--grid paper) are one-at-a-time; "
@@ -140,7 +135,7 @@ def _ablate(args: argparse.Namespace, command: str) -> int:
     suites = None
     if args.suite:  # checked before Ray starts; the root made absolute for the trials
         from csclip.config import validate_config
-        from csclip.eval.suites import SuitesConfig
+        from csclip.config.eval import SuitesConfig
 
         root = sweep.absolute_uri(args.data_root) if args.data_root else None
         suites = validate_config(SuitesConfig, {"names": args.suite, "data_root": root},

@@ -108,8 +108,8 @@ def _verify(args: argparse.Namespace) -> int:
     frozen = read_benchmark_file(args.file)
     records = []
     if None in frozen.images.values():  # images held by the units (the world's bytes)
+        from csclip.config.world import WorldConfig
         from csclip.records import load_split
-        from csclip.world.config import WorldConfig
 
         split = frozen.built_from.get("split")
         records = load_split(args.units, str(split or "val"), WorldConfig())

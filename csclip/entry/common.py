@@ -9,7 +9,9 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from csclip.config import add_config_arguments
+from pydantic import BaseModel
+
+from csclip.config import add_config_arguments, to_yaml
 from csclip.errors import CsclipError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -89,6 +91,15 @@ def run_guarded(call: Callable[[], int]) -> int:
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
         print(f"error: {'; '.join(lines)}", file=sys.stderr)
         return 2
+
+
+def printed_config(args: argparse.Namespace, config: BaseModel) -> bool:
+    """With --print-config: print the resolved config as YAML and return True (the command
+    then stops, having loaded nothing heavy); else False."""
+    if getattr(args, "print_config", False):
+        print(to_yaml(config), end="")
+        return True
+    return False
 
 
 def default_config_path(name: str) -> str:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from csclip.config import apply_overrides, read_yaml, validate_config
+from csclip.config.demo import DemoConfig
 from csclip.entry.common import (
     add_address_argument,
     default_config_path,
     make_parser,
+    printed_config,
     run_guarded,
     setup_logging,
     shortcut_overrides,
@@ -70,8 +73,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 def demo_config(args: argparse.Namespace):
     """The DemoConfig of the parsed flags: --config (a fine-tuning YAML, or a demo YAML
     with DemoConfig's sections), then the shortcuts, then --set."""
-    from csclip.config import apply_overrides, check_settings, read_yaml, validate_config
-
     no_warm_start = args.layout_steps == 0
     overrides = shortcut_overrides({
         "train.optim.max_steps": args.max_steps, "pretrain.optim.max_steps": args.pretrain_steps,
@@ -83,14 +84,13 @@ def demo_config(args: argparse.Namespace):
     data = apply_overrides(loaded if DEMO_SECTIONS & set(loaded) else {"train": loaded},
                            overrides)
     origin = f"demo with {args.config}"
-    check_settings("csclip.demo:DemoConfig", data, origin)  # before torch is imported
-    from csclip.demo import DemoConfig
-
     return validate_config(DemoConfig, data, origin=origin)
 
 
 def _demo(args: argparse.Namespace, command: str) -> int:
     config = demo_config(args)  # before csclip.demo (and torch) is imported
+    if printed_config(args, config):
+        return 0
     from csclip.demo import demo_summary, publish, run_demo
     from csclip.entry.ray_init import init_ray
 

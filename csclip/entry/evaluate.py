@@ -7,9 +7,12 @@ import os
 import sys
 from pathlib import Path
 
+from csclip.config import apply_overrides, read_yaml, refuse_given, validate_config
+from csclip.config.eval import EvalConfig
 from csclip.entry.common import (
     make_parser,
     mlflow_line,
+    printed_config,
     run_guarded,
     setup_logging,
     shortcut_overrides,
@@ -189,8 +192,8 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
 def several_models(args: argparse.Namespace, config) -> list:
     """The ModelSource of each model when several are named (else []): config.model's
     other fields (image_size, quick_gelu) with each (model, pretrained)."""
+    from csclip.config.model import ModelSource
     from csclip.errors import ConfigError
-    from csclip.model import ModelSource
 
     pairs = model_pairs(args)
     if len(pairs) < 2:
@@ -234,21 +237,9 @@ UNUSED_WITH_BENCHMARK_FILE = {
 def eval_config(args: argparse.Namespace):
     """The EvalConfig of the parsed flags (--config, shortcuts, --set), refusing the
     fields the run would not use (UNUSED_WITH_CHECKPOINT, UNUSED_WITH_BENCHMARK_FILE)."""
-    from csclip.config import (
-        apply_overrides,
-        check_settings,
-        read_yaml,
-        refuse_given,
-        validate_config,
-    )
-
     data = apply_overrides(read_yaml(args.config) if args.config else {},
                            overrides_from_args(args))
     origin = str(args.config or "config")
-    # A setting no field has is refused from the source, before torch is imported (~1 s).
-    check_settings("csclip.eval.pipeline:EvalConfig", data, origin)
-    from csclip.eval.pipeline import EvalConfig
-
     if data.get("checkpoint"):
         refuse_given(data, UNUSED_WITH_CHECKPOINT)
     benchmark = data.get("benchmark")
@@ -294,6 +285,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     from csclip.storage import output_lease, resolve_output
 
     config = eval_config(args)
+    if printed_config(args, config):
+        return 0
     # One evaluation per --out at a time: a second one's tables would replace the first's.
     with output_lease(resolve_output(config.out_dir, "out_dir"), "csclip evaluate"):
         return _evaluate_into(config, args)

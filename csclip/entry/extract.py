@@ -6,10 +6,13 @@ import argparse
 import sys
 import typing
 
+from csclip.config import load_config
+from csclip.config.extract import ExtractConfig
 from csclip.entry.common import (
     add_address_argument,
     make_parser,
     mlflow_line,
+    printed_config,
     run_guarded,
     setup_logging,
     shortcut_overrides,
@@ -35,19 +38,19 @@ EXAMPLES = (
 )
 
 def _backends() -> tuple[str, ...]:
-    from csclip.extract.backends import BackendName
+    from csclip.config.extract import BackendName
 
     return typing.get_args(BackendName)
 
 
 def _prompt_sets() -> tuple[str, ...]:
-    from csclip.extract.backends import PromptSet
+    from csclip.config.extract import PromptSet
 
     return typing.get_args(PromptSet)
 
 
 def _input_formats() -> tuple[str, ...]:
-    from csclip.extract.captions import InputFormat
+    from csclip.config.extract import InputFormat
 
     return typing.get_args(InputFormat)
 
@@ -108,10 +111,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
 
 def _extract(args: argparse.Namespace) -> int:
-    from csclip.config import load_named_config
-
-    config = load_named_config("csclip.extract.pipeline:ExtractConfig", args.config,
-                               overrides_from_args(args))
+    config = load_config(ExtractConfig, args.config, overrides_from_args(args))
+    if printed_config(args, config):
+        return 0
     from csclip.entry.ray_init import init_ray
     from csclip.extract.pipeline import read_input, run_extraction, with_input_format
 

@@ -6,9 +6,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from csclip.config import apply_overrides, read_yaml, validate_config
+from csclip.config.report import ReportConfig
 from csclip.entry.common import (
     make_parser,
     mlflow_line,
+    printed_config,
     run_guarded,
     setup_logging,
     shortcut_overrides,
@@ -56,19 +59,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
 def report_config(args: argparse.Namespace):
     """The ReportConfig of the parsed flags: --config, then --out, then --set."""
-    from csclip.config import apply_overrides, check_settings, read_yaml, validate_config
-
     origin = str(args.config) if args.config else "csclip report"
     data = apply_overrides(read_yaml(args.config) if args.config else {},
                            shortcut_overrides({"out_dir": args.out}, args.overrides))
-    check_settings("csclip.ablation.paper_report:ReportConfig", data, origin)
-    from csclip.ablation.paper_report import ReportConfig
-
     return validate_config(ReportConfig, data, origin=origin)
 
 
 def _report(args: argparse.Namespace) -> int:
     config = report_config(args)
+    if printed_config(args, config):
+        return 0
     from csclip.ablation.paper_report import parse_labels, run_report
 
     report = run_report(config, args.paper, parse_labels(args.label))

@@ -6,11 +6,14 @@ import argparse
 import logging
 import sys
 
+from csclip.config import load_config
+from csclip.config.train import TrainConfig
 from csclip.entry.common import (
     add_address_argument,
     default_config_path,
     make_parser,
     mlflow_line,
+    printed_config,
     run_guarded,
     setup_logging,
     shortcut_overrides,
@@ -85,11 +88,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from csclip.config import load_named_config
-
-    # Settings checked before csclip.train.loop (and torch) is imported: a typo costs ~1 s.
-    config = load_named_config("csclip.train.loop:TrainConfig", args.config,
-                               overrides_from_args(args))
+    # The whole config is checked before csclip.train.loop (and torch) is imported.
+    config = load_config(TrainConfig, args.config, overrides_from_args(args))
+    if printed_config(args, config):
+        return 0
     from csclip.entry.ray_init import init_ray
     from csclip.pretrained import resolve_tag_weights
     from csclip.train import run

@@ -112,9 +112,9 @@ def build_frozen_benchmark(
     through csclip.authors), a units table's `split`, or, with no URI, the
     synthetic world's split. image_root is joined to relative image paths of unit files
     and of units tables."""
+    from csclip.config.world import WorldConfig
     from csclip.records import load_split
     from csclip.units import units_table_uri
-    from csclip.world.config import WorldConfig
 
     built_from: dict[str, object] = {"units": units_uri or "synthetic world", "split": split}
     # An extraction's --out folder holds JSON markers beside units/: a units table.

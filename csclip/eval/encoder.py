@@ -14,9 +14,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
-from pydantic import Field
 
-from csclip.config import StrictModel
+from csclip.config.eval import ScoringConfig
 from csclip.errors import DataError
 from csclip.model import ClipBundle
 from csclip.progress import progress
@@ -270,13 +269,6 @@ def merge_features(first: FeatureTables, second: FeatureTables) -> FeatureTables
     return FeatureTables(text_index, text_features, image_index, image_features)
 
 
-class ScoringConfig(StrictModel):
-    batch_size: int = Field(64, ge=1)
-    device: str = "cpu"
-    # Above this many images the encoders run on Ray Data actors; below, in process
-    # (starting Ray costs seconds, which small sets never win back).
-    ray_min_images: int = Field(5000, ge=0)
-    ray_concurrency: int = Field(1, ge=1)  # model actors
 
 
 def image_key(source: ImageSource) -> str:

@@ -11,9 +11,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from csclip.config import StrictModel, flatten
+from csclip.config import flatten
+from csclip.config.eval import (
+    EvalConfig,
+    EvalDataConfig,
+    ScoringConfig,
+    SuitesConfig,
+)
+from csclip.config.model import ModelSource
 from csclip.errors import ConfigError
-from csclip.eval.encoder import Encoder, ScoringConfig
+from csclip.eval.encoder import Encoder
 from csclip.eval.halftruth import (
     CONDITIONS,
     BenchmarkConfig,
@@ -25,7 +32,6 @@ from csclip.eval.halftruth import (
     score_items,
 )
 from csclip.eval.report import (
-    DEFAULT_RESULTS_TEMPLATE,
     ComparisonReport,
     HalfTruthReport,
     ModelIdentity,
@@ -34,49 +40,18 @@ from csclip.eval.report import (
     log_comparison,
     write_outputs,
 )
-from csclip.eval.suites import NamedSuites, SuitesConfig, evaluate_suites, find_named_suites
-from csclip.model import ClipBundle, ModelSource
-from csclip.tracking import TrackingConfig, resolve_uri
+from csclip.eval.suites import NamedSuites, evaluate_suites, find_named_suites
+from csclip.model import ClipBundle
+from csclip.tracking import resolve_uri
 from csclip.units import UnitsRecord
-from csclip.world.config import WorldConfig
 
 log = logging.getLogger(__name__)
 
 
-class EvalDataConfig(StrictModel):
-    """Where the evaluation records come from."""
-
-    units_uri: str | None = None  # None: generate the synthetic world's split on the fly
-    split: str = "val"  # SPEC §4: the benchmark is built from validation units
-    world: WorldConfig = WorldConfig()
 
 
-class EvalTrackingConfig(TrackingConfig):
-    """The training `tracking` section (uri None: $MLFLOW_TRACKING_URI, else
-    sqlite:///mlflow.db; enabled), with the evaluation's own experiment."""
-
-    experiment: str = "csclip-eval"
 
 
-class EvalConfig(StrictModel):
-    """The evaluation pipeline's config (pipelines/evaluate.py)."""
-
-    model: ModelSource = ModelSource()  # only what evaluation reads: no training options
-    checkpoint: str | None = None  # a csclip checkpoint directory; overrides model
-    data: EvalDataConfig = EvalDataConfig()
-    benchmark: BenchmarkConfig = BenchmarkConfig()
-    scoring: ScoringConfig = ScoringConfig()
-    tracking: EvalTrackingConfig = EvalTrackingConfig()
-    # Retrieval and compositional suites next to the half-truth benchmark (Tables 16-17).
-    suites: SuitesConfig = SuitesConfig()
-    out_dir: str = "runs/eval"
-    # Seeds torch before the model is created: a model with random weights (no pretrained,
-    # no checkpoint) is the same model, and scores the same, in every run of the command.
-    seed: int = 0
-    # One JSON per model and benchmark in CLIP_benchmark's shape, named by this template
-    # (relative to out_dir; its --output with {model}, {pretrained}, {pretrained_full_path},
-    # {dataset}, {task}: csclip.eval.report.result_name).
-    results_template: str = DEFAULT_RESULTS_TEMPLATE
 
 
 def evaluate_encoder(

@@ -364,8 +364,6 @@ def plot_figure3(reports: Mapping[str, HalfTruthReport], path: Path) -> Path:
 # Results as CLIP_benchmark writes them: one JSON per model and benchmark
 # ---------------------------------------------------------------------------------------
 
-# CLIP_benchmark's --output default, without {language} (our benchmarks are English).
-DEFAULT_RESULTS_TEMPLATE = "{dataset}_{pretrained}_{model}_{task}.json"
 HALF_TRUTH = ("halftruth", "half_truth")  # (dataset, task) of the half-truth benchmark
 
 

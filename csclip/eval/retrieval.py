@@ -16,10 +16,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
+from csclip.config.eval import RetrievalCounting
 from csclip.errors import DataError
 from csclip.eval.encoder import Encoder, FeatureTables, image_sources
 from csclip.units import UnitsRecord
@@ -28,7 +28,6 @@ log = logging.getLogger(__name__)
 
 RECALL_KS: tuple[int, ...] = (1, 5, 10)
 BLOCK_ROWS = 1024  # similarity rows computed at once: bounds memory on large sets
-RetrievalCounting = Literal["strict", "clip_benchmark"]
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from csclip.units import RejectReason
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from csclip.extract.backends import BackendConfig
+    from csclip.config.extract import BackendConfig
 
 ANSWERS_COLUMN = "answers_json"  # replay: the caption's stored answers, on its caption row
 REPAIR = "repair"  # csclip's prompt set: the one repair call after a rejected answer

@@ -14,7 +14,7 @@ from csclip.units import record_to_row
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from csclip.extract.captions import InputConfig
+    from csclip.config.extract import InputConfig
 
 
 def read_authors_input(cfg: InputConfig) -> ReadResult:

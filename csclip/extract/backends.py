@@ -16,14 +16,11 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Literal
 
 import pyarrow as pa
-from pydantic import model_validator
+import pyarrow.compute as pc
 
-from csclip.config import StrictModel
 from csclip.extract.prompts import UNITS_ANSWER_SCHEMA
-from csclip.extract.vllm import VllmConfig
 from csclip.units import (
     Foil,
     Rejection,
@@ -36,33 +33,6 @@ from csclip.units import (
     record_to_row,
     validate_record,
 )
-
-BackendName = Literal["vllm", "rules", "gold", "authors", "replay"]
-PromptSet = Literal["csclip", "authors"]
-
-
-class BackendConfig(StrictModel):
-    """Which backend extracts units; `vllm` holds the LLM settings."""
-
-    name: BackendName = "gold"
-    vllm: VllmConfig = VllmConfig()
-    # The LLM's prompt set (vllm, replay). csclip: one call per caption, our prompt and
-    # foil rules (docs/extraction.md says what it changes). authors: the authors' three
-    # calls, prompts, sampling and filters, to reproduce the paper's units.
-    prompts: PromptSet = "csclip"
-    # replay: the raw answers a vllm run stored (its answers/ folder, a *.jsonl file or a
-    # glob; local or s3://); the units are re-derived from them with no LLM.
-    answers: str | None = None
-
-    @model_validator(mode="after")
-    def _replay_needs_answers(self) -> BackendConfig:
-        if self.name == "replay" and not self.answers:
-            raise ValueError("backend.name=replay needs backend.answers: the answers/ folder "
-                             "(or a .jsonl file) of an earlier vllm run")
-        if self.prompts != "csclip" and self.name not in ("vllm", "replay"):
-            raise ValueError(f"backend.prompts={self.prompts} is a prompt set of the LLM: "
-                             "it needs backend.name=vllm or replay")
-        return self
 
 
 class Status:
@@ -329,6 +299,16 @@ def outcome_row(row: dict, outcome: Outcome, *, attempt: int = 0, repair: bool =
         "authors_json": (json.dumps(outcome.authors_entry) if outcome.authors_entry is not None
                          else None),
     }
+
+
+def shard_blocks(rows: pa.Table, rows_per_block: int) -> list[pa.Table]:
+    """Caption rows (with `shard`) cut into blocks of at most `rows_per_block` rows, in
+    shard order, a block never spanning two shards: shards then come back roughly in
+    order, so the driver holds few partial shards and a crash loses little finished work."""
+    shards = rows.column("shard")
+    return [shard.slice(start, rows_per_block).combine_chunks()
+            for shard in (rows.filter(pc.equal(shards, k)) for k in sorted(set(shards.to_pylist())))
+            for start in range(0, shard.num_rows, rows_per_block)]
 
 
 def record_from_result(result: dict) -> UnitsRecord:

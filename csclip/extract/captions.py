@@ -15,25 +15,22 @@ import logging
 import posixpath
 import re
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-from pydantic import Field, field_validator, model_validator
 
 from csclip import storage
-from csclip.config import StrictModel
+from csclip.config.extract import InputConfig, InputFormat
 from csclip.errors import DataError
 from csclip.karpathy import read_karpathy
 from csclip.units import record_to_row
-from csclip.world.config import WorldConfig
 
 if TYPE_CHECKING:
     import ray.data
 
 log = logging.getLogger(__name__)
 
-InputFormat = Literal["karpathy", "coco", "sugarcrepe", "csv", "jsonl", "txt", "world"]
 
 # A file's format from its suffix (resolve_format); .json is told apart by name, else content.
 SUFFIX_FORMATS: dict[str, InputFormat] = {".txt": "txt", ".csv": "csv", ".tsv": "csv",
@@ -53,48 +50,6 @@ CAPTION_SCHEMA = pa.schema([
 ])
 
 
-class InputConfig(StrictModel):
-    """Where the captions come from."""
-
-    # None: the synthetic world without input.uri, else the file's format, from its name
-    # (.txt, .csv/.tsv, .jsonl; a .json by name or content: resolve_format).
-    format: InputFormat | None = None
-    uri: str | None = None  # file or directory (SugarCrepe: a directory of *.json); s3:// ok
-    # The split written for formats that carry none (COCO captions_*.json is inferred from
-    # its file name, SugarCrepe defaults to "test", CSV/JSONL to "train" unless a column has it).
-    split: str | None = None
-    splits: tuple[str, ...] | None = None  # keep only these splits (None: all)
-    image_root: str | None = None  # prefix joined to relative image paths
-    limit: int | None = Field(None, ge=1)  # keep the first N captions by sample_id
-    endpoint_url: str | None = None  # S3 endpoint override (else AWS_ENDPOINT_URL)
-    # Karpathy's "restval" images are train images in every CLIP fine-tuning recipe.
-    restval_as_train: bool = True
-    world: WorldConfig = WorldConfig()
-    # CSV / TSV columns and separator, as open_clip_train's --csv-img-key, --csv-caption-key
-    # and --csv-separator name them, with its defaults (a tab whatever the suffix; a
-    # backslash and a t, as a shell passes "\t", is a tab too, as open_clip's pandas reads it).
-    csv_img_key: str = "filepath"
-    csv_caption_key: str = "title"
-    csv_separator: str = "\t"
-
-    @field_validator("csv_separator")
-    @classmethod
-    def _one_character(cls, value: str) -> str:
-        value = "\t" if value == "\\t" else value
-        if len(value) != 1:
-            raise ValueError(f"input.csv_separator must be one character, got {value!r}")
-        return value
-
-    @model_validator(mode="after")
-    def _uri_for_files(self) -> InputConfig:
-        if self.format not in (None, "world") and not self.uri:
-            raise ValueError(f"input.uri is required for format {self.format!r}")
-        return self
-
-    @property
-    def is_world(self) -> bool:
-        """Whether the captions are the synthetic world's (format world, or none and no uri)."""
-        return self.format == "world" or (self.format is None and self.uri is None)
 
 
 def _row(sample_id: str, image_id: str, image_path: str | None, caption: str, split: str,

@@ -21,23 +21,25 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from functools import partial
-from typing import Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pydantic import Field, model_validator
 
 from csclip import storage
-from csclip.config import StrictModel, flatten
+from csclip.config import flatten
+from csclip.config.extract import (
+    ExtractConfig,
+    OutputConfig,
+    VllmConfig,
+)
 from csclip.errors import ConfigError, DataError
 from csclip.extract import answers, backends
 from csclip.extract.authors import authors_caption_table
-from csclip.extract.backends import RESULT_SCHEMA, BackendConfig, Outcome, Status
-from csclip.extract.captions import InputConfig, caption_table, resolve_format
+from csclip.extract.backends import RESULT_SCHEMA, Outcome, Status
+from csclip.extract.captions import caption_table, resolve_format
 from csclip.extract.prompts import extraction_messages, repair_messages
-from csclip.extract.vllm import ERROR_COLUMN, Engine, VllmConfig, add_prompt_columns
-from csclip.tracking import TrackingConfig
+from csclip.extract.vllm import ERROR_COLUMN, Engine, add_prompt_columns
 from csclip.units import (
     EXTRACTION_COMPLETE,
     EXTRACTION_DONE_DIR,
@@ -59,55 +61,10 @@ REJECTS_SCHEMA = pa.schema([
 MANIFEST = EXTRACTION_MANIFEST
 
 
-class OutputConfig(StrictModel):
-    """Where the units and rejects tables go."""
-
-    uri: str = "runs/extract"  # local dir or s3://bucket/prefix; units/ and rejects/ below
-    shard_size: int = Field(1000, ge=1)  # captions per shard (unit of resume)
-    endpoint_url: str | None = None  # S3 endpoint override (else AWS_ENDPOINT_URL)
-    # authors: also write authors/part-K.json, the units in the authors' released format
-    # (backend.prompts=authors only: the entries their code would write).
-    format: Literal["units", "authors"] = "units"
-    # A JSON Lines file (local or s3://) of every request sent, rebuilt after the run from
-    # the stored answers (csclip.extract.answers.prompt_requests).
-    dump_prompts: str | None = None
 
 
-class ExtractTrackingConfig(TrackingConfig):
-    """MLflow, as for training (uri None: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db;
-    `enabled: false` skips logging), with the extraction's own experiment and run name."""
-
-    experiment: str = "extract_units"
-    run_name: str | None = None
 
 
-class ExtractConfig(StrictModel):
-    """pipelines/extract_units.py: one config, sections mirror the YAML."""
-
-    input: InputConfig = InputConfig()
-    backend: BackendConfig = BackendConfig()
-    output: OutputConfig = OutputConfig()
-    tracking: ExtractTrackingConfig = ExtractTrackingConfig()
-
-    @model_validator(mode="after")
-    def _gold_needs_world(self) -> ExtractConfig:
-        if self.backend.name == "gold" and not self.input.is_world:
-            raise ValueError("backend.name=gold needs input.format=world (only the synthetic "
-                             "world has gold units); use backend.name=rules or vllm")
-        if self.output.format == "authors" and self.backend.prompts != "authors":
-            raise ValueError("output.format=authors writes the entries of the authors' prompt "
-                             "set: it needs backend.prompts=authors")
-        if self.output.dump_prompts and self.backend.name not in ("vllm", "replay"):
-            raise ValueError("output.dump_prompts writes LLM requests: it needs backend.name="
-                             "vllm or replay")
-        if self.input.format == "world" and self.input.uri and self.backend.name != "authors":
-            raise ValueError(f"input.format=world generates its captions: input.uri "
-                             f"{self.input.uri} would be ignored; drop input.format (the "
-                             "file's format follows its name) or input.uri")
-        if self.backend.name == "authors" and not self.input.uri:
-            raise ValueError("backend.name=authors needs input.uri: the authors' unit files "
-                             "(a JSON/JSONL file, a directory of them or a glob, local or s3://)")
-        return self
 
 
 @dataclass(frozen=True)

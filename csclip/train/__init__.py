@@ -14,18 +14,10 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from csclip.train.loop import (
-        RunSection,
-        TrainConfig,
-        TrainResult,
-        finished_result,
-        run,
-        run_name,
-        storage_root,
-    )
+    from csclip.config.train import RunSection, TrainConfig
+    from csclip.train.loop import TrainResult, finished_result, run, run_name, storage_root
 
-__all__ = ["RunSection", "TrainConfig", "TrainResult", "finished_result", "run", "run_name",
-           "storage_root"]
+__all__ = ["TrainResult", "finished_result", "run", "run_name", "storage_root"]
 
 
 def __getattr__(name: str):

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from csclip.train.loop import TrainConfig
+    from csclip.config.train import TrainConfig
 
 
 def start_line(config: TrainConfig, name: str) -> str:

@@ -20,7 +20,8 @@ from csclip.model import CONFIG_FILE, SPEC_FILE, WEIGHTS_FILE
 from csclip.train.identity import run_identity, run_name
 
 if TYPE_CHECKING:
-    from csclip.train.loop import TrainConfig, TrainResult
+    from csclip.config.train import TrainConfig
+    from csclip.train.loop import TrainResult
 
 logger = logging.getLogger(__name__)
 
@@ -113,8 +114,8 @@ _RETIRED_RUN_FIELDS = ("fail_after_step",)
 
 
 def _saved_identity(fs, file: str) -> str:
+    from csclip.config.train import TrainConfig
     from csclip.storage import read_bytes
-    from csclip.train.loop import TrainConfig
 
     data = json.loads(read_bytes(fs, file))
     for key in _RETIRED_RUN_FIELDS:

@@ -8,7 +8,7 @@ import json
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from csclip.train.loop import TrainConfig
+    from csclip.config.train import TrainConfig
 
 
 # A run's identity: the fields that say what is trained. The run name is

@@ -17,7 +17,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import signal
 import tempfile
 import threading
@@ -29,16 +28,19 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import Field, field_validator, model_validator
 
-from csclip.config import StrictModel, flatten
+from csclip.config import flatten
+from csclip.config.train import (
+    DataConfig,
+    RunSection,
+    TrainConfig,
+)
 from csclip.errors import CheckpointMismatch, ConfigError
-from csclip.loss import LossConfig, objective_for
+from csclip.loss import objective_for
 from csclip.model import (
     SPEC_FILE,
     TRAIN_STATE_FILE,
     ClipBundle,
-    ModelConfig,
     ModelSpec,
     apply_training_options,
     bundle_from_config,
@@ -50,7 +52,6 @@ from csclip.model import (
     save_checkpoint,
     spec_of,
 )
-from csclip.tracking import TrackingConfig
 from csclip.train import rng as generators
 from csclip.train.console import first_step_line, step_line
 from csclip.train.finished import (
@@ -61,7 +62,6 @@ from csclip.train.finished import (
     read_metrics,
 )
 from csclip.train.global_batch import (
-    check_global_batch,
     shard_name,
     training_datasets,
     worker_batch_size,
@@ -75,133 +75,27 @@ from csclip.train.identity import (  # noqa: F401  (re-exported)
     run_name,
 )
 from csclip.train.lookahead import NextEpoch, epochs_ahead
-from csclip.train.optim import OptimConfig, lr_at
+from csclip.train.optim import lr_at
 from csclip.train.prepared import ImageNormalizer
-from csclip.train.sampling import SamplingConfig
 from csclip.train.step import (
-    CompileMode,
-    Precision,
     StepMetrics,
     StepOptions,
     Training,
-    autocast_dtype,  # noqa: F401  (re-exported: defined here before csclip.train.step)
     build_training,
-    compute_loss,  # noqa: F401  (re-exported)
     train_step,
 )
-from csclip.train.stream import DataConfig
 
 logger = logging.getLogger(__name__)
 
 
 
-RUN_NAME_MAX = 200
-RUN_NAME_PATTERN = re.compile(rf"[A-Za-z0-9_-][A-Za-z0-9._-]{{0,{RUN_NAME_MAX - 1}}}")
 
 
 _DRIVER_DATA_PASSES = threading.Lock()  # _train: one run's driver-side data passes at a time
 
 
-class RunSection(StrictModel):
-    """The `run` section: naming, storage, checkpoints, workers."""
-
-    name: str | None = None  # None: "<method>-<hash of the resolved config>"
-    storage_path: str = "runs/train"  # local path or s3://; Ray Train's RunConfig.storage_path
-    checkpoint_every: int = Field(100, ge=1)  # optimizer steps between checkpoints
-    num_to_keep: int = Field(2, ge=1)
-    num_workers: int = Field(1, ge=1)  # one per GPU on a cluster; gloo workers on CPU
-    cpus_per_worker: float = Field(1.0, gt=0)
-    # torch intra-op threads per worker; None: Ray's default, one per CPU of cpus_per_worker.
-    # More than the CPUs Ray reserves lets a worker use cores the data stage leaves idle.
-    torch_threads: int | None = Field(None, ge=1)
-    # Level of Ray Train's own console lines; the step lines are ours and always shown.
-    ray_train_log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
-    use_gpu: bool = False
-    # auto: bf16 autocast on GPU, fp32 on CPU. fp16 adds a gradient scaler. bf16_pure:
-    # the model runs in bf16 (no autocast casts), AdamW steps fp32 master weights, the
-    # loss stays fp32 (csclip.train.step.Bf16Shadow).
-    precision: Precision = "auto"
-    compile: bool = False  # torch.compile the model (the DDP-wrapped one, as open_clip_train)
-    compile_mode: CompileMode = "default"
-    channels_last: bool = False  # images and the patch convolution in NHWC
-    # The text tower runs each row only up to its end-of-text token (the same features to
-    # float rounding, ~2x less text work on short units; csclip.train.trimmed_text). It
-    # reads each batch's lengths, one host sync per step on a GPU.
-    trim_text: bool = True
-    # MiB of a locked image tower's features kept per distinct image, so that the tower
-    # runs once per image rather than once per epoch (CPU runs with trim_text, without
-    # compile; csclip.train.locked_images). 0: the tower runs on every batch.
-    locked_image_cache_mb: float = Field(256, ge=0)
-    # The least time between two passes of Ray Data's scheduling loop in a worker's process
-    # (csclip.train.pace): unpaced, the loop holds the GIL the step needs. None: Ray's loop.
-    data_loop_period_s: float | None = Field(0.02, gt=0, le=1)
-    # Start from this checkpoint directory (a checkpoint_* directory of any run, with its
-    # train_state.pt; a local path every worker reads): model, optimizer, scaler and step.
-    # The run's own checkpoints, once it has any, take precedence (restarts resume there).
-    resume_from: str | None = None
-    seed: int = 42
-    # Steps between log lines, MLflow flushes and the host reading the step metrics (the
-    # only host-device sync of the loop outside checkpoints).
-    log_every: int = Field(10, ge=1)
-    max_failures: int = Field(0, ge=0)  # worker-group restarts (each resumes from a checkpoint)
-    # Custom resources each worker also takes, e.g. {"csclip_train": 1} so that workers land
-    # only on the nodes that advertise it (cluster.yaml's training nodes), one per unit.
-    worker_resources: dict[str, float] = Field(default_factory=dict)
-    # Evaluation during training (csclip.train.periodic), rank 0: every eval_every steps the
-    # half-truth and retrieval metrics of the first eval_max_images validation images are
-    # logged as val_<key>, and the weights with the best `best_metric` (a report key such
-    # as ht_all, ret_i2t; best_mode max or min) are kept in <storage>/<run>/best/.
-    eval_every: int | None = Field(None, ge=1)
-    eval_max_images: int = Field(200, ge=1)
-    best_metric: str = "ht_all"
-    best_mode: Literal["max", "min"] = "max"
-
-    @field_validator("name")
-    @classmethod
-    def _safe_name(cls, value: str | None) -> str | None:
-        # The name is a directory under storage_path (a "/" or ".." would leave it) and a
-        # value inside MLflow's search filters (a quote would break them).
-        if value is None:
-            return None
-        if not RUN_NAME_PATTERN.fullmatch(value) or ".." in value:
-            raise ValueError(f"{value[:80]!r}: a run name is 1-{RUN_NAME_MAX} characters of "
-                             "A-Z a-z 0-9 . _ -, not starting with '.' and without '..'")
-        return value
-
-    @field_validator("resume_from")
-    @classmethod
-    def _local_absolute_path(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        if "://" in value:
-            raise ValueError(f"{value}: resume_from takes a local checkpoint directory; copy "
-                             "it from storage first (or rerun the same config to resume by name)")
-        # Ray workers run in their own working directory.
-        return str(Path(value).expanduser().resolve())
 
 
-class TrainConfig(StrictModel):
-    """One fine-tuning run: pipelines/train.py, Tune trials and the demo all build this."""
-
-    model: ModelConfig = ModelConfig()
-    data: DataConfig = DataConfig()
-    sampling: SamplingConfig = SamplingConfig()
-    loss: LossConfig = LossConfig()
-    optim: OptimConfig = OptimConfig()
-    run: RunSection = RunSection()
-    tracking: TrackingConfig = TrackingConfig()
-
-    @model_validator(mode="after")
-    def _batch_splits_into_micro_batches(self) -> TrainConfig:
-        data, workers = self.data, self.run.num_workers
-        if data.batch_scope == "global":
-            check_global_batch(data.batch_size, workers, self.loss.gather, data.shuffle_buffer)
-        batch = worker_batch_size(data.batch_size, data.batch_scope, workers)
-        if batch % self.optim.accum_freq:
-            raise ValueError(f"a worker's batch of {batch} rows is not a multiple of "
-                             f"optim.accum_freq {self.optim.accum_freq}; each step's batch is "
-                             "split into accum_freq equal micro-batches")
-        return self
 
 
 @dataclass(frozen=True)

@@ -5,69 +5,10 @@ scheduler), with the authors' per-epoch stepping kept as a named option (SPEC §
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
 
 import torch
-from pydantic import Field, model_validator
 
-from csclip.config import StrictModel
-
-# The authors' scheduler (their configs/optimizer/adamw_ft.yaml, utils/optimizer_factory.py):
-# linear warmup over 3 epochs from 0.1 x lr (torch LambdaLR), then CosineAnnealingLR. Their
-# config asks for a floor of min_lr_ratio 0.01 x lr, but the code reads the lr for eta_min
-# after the warmup scheduler has already scaled it to 0.1 x lr, so the floor in effect is
-# 0.001 x lr. `schedule: authors_per_epoch` fills these when they are left unset.
-AUTHORS_SCHEDULE: dict[str, float] = {"warmup_epochs": 3.0, "warmup_start_ratio": 0.1,
-                                      "min_lr_ratio": 0.001}
-
-
-class OptimConfig(StrictModel):
-    """The `optim` section: AdamW with a warmup + cosine schedule."""
-
-    lr: float = Field(5e-6, gt=0)
-    weight_decay: float = Field(0.01, ge=0)
-    # False: open_clip's groups (no decay on gains, biases, logit_scale). True: every
-    # parameter decays, as in the authors' AdamW(model.parameters(), weight_decay=...).
-    decay_all_params: bool = False
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = Field(1e-6, gt=0)
-    warmup_steps: int = Field(50, ge=0)
-    # Warmup length in epochs (x steps per epoch); when set it replaces warmup_steps.
-    warmup_epochs: float | None = Field(None, ge=0)
-    # None: open_clip's warmup, lr * (step + 1) / warmup. r: linear from r * lr at step 0
-    # to lr at the end of warmup (the authors' LambdaLR, r = 0.1).
-    warmup_start_ratio: float | None = Field(None, ge=0, le=1)
-    min_lr_ratio: float | None = Field(None, ge=0, le=1)  # cosine floor / lr; None: 0
-    epochs: int = Field(5, ge=1)
-    max_steps: int | None = Field(None, ge=1)  # stop after this many steps (overrides epochs)
-    grad_clip: float | None = Field(1.0, gt=0)  # max gradient norm; None: no clipping
-    # The temperature's ceiling: logit_scale clamped to ln(this) after every step, as
-    # open_clip_train (100). None: never clamped, as the authors' code (configs/paper.yaml).
-    logit_scale_max: float | None = Field(100.0, gt=1)
-    # Gradient accumulation: each step's batch (data.batch_size) is encoded in accum_freq
-    # micro-batches; the loss is still one loss over the whole batch (csclip.train.step), so
-    # loss and gradients equal the unsplit step's. Less activation memory, ~1/3 more compute.
-    accum_freq: int = Field(1, ge=1)
-    fused: bool = True  # fused AdamW kernel (CUDA, and CPU: 1/7 of the foreach step's time)
-    # cosine: warmup then cosine, advanced every optimizer step (as intended).
-    # authors_per_epoch: the authors' run. Their scheduler is built over optimizer steps
-    # but stepped once per epoch, so during epoch e it sits at step e: warmup never ends
-    # and the lr stays at ~0.1 x lr for the whole run (SPEC §6). Unset warmup_epochs,
-    # warmup_start_ratio and min_lr_ratio take the authors' values (AUTHORS_SCHEDULE).
-    schedule: Literal["cosine", "authors_per_epoch", "constant"] = "cosine"
-
-    @model_validator(mode="before")
-    @classmethod
-    def _authors_schedule_values(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("schedule") == "authors_per_epoch":
-            data = {**data, **{k: v for k, v in AUTHORS_SCHEDULE.items() if data.get(k) is None}}
-        return data
-
-    @model_validator(mode="after")
-    def _betas_in_range(self) -> OptimConfig:
-        if not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"betas {self.betas} must each be in [0, 1)")
-        return self
+from csclip.config.train import OptimConfig
 
 
 def warmup_steps_of(optim: OptimConfig, steps_per_epoch: int) -> int:

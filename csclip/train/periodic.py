@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from csclip.eval.encoder import Encoder, ScoringConfig
+from csclip.config.eval import ScoringConfig, SuitesConfig
+from csclip.eval.encoder import Encoder
 from csclip.eval.halftruth import BenchmarkConfig, prepare_benchmark
 from csclip.eval.pipeline import evaluate_encoder
-from csclip.eval.suites import SuitesConfig
 from csclip.model import ClipBundle, ModelSpec, save_checkpoint
 from csclip.train.holdout import METRIC as HELD_OUT_METRIC
 from csclip.train.holdout import HeldOut

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from csclip.config.train import DataConfig
 from csclip.errors import ConfigError, DataError
 from csclip.train.malloc import reuse_freed_memory
 from csclip.train.stream import (
@@ -35,7 +36,6 @@ from csclip.train.stream import (
     DECODED,
     IMAGE_SOURCE_COLUMNS,
     PIXELS,
-    DataConfig,
     _fixed_size_list,
     decode_image,
     deterministic,

@@ -11,11 +11,9 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import Field
-
-from csclip.config import StrictModel
+from csclip.config.train import SamplingConfig
 from csclip.shuffles import permute_positions, shuffle_trigrams, shuffle_within_trigrams
 from csclip.units import (
     ChangeType,
@@ -26,36 +24,6 @@ from csclip.units import (
     render_relation,
     stored_shuffles,
 )
-
-
-class SamplingConfig(StrictModel):
-    """How the text slots of a training sample are drawn (SPEC §3). Defaults follow the
-    authors' COCO config (their configs/dataset/coco_neg.yaml and utils/sampler.py)."""
-
-    num_unit_slots: int = Field(2, ge=1, le=16)      # N (paper: 2; ablated 1..4)
-    # P(a slot tries a relation first); it falls back to the other kind only when the sample
-    # has none with a foil, so this is the share of relation slots (paper: 1.0).
-    relation_prob: float = Field(1.0, ge=0, le=1)
-    # Caption-level negative, first that applies: a word-order shuffle with swap_prob, else
-    # an in-place entity foil with inplace_prob, else a composite (SPEC §3). The authors'
-    # COCO config sets both to 1.0; Tables 16-17 ablate swap_prob ("swap-foil fraction").
-    swap_prob: float = Field(1.0, ge=0, le=1)
-    inplace_prob: float = Field(1.0, ge=0, le=1)
-    # Composite: P("entities where s r' o") when the sample has a stored relation foil, else
-    # "other entities and one entity foil" (the authors' negative_relation_sample_prob).
-    relation_negative_prob: float = Field(0.5, ge=0, le=1)
-    entity_context_prob: float = Field(0.5, ge=0, le=1)  # "A and C" vs "A' and C" (SPEC: 0.5)
-    # Negation foils ("is not on") are relation-foil candidates in the authors' sampler, so
-    # in the paper's runs; False leaves them out (SPEC §2 keeps them out of the tables).
-    use_negation: bool = True
-    # Ours, empty in every paper preset: relative weights of the relation-foil
-    # candidates by change type (antonym, negation, subject_object_swap, subject_replace,
-    # object_replace; a type not named weighs 1). Empty: the authors' uniform draw. E.g.
-    # {antonym: 3, subject_object_swap: 3} spends more of L_unit on the foils that only
-    # the layout or the word order tells apart. A relation whose candidates all weigh 0
-    # falls back to the uniform draw.
-    relation_foil_weights: dict[ChangeType, Annotated[float, Field(ge=0)]] = Field(
-        default_factory=dict)
 
 
 @dataclass(frozen=True)

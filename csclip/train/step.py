@@ -12,20 +12,15 @@ import copy
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 from torch import Tensor
 
+from csclip.config.train import CompileMode, OptimConfig, Precision
 from csclip.loss import LossParts, Objective
 from csclip.train.locked_images import LockedImageFeatures, tower_is_fixed
-from csclip.train.optim import OptimConfig, build_optimizer
+from csclip.train.optim import build_optimizer
 from csclip.train.trimmed_text import TrimmedTextForward, can_trim
-
-# auto: bf16 autocast on GPU, fp32 on CPU. fp16 adds a gradient scaler. bf16_pure: bf16
-# weights, activations and gradients with fp32 master weights in the optimizer.
-Precision = Literal["auto", "fp32", "bf16", "fp16", "bf16_pure"]
-CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 
 
 @dataclass(frozen=True)

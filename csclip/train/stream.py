@@ -30,18 +30,16 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-from pydantic import Field, model_validator
 
-from csclip.config import StrictModel
+from csclip.config.train import DataConfig, SamplingConfig
 from csclip.errors import DataError
 from csclip.train.malloc import reuse_freed_memory
-from csclip.train.sampling import SamplingConfig, sample_text_columns
+from csclip.train.sampling import sample_text_columns
 from csclip.units import SWAP_NEGATIVES_META, record_from_row, unit_columns
-from csclip.world.config import WorldConfig
 
 if TYPE_CHECKING:  # csclip.loss imports torch, which the dataset actors never need
     from csclip.loss import LayoutQuestion, Objective
@@ -49,55 +47,6 @@ if TYPE_CHECKING:  # csclip.loss imports torch, which the dataset actors never n
 logger = logging.getLogger(__name__)
 
 
-class DataConfig(StrictModel):
-    """The `data` section of a training config."""
-
-    world: WorldConfig = WorldConfig()
-    # A units table (Parquet, local or s3://) with image_bytes or image_path; None trains
-    # on the synthetic world generated from `world`.
-    units_uri: str | None = None
-    split: str = "train"
-    batch_size: int = Field(32, ge=1)  # rows per worker, or per optimizer step (batch_scope)
-    # "worker": batch_size rows on each worker, W x batch_size per optimizer step (ours:
-    # coco.yaml). "global": batch_size rows per optimizer step over all workers, each
-    # worker taking batch_size / W, the same rows in each step on any run.num_workers
-    # (csclip.train.global_batch; the paper's run, configs/paper.yaml).
-    batch_scope: Literal["worker", "global"] = "worker"
-    # Rows of the local shuffle buffer in each worker, on top of the global shuffle of every
-    # epoch (csclip.train.stream.epoch_order); 0 = none.
-    shuffle_buffer: int = Field(512, ge=0)
-    # Decode + transform every image once and keep its uint8 pixels (the transform before
-    # normalisation, which the worker applies) in Ray's object store when they take at most
-    # this many MB (the world: 4000 images of 64 px = 47 MB); larger data (COCO), and any
-    # run with `augment`, decodes again in every epoch. 0: never cache.
-    image_cache_mb: int = Field(1024, ge=0)
-    # open_clip's training transform (RandomResizedCrop, scale 0.9-1) instead of the eval
-    # transform. The paper trains with the eval transform, hence off; seeded per sample.
-    augment: bool = False
-    # Worker-side feed (Ray Data iter_torch_batches): batches prepared ahead of the step
-    # in a background thread, and page-locked host memory for the copy to the GPU (used
-    # only when the worker has a CUDA device).
-    prefetch_batches: int = Field(2, ge=0)
-    pin_memory: bool = True
-    # Decode once per run (csclip.train.prepared): a Ray Data pass writes every image's
-    # transformed uint8 pixels (the eval transform before normalisation, lossless) to a
-    # Parquet table in prepared_images/ beside the units table, keyed by the table's content
-    # and the transform; every epoch reads that instead of decoding the JPEGs again. The
-    # tensors are the same bit for bit. Needs a units table and the eval transform.
-    prepare_images: bool = False
-    # Held out of training: this fraction of the rows (by sample_id, seeded by run.seed),
-    # scored at each evaluation as val_contrastive_accuracy (csclip.train.holdout). 0: off.
-    val_ratio: float = Field(0.0, ge=0.0, lt=1.0)
-
-    @model_validator(mode="after")
-    def _prepared_images_need_units_and_eval_transform(self) -> DataConfig:
-        if self.prepare_images and self.augment:
-            raise ValueError("data.prepare_images keeps one transformed image per sample, and "
-                             "data.augment draws a new crop every epoch: turn one of them off")
-        if self.prepare_images and self.units_uri is None:
-            raise ValueError("data.prepare_images needs data.units_uri (the synthetic world's "
-                             "images are decoded once already: data.image_cache_mb)")
-        return self
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from csclip.config.world import SHAPES, WorldConfig
 from csclip.loss import LayoutQuestion, layout_loss
-from csclip.world.config import SHAPES, WorldConfig
 from csclip.world.scene import Scene, scene_from_record
 
 HEAD = "layout_head"  # the head's attribute on the model (csclip.model.OBJECTIVE_HEADS)

@@ -4,7 +4,7 @@ to PNG, captioned, with gold entity/relation units and oracle-checked foils.
 Pure: importing this package never imports ray (the Ray source is `csclip.world.ray_source`).
 """
 
-from csclip.world.config import ANTONYMS, PALETTE, PREDICATES, SHAPES, SIZES, SPLITS, WorldConfig
+from csclip.config.world import ANTONYMS, PALETTE, PREDICATES, SHAPES, SIZES, SPLITS, WorldConfig
 from csclip.world.generate import iter_world, sample_seed, world_record
 from csclip.world.scene import Scene, SceneObject, scene_from_record
 from csclip.world.summary import WorldSummary, format_summary, summarize

@@ -12,8 +12,8 @@ import logging
 import sys
 
 from csclip.config import apply_overrides, read_yaml, validate_config
+from csclip.config.world import WorldConfig
 from csclip.errors import ConfigError, CsclipError
-from csclip.world.config import WorldConfig
 from csclip.world.generate import iter_world
 from csclip.world.summary import format_summary, summarize
 from csclip.world.writer import write_world

@@ -13,8 +13,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from csclip.config.world import ABOVE, ANTONYMS, BELOW, LEFT, RIGHT, SIZES, WorldConfig
 from csclip.units import ChangeType, Foil, Unit
-from csclip.world.config import ABOVE, ANTONYMS, BELOW, LEFT, RIGHT, SIZES, WorldConfig
 from csclip.world.scene import Scene, SceneObject
 
 

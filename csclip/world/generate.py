@@ -7,9 +7,9 @@ import hashlib
 import random
 from collections.abc import Iterable, Iterator
 
+from csclip.config.world import SPLITS, WorldConfig
 from csclip.units import UnitsRecord
 from csclip.world.captions import describe
-from csclip.world.config import SPLITS, WorldConfig
 from csclip.world.render import render_png
 from csclip.world.scene import sample_scene
 

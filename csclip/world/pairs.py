@@ -8,8 +8,8 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from csclip.config.world import ABOVE, BELOW, LEFT, RIGHT
 from csclip.units import ChangeType, Unit, UnitsRecord, contains_phrase
-from csclip.world.config import ABOVE, BELOW, LEFT, RIGHT
 from csclip.world.render import render_png
 from csclip.world.scene import Scene, SceneObject, scene_from_record
 from csclip.world.truth import WorldLanguageError, parse_entity

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pyarrow as pa
 import ray
 
+from csclip.config.world import WorldConfig
 from csclip.units import records_to_table
-from csclip.world.config import WorldConfig
 from csclip.world.generate import world_record
 
 

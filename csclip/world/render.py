@@ -6,7 +6,7 @@ import io
 
 from PIL import Image, ImageDraw
 
-from csclip.world.config import BACKGROUND, PALETTE
+from csclip.config.world import BACKGROUND, PALETTE
 from csclip.world.scene import Scene, SceneObject, object_radius_fraction
 
 

@@ -7,9 +7,9 @@ import json
 import random
 from dataclasses import dataclass
 
+from csclip.config.world import SIZES, WorldConfig
 from csclip.errors import DataError
 from csclip.units import UnitsRecord
-from csclip.world.config import SIZES, WorldConfig
 from csclip.world.truth import statement_holds
 
 

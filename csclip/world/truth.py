@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from csclip.config.world import PALETTE, SHAPES, SIZES
 from csclip.errors import CsclipError
-from csclip.world.config import PALETTE, SHAPES, SIZES
 
 
 class WorldLanguageError(CsclipError):

@@ -10,10 +10,10 @@ from collections.abc import Iterable, Iterator
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from csclip.config.world import SPLITS, WorldConfig
 from csclip.errors import ConfigError, DataError
 from csclip.storage import filesystem_for, is_dir, join, list_files, write_bytes_atomic
 from csclip.units import UNITS_SCHEMA, UnitsRecord, record_from_row, records_to_table
-from csclip.world.config import SPLITS, WorldConfig
 from csclip.world.generate import world_record
 from csclip.world.summary import SummaryBuilder, WorldSummary
 

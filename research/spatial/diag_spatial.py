@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from csclip.config.world import ABOVE, ANTONYMS, BELOW, LEFT, RIGHT, WorldConfig
 from csclip.eval.encoder import BundleScorer, decode_image
 from csclip.model import ClipBundle, create_bundle, load_bundle
 from csclip.units import ChangeType, UnitsRecord
-from csclip.world import WorldConfig, scene_from_record, world_record
-from csclip.world.config import ABOVE, ANTONYMS, BELOW, LEFT, RIGHT
+from csclip.world import scene_from_record, world_record
 from csclip.world.pairs import relation_objects, swap_objects
 from csclip.world.render import render_png
 

@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from csclip.config.world import ANTONYMS, LEFT, PREDICATES
 from csclip.train.warm_start import LayoutVocabulary, image_cell_targets
 from csclip.units import Unit, UnitsRecord, render_relation
-from csclip.world.config import ANTONYMS, LEFT, PREDICATES
 from csclip.world.scene import Scene, scene_from_record
 from csclip.world.truth import WorldLanguageError, parse_entity
 

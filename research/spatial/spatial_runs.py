@@ -24,6 +24,8 @@ import numpy as np
 import torch
 
 from csclip.config import load_config
+from csclip.config.train import TrainConfig
+from csclip.config.world import WorldConfig
 from csclip.loss import objective_for
 from csclip.model import (
     apply_training_options,
@@ -32,12 +34,11 @@ from csclip.model import (
     spec_of,
     unwrap,
 )
-from csclip.train import TrainConfig
 from csclip.train.optim import build_optimizer, lr_at
 from csclip.train.step import encode
 from csclip.train.stream import prepare_batch, preprocess_key
 from csclip.units import records_to_table
-from csclip.world import WorldConfig, world_record
+from csclip.world import world_record
 from research.spatial.diag_spatial import diagnose
 from research.spatial.layout_question import (
     LayoutHead,

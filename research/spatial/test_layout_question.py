@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from csclip.world import Scene, SceneObject, WorldConfig, world_record
-from csclip.world.config import ABOVE, BELOW, LEFT, RIGHT
+from csclip.config.world import ABOVE, BELOW, LEFT, RIGHT, WorldConfig
+from csclip.world import Scene, SceneObject, world_record
 from research.spatial.layout_question import (
     DIRECTIONS,
     LayoutHead,

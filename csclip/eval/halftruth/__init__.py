@@ -11,6 +11,7 @@ the prepared benchmark, scoring)."""
 
 from __future__ import annotations
 
+from csclip.config.eval import PAPER_NUM_SAMPLES, PAPER_SEED, BenchmarkConfig
 from csclip.eval.halftruth.construction import (
     RELATION_SLUGS,
     build_benchmark,
@@ -37,15 +38,8 @@ from csclip.eval.halftruth.items import (
     benchmark_hash,
 )
 from csclip.eval.halftruth.metrics import ItemScores, bootstrap_ci, half_truth_metrics
-from csclip.eval.halftruth.paper import (
-    PAPER_NUM_SAMPLES,
-    PAPER_SEED,
-    build_paper_benchmark,
-    is_valid_caption,
-    verbatim_from_units,
-)
+from csclip.eval.halftruth.paper import build_paper_benchmark, is_valid_caption, verbatim_from_units
 from csclip.eval.halftruth.prepare import (
-    BenchmarkConfig,
     PreparedBenchmark,
     benchmark_texts,
     build_for_protocol,

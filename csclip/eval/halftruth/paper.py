@@ -7,7 +7,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from csclip.authors import VerbatimRecord, VerbatimRelation, VerbatimTriple
+from csclip.authors import VerbatimRecord, VerbatimRelation, VerbatimTriple, entity_foil_names
+from csclip.config.eval import PAPER_NUM_SAMPLES, PAPER_SEED
 from csclip.errors import DataError
 from csclip.eval.halftruth.construction import _and, _item
 from csclip.eval.halftruth.items import HalfTruthBenchmark, HalfTruthItem, Protocol, SkipReason
@@ -22,12 +23,6 @@ from csclip.units import UnitsRecord
 # Where it looks wrong we keep it, because the paper's numbers come from it; what csclip
 # does instead is the `csclip` protocol, construction.py (docs/evaluation.md, "Protocols").
 
-# Images per pass (entity, relation): the paper's tables (34,675 items per model) come from
-# run_half_truth_batch.sh, NUM_SAMPLES=5000, the default of half_truth_vulnerability.py's
-# --num_samples too (kargibora/CS-CLIP@16276c7 and @2325a1c); run_half_truth.sh's 1000 is
-# the single-model launcher's default, not the paper's run.
-PAPER_NUM_SAMPLES = 5000
-PAPER_SEED = 42  # run_half_truth.sh --seed: random.seed before the +Rand draws
 _CONNECTOR_WORDS = frozenset({"and", "the", "a", "an", "on", "in", "at", "to", "of"})
 
 
@@ -57,12 +52,12 @@ class _RelationSample:
 
 def verbatim_from_units(record: UnitsRecord) -> VerbatimRecord:
     """A units-table record as the authors' builder would read it: entity texts and their
-    foils as components and negatives, relation foils as stored triples."""
-    negatives = {
-        e.text: tuple((f.text, f.change_type.value) for f in e.foils)
-        for e in record.entities
-        if e.foils
-    }
+    foils as components and negatives, relation foils as stored triples. An entity foil
+    keeps the change-type name its unit file wrote (csclip.authors.entity_foil_names):
+    an `entity_change` foil (their generator's name for "woman -> man") is not an
+    object_change to their builder, whether the units came from their files or from
+    `--prompts authors`."""
+    negatives = entity_foil_names(record)
     relations = tuple(
         VerbatimRelation(
             r.subject or "",

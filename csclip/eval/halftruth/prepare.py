@@ -6,71 +6,23 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
-from pydantic import Field, model_validator
 
-from csclip.config import StrictModel
+from csclip.config.eval import BenchmarkConfig
 from csclip.errors import DataError
 from csclip.eval.encoder import FeatureTables, ImageSource, image_sources
 from csclip.eval.halftruth.construction import build_half_truth_benchmark
 from csclip.eval.halftruth.image_side import ImageSideItem, build_image_side_benchmark
 from csclip.eval.halftruth.items import HalfTruthBenchmark, HalfTruthItem, Protocol
 from csclip.eval.halftruth.metrics import ItemScores
-from csclip.eval.halftruth.paper import (
-    PAPER_NUM_SAMPLES,
-    PAPER_SEED,
-    build_paper_benchmark,
-    verbatim_from_units,
-)
+from csclip.eval.halftruth.paper import build_paper_benchmark, verbatim_from_units
 from csclip.eval.halftruth.table import load_benchmark
 from csclip.units import UnitsRecord
 
 log = logging.getLogger(__name__)
 
 
-class BenchmarkConfig(StrictModel):
-    """How the half-truth benchmark is built and bootstrapped. The seeds live here only."""
-
-    # paper: the authors' builder item for item; csclip: ours; auto: paper for real data,
-    # csclip for the synthetic world (records with source "gold"). docs/evaluation.md.
-    protocol: Literal["auto", "paper", "csclip"] = "auto"
-    seed: int = 0  # csclip: every choice is seeded from (seed, image_id); also the bootstrap's
-    # paper: images per pass (PAPER_NUM_SAMPLES, 5000 as the paper's run); null: every image
-    num_samples: int | None = Field(PAPER_NUM_SAMPLES, ge=1)
-    paper_seed: int = PAPER_SEED  # paper: their --seed, for the +Rand draws
-    num_bootstrap: int = Field(1000, ge=0)  # SPEC §4: 1000 resamples
-    image_side: bool = True
-    min_distractors: int = Field(2, ge=1)
-    max_distractors: int = Field(5, ge=1)
-    # A saved benchmark table (.parquet / .csv from a previous run) to rescore instead of
-    # building one; its images still come from the units table.
-    table_uri: str | None = None
-    # A frozen benchmark file (`csclip benchmark build`, csclip.eval.benchmark_file): score
-    # exactly its items, its images from the paths it holds (relative ones under image_root).
-    file: str | None = None
-    image_root: str | None = None
-    # A benchmark file's image paths must stay inside image_root (relative ones are joined
-    # to it, the current directory without one; none may hold ".."): true reads absolute
-    # paths and URIs elsewhere, and "../" paths, where the file says. Their bytes are
-    # checked against the file's sha256 either way.
-    allow_outside_image_root: bool = False
-
-    @model_validator(mode="after")
-    def _one_source_of_items(self) -> BenchmarkConfig:
-        if self.file and self.table_uri:
-            raise ValueError("set benchmark.file or benchmark.table_uri, not both")
-        return self
-
-    @model_validator(mode="after")
-    def _distractor_range(self) -> BenchmarkConfig:
-        if self.max_distractors < self.min_distractors:
-            raise ValueError(
-                f"max_distractors ({self.max_distractors}) must be >= "
-                f"min_distractors ({self.min_distractors})"
-            )
-        return self
 
 
 @dataclass(frozen=True)

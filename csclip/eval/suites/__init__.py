@@ -9,21 +9,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
-
-from csclip.config import StrictModel
+from csclip.config.eval import (
+    RETRIEVAL_SUITES,
+    ZEROSHOT_PAPER_SUITE,
+    ZEROSHOT_SUITE,
+    SuitesConfig,
+)
 from csclip.errors import DataError
 from csclip.eval.encoder import Encoder
-from csclip.eval.retrieval import (
-    KARPATHY_LAYOUT,
-    RetrievalCounting,
-    evaluate_karpathy,
-    evaluate_retrieval,
-)
+from csclip.eval.retrieval import KARPATHY_LAYOUT, evaluate_karpathy, evaluate_retrieval
 from csclip.eval.suites.core import SuiteData, first_existing, join, listing
-from csclip.eval.suites.protocol import expand_paper_suite
 from csclip.eval.suites.registry import BENCHMARKS, evaluate_benchmarks, load_present_benchmarks
 from csclip.eval.suites.sugarcrepe import evaluate_sugarcrepe
 from csclip.eval.suites.world import evaluate_world_suites
@@ -35,14 +31,6 @@ from csclip.units import UnitsRecord
 
 log = logging.getLogger(__name__)
 
-# Suites that are not compositional benchmarks but are run by name the same way.
-RETRIEVAL_SUITES = {"coco_retrieval": "coco", "flickr30k_retrieval": "flickr30k",
-                    "flickr8k_retrieval": "flickr8k"}
-ZEROSHOT_SUITE = "zeroshot"
-# The paper's ZS column: seven CLIP_benchmark datasets (csclip.eval.zeroshot_paper).
-ZEROSHOT_PAPER_SUITE = "zeroshot_paper"
-SUITE_NAMES: tuple[str, ...] = (*sorted(BENCHMARKS), *RETRIEVAL_SUITES, ZEROSHOT_SUITE,
-                                ZEROSHOT_PAPER_SUITE)
 # Where each retrieval suite's captions and images are, first match first (under
 # <data_root>/<dataset>/): (caption files, image folders). A .txt is CLIP_benchmark's.
 RETRIEVAL_FILES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -53,78 +41,6 @@ RETRIEVAL_FILES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
-class SuitesConfig(StrictModel):
-    """Which suites run next to the half-truth benchmark, and how large they are."""
-
-    retrieval: bool = True  # Recall@k over the records' images and captions
-    world_pairs: bool = True  # mirrored pairs + replace items (world records only)
-    num_world_pairs: int = Field(200, ge=0)  # mirrored pairs, at most one per record
-    num_replace_items: int = Field(200, ge=0)  # replace items, at most one per record
-    world_zeroshot: bool = True  # zs_world_*: classify world objects (world records only)
-    num_zeroshot_items: int = Field(500, ge=0)  # world zero-shot items, one per record
-    seed: int = 0
-    sugarcrepe_dir: str | None = None  # the SugarCrepe JSON files; None: not run
-    coco_images: str | None = None  # COCO val2017 images (local dir or s3:// URI)
-    # Real-data suites by name (SUITE_NAMES, or "paper": the paper's sixteen,
-    # protocol.PAPER_SUITE), each read from <data_root>/<name>/ in its published layout
-    # (docs/evaluation.md); `csclip evaluate` refuses a named suite whose files are not
-    # there (find_named_suites), before any model loads.
-    names: tuple[str, ...] = ()
-    data_root: str | None = None  # local folder or s3:// prefix
-    # true: score the named suites that are there and skip the others (one line each);
-    # the suite average then says "k of n benchmarks" (suite_benchmarks_found / _asked).
-    allow_missing: bool = False
-    max_items_per_subset: int | None = Field(None, ge=1)  # a quick look at large suites
-    # A benchmark with a missing or unreadable image fails with one line naming its
-    # layout; true scores the rest and counts those records as skipped (reported).
-    allow_partial: bool = False
-    # official: each benchmark's own scorer; paper: the CS-CLIP authors' (docs/evaluation.md).
-    # Unset (None): "paper" with the suite "paper" (set on validation), else "official".
-    protocol: Literal["official", "paper"] | None = None
-    # How retrieval Recall@k counts (csclip.eval.retrieval): clip_benchmark (one query per
-    # caption instance, ties as torch.topk) or strict (ours). Unset: clip_benchmark under
-    # the paper protocol, else strict.
-    retrieval_counting: RetrievalCounting | None = None
-
-    @property
-    def scoring_protocol(self) -> str:
-        """The protocol the named suites are scored with."""
-        return self.protocol or "official"
-
-    @property
-    def retrieval_rule(self) -> RetrievalCounting:
-        """How retrieval counts: retrieval_counting, else the protocol's."""
-        if self.retrieval_counting is not None:
-            return self.retrieval_counting
-        return "clip_benchmark" if self.scoring_protocol == "paper" else "strict"
-
-    @model_validator(mode="before")
-    @classmethod
-    def _paper_suite(cls, values):
-        return expand_paper_suite(values)
-
-    @field_validator("names", mode="before")
-    @classmethod
-    def _split_names(cls, value):
-        if isinstance(value, str):  # --set suites.names=aro,winoground
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        return value
-
-    @model_validator(mode="after")
-    def _check(self) -> SuitesConfig:
-        if self.sugarcrepe_dir and not self.coco_images:
-            raise ValueError(
-                "suites.sugarcrepe_dir is set but suites.coco_images is not; "
-                "point coco_images at the COCO val2017 images"
-            )
-        unknown = [n for n in self.names if n not in SUITE_NAMES]
-        if unknown:
-            raise ValueError(f"unknown suites {unknown}; choose from {', '.join(SUITE_NAMES)} "
-                             "or paper (the paper's sixteen)")
-        if self.names and not self.data_root:
-            raise ValueError("suites.names needs suites.data_root (--data-root): the folder "
-                             "holding one sub-folder per suite")
-        return self
 
 
 def evaluate_suites(

@@ -13,19 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Literal
 
+from csclip.config.eval import PAPER, PROTOCOLS
 from csclip.eval.suites.core import SuiteData, TextChoice
-
-Protocol = Literal["official", "paper"]
-PROTOCOLS: tuple[str, ...] = ("official", "paper")
-PAPER = "paper"  # the suite name that runs the paper's set
-
-# The paper's compositional suite (SPEC §5): ARO's four parts are one benchmark.
-PAPER_SUITE: tuple[str, ...] = (
-    "aro", "sugarcrepe", "sugarcrepe_pp", "valse", "vl_checklist", "winoground", "whatsup",
-    "spec", "vismin", "colorfoil", "colorswap", "coco_cf", "bla", "cola", "mmvp", "negbench",
-)  # fmt: skip
 
 # VALSE's eleven files -> the Hugging Face release's seven phenomena (the CS-CLIP
 # authors' subsets); the pieces of a phenomenon are pooled.
@@ -91,23 +81,3 @@ def load_benchmark(name: str, loader: Callable[..., SuiteData], data_root: str,
     return data
 
 
-def expand_paper_suite(values: object) -> object:
-    """A SuitesConfig's raw values with the suite name "paper" replaced by PAPER_SUITE
-    and, when the protocol is unset (None), protocol "paper"."""
-    if not isinstance(values, dict):
-        return values
-    names = values.get("names")
-    if isinstance(names, str):
-        names = [n.strip() for n in names.split(",") if n.strip()]
-    asked = bool(names) and PAPER in names
-    out = dict(values)
-    if asked:
-        expanded: list[str] = []
-        for name in names:
-            for item in (PAPER_SUITE if name == PAPER else (name,)):
-                if item not in expanded:
-                    expanded.append(item)
-        out["names"] = tuple(expanded)
-    if asked and out.get("protocol") is None:
-        out["protocol"] = PAPER
-    return out

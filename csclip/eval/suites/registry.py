@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from csclip.config.eval import BENCHMARK_NAMES, PAPER
 from csclip.eval.encoder import Encoder
 from csclip.eval.suites.aro import load_aro
 from csclip.eval.suites.colorfoil import load_colorfoil
@@ -26,7 +27,7 @@ from csclip.eval.suites.mmvp import load_mmvp
 from csclip.eval.suites.negbench import load_negbench
 from csclip.eval.suites.pairs import load_cola, load_colorswap
 from csclip.eval.suites.probes import load_bla, load_spec, load_svo_probes
-from csclip.eval.suites.protocol import PAPER, load_benchmark
+from csclip.eval.suites.protocol import load_benchmark
 from csclip.eval.suites.sugarcrepe import load_sugarcrepe_suite
 from csclip.eval.suites.sugarcrepe_pp import load_sugarcrepe_pp
 from csclip.eval.suites.valse import load_valse
@@ -57,6 +58,9 @@ BENCHMARKS: dict[str, Loader] = {
     "negbench": load_negbench,
     "vismin": load_vismin,
 }
+if tuple(sorted(BENCHMARKS)) != BENCHMARK_NAMES:  # the config validates names against it
+    raise ImportError("csclip.config.eval.BENCHMARK_NAMES differs from the registry's loaders: "
+                      f"{sorted(set(BENCHMARK_NAMES) ^ set(BENCHMARKS))}")
 
 ENTITY, RELATIONAL, BINDING, LINGUISTIC = "entity", "relational", "binding", "linguistic"
 CAPABILITIES: tuple[str, ...] = (ENTITY, RELATIONAL, BINDING, LINGUISTIC)

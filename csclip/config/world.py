@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
-from csclip.config import StrictModel
+from csclip.config.base import StrictModel
 from csclip.errors import ConfigError
 
 # Few, well-separated colors: a tiny ViT on 64 px images must tell them apart at a glance.

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import importlib
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +18,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from csclip.errors import ConfigError
+
+__all__ = ["StrictModel", "add_config_arguments", "apply_overrides", "deep_merge", "flatten",
+           "load_config", "parse_override", "read_yaml", "refuse_given", "refuse_renamed",
+           "to_yaml", "unknown_setting_text", "validate_config", "with_section_defaults"]
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
 
@@ -194,30 +197,6 @@ def _fields_at(model: type[BaseModel], loc: Sequence[object]) -> list[str]:
     return list(model.model_fields)
 
 
-def check_settings(target: str, data: dict, origin: str = "config") -> None:
-    """Refuse the first setting of `data` that no field of the config class `target`
-    ("module:Class") has, read from csclip's source (csclip.config_fields) without
-    importing the class's module: a typo costs no torch import. ConfigError:
-    "<origin>: unknown setting a.b (did you mean a.c?)"."""
-    from csclip.config_fields import unknown_setting
-
-    found = unknown_setting(target, data)
-    if found is not None:
-        raise ConfigError(f"{origin}: {unknown_setting_text(*found)}")
-
-
-def load_named_config(target: str, path: str | Path | None = None,
-                      overrides: Sequence[str] = ()) -> BaseModel:
-    """load_config for the config class `target` ("module:Class"), imported only once
-    check_settings has passed: a typo is refused before torch is imported."""
-    data = read_yaml(path) if path is not None else {}
-    data = apply_overrides(data, overrides)
-    origin = str(path) if path else "config"
-    check_settings(target, data, origin)
-    module, _, name = target.partition(":")
-    return validate_config(getattr(importlib.import_module(module), name), data, origin=origin)
-
-
 def load_config(model: type[ConfigT], path: str | Path | None = None,
                 overrides: Sequence[str] = ()) -> ConfigT:
     """Load `model` from YAML at `path` (or defaults) with `a.b=value` overrides."""
@@ -227,10 +206,22 @@ def load_config(model: type[ConfigT], path: str | Path | None = None,
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, default_config: str | None) -> None:
+    """--config, --set and --print-config, as every entry point takes them."""
     parser.add_argument("--config", default=default_config,
                         help=f"YAML config file (default: {default_config})")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="a.b=value", help="override one config field; repeatable")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config (defaults, file and --set) as YAML "
+                             "and exit; runs store the same text as config.yaml")
+
+
+def to_yaml(config: BaseModel) -> str:
+    """The resolved config as YAML, every field given: what --print-config prints and what
+    a run stores beside its outputs (torchtune's `tune cat`, open_clip's params.txt).
+    Loading it back gives an equal config."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False,
+                          default_flow_style=False, allow_unicode=True)
 
 
 def flatten(config: BaseModel | dict, prefix: str = "") -> dict[str, object]:
