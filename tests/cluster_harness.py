@@ -87,17 +87,11 @@ def isolated_env(ray_tmp: Path, **extra: str) -> dict[str, str]:
 def moto_s3(bucket: str) -> Iterator[str]:
     """A moto S3 server on 127.0.0.1 with `bucket` created; yields its endpoint URL."""
     import boto3
-    from moto.server import ThreadedMotoServer
+    from s3_helpers import moto_server
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    try:
+    with moto_server() as endpoint:
         boto3.client("s3", endpoint_url=endpoint, **_boto_credentials()).create_bucket(Bucket=bucket)
         yield endpoint
-    finally:
-        server.stop()
 
 
 def _boto_credentials() -> dict[str, str]:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 from mlflow_store import TEMPLATE_ENV, fresh_store
+from s3_helpers import moto_server
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
@@ -63,14 +64,10 @@ SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
 @pytest.fixture(scope="module")
 def s3_endpoint():
-    """A local S3 server (moto in server mode) on 127.0.0.1, one per test module."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    """A local S3 server (moto in server mode) on 127.0.0.1, one per test module; a test
+    makes its bucket on it with s3_helpers.fresh_bucket."""
+    with moto_server() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture(scope="session")

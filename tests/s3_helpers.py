@@ -1,9 +1,25 @@
-"""A fresh bucket on the local S3 server (conftest's s3_endpoint), for the S3 fixtures."""
+"""The local S3 server for every S3 test (moto on 127.0.0.1, port 0) and a fresh bucket on
+it: conftest's s3_endpoint fixture, the cluster harness and the tests' buckets use these."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+
+@contextmanager
+def moto_server() -> Iterator[str]:
+    """A moto S3 server (server mode, so other processes reach it too) on 127.0.0.1 and a
+    free port; yields its endpoint URL and stops it afterwards."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
 
 
 @contextmanager

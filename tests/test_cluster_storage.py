@@ -11,9 +11,9 @@ import threading
 from collections import Counter
 from pathlib import Path
 
-import boto3
 import pytest
 import torch
+from s3_helpers import fresh_bucket
 
 from csclip import storage
 from csclip.errors import CheckpointMismatch, DataError
@@ -30,17 +30,9 @@ WORLD = WorldConfig(image_size=32, num_train=8, num_val=8, num_test=0)
 def s3(s3_endpoint, monkeypatch, tmp_path):
     """A fresh bucket; credentials and endpoint through the usual AWS variables (as an
     instance profile gives every node), the cache in the test's directory."""
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": s3_endpoint,
-                       storage.CACHE_ENV: str(tmp_path / "cache")}.items():
-        monkeypatch.setenv(key, value)
-    client = boto3.client("s3", endpoint_url=s3_endpoint)
-    client.create_bucket(Bucket=BUCKET)
-    yield client
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
-        for obj in page.get("Contents", []):
-            client.delete_object(Bucket=BUCKET, Key=obj["Key"])
-    client.delete_bucket(Bucket=BUCKET)
+    with fresh_bucket(s3_endpoint, monkeypatch, BUCKET,
+                      **{storage.CACHE_ENV: str(tmp_path / "cache")}) as client:
+        yield client
 
 
 # ---------------------------------------------------------------------------------------

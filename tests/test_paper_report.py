@@ -273,38 +273,34 @@ def test_paper_row_of_reads_a_checkpoints_method(tmp_path):
 
 def test_runs_on_s3_are_read_from_a_local_copy(runs, s3_endpoint, monkeypatch, tmp_path, capsys):
     # The walk-through's sweep writes its report to the run's storage, S3 on a cluster.
-    import boto3
+    from s3_helpers import fresh_bucket
 
     from csclip.entry.report import main
 
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": s3_endpoint,
-                       "CSCLIP_CACHE_DIR": str(tmp_path / "cache")}.items():
-        monkeypatch.setenv(key, value)
-    client = boto3.client("s3", endpoint_url=s3_endpoint)
-    client.create_bucket(Bucket="reports")
-    for run in ("sweep", "csclip"):
-        for file in runs[run].rglob("*"):
-            if file.is_file():
-                client.upload_file(str(file), "reports",
-                                   f"runs/{run}/{file.relative_to(runs[run])}")
     out = tmp_path / "report"
-    assert main(["--paper", "s3://reports/runs/csclip", "s3://reports/runs/sweep/",
-                 "--out", str(out), "--no-tracking"]) == 0
-    assert "s3://reports/runs/csclip" in (out / "paper_report.md").read_text()
-    local = tmp_path / "local"
-    assert main(["--paper", str(runs["csclip"]), str(runs["sweep"]), "--out", str(local),
-                 "--no-tracking"]) == 0
-    for stem in ("table1", "table16", "table17"):  # the same, but for the RUNs' names
-        read = (out / f"{stem}.csv").read_text()
+    with fresh_bucket(s3_endpoint, monkeypatch, "reports",
+                      CSCLIP_CACHE_DIR=str(tmp_path / "cache")) as client:
         for run in ("sweep", "csclip"):
-            for uri in (f"s3://reports/runs/{run}/", f"s3://reports/runs/{run}"):
-                read = read.replace(uri, str(runs[run]))
-        assert read == (local / f"{stem}.csv").read_text()
-    assert main(["--paper", "s3://reports/runs/sweep/ablation.csv", "--out", str(out),
-                 "--no-tracking"]) == 0
-    capsys.readouterr()
-    # Nothing under the prefix: one line, exit 2.
-    assert main(["--paper", "s3://reports/runs/nope", "--out", str(out), "--no-tracking"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "s3://reports/runs/nope" in err
+            for file in runs[run].rglob("*"):
+                if file.is_file():
+                    client.upload_file(str(file), "reports",
+                                       f"runs/{run}/{file.relative_to(runs[run])}")
+        assert main(["--paper", "s3://reports/runs/csclip", "s3://reports/runs/sweep/",
+                     "--out", str(out), "--no-tracking"]) == 0
+        assert "s3://reports/runs/csclip" in (out / "paper_report.md").read_text()
+        local = tmp_path / "local"
+        assert main(["--paper", str(runs["csclip"]), str(runs["sweep"]), "--out", str(local),
+                     "--no-tracking"]) == 0
+        for stem in ("table1", "table16", "table17"):  # the same, but for the RUNs' names
+            read = (out / f"{stem}.csv").read_text()
+            for run in ("sweep", "csclip"):
+                for uri in (f"s3://reports/runs/{run}/", f"s3://reports/runs/{run}"):
+                    read = read.replace(uri, str(runs[run]))
+            assert read == (local / f"{stem}.csv").read_text()
+        assert main(["--paper", "s3://reports/runs/sweep/ablation.csv", "--out", str(out),
+                     "--no-tracking"]) == 0
+        capsys.readouterr()
+        # Nothing under the prefix: one line, exit 2.
+        assert main(["--paper", "s3://reports/runs/nope", "--out", str(out), "--no-tracking"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "s3://reports/runs/nope" in err
