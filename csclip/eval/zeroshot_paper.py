@@ -5,9 +5,12 @@ templates, read from the installed `clip_benchmark` package (never copied here).
 
 Each dataset is read from `<data_root>/zeroshot_paper/<name>/` in the on-disk layout that
 CLIP_benchmark's `build_dataset(name, root=that folder, download=False)` (and the
-torchvision class behind it) reads, by our own readers: nothing here downloads, checks an
-md5 or shells out (CLIP_benchmark's builder calls wget, gdown or requests when a root is
-missing or a count is off). Labels are CLIP_benchmark's class indices: for the ImageNet
+torchvision class behind it) reads, by our own readers, because a data root may be
+s3:// (they list through csclip.storage; torchvision reads a local disk) and nothing here
+may download or shell out (CLIP_benchmark's builder calls wget, gdown or requests when a
+root is missing or a count is off); tests/test_zeroshot_paper.py checks the listing equals
+build_dataset's. CIFAR-10's pickles are read by an unpickler that finds numpy's array
+reconstructors and nothing else, so a crafted file runs no code. Labels are CLIP_benchmark's class indices: for the ImageNet
 family the class folder's WordNet id in ImageNet's sorted order (what ImageFolder's index
 is when every class folder is there), imagenetv2's numbered folders, SUN397's
 ClassName.txt order, Caltech101's sorted folders, CIFAR-10's batch labels.
@@ -17,6 +20,7 @@ docs/evaluation.md, "The paper's ZS and Retr columns".
 from __future__ import annotations
 
 import ast
+import codecs
 import io
 import json
 import logging
@@ -259,17 +263,63 @@ def read_sun397(root: str) -> PaperDataset:
     return PaperDataset(images, labels, names)
 
 
+# What CIFAR-10's python pickles hold: dicts, lists, strings, numbers and one uint8 numpy
+# array. Unpickling calls whatever global a file names (a crafted batches.meta ran a shell
+# command), so only numpy's array reconstructors are found: under both module names (numpy
+# 1.x pickles say numpy.core, 2.x numpy._core), protocol 5's _frombuffer, and the
+# _codecs.encode through which Python 3 writes bytes at protocol 2. torchvision's CIFAR10
+# checks the published md5s instead, but it needs all six batches on a local disk (ours:
+# test_batch and batches.meta, local or s3://) and refuses any other file.
+_NUMPY_CORE = getattr(np, "_core", None) or np.core
+CIFAR10_PICKLE_GLOBALS: dict[tuple[str, str], object] = {
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+    **{(f"{module}.multiarray", "_reconstruct"): _NUMPY_CORE.multiarray._reconstruct
+       for module in ("numpy.core", "numpy._core")},
+    **{(f"{module}.numeric", "_frombuffer"): _NUMPY_CORE.numeric._frombuffer
+       for module in ("numpy.core", "numpy._core")},
+    ("_codecs", "encode"): codecs.encode,
+}
+
+
+class _RefusedGlobal(pickle.UnpicklingError):
+    """A pickle names a global outside CIFAR10_PICKLE_GLOBALS."""
+
+
+class _ArraysOnlyUnpickler(pickle.Unpickler):
+    """An unpickler that finds CIFAR10_PICKLE_GLOBALS and nothing else."""
+
+    def find_class(self, module: str, name: str) -> object:
+        found = CIFAR10_PICKLE_GLOBALS.get((module, name))
+        if found is None:
+            raise _RefusedGlobal(f"it names {module}.{name}")
+        return found
+
+
 def _unpickle(uri: str) -> dict:
+    """A CIFAR-10 pickle of plain data and numpy arrays; anything else is refused before it
+    is called. Object arrays (whose items could be any object) are refused as well."""
     try:
-        return pickle.loads(_read(uri), encoding="latin1")
-    except (pickle.UnpicklingError, EOFError, ValueError) as err:
-        raise DataError(f"{uri}: not CIFAR-10's python pickle ({err}); expects "
-                        f"{LAYOUTS['cifar10'][1]}") from err
+        loaded = _ArraysOnlyUnpickler(io.BytesIO(_read(uri)), encoding="latin1").load()
+    except _RefusedGlobal as err:
+        raise DataError(f"{uri}: refused, not a pickle of CIFAR-10's plain data and numpy "
+                        f"arrays ({err}); a crafted file could run code when read; "
+                        f"expects {LAYOUTS['cifar10'][1]}") from err
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as err:
+        raise DataError(f"{uri}: not CIFAR-10's python pickle ({type(err).__name__} {err}); "
+                        f"expects {LAYOUTS['cifar10'][1]}") from err
+    if not isinstance(loaded, dict) or any(isinstance(v, np.ndarray) and v.dtype.hasobject
+                                           for v in loaded.values()):
+        raise DataError(f"{uri}: refused, not CIFAR-10's dict of plain data and numeric "
+                        f"arrays; expects {LAYOUTS['cifar10'][1]}")
+    return loaded
 
 
 def read_cifar10(root: str) -> PaperDataset:
-    """torchvision CIFAR10's test split without its md5 check: the test_batch pickle's
-    (3072-byte rows, CHW) images as PNG bytes, its labels, batches.meta's label_names."""
+    """torchvision CIFAR10's test split, read by _unpickle (not torchvision: see
+    CIFAR10_PICKLE_GLOBALS): the test_batch pickle's (3072-byte rows, CHW) images as PNG
+    bytes (the encoder's ImageSource: encoded bytes or a URI; PNG keeps every pixel), its
+    labels, batches.meta's label_names."""
     from PIL import Image
 
     batches = _uri(root, "cifar-10-batches-py")
