@@ -15,11 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from csclip.config.eval import SuitesConfig
+from csclip.config.world import WorldConfig
 from csclip.errors import DataError
 from csclip.eval.encoder import CaptionLengthScorer, Encoder
 from csclip.eval.halftruth import BenchmarkConfig
 from csclip.eval.pipeline import compare_models, evaluate_bundle
-from csclip.eval.suites import SuitesConfig, evaluate_suites
+from csclip.eval.suites import evaluate_suites
 from csclip.eval.suites.core import IncompleteBenchmark
 from csclip.eval.suites.registry import BENCHMARKS
 from csclip.eval.suites.rules import strict_accuracy, winoground_metrics
@@ -30,7 +32,7 @@ from csclip.eval.suites.sugarcrepe import (
 )
 from csclip.eval.suites.world import evaluate_world_suites
 from csclip.units import UnitsRecord
-from csclip.world import WorldConfig, iter_world, scene_from_record
+from csclip.world import iter_world, scene_from_record
 from csclip.world.generate import world_record
 from csclip.world.pairs import (
     build_mirrored_pairs,

@@ -11,8 +11,8 @@ import logging
 import pytest
 from suites_helpers import FIXTURES, ColorScorer
 
+from csclip.config.eval import SUITE_NAMES
 from csclip.eval.encoder import Encoder
-from csclip.eval.suites import SUITE_NAMES
 from csclip.eval.suites.registry import evaluate_benchmarks
 from tests.conftest import REPO_ROOT
 

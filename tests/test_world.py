@@ -11,13 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from csclip.config import validate_config
+from csclip.config.world import WorldConfig
 from csclip.errors import ConfigError, DataError
 from csclip.units import ChangeType, UnitsRecord, read_units, validate_record
 from csclip.world import (
     PALETTE,
     Scene,
     SceneObject,
-    WorldConfig,
     WorldLanguageError,
     format_summary,
     iter_world,
