@@ -28,7 +28,7 @@ import torch
 
 from csclip.config.model import ModelConfig, ModelSource
 from csclip.errors import CheckpointMismatch, ConfigError, DataError
-from csclip.model_configs import SMALL_MODEL_CONFIGS
+from csclip.model_configs import SMALL_MODEL_CONFIGS, register_small_models
 from csclip.pretrained import (
     TRAINING_CHECKPOINT_QUICK_GELU,
     read_weights_file,
@@ -48,23 +48,6 @@ OBJECTIVE_HEADS = ("layout_head",)
 SPEC_FILE = "model_spec.json"
 TRAIN_STATE_FILE = "train_state.pt"
 CONFIG_FILE = "config.json"
-
-
-def register_small_models() -> None:
-    """Register SMALL_MODEL_CONFIGS with open_clip (idempotent)."""
-    from open_clip import factory
-
-    for name, cfg in SMALL_MODEL_CONFIGS.items():
-        factory._MODEL_CONFIGS.setdefault(name, copy.deepcopy(cfg))
-
-
-
-
-
-
-# The lock fields before they became one section: an old config is told where they went.
-
-
 
 
 @dataclass(frozen=True)

@@ -1,35 +1,32 @@
-"""Model configs of our own, as open_clip reads them (csclip.model registers them).
+"""Model configs of our own, as open_clip reads them: one JSON file each in
+csclip/open_clip_configs/, registered with open_clip's public add_model_config.
 
 Apart from csclip.model, which imports torch: the data tasks read the text config to
 tokenize (csclip.preprocess) without it."""
 
 from __future__ import annotations
 
+import functools
+import json
+from pathlib import Path
 from typing import Any
 
-# Small configs for CPU runs, registered with open_clip under these names. The text tower
-# keeps open_clip's BPE vocabulary (its tokenizer ships with the package and works
-# offline); widths, depths and context length are cut down.
+__all__ = ["CONFIG_DIR", "SMALL_MODEL_CONFIGS", "register_small_models"]
+
+# Small configs for CPU runs, registered with open_clip under their file names. The text
+# tower keeps open_clip's BPE vocabulary (its tokenizer ships with the package and works
+# offline); widths, depths and context length are cut down. csclip-tiny-t4 is csclip-tiny
+# with a deeper text tower (docs/training.md, "Spatial relations").
+CONFIG_DIR = Path(__file__).resolve().parent / "open_clip_configs"
 SMALL_MODEL_CONFIGS: dict[str, dict[str, Any]] = {
-    "csclip-tiny": {
-        "embed_dim": 64,
-        "vision_cfg": {"image_size": 64, "layers": 2, "width": 64, "patch_size": 8, "head_width": 32},
-        "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2},
-    },
-    # csclip-tiny with a deeper / wider text tower (docs/training.md, "Spatial relations").
-    "csclip-tiny-t4": {
-        "embed_dim": 64,
-        "vision_cfg": {"image_size": 64, "layers": 2, "width": 64, "patch_size": 8, "head_width": 32},
-        "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 4},
-    },
-    "csclip-tiny-w128": {
-        "embed_dim": 64,
-        "vision_cfg": {"image_size": 64, "layers": 2, "width": 64, "patch_size": 8, "head_width": 32},
-        "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 128, "heads": 4, "layers": 2},
-    },
-    "csclip-small": {
-        "embed_dim": 128,
-        "vision_cfg": {"image_size": 64, "layers": 4, "width": 128, "patch_size": 8, "head_width": 32},
-        "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 128, "heads": 4, "layers": 4},
-    },
+    path.stem: json.loads(path.read_text(encoding="utf-8"))
+    for path in sorted(CONFIG_DIR.glob("*.json"))
 }
+
+
+@functools.cache
+def register_small_models() -> None:
+    """Register SMALL_MODEL_CONFIGS with open_clip (once per process)."""
+    import open_clip  # noqa: PLC0415  open_clip imports torch; the data tasks read the configs without it
+
+    open_clip.add_model_config(CONFIG_DIR)

@@ -75,9 +75,7 @@ def tokenizer(model_name: str) -> Callable:
     text_cfg = model_text_config(model_name)
     if (text_cfg is None or "hf_tokenizer_name" in text_cfg
             or "siglip" in model_name.lower()):
-        import open_clip
-
-        from csclip.model import register_small_models
+        import open_clip  # noqa: PLC0415  open_clip imports torch, which this light module defers
 
         register_small_models()
         return CachedTokenizer(open_clip.get_tokenizer(model_name))

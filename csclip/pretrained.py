@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from csclip.errors import ConfigError
+from csclip.model_configs import register_small_models
 
 # What open_clip names a hub repository's weights (open_clip.constants.HF_WEIGHTS_NAME).
 HF_WEIGHTS_NAME = "open_clip_pytorch_model.bin"
@@ -51,9 +52,7 @@ def tag_config(name: str, pretrained: str | None) -> dict:
     """open_clip's pretrained config of (name, tag); {} when `pretrained` is no known tag."""
     if not may_be_tag(pretrained):
         return {}
-    import open_clip
-
-    from csclip.model import register_small_models
+    import open_clip  # noqa: PLC0415  open_clip imports torch, which this light module defers
 
     register_small_models()
     return dict(open_clip.get_pretrained_cfg(name, pretrained) or {})

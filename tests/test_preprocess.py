@@ -14,7 +14,7 @@ import pytest
 from open_clip.transform import PreprocessCfg, image_transform_v2
 from PIL import Image
 
-from csclip.model import SMALL_MODEL_CONFIGS, register_small_models
+from csclip.model_configs import SMALL_MODEL_CONFIGS, register_small_models
 from csclip.preprocess import image_transform, model_text_config, tokenizer
 from tests.conftest import REPO_ROOT, SHARED_DATA
 

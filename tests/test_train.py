@@ -17,7 +17,8 @@ from csclip.config.train import DataConfig, RunSection, SamplingConfig, TrainCon
 from csclip.config.world import WorldConfig
 from csclip.errors import CsclipError, DataError
 from csclip.loss import objective_for
-from csclip.model import WEIGHTS_FILE, create_bundle, register_small_models, spec_of
+from csclip.model import WEIGHTS_FILE, create_bundle, spec_of
+from csclip.model_configs import register_small_models
 from csclip.train.loop import (
     WorkerHooks,
     check_data_cpus,

@@ -14,11 +14,11 @@ from csclip.config.loss import LossConfig
 from csclip.config.model import ModelConfig
 from csclip.config.tracking import TrackingConfig
 from csclip.config.world import WorldConfig
-from csclip.train.global_batch import check_global_batch, worker_batch_size
 from csclip.units import ChangeType
 
 __all__ = ["AUTHORS_SCHEDULE", "RUN_NAME_MAX", "RUN_NAME_PATTERN", "CompileMode", "DataConfig",
-           "OptimConfig", "Precision", "RunSection", "SamplingConfig", "TrainConfig"]
+           "OptimConfig", "Precision", "RunSection", "SamplingConfig", "TrainConfig",
+           "check_global_batch", "worker_batch_size"]
 
 
 # auto: bf16 autocast on GPU, fp32 on CPU. fp16 adds a gradient scaler. bf16_pure: bf16
@@ -274,3 +274,24 @@ class TrainConfig(StrictModel):
                              f"optim.accum_freq {self.optim.accum_freq}; each step's batch is "
                              "split into accum_freq equal micro-batches")
         return self
+
+
+def worker_batch_size(batch_size: int, batch_scope: str, num_workers: int) -> int:
+    """Rows per worker and step: data.batch_size, or its share of the global batch."""
+    return batch_size // num_workers if batch_scope == "global" else batch_size
+
+
+def check_global_batch(batch_size: int, num_workers: int, gather: bool,
+                       shuffle_buffer: int) -> None:
+    """Why a batch_scope global config cannot run as one optimisation (ValueError)."""
+    if batch_size % num_workers:
+        raise ValueError(f"data.batch_scope global splits data.batch_size {batch_size} over "
+                         f"run.num_workers {num_workers}: use a multiple of {num_workers}")
+    if not gather:
+        raise ValueError("data.batch_scope global needs loss.gather true: without it each "
+                         "worker's negatives are its own share of the batch, and they shrink "
+                         "as workers are added")
+    if shuffle_buffer:
+        raise ValueError("data.batch_scope global orders each epoch's rows itself (a seeded "
+                         "permutation of the whole epoch); set data.shuffle_buffer=0 (a worker's "
+                         "local buffer would reorder its share differently on every worker count)")

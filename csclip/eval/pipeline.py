@@ -315,7 +315,7 @@ def check_weights(source: ModelSource) -> None:
     weights are neither cached nor downloadable, and a pretrained path that is not there."""
     import open_clip
 
-    from csclip.model import register_small_models
+    from csclip.model_configs import register_small_models
     from csclip.model_configs import SMALL_MODEL_CONFIGS
     from csclip.pretrained import resolve_tag_weights
 

@@ -27,33 +27,14 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
+from csclip.config.train import worker_batch_size
+
 POSITION = "_position"  # a row's place in its epoch's order (dropped by the preparation)
 
 
 def rank_dataset_name(epoch: int, rank: int) -> str:
     """The Ray Train dataset that worker `rank` reads in `epoch` (batch_scope global)."""
     return f"train_epoch_{epoch}_rank_{rank}"
-
-
-def worker_batch_size(batch_size: int, batch_scope: str, num_workers: int) -> int:
-    """Rows per worker and step: data.batch_size, or its share of the global batch."""
-    return batch_size // num_workers if batch_scope == "global" else batch_size
-
-
-def check_global_batch(batch_size: int, num_workers: int, gather: bool,
-                       shuffle_buffer: int) -> None:
-    """Why a batch_scope global config cannot run as one optimisation (ValueError)."""
-    if batch_size % num_workers:
-        raise ValueError(f"data.batch_scope global splits data.batch_size {batch_size} over "
-                         f"run.num_workers {num_workers}: use a multiple of {num_workers}")
-    if not gather:
-        raise ValueError("data.batch_scope global needs loss.gather true: without it each "
-                         "worker's negatives are its own share of the batch, and they shrink "
-                         "as workers are added")
-    if shuffle_buffer:
-        raise ValueError("data.batch_scope global orders each epoch's rows itself (a seeded "
-                         "permutation of the whole epoch); set data.shuffle_buffer=0 (a worker's "
-                         "local buffer would reorder its share differently on every worker count)")
 
 
 def row_keys(sample_ids: Sequence[str], seed: int, epoch: int) -> np.ndarray:

@@ -34,6 +34,7 @@ from csclip.config.train import (
     DataConfig,
     RunSection,
     TrainConfig,
+    worker_batch_size,
 )
 from csclip.errors import CheckpointMismatch, ConfigError
 from csclip.loss import objective_for
@@ -61,11 +62,7 @@ from csclip.train.finished import (
     finished_result,
     read_metrics,
 )
-from csclip.train.global_batch import (
-    shard_name,
-    training_datasets,
-    worker_batch_size,
-)
+from csclip.train.global_batch import shard_name, training_datasets
 from csclip.train.holdout import evaluation_due
 from csclip.train.identity import (  # noqa: F401  (re-exported)
     HOW_IT_RUNS_FIELDS,
