@@ -3,6 +3,8 @@ Karpathy fixture, its known recall, and the named suites with a missing folder."
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from suites_helpers import FIXTURES, ColorScorer
 
@@ -63,3 +65,24 @@ def test_config_rejects_unknown_suites_and_missing_root():
         SuitesConfig(names=("aro", "imagenet"), data_root="x")
     with pytest.raises(ValueError, match="needs suites.data_root"):
         SuitesConfig(names=("aro",))
+
+
+@pytest.mark.parametrize("entry", [{"filepath": "..", "filename": "secret.jpg"},
+                                   {"filepath": "val2014", "filename": "../../secret.jpg"},
+                                   {"filename": "SECRET"}])
+def test_an_image_outside_the_root_is_refused_naming_the_file_and_entry(tmp_path, entry):
+    """Karpathy files name images relative to their root (filepath/filename): an absolute
+    path or a ".." escape is refused, not read and scored (benchmark_file's rule)."""
+    root = tmp_path / "coco"
+    secret = tmp_path / "secret.jpg"
+    secret.write_bytes((COCO / "val2014" / "COCO_val2014_000000000000.jpg").read_bytes())
+    (root / "val2014").mkdir(parents=True)
+    entry = {k: (str(secret) if v == "SECRET" else v) for k, v in entry.items()}
+    path = root / "dataset_coco.json"
+    path.write_text(json.dumps({"images": [{**entry, "cocoid": 7, "split": "test",
+                                            "sentences": [{"raw": "a", "sentid": 1}]}]}))
+    with pytest.raises(DataError) as err:
+        load_karpathy(str(path), str(root))
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"{path}: image '7' at "), message
+    assert "outside" in message and str(root) in message

@@ -78,3 +78,20 @@ def test_missing_flickr8k_names_both_layouts(tmp_path):
     line = found.missing["flickr8k_retrieval"]
     assert line.startswith(f"flickr8k_retrieval: not found under {tmp_path}/flickr8k (expects ")
     assert "flickr8k_test_karpathy.txt" in line and "dataset_flickr8k.json" in line
+
+
+@pytest.mark.parametrize("named", ["../secret.jpg", "ABSOLUTE"])
+def test_a_caption_line_naming_an_image_outside_the_root_is_refused(tmp_path, named):
+    """An absolute path or a ".." escape in the caption file is refused in one line naming
+    the file and the line, not read and scored (benchmark_file's rule)."""
+    folder = write_flickr8k(tmp_path)
+    secret = folder / "secret.jpg"  # beside Images/, outside it
+    secret.write_bytes((folder / "Images" / FLICKR8K[0][0]).read_bytes())
+    named = str(secret) if named == "ABSOLUTE" else named
+    captions = folder / "flickr8k_test_karpathy.txt"
+    captions.write_text(captions.read_text() + f"{named},a red square\n")
+    with pytest.raises(DataError) as err:
+        load_clip_benchmark_captions(str(captions), str(folder / "Images"))
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"{captions} line 7: image "), message
+    assert repr(named) in message and "outside" in message

@@ -21,6 +21,7 @@ import numpy as np
 
 from csclip.config.eval import RetrievalCounting
 from csclip.errors import DataError
+from csclip.eval.benchmark_file import resolve_image
 from csclip.eval.encoder import Encoder, FeatureTables, image_sources
 from csclip.units import UnitsRecord
 
@@ -265,6 +266,20 @@ class KarpathySet:
     num_skipped_captions: int
 
 
+def refuse_outside(entry: str, image: str, image_root: str) -> None:
+    """Raise DataError, one line of `entry` (the file and its entry) and the path, when an
+    annotation file's image path leaves image_root (benchmark_file's rule, resolve_image: a
+    ".." component, or an absolute path or URI not under the root): a file someone hands us
+    names images in its folder, never files elsewhere on the machine or in the bucket to be
+    read and scored."""
+    try:
+        resolve_image(entry, image, image_root)
+    except DataError as err:
+        raise DataError(f"{entry} {image!r} is outside {image_root}; its images must be "
+                        "paths under that folder (no '..', no absolute path elsewhere)"
+                        ) from err
+
+
 def load_karpathy(json_uri: str, image_root: str, split: str = "test") -> KarpathySet:
     """The `split` images of a Karpathy JSON (dataset_coco.json / dataset_flickr30k.json,
     read by csclip.karpathy) with every caption; images under image_root (local
@@ -281,6 +296,7 @@ def load_karpathy(json_uri: str, image_root: str, split: str = "test") -> Karpat
     for entry in read_karpathy(filesystem, path, restval_as_train=True):
         if entry.split != split:
             continue
+        refuse_outside(f"{json_uri}: image {entry.image_id!r} at", entry.image_file, image_root)
         ref = folder.ref(entry.image_file)
         if ref is None:
             skipped += 1
@@ -319,6 +335,7 @@ def load_clip_benchmark_captions(txt_uri: str, image_root: str) -> KarpathySet:
                             f"{KARPATHY_LAYOUT['flickr8k']})")
         image, caption = line.split(".jpg,", 1)
         image += ".jpg"
+        refuse_outside(f"{txt_uri} line {number}: image", image, image_root)
         ref = images.get(image) or folder.ref(image)
         if ref is None:
             skipped += 1
