@@ -71,7 +71,8 @@ def test_a_crafted_cifar10_pickle_is_refused_without_running_its_code(tmp_path, 
 
 def test_the_cifar10_pickles_of_every_protocol_still_read(tmp_path):
     """numpy arrays as Python 3 pickles them at protocol 2 (via _codecs.encode) and at
-    protocol 5 (numpy's _frombuffer), the same images and labels."""
+    protocol 5 (numpy's _frombuffer), and under numpy 1.x's module names: the same images
+    and labels."""
     write_cifar10(tmp_path / "expected")
     expected = read_paper_dataset("cifar10", str(tmp_path / "expected"))
     for protocol in (0, 2, 4, 5):
@@ -84,6 +85,11 @@ def test_the_cifar10_pickles_of_every_protocol_still_read(tmp_path):
         assert dataset.classnames == CIFAR10_NAMES
         assert list(dataset.labels.values()) == list(CIFAR10_LABELS)
         assert dataset.images == expected.images, protocol
+    # numpy 1.x's module name, as the published files (written by numpy 1.x) have it.
+    batch = tmp_path / "protocol2" / "cifar-10-batches-py" / "test_batch"
+    assert b"numpy._core.multiarray\n_reconstruct" in batch.read_bytes()
+    batch.write_bytes(batch.read_bytes().replace(b"numpy._core.", b"numpy.core."))
+    assert read_paper_dataset("cifar10", str(tmp_path / "protocol2")).images == expected.images
 
 
 def test_a_cifar10_batch_of_objects_is_refused(tmp_path):
