@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import re
 import subprocess
 import sys
@@ -410,6 +411,21 @@ class FakeReport:
     """What a trial's evaluation returns, as far as the selection reads it."""
 
     metrics: dict
+    items: tuple = ()
+    scores: tuple = ()
+    skipped: tuple = ()
+
+
+def _fake_run(run: Path, steps: dict[str, int], checkpoint_every: int | None = None) -> None:
+    """A Train run's directory as far as the selection reads it: each folder's spec file,
+    its step (metrics.json) and, given checkpoint_every, the resolved config."""
+    for folder, step in steps.items():
+        (run / folder).mkdir(parents=True)
+        (run / folder / "model_spec.json").write_text("{}")
+        (run / folder / "metrics.json").write_text(json.dumps({"step": step}))
+        if checkpoint_every is not None:
+            (run / folder / "config.json").write_text(json.dumps(
+                {"run": {"checkpoint_every": checkpoint_every}}))
 
 
 def test_trial_selection_paper_evaluates_every_kept_step(tmp_path):
@@ -433,3 +449,47 @@ def test_trial_selection_paper_evaluates_every_kept_step(tmp_path):
     picked = evaluate_selected(None, str(run / "final"), 0, evaluate, "paper")
     assert seen == ["checkpoint_000000", "checkpoint_000001"]  # final/ is step 2 again
     assert picked.metrics["selected_step"] == 1 and picked.metrics["comp_i2t"] == 70.0
+
+
+def test_trial_selection_paper_takes_half_truth_from_the_held_out_best(tmp_path):
+    """The sweep's --select paper follows both of the authors' rules, as `csclip evaluate
+    --select paper`: the suites from the step best by mean I2T (1), the half-truth from
+    best/ when held-out contrastive accuracy chose it (step 2: their last_checkpoint.pt)."""
+    from csclip.ablation.trial import evaluate_selected
+
+    run = tmp_path / "run"
+    _fake_run(run, {"checkpoint_000000": 1, "checkpoint_000001": 2, "final": 2, "best": 2})
+    (run / "best" / "metrics.json").write_text(json.dumps(
+        {"step": 2, "metric": "contrastive_accuracy", "value": 61.0, "mode": "max"}))
+    i2t = {"checkpoint_000000": 70.0, "checkpoint_000001": 40.0, "final": 40.0, "best": 40.0}
+    ht = {"checkpoint_000000": 10.0, "checkpoint_000001": 80.0, "final": 80.0, "best": 80.0}
+
+    def evaluate(config, uri, seed):
+        name = Path(uri).name
+        return FakeReport({"comp_i2t": i2t[name], "ht_all": ht[name]}, items=(name,))
+
+    picked = evaluate_selected(None, str(run / "final"), 0, evaluate, "paper")
+    assert picked.metrics["selected_step"] == 1 and picked.metrics["comp_i2t"] == 70.0
+    assert picked.metrics["ht_all"] == 80.0 and picked.items != ("checkpoint_000000",)
+    assert picked.metrics["half_truth_step"] == 2
+
+
+def test_trial_selection_paper_candidates_are_the_evaluations(tmp_path):
+    """As the authors' (an evaluation every 2,500 steps, none at the end), the candidates
+    are the steps at run.checkpoint_every: the last step (5) is not one, however good."""
+    from csclip.ablation.trial import evaluate_selected
+
+    run = tmp_path / "run"
+    _fake_run(run, {"checkpoint_000000": 2, "checkpoint_000001": 4, "checkpoint_000002": 5,
+                    "final": 5}, checkpoint_every=2)
+    i2t = {"checkpoint_000000": 50.0, "checkpoint_000001": 60.0, "checkpoint_000002": 90.0,
+           "final": 90.0}
+    seen = []
+
+    def evaluate(config, uri, seed):
+        seen.append(Path(uri).name)
+        return FakeReport({"comp_i2t": i2t[Path(uri).name], "ht_all": 50.0})
+
+    picked = evaluate_selected(None, str(run / "final"), 0, evaluate, "paper")
+    assert seen == ["checkpoint_000000", "checkpoint_000001"]
+    assert picked.metrics["selected_step"] == 4

@@ -7,12 +7,16 @@ import functools
 import json
 import logging
 import math
+import shutil
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+
+from ray import tune
 
 from csclip import tracking
+from csclip.ablation.callback import TrialLinesCallback
 from csclip.ablation.grid import (
     Grid,
     get_field,
@@ -34,11 +38,15 @@ from csclip.ablation.trial import (
     run_trial,
     trial_config,
 )
+from csclip.cluster import max_resources, training_worker_slots
+from csclip.config import flatten
+from csclip.config.eval import CheckpointSelection
+from csclip.config.train import TrainConfig
 from csclip.errors import ConfigError
+from csclip.eval.selection import SELECTION_LABEL
 from csclip.markdoc import update_marked_section
-
-if TYPE_CHECKING:
-    from csclip.config.train import TrainConfig
+from csclip.storage import exists, filesystem_for, read_bytes, resolve_output
+from csclip.tracking import resolve_uri
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +68,6 @@ def resolve_paths(config: TrainConfig) -> TrainConfig:
     """The config with its tracking URI resolved and its local paths (storage, units table)
     absolute; inside a Ray job a relative tracking store or storage path is refused
     (csclip.tracking.resolve_uri, csclip.storage.resolve_output)."""
-    from csclip.storage import resolve_output
-    from csclip.tracking import resolve_uri
 
     # tracking.uri None means $MLFLOW_TRACKING_URI or the local default: pin it, so every
     # trial (on any node, in any working directory) logs to the same store.
@@ -86,7 +92,6 @@ def max_concurrent_trials(cluster: Mapping[str, float], num_workers: int, use_gp
 
     cluster: the cluster's resources at their largest (csclip.cluster.max_resources: on an
     autoscaling cluster, what the autoscaler may add, not the 0 GPUs present at start)."""
-    from csclip.cluster import training_worker_slots
 
     workers = max(1, num_workers)
     if use_gpu:
@@ -123,7 +128,7 @@ def tune_storage(config: TrainConfig) -> str:
 def run_sweep(base: TrainConfig, grid: Grid, *, max_concurrent: int | None = None,
               trial_cpus: float = TRIAL_CPUS, eval_seed: int = 0, reevaluate: bool = False,
               evaluate: Callable | None = None, suites: dict | None = None,
-              select: str = "final") -> SweepResult:
+              select: CheckpointSelection = "final") -> SweepResult:
     """Run (or resume) a sweep: one Tune trial per setting of `grid`, each a Ray Train
     fine-tune plus evaluation; then the table, plot and MLflow parent run.
 
@@ -134,18 +139,12 @@ def run_sweep(base: TrainConfig, grid: Grid, *, max_concurrent: int | None = Non
     `(config, checkpoint_uri, seed) -> report` (default evaluate_trial; see run_trial).
     suites: the evaluation's suites (a SuitesConfig as a dict; default the world's), e.g.
     real-data suites with --reevaluate, which rewrites the report with their columns.
-    select: "final" (default) evaluates each trial's final checkpoint; "paper" the saved
-    step with the highest mean I2T on the evaluated benchmarks (the authors' selection,
-    csclip.eval.selection), and the report says so.
+    select: "final" (default) evaluates each trial's final checkpoint; "paper" the authors'
+    two rules, as `csclip evaluate --select paper` (csclip.eval.selection.pick_paper): the
+    suites of the candidate step with the highest mean I2T on the evaluated benchmarks, the
+    half-truth of the state best on held-out captions; the report says so.
     Ray must be initialised by the caller.
     """
-    import time
-
-    from ray import tune
-
-    from csclip.ablation.callback import TrialLinesCallback
-    from csclip.config import flatten
-
     started = time.time()
     if suites and evaluate is None:
         evaluate = functools.partial(evaluate_trial, suites=suites)
@@ -171,8 +170,6 @@ def run_sweep(base: TrainConfig, grid: Grid, *, max_concurrent: int | None = Non
                            mlflow_experiment=base.tracking.experiment, eval_seed=eval_seed,
                            select=select)
     if max_concurrent is None:
-        from csclip.cluster import max_resources
-
         max_concurrent = max_concurrent_trials(max_resources(), base.run.num_workers,
                                                base.run.use_gpu, base.run.cpus_per_worker,
                                                trial_cpus, base.run.worker_resources)
@@ -204,10 +201,10 @@ def run_sweep(base: TrainConfig, grid: Grid, *, max_concurrent: int | None = Non
     metrics = {k: {**m, **_stored_evaluations(report_uri).get(k, {})} for k, m in metrics.items()}
     caption = ""
     if select == "paper":
-        from csclip.eval.selection import SELECTION_LABEL
-
         caption = (f"Checkpoints {SELECTION_LABEL}: each trial at its kept step with the "
-                   "highest mean I2T on the benchmarks below (the authors' selection).")
+                   "highest mean I2T on the benchmarks below, its half-truth from the state "
+                   "best on the held-out training captions when the run kept one (the "
+                   "authors' selection).")
     table = build_table(grid, metrics, status, caption=caption)
     report = publish_report(table, report_uri, title=f"Ablation {name}")
     for artifact in (report.markdown, report.csv, report.png):
@@ -222,8 +219,6 @@ def run_sweep(base: TrainConfig, grid: Grid, *, max_concurrent: int | None = Non
 def update_results_doc(path: str | Path, result: SweepResult, command: str) -> Path:
     """Put the sweep's table, with the command that made it, in the ablation section of a
     shared results file (docs/results.md); the PNG is copied next to it."""
-    import shutil
-
     path = Path(path)
     image = path.parent / "img" / "ablation.png"
     image.parent.mkdir(parents=True, exist_ok=True)
@@ -242,14 +237,11 @@ EVALUATIONS_FILE = "evaluations.json"  # re-evaluated metrics, by setting key
 
 def reevaluate_trials(base: TrainConfig, grid: Grid, sweep: str, metrics: Mapping[str, dict],
                       client, eval_seed: int, report_uri: str,
-                      suites: dict | None = None, select: str = "final") -> None:
+                      suites: dict | None = None,
+                      select: CheckpointSelection = "final") -> None:
     """Evaluate each finished trial's checkpoint again (the evaluation grew a suite, or was
     fixed, after the trials trained). The new metrics go to the trial's child run (tag
     csclip_reevaluated) and to <report>/evaluations.json, which later reruns read too."""
-    import time
-
-    from csclip.storage import filesystem_for
-
     stored = _stored_evaluations(report_uri)
     settings = {s.key: s for s in grid.settings}
     for key, old in metrics.items():
@@ -271,8 +263,6 @@ def reevaluate_trials(base: TrainConfig, grid: Grid, sweep: str, metrics: Mappin
 
 
 def _stored_evaluations(report_uri: str) -> dict[str, dict]:
-    from csclip.storage import exists, filesystem_for, read_bytes
-
     fs, path = filesystem_for(f"{report_uri}/{EVALUATIONS_FILE}")
     return json.loads(read_bytes(fs, path)) if exists(fs, path) else {}
 

@@ -6,19 +6,28 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from mlflow.entities import Metric
 from pydantic import BaseModel
+from ray import tune
+from ray.tune.integration.ray_train import TuneReportCallback
 
-from csclip import tracking
+from csclip import tracking, train
 from csclip.ablation.grid import Grid, Row, Setting, check_setting, with_values
 from csclip.ablation.report import TABLE_CAPTION, build_table, plot_curves
-from csclip.config import validate_config
-
-if TYPE_CHECKING:
-    from csclip.config.train import TrainConfig
+from csclip.config import flatten, validate_config
+from csclip.config.eval import BenchmarkConfig, CheckpointSelection, SuitesConfig
+from csclip.config.train import TrainConfig
+from csclip.eval.pipeline import evaluate_bundle
+from csclip.eval.report import paper_tables, plot_figure3
+from csclip.eval.selection import SELECTION_LABEL, pick_paper
+from csclip.model import load_bundle
+from csclip.records import load_split
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +44,9 @@ class SweepContext(BaseModel):
     tracking_uri: str
     mlflow_experiment: str
     eval_seed: int = 0
-    # Which checkpoint of each trial is evaluated: its final one, or "paper": the saved
-    # step with the highest mean I2T on the evaluated benchmarks (csclip.eval.selection).
-    select: str = "final"
+    # Which checkpoint of each trial is evaluated: its final one, or "paper": the authors'
+    # two rules (csclip.eval.selection.pick_paper).
+    select: CheckpointSelection = "final"
 
     def setting(self, key: str) -> Setting:
         return Setting(tuple((str(a), v) for a, v in self.settings[key]))
@@ -59,13 +68,6 @@ def run_trial(params: dict, sweep: dict, evaluate: Callable | None = None) -> No
     evaluate: `(config, checkpoint_uri, seed) -> report with .metrics` (default
     evaluate_trial), e.g. to add a suite, or to stand in for an interrupted evaluation.
     """
-    import time
-
-    from ray import tune
-
-    from csclip import train
-    from csclip.config import flatten
-
     context = SweepContext.model_validate(sweep)
     setting = context.setting(params["setting"])
     base = validate_config(train.TrainConfig, context.base, origin="sweep base config")
@@ -97,12 +99,6 @@ def _train_and_evaluate(config: TrainConfig, setting: Setting, context: SweepCon
                         experiment_id: str, run_id: str,
                         evaluate: Callable) -> tuple[dict[str, float], str]:
     """The trial's work, logged to its child run: metrics and the checkpoint URI."""
-    import time
-
-    from ray.tune.integration.ray_train import TuneReportCallback
-
-    from csclip import train
-
     started = time.time()
     result = train.run(config, callbacks=[TuneReportCallback()])
     trained = time.time()
@@ -132,8 +128,6 @@ def _train_run_id(client, experiment_id: str, run_name: str) -> str | None:
 
 def validation_records(config: TrainConfig) -> list:
     """The validation split the trial is evaluated on (csclip.records.load_split)."""
-    from csclip.records import load_split
-
     return load_split(config.data.units_uri, "val", config.data.world)
 
 
@@ -141,11 +135,6 @@ def evaluate_trial(config: TrainConfig, checkpoint_uri: str, seed: int, suites: 
     """The HalfTruthReport (half-truth, image-side, and the suites: the world's by default,
     or `suites`, a SuitesConfig as a dict, e.g. real-data suites under a data root) of a
     trained checkpoint on the validation split."""
-    from csclip.config.eval import SuitesConfig
-    from csclip.eval.halftruth import BenchmarkConfig
-    from csclip.eval.pipeline import evaluate_bundle
-    from csclip.model import load_bundle
-
     bundle = load_bundle(checkpoint_uri)
     # One seed for the trial's evaluation: the benchmark's and the world suites' draws.
     return evaluate_bundle(bundle, validation_records(config), benchmark=BenchmarkConfig(seed=seed),
@@ -153,24 +142,20 @@ def evaluate_trial(config: TrainConfig, checkpoint_uri: str, seed: int, suites: 
 
 
 def evaluate_selected(config: TrainConfig, checkpoint_uri: str, seed: int, evaluate: Callable,
-                      select: str = "final"):
+                      select: CheckpointSelection = "final"):
     """The trial's evaluation report. select "final": `evaluate` on the final checkpoint;
-    "paper": `evaluate` on every checkpoint the Train run kept (the final checkpoint's
-    run directory), and the report of the step the authors' rule picks, with
-    `selected_step` in its metrics (csclip.eval.selection)."""
+    "paper": the authors' two rules on the Train run's directory (the final checkpoint's
+    parent), through csclip.eval.selection.pick_paper as `csclip evaluate --select paper`:
+    the suites of the candidate step with the highest mean I2T, the half-truth of the
+    held-out-best state, with `selected_step` (and `half_truth_step`) in its metrics."""
     if select == "final":
         return evaluate(config, checkpoint_uri, seed)
-    from dataclasses import replace
-
-    from csclip.eval.selection import saved_checkpoints, select_paper
-
     run_dir = checkpoint_uri.rstrip("/").rsplit("/", 1)[0]
-    reports = {c.step: evaluate(config, c.uri, seed) for c in saved_checkpoints(run_dir)}
-    selection = select_paper({step: r.metrics for step, r in reports.items()})
-    chosen = reports[selection.step]
-    logger.info("%s: step %d selected on the test benchmarks (mean I2T by step %s)", run_dir,
-                selection.step, selection.mean_i2t)
-    return replace(chosen, metrics={**chosen.metrics, "selected_step": float(selection.step)})
+    pick = pick_paper(run_dir, lambda saved: evaluate(config, saved.uri, seed))
+    steps = {"selected_step": float(pick.selection.step)}
+    if pick.selection.half_truth_step is not None:
+        steps["half_truth_step"] = float(pick.selection.half_truth_step)
+    return replace(pick.report, metrics={**pick.report.metrics, **steps})
 
 
 def _log_trial_files(client, run_id: str, setting: Setting, report,
@@ -178,16 +163,13 @@ def _log_trial_files(client, run_id: str, setting: Setting, report,
     """The trial's own tables (its row in the Tables 16-17 layout; the evaluation's
     Tables 1/6/7 and image-side table), Figure 3 and its training curves, as artifacts of
     its child run."""
-    import tempfile
-
-    from csclip.eval.report import paper_tables, plot_figure3
-
     grid = Grid((), False, (setting,), (Row(setting.key, "trial", None, setting, False),))
     caption = ""
     if "selected_step" in report.metrics:
-        from csclip.eval.selection import SELECTION_LABEL
-
         caption = f"Checkpoint {SELECTION_LABEL}: step {report.metrics['selected_step']:.0f}."
+        if "half_truth_step" in report.metrics:
+            caption += (f" Half-truth: step {report.metrics['half_truth_step']:.0f}, best on "
+                        "the held-out training captions.")
     table = build_table(grid, {setting.key: report.metrics}, caption=caption)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
@@ -207,8 +189,6 @@ def _log_trial_files(client, run_id: str, setting: Setting, report,
 def copy_curves(client, source_run_id: str, target_run_id: str) -> dict[str, list[tuple[int, float]]]:
     """Copy every metric history of the training run into the trial's child run; returns
     the curves {metric: [(step, value), ...]} for the trial's plot."""
-    from mlflow.entities import Metric
-
     curves: dict[str, list[tuple[int, float]]] = {}
     batch: list[Metric] = []
     for key in client.get_run(source_run_id).data.metrics:

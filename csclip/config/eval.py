@@ -4,7 +4,7 @@ against (suite names, protocols, the paper's benchmark size)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -13,11 +13,12 @@ from csclip.config.model import ModelSource
 from csclip.config.tracking import TrackingConfig
 from csclip.config.world import WorldConfig
 
-__all__ = ["BENCHMARK_NAMES", "DEFAULT_RESULTS_TEMPLATE", "PAPER", "PAPER_NUM_SAMPLES",
-           "PAPER_SEED", "PAPER_SUITE", "PROTOCOLS", "RETRIEVAL_SUITES", "SUITE_NAMES",
-           "ZEROSHOT_PAPER_SUITE", "ZEROSHOT_SUITE", "BenchmarkConfig", "EvalConfig",
-           "EvalDataConfig", "EvalTrackingConfig", "Protocol", "RetrievalCounting",
-           "ScoringConfig", "SuitesConfig", "expand_paper_suite"]
+__all__ = ["BENCHMARK_NAMES", "CHECKPOINT_SELECTIONS", "DEFAULT_RESULTS_TEMPLATE", "PAPER",
+           "PAPER_NUM_SAMPLES", "PAPER_SEED", "PAPER_SUITE", "PROTOCOLS", "RETRIEVAL_SUITES",
+           "SUITE_NAMES", "ZEROSHOT_PAPER_SUITE", "ZEROSHOT_SUITE", "BenchmarkConfig",
+           "CheckpointSelection", "EvalConfig", "EvalDataConfig", "EvalTrackingConfig",
+           "Protocol", "RetrievalCounting", "ScoringConfig", "SuitesConfig",
+           "expand_paper_suite"]
 
 # The real-data benchmarks by name (csclip.eval.suites.registry holds one loader each,
 # checked against this list when it is imported).
@@ -34,6 +35,12 @@ ZEROSHOT_SUITE = "zeroshot"
 ZEROSHOT_PAPER_SUITE = "zeroshot_paper"
 SUITE_NAMES: tuple[str, ...] = (*BENCHMARK_NAMES, *RETRIEVAL_SUITES, ZEROSHOT_SUITE,
                                 ZEROSHOT_PAPER_SUITE)
+
+
+# `--select` of `csclip evaluate` and `csclip ablate`: which checkpoint of a training run is
+# reported. final: the last one; paper: the authors' two rules (csclip.eval.selection).
+CheckpointSelection = Literal["final", "paper"]
+CHECKPOINT_SELECTIONS: tuple[str, ...] = get_args(CheckpointSelection)
 
 
 class ScoringConfig(StrictModel):

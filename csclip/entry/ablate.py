@@ -8,6 +8,7 @@ import os
 import sys
 
 from csclip.config import apply_overrides, read_yaml, refuse_given, validate_config
+from csclip.config.eval import CHECKPOINT_SELECTIONS
 from csclip.config.train import TrainConfig
 from csclip.entry.common import (
     default_config_path,
@@ -66,11 +67,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                              "as `csclip evaluate --suite`); with --reevaluate, no retraining")
     parser.add_argument("--data-root", default=None, metavar="PATH",
                         help="folder or s3:// prefix holding the --suite data")
-    parser.add_argument("--select", choices=["final", "paper"], default="final",
+    parser.add_argument("--select", choices=CHECKPOINT_SELECTIONS, default="final",
                         help="which checkpoint of each trial is evaluated: final (default) or "
-                             "paper: the saved step with the highest mean I2T on the benchmarks "
-                             "evaluated, as the authors select (the report says 'selected on "
-                             "the test benchmarks'; compares the run.num_to_keep steps kept)")
+                             "paper: as `csclip evaluate --select paper`, the kept step at "
+                             "run.checkpoint_every with the highest mean I2T on the benchmarks "
+                             "evaluated (the report says 'selected on the test benchmarks'), "
+                             "half-truth from best/ when data.val_ratio kept one")
     parser.add_argument("--results-doc", default=None, metavar="PATH",
                         help="also write the table into the ablation section of this file")
     shortcuts = parser.add_argument_group("shortcuts for the base config (each sets one field)")
@@ -152,7 +154,8 @@ def _ablate(args: argparse.Namespace, command: str) -> int:
         print(f"--select paper: each trial's kept checkpoints (run.num_to_keep="
               f"{base.run.num_to_keep}, one every run.checkpoint_every="
               f"{base.run.checkpoint_every} steps) are evaluated; the best by mean I2T is "
-              "reported, selected on the test benchmarks", file=sys.stderr)
+              "reported, selected on the test benchmarks, with the half-truth of best/ "
+              "(held-out captions) when the run keeps one", file=sys.stderr)
     result = sweep.run_sweep(base, grid, max_concurrent=max_concurrent,
                              reevaluate=args.reevaluate, suites=suites, select=args.select)
     if args.results_doc:

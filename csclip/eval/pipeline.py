@@ -105,13 +105,13 @@ def model_label(bundle: ClipBundle | ModelSource) -> str:
 
 
 _CHECKPOINT_DIR = re.compile(r"checkpoint_0*(\d+)")
+STEP_FILE = "metrics.json"  # each checkpoint's metrics (csclip.train), with its step
 
 
 def checkpoint_step(pretrained: str | None) -> int | None:
     """The training step of a checkpoint (its metrics.json, as csclip.train writes it, else
     a `checkpoint_000123` directory name); None for a tag, a weights file or random
     weights."""
-    from csclip.eval.selection import STEP_FILE
     from csclip.storage import exists, filesystem_for, read_bytes
 
     if not pretrained or not ("/" in pretrained or Path(pretrained).exists()):

@@ -16,7 +16,12 @@ training captions by contrastive accuracy (alignment/learning_alignment.py:755-7
 98b40c0, reloaded and saved as last_checkpoint.pt by alignment/ft_experiment.py:380-404).
 A run trained with data.val_ratio and run.best_metric contrastive_accuracy keeps that state
 in best/ (csclip.train.holdout); `--select paper` takes the half-truth metrics and items
-from it and everything else from the step chosen by mean I2T."""
+from it and everything else from the step chosen by mean I2T.
+
+`pick_paper` applies both rules to a run's directory; `csclip evaluate --select paper`
+(run_selected_evaluation) and the sweep's `--select paper` (csclip.ablation.trial) both call
+it, each with its own evaluation of one checkpoint. The choices of `--select` are declared
+once, csclip.config.eval.CHECKPOINT_SELECTIONS."""
 
 from __future__ import annotations
 
@@ -25,20 +30,42 @@ import io
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Generic, TypeVar
 
+import pyarrow.fs as pafs
+
+from csclip.config import flatten
+from csclip.config.eval import EvalConfig
 from csclip.errors import ConfigError
-
-if TYPE_CHECKING:
-    from csclip.eval.report import ModelIdentity
+from csclip.eval.encoder import Encoder
+from csclip.eval.halftruth import PreparedBenchmark, prepare_benchmark
+from csclip.eval.pipeline import (
+    STEP_FILE,
+    evaluate_encoder,
+    load_records,
+    model_identity,
+    model_label,
+)
+from csclip.eval.report import (
+    ComparisonReport,
+    HalfTruthReport,
+    ModelIdentity,
+    begin_outputs,
+    log_comparison,
+    write_outputs,
+)
+from csclip.eval.suites import find_named_suites
+from csclip.eval.suites.registry import BENCHMARKS
+from csclip.model import CONFIG_FILE, SPEC_FILE, load_bundle
+from csclip.storage import exists, filesystem_for, read_bytes, resolve_output
+from csclip.tracking import resolve_uri
 
 log = logging.getLogger(__name__)
 
 SELECTION_LABEL = "selected on the test benchmarks"
-SELECTIONS: tuple[str, ...] = ("final", "paper")
 # The synthetic world's compositional suites, the rows when no real benchmark was run.
 WORLD_ROWS: tuple[str, ...] = ("comp_i2t", "comp_i2t_replace")
 
@@ -47,8 +74,6 @@ def i2t_rows(metrics: Mapping[str, float]) -> dict[str, float]:
     """The I2T value of every (benchmark, subset) row measured, as the rows of the
     authors' evaluation CSV: `<benchmark>_<subset>_i2t` of the real-data suites (a
     benchmark's own average `<benchmark>_i2t` is not a row), else the world's suites."""
-    from csclip.eval.suites.registry import BENCHMARKS
-
     # Longest name first, so sugarcrepe_pp_<subset> is not read as a sugarcrepe subset.
     names = sorted(BENCHMARKS, key=len, reverse=True)
     rows: dict[str, float] = {}
@@ -135,9 +160,16 @@ def select_paper(metrics_by_step: Mapping[int, Mapping[str, float]]) -> Selectio
 class SavedCheckpoint:
     step: int
     uri: str
+    # run.checkpoint_every of the run that saved it (its config.json); None without one.
+    checkpoint_every: int | None = None
+
+    @property
+    def is_evaluation(self) -> bool:
+        """Whether the step is one of the run's evaluations (a multiple of
+        run.checkpoint_every), not only its last step; True when the cadence is unknown."""
+        return self.checkpoint_every is None or self.step % self.checkpoint_every == 0
 
 
-STEP_FILE = "metrics.json"  # each checkpoint's metrics (csclip.train), with its step
 HELD_OUT_METRIC = "contrastive_accuracy"  # csclip.train.holdout.METRIC (no training import)
 # The keys of the half-truth benchmark itself (csclip.eval.halftruth: half_truth_metrics,
 # image_side_metrics, the pipeline's counts); every other key is a suite's.
@@ -148,9 +180,6 @@ HALF_TRUTH_PREFIXES: tuple[str, ...] = ("ht_", "winrate_", "consistency_", "num_
 def held_out_best(run_dir: str) -> SavedCheckpoint | None:
     """The run's best/ when it was chosen by held-out contrastive accuracy (data.val_ratio
     with run.best_metric contrastive_accuracy), else None."""
-    from csclip.model import SPEC_FILE
-    from csclip.storage import exists, filesystem_for, read_bytes
-
     fs, path = filesystem_for(run_dir)
     best = f"{path.rstrip('/')}/best"
     if not (exists(fs, f"{best}/{SPEC_FILE}") and exists(fs, f"{best}/{STEP_FILE}")):
@@ -165,11 +194,12 @@ def is_half_truth_key(key: str) -> bool:
     return key.startswith(HALF_TRUTH_PREFIXES)
 
 
-def with_half_truth_of(report, half_truth):
+R = TypeVar("R")  # a checkpoint's evaluation: .metrics, .items, .scores, .skipped
+
+
+def with_half_truth_of(report: R, half_truth: R) -> R:
     """`report` (a HalfTruthReport) with the half-truth metrics, items, scores and skips of
     `half_truth` (the held-out-best state's report); its suites' keys stay."""
-    from dataclasses import replace
-
     metrics = {k: v for k, v in report.metrics.items() if not is_half_truth_key(k)}
     metrics.update({k: v for k, v in half_truth.metrics.items() if is_half_truth_key(k)})
     return replace(report, metrics=metrics, items=half_truth.items, scores=half_truth.scores,
@@ -180,11 +210,6 @@ def saved_checkpoints(run_dir: str) -> list[SavedCheckpoint]:
     """The checkpoints a training run saved (its checkpoint_* folders, final/ and best/),
     one per step, in step order. `run_dir` is <run.storage_path>/<run name>, local or
     s3://. Raises ConfigError when it holds none (e.g. it is a single checkpoint)."""
-    import pyarrow.fs as pafs
-
-    from csclip.model import SPEC_FILE
-    from csclip.storage import exists, filesystem_for, read_bytes
-
     fs, path = filesystem_for(run_dir)
     if exists(fs, f"{path}/{SPEC_FILE}"):
         raise ConfigError(f"--select paper: {run_dir} is one checkpoint; give the run's "
@@ -204,11 +229,76 @@ def saved_checkpoints(run_dir: str) -> list[SavedCheckpoint]:
         if isinstance(step, int) and step not in found:
             uri = info.path if "://" not in run_dir else \
                 f"{run_dir.split('://', 1)[0]}://{info.path}"
-            found[step] = SavedCheckpoint(step, uri)
+            found[step] = SavedCheckpoint(step, uri, _checkpoint_every(fs, info.path))
     if not found:
         raise ConfigError(f"--select paper: {run_dir} holds no saved checkpoints (folders "
                           f"with {SPEC_FILE} and {STEP_FILE}); give a training run's directory")
     return [found[s] for s in sorted(found)]
+
+
+def _checkpoint_every(fs, path: str) -> int | None:
+    """run.checkpoint_every of the training config saved beside a checkpoint, if any."""
+    if not exists(fs, f"{path}/{CONFIG_FILE}"):
+        return None
+    every = json.loads(read_bytes(fs, f"{path}/{CONFIG_FILE}")).get("run", {}).get(
+        "checkpoint_every")
+    return every if isinstance(every, int) and every > 0 else None
+
+
+def candidate_checkpoints(run_dir: str) -> list[SavedCheckpoint]:
+    """The saved steps the I2T rule chooses among: the run's evaluations only, the
+    multiples of run.checkpoint_every. The authors evaluated every eval_every_k_steps and
+    not at the last step (alignment/learning_alignment.py:904 @16276c7), while csclip.train
+    also saves the last step whatever its number: that one competes only when it is a
+    multiple. Raises ConfigError when no saved step is one."""
+    saved = saved_checkpoints(run_dir)
+    candidates = [c for c in saved if c.is_evaluation]
+    if not candidates:
+        raise ConfigError(f"--select paper: {run_dir} kept no checkpoint at a multiple of "
+                          f"run.checkpoint_every (steps {[c.step for c in saved]}), the "
+                          "evaluations the authors' rule chooses among; train with "
+                          "run.checkpoint_every at most optim.max_steps")
+    return candidates
+
+
+@dataclass(frozen=True)
+class PaperPick(Generic[R]):
+    """What `--select paper` keeps of a run: the selection, the checkpoint chosen by mean
+    I2T, the held-out-best checkpoint (None when the run kept none), each candidate step's
+    report, and `report`: the chosen step's, with the held-out-best's half-truth."""
+
+    selection: Selection
+    checkpoint: SavedCheckpoint
+    half_truth: SavedCheckpoint | None
+    reports: dict[int, R]
+    report: R
+
+
+def pick_paper(run_dir: str, evaluate: Callable[[SavedCheckpoint], R]) -> PaperPick[R]:
+    """The authors' two rules on a training run's directory: `evaluate` each candidate
+    step (candidate_checkpoints), keep the suites of the one with the highest mean I2T
+    (select_paper) and the half-truth of best/ when held-out contrastive accuracy chose it
+    (held_out_best, evaluated too when it is not a candidate); without such a best/ the
+    half-truth is the chosen step's, with a warning."""
+    checkpoints = candidate_checkpoints(run_dir)
+    reports = {saved.step: evaluate(saved) for saved in checkpoints}
+    selection = select_paper({step: r.metrics for step, r in reports.items()})
+    chosen = next(c for c in checkpoints if c.step == selection.step)
+    report = reports[selection.step]
+    best = held_out_best(run_dir)
+    if best is None:
+        log.warning("--select paper: %s has no best/ chosen by held-out contrastive "
+                    "accuracy (train with data.val_ratio > 0 and run.best_metric "
+                    "contrastive_accuracy); half-truth comes from step %d too",
+                    run_dir, selection.step)
+    else:
+        selection = replace(selection, half_truth_step=best.step)
+        best_report = reports[best.step] if best.step in reports else evaluate(best)
+        report = with_half_truth_of(report, best_report)
+    log.info("%s: step %d %s (mean I2T by step %s); half-truth from step %s", run_dir,
+             selection.step, SELECTION_LABEL, selection.mean_i2t,
+             selection.half_truth_step if best is not None else selection.step)
+    return PaperPick(selection, chosen, best, reports, report)
 
 
 @dataclass(frozen=True)
@@ -217,7 +307,7 @@ class SelectedEvaluation:
 
     selection: Selection
     checkpoint: SavedCheckpoint
-    report: object  # csclip.eval.report.ComparisonReport
+    report: ComparisonReport
     files: dict[str, Path]
 
 
@@ -231,72 +321,53 @@ def selected_label(model_label: str, step: int, half_truth_step: int | None = No
     return f"{label} - half-truth step {half_truth_step} best on held-out captions"
 
 
-def evaluate_checkpoints(config, checkpoints: Sequence[SavedCheckpoint]):
-    """Evaluate each saved checkpoint on one benchmark built from the config's records:
-    (records, prepared benchmark, {step: HalfTruthReport}); each report carries its
-    checkpoint's identity (model, the checkpoint as pretrained, its step)."""
-    from dataclasses import replace
+class CheckpointEvaluator:
+    """`csclip evaluate`'s evaluation of one saved checkpoint, on one benchmark built from
+    the config's records (built, and the named suites found, once, before any checkpoint
+    loads); each report carries its checkpoint's identity (model, the checkpoint as
+    pretrained, its step)."""
 
-    from csclip.eval.encoder import Encoder
-    from csclip.eval.halftruth import prepare_benchmark
-    from csclip.eval.pipeline import evaluate_encoder, load_records, model_identity, model_label
-    from csclip.eval.suites import find_named_suites
-    from csclip.model import load_bundle
+    def __init__(self, config: EvalConfig):
+        self.config = config
+        # A named suite not under suites.data_root fails before any checkpoint loads.
+        self.found = (find_named_suites(config.suites, refuse_missing=True)
+                      if config.suites.names else None)
+        self.records = load_records(config.data, config.benchmark.image_root)
+        self.prepared: PreparedBenchmark = prepare_benchmark(self.records, config.benchmark)
 
-    # A named suite not under suites.data_root fails before any checkpoint loads.
-    found = find_named_suites(config.suites, refuse_missing=True) if config.suites.names else None
-    records = load_records(config.data, config.benchmark.image_root)
-    prepared = prepare_benchmark(records, config.benchmark)
-    reports = {}
-    for saved in checkpoints:
+    def __call__(self, saved: SavedCheckpoint) -> HalfTruthReport:
+        config = self.config
         bundle = load_bundle(saved.uri, device=config.scoring.device)
         report = evaluate_encoder(
-            model_label(bundle), Encoder.for_bundle(bundle, config.scoring), prepared, records,
-            config.benchmark, config.suites, found)
-        reports[saved.step] = replace(report, identity=model_identity(bundle))
-        log.info("step %d: mean I2T %s", saved.step,
-                 _mean_text(i2t_rows(reports[saved.step].metrics)))
-    return records, prepared, reports
+            model_label(bundle), Encoder.for_bundle(bundle, config.scoring), self.prepared,
+            self.records, config.benchmark, config.suites, self.found)
+        log.info("step %d: mean I2T %s", saved.step, _mean_text(i2t_rows(report.metrics)))
+        return replace(report, identity=model_identity(bundle))
 
 
 def _mean_text(rows: Mapping[str, float]) -> str:
     return f"{sum(rows.values()) / len(rows):.2f} over {len(rows)} rows" if rows else "n/a"
 
 
-def run_selected_evaluation(config) -> SelectedEvaluation:
-    """`csclip evaluate --checkpoint <run dir> --select paper`: evaluate every saved step
-    of the run, keep the one the authors' rule picks, and write its tables (the model
-    named "<model> step <S> - selected on the test benchmarks") plus selection.md/.csv
-    (every step's mean I2T) to config.out_dir; log them to MLflow when tracking is on."""
-    from dataclasses import replace
-
-    from csclip.config import flatten
-    from csclip.eval.report import ComparisonReport, begin_outputs, log_comparison, write_outputs
-    from csclip.storage import resolve_output
-    from csclip.tracking import resolve_uri
-
+def run_selected_evaluation(config: EvalConfig) -> SelectedEvaluation:
+    """`csclip evaluate --checkpoint <run dir> --select paper`: evaluate every candidate
+    step of the run, keep what the authors' rules pick (pick_paper), and write its tables
+    (the model named "<model> step <S> - selected on the test benchmarks") plus
+    selection.md/.csv (every step's mean I2T) to config.out_dir; log them to MLflow when
+    tracking is on."""
     if not config.checkpoint:
         raise ConfigError("--select paper: give the run's directory with --checkpoint")
     out_dir = Path(resolve_output(config.out_dir, "out_dir"))
-    checkpoints = saved_checkpoints(config.checkpoint)
+    candidate_checkpoints(config.checkpoint)  # no candidate: refused before out_dir is touched
     begin_outputs(out_dir)
-    _, prepared, reports = evaluate_checkpoints(config, checkpoints)
-    selection = select_paper({step: r.metrics for step, r in reports.items()})
-    chosen = next(c for c in checkpoints if c.step == selection.step)
-    report = reports[selection.step]
-    best = held_out_best(config.checkpoint)  # its step is among saved_checkpoints' steps
-    if best is None:
-        log.warning("--select paper: %s has no best/ chosen by held-out contrastive "
-                    "accuracy (train with data.val_ratio > 0 and run.best_metric "
-                    "contrastive_accuracy); half-truth comes from step %d too",
-                    config.checkpoint, selection.step)
-    else:
-        selection = replace(selection, half_truth_step=best.step)
-        report = with_half_truth_of(report, reports[best.step])
+    evaluate = CheckpointEvaluator(config)
+    pick = pick_paper(config.checkpoint, evaluate)
+    selection, report = pick.selection, pick.report
     label = selected_label(report.name, selection.step, selection.half_truth_step)
     selected = {label: replace(report, name=label)}
-    identities = {step: report.identity for step, report in reports.items()}
-    markdown, files = write_outputs(selected, prepared, out_dir,
+    identities: dict[int, ModelIdentity | None] = {
+        step: r.identity for step, r in pick.reports.items()}
+    markdown, files = write_outputs(selected, evaluate.prepared, out_dir,
                                     results_template=config.results_template, extra_files={
                                         "selection.md": selection.markdown(),
                                         "selection.csv": selection.csv(identities)})
@@ -305,10 +376,10 @@ def run_selected_evaluation(config) -> SelectedEvaluation:
     if config.tracking.enabled:
         params = {"seed": config.benchmark.seed, **flatten(config),
                   "checkpoint_selection": f"paper ({SELECTION_LABEL})",
-                  "selected_step": selection.step, "selected_checkpoint": chosen.uri,
+                  "selected_step": selection.step, "selected_checkpoint": pick.checkpoint.uri,
                   "half_truth_step": selection.half_truth_step,
-                  "half_truth_checkpoint": best.uri if best is not None else None}
+                  "half_truth_checkpoint": pick.half_truth.uri if pick.half_truth else None}
         run_id = log_comparison(selected, files, resolve_uri(config.tracking.uri),
                                 config.tracking.experiment, params)
-    return SelectedEvaluation(selection, chosen, ComparisonReport(selected, markdown, files, run_id),
-                              files)
+    return SelectedEvaluation(selection, pick.checkpoint,
+                              ComparisonReport(selected, markdown, files, run_id), files)
