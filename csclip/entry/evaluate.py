@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from csclip.config import apply_overrides, read_yaml, refuse_given, validate_config
-from csclip.config.eval import EvalConfig
+from csclip.config.eval import CHECKPOINT_SELECTIONS, EvalConfig
 from csclip.entry.common import (
     make_parser,
     mlflow_line,
@@ -110,7 +110,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     shortcuts.add_argument("--seed", type=int, metavar="N",
                            help="seeds the model's creation, so random initial weights are the "
                                 "same in every run (default 0): seed")
-    parser.add_argument("--select", choices=["final", "paper"], default="final",
+    parser.add_argument("--select", choices=CHECKPOINT_SELECTIONS, default="final",
                         help="which checkpoint of a run: final (default: --checkpoint as given) "
                              "or paper (--checkpoint is the run's directory; the saved step "
                              "with the highest mean I2T on the benchmarks evaluated, as the "
