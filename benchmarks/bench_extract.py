@@ -24,7 +24,7 @@ from test_extract_pipeline import GOOD  # noqa: E402  (hand-written answers, rea
 from csclip.config.extract import InputConfig, VllmConfig
 from csclip.extract import prompts  # noqa: E402
 from csclip.extract.captions import caption_table
-from csclip.extract.pipeline import answer_stage  # noqa: E402
+from csclip.extract.prompt_sets.csclip import answer_stage  # noqa: E402
 from csclip.extract.vllm import add_prompt_columns
 
 SUGARCREPE = ROOT.parent / "shared" / "data" / "sugarcrepe"

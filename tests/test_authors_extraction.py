@@ -192,7 +192,7 @@ def test_csclip_prompt_set_answers_replay_to_the_same_outcome():
 
     from csclip.extract import answers
     from csclip.extract.backends import Status
-    from csclip.extract.pipeline import answer_stage
+    from csclip.extract.prompt_sets.csclip import answer_stage
 
     good = json.dumps({"entities": [{"entity": "dog", "foils": [
         {"foil": "cat", "change_type": "object_change"}]}], "relations": []})

@@ -327,7 +327,7 @@ def test_logprob_columns_are_engine_columns():
 
 
 def _screen(rows, cfg, attempt=0, prompt_length=None):
-    from csclip.extract.pipeline import screen_llm_rows
+    from csclip.extract.prompt_sets.csclip import screen_llm_rows
 
     return screen_llm_rows(pa.Table.from_pylist(rows), cfg, attempt, prompt_length)
 

@@ -7,145 +7,45 @@ call, `kind` (extract | entity_foils | relation_foils; `repair` for csclip's rep
 the shards are cut), `entity` (for entity_foils, else null), `occurrence` (0, or 1, 2, ...
 when the same prompt is sent again for one caption), `answer` (the raw text, null after an
 inference error), `error`, `prompts` (the prompt set). `backend.name: replay` reads such
-files and derives every caption's units from them with the same code a live run uses, so
-changing a filter costs seconds, not GPU hours. Pure: no Ray.
+files and derives every caption's units from them with the same code a live run uses (the
+prompt set's `outcome`), so changing a filter costs seconds, not GPU hours.
 """
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
 
-from csclip.authors import RecordError, expand_uri, parse_record
+import pyarrow as pa
+
+from csclip import storage
+from csclip.authors import expand_uri
+from csclip.config.extract import BackendConfig, ExtractConfig, VllmConfig
 from csclip.errors import DataError
-from csclip.extract import authors_prompts as ap
-from csclip.extract.backends import Outcome, empty_caption_outcome, finish, llm_outcome
+from csclip.extract.backends import Outcome
+from csclip.extract.prompt_sets import get_prompt_set
+from csclip.extract.prompt_sets.base import PromptSet, StoredAnswers, answer_key
 from csclip.progress import progress
-from csclip.units import RejectReason
-
-if TYPE_CHECKING:
-    import pyarrow as pa
-
-    from csclip.config.extract import BackendConfig
 
 ANSWERS_COLUMN = "answers_json"  # replay: the caption's stored answers, on its caption row
-REPAIR = "repair"  # csclip's prompt set: the one repair call after a rejected answer
-# The units table's `source` of each prompt set, for a live run and its replay alike.
-SOURCE = {"csclip": "vllm", "authors": "vllm_authors"}
-
-
-def call_record(call: ap.Call, answer: str | None, error: str = "", prompts: str = "authors") -> dict:
-    return {**call.head(), "answer": answer, "error": error, "prompts": prompts}
-
-
-def _key(record: dict) -> tuple:
-    return (record["kind"], record.get("entity"), int(record.get("occurrence") or 0))
-
-
-class StoredAnswers:
-    """A caption's stored answers as an `answer_of` for authors_prompts.derive."""
-
-    def __init__(self, records: Iterable[dict]):
-        self.by_key = {_key(r): r for r in records}
-
-    def get(self, kind: str, entity: str | None = None, occurrence: int = 0) -> str | None:
-        record = self.by_key.get((kind, entity, occurrence))
-        return None if record is None else record.get("answer")
-
-    def __call__(self, call: ap.Call) -> str:
-        record = self.by_key.get((call.kind, call.entity, call.occurrence))
-        if record is None:
-            raise ap.MissingAnswer(f"no stored answer for {_describe(call)}")
-        if record.get("answer") is None:
-            raise ap.MissingAnswer(f"{_describe(call)}: {record.get('error') or 'no answer'}")
-        return record["answer"]
-
-
-def _describe(call: ap.Call) -> str:
-    entity = f" {call.entity!r}" if call.entity is not None else ""
-    return f"the {call.kind} call{entity} #{call.occurrence}"
-
-
-# ---------------------------------------------------------------------------------------
-# A caption's outcome under the authors' prompt set
-# ---------------------------------------------------------------------------------------
-
-def derived_outcome(row: dict, derived: ap.Derived, prompts: str = "authors") -> Outcome:
-    """The Outcome of one caption after its three calls: the entry in the authors' format
-    read by csclip.authors (as `--backend authors` reads their files) and validated, every
-    item their filters or ours dropped kept as a rejection."""
-    calls = [call_record(c, a, prompts=prompts) for c, a in derived.calls]
-    extract_answer = derived.calls[0][1] if derived.calls else ""
-    if derived.entry is None:
-        return Outcome(derived.stage, reason=derived.reason, detail=derived.detail,
-                       raw_answer=extract_answer, item_rejections=derived.rejections, calls=calls)
-    obj = {**derived.entry, "split": row["split"], "image_id": row["image_id"]}
-    try:
-        parsed = parse_record(obj, row["sample_id"], sample_id=row["sample_id"], split=row["split"])
-    except RecordError as err:
-        return Outcome("validation", reason=err.reason, detail=err.detail, raw_answer=extract_answer,
-                       item_rejections=derived.rejections, calls=calls)
-    record = replace(parsed.record, source=SOURCE[prompts], image_bytes=row.get("image_bytes"))
-    outcome = finish(record, raw_answer=extract_answer,
-                     extra_rejections=derived.rejections + parsed.dropped)
-    return replace(outcome, calls=calls, authors_entry=derived.entry)
-
-
-def authors_outcome_from(row: dict, answer_of: ap.AnswerOf) -> Outcome:
-    """Every call of one caption answered by `answer_of` (stored or engine answers)."""
-    empty = empty_caption_outcome(row)
-    if empty is not None:
-        return empty
-    derived = ap.derive(row["sample_id"], int(row["caption_index"]), row["caption"],
-                        row.get("image_path"), answer_of)
-    return derived_outcome(row, derived)
 
 
 # ---------------------------------------------------------------------------------------
 # Replay
 # ---------------------------------------------------------------------------------------
 
-def replay_outcome(row: dict) -> Outcome:
-    """`backend.name: replay`: one caption row carrying its stored answers."""
+def replay_outcome(row: dict, prompt_set: PromptSet | None = None) -> Outcome:
+    """`backend.name: replay`: one caption row carrying its stored answers, decided by
+    `prompt_set` (default: the registered one its answers name)."""
     payload = json.loads(row[ANSWERS_COLUMN])
-    stored = StoredAnswers(payload["answers"])
-    if payload["prompts"] == "authors":
-        return authors_outcome_from(row, stored)
-    return _csclip_replay(row, stored, payload["repair"])
-
-
-def _csclip_replay(row: dict, stored: StoredAnswers, repair: bool) -> Outcome:
-    # As pipeline.run_extraction: the answer, then (repair on) the repair call's answer
-    # for a rejection worth repairing.
-    from csclip.extract.backends import is_repairable
-
-    empty = empty_caption_outcome(row)
-    if empty is not None:
-        return empty
-    calls = [r for r in stored.by_key.values() if r["kind"] in ("extract", REPAIR)]
-    calls.sort(key=lambda r: r["kind"] == REPAIR)
-    first = stored.by_key.get(("extract", None, 0))
-    if first is None:
-        return Outcome("inference", reason=RejectReason.INFERENCE_ERROR,
-                       detail="no stored answer for the extract call")
-    outcome = llm_outcome(row, first.get("answer"), first.get("error") or
-                          (None if first.get("answer") is not None else "no answer"))
-    second = stored.by_key.get((REPAIR, None, 0))
-    if repair and is_repairable(outcome) and second is not None:
-        outcome = llm_outcome(row, second.get("answer"), second.get("error") or
-                              (None if second.get("answer") is not None else "no answer"))
-        outcome = replace(outcome, stage=f"repair_{outcome.stage}")
-    return replace(outcome, calls=calls)
+    prompt_set = prompt_set or get_prompt_set(payload["prompts"])
+    return prompt_set.outcome(row, StoredAnswers(payload["answers"]), payload["repair"])
 
 
 def read_answers(uri: str, endpoint_url: str | None = None) -> dict[str, list[dict]]:
     """Every answer record under `uri` (a .jsonl file, a folder of them or a glob), by
     sample_id. Raises DataError for a file that is not answer records."""
-    from csclip import storage
-
     fs, _ = storage.filesystem_for(uri, endpoint_url)
     try:
         paths = [p for p in expand_uri(uri, endpoint_url) if p.endswith(".jsonl")]
@@ -161,7 +61,7 @@ def read_answers(uri: str, endpoint_url: str | None = None) -> dict[str, list[di
             try:
                 record = json.loads(line)
                 by_sample[str(record["sample_id"])].append(record)
-                _key(record)
+                answer_key(record)
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
                 raise DataError(f"{path}:{number}: not an answer record ({err}); each line "
                                 "needs kind, sample_id, entity, occurrence, answer") from err
@@ -174,8 +74,6 @@ def attach_answers(captions: pa.Table, backend: BackendConfig,
                    endpoint_url: str | None = None) -> pa.Table:
     """The caption table with ANSWERS_COLUMN: each caption's stored answers (a caption
     without any is answered by nothing and rejected as an inference error)."""
-    import pyarrow as pa
-
     by_sample = read_answers(backend.answers, endpoint_url)
     prompts = {r.get("prompts") for records in by_sample.values() for r in records} - {None}
     if prompts - {backend.prompts}:
@@ -210,53 +108,16 @@ def authors_file(results: Iterable[dict]) -> bytes:
 # --dump-prompts
 # ---------------------------------------------------------------------------------------
 
-def _csclip_requests(row: dict, stored: StoredAnswers, model: str, vllm_cfg) -> Iterator[dict]:
-    from csclip.extract.prompts import extraction_messages, repair_messages
-    from csclip.extract.vllm import sampling_params
-
-    params = sampling_params(vllm_cfg)
-    schema = params.pop("structured_outputs")
-    # vLLM's defaults for what our requests leave unset.
-    params = {"n": 1, **params, "top_k": 0, "repetition_penalty": 1.0, "stop": [],
-              "skip_special_tokens": True}
-    head = {"sample_id": row["sample_id"], "caption_index": row["caption_index"], "entity": None,
-            "occurrence": 0}
-    common = {"chat_template_kwargs": {"enable_thinking": False}, "sampling_params": params,
-              "structured_outputs": schema, "model": model}
-    first = stored.get("extract")
-    if ("extract", None, 0) not in stored.by_key:
-        return
-    yield {"kind": "extract", **head, "messages": extraction_messages(row["caption"]), **common}
-    if (REPAIR, None, 0) in stored.by_key:
-        detail = llm_outcome(row, first, None).detail
-        yield {"kind": REPAIR, **head,
-               "messages": repair_messages(row["caption"], first or "", detail), **common}
+def prompt_requests(row: dict, records: list[dict], prompts: str,
+                    vllm_cfg: VllmConfig) -> list[dict]:
+    """The requests of one caption, rebuilt from its stored answers by its prompt set."""
+    return get_prompt_set(prompts).requests(row, StoredAnswers(records), vllm_cfg)
 
 
-def prompt_requests(row: dict, records: list[dict], prompts: str, vllm_cfg) -> list[dict]:
-    """The requests of one caption, rebuilt from its stored answers (calls two and three
-    follow from the first call's answer)."""
-    stored = StoredAnswers(records)
-    model = vllm_cfg.model_source
-    if prompts == "csclip":
-        return list(_csclip_requests(row, stored, model, vllm_cfg))
-    requests: list[dict] = []
-
-    def answer_of(call: ap.Call) -> str:
-        requests.append(call.request(model))
-        return stored(call)
-
-    ap.derive(row["sample_id"], int(row["caption_index"]), row["caption"], row.get("image_path"),
-              answer_of)
-    return requests
-
-
-def dump_prompts(fs, answers_dir: str, captions: pa.Table, config) -> int:
+def dump_prompts(fs, answers_dir: str, captions: pa.Table, config: ExtractConfig) -> int:
     """Write `config.output.dump_prompts`: every request of the run, one JSON object a
     line, rebuilt from the answers stored under `answers_dir` (for a replay: the calls its
     stored answers imply). Returns the number of requests."""
-    from csclip import storage
-
     by_sample: dict[str, list[dict]] = defaultdict(list)
     for path in progress(storage.list_files(fs, answers_dir, ".jsonl"),
                          desc="dump prompts: read answers", unit="file"):

@@ -5,16 +5,14 @@ by csclip.authors."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+
+import pyarrow as pa
 
 from csclip.authors import ReadResult, read_authors_uri
+from csclip.config.extract import InputConfig
 from csclip.errors import DataError
+from csclip.extract.captions import CAPTION_SCHEMA
 from csclip.units import record_to_row
-
-if TYPE_CHECKING:
-    import pyarrow as pa
-
-    from csclip.config.extract import InputConfig
 
 
 def read_authors_input(cfg: InputConfig) -> ReadResult:
@@ -37,10 +35,6 @@ def authors_caption_table(cfg: InputConfig) -> pa.Table:
     sample_id: CAPTION_SCHEMA plus `authors_json`, holding the parsed units row with the
     items dropped from it, or the record's rejection (so read = loaded + rejected).
     Raises DataError when nothing is read."""
-    import pyarrow as pa
-
-    from csclip.extract.captions import CAPTION_SCHEMA
-
     result = read_authors_input(cfg)
     dropped: dict[str, list] = {}
     for item in result.item_rejections:

@@ -29,46 +29,37 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from csclip.extract.authors_prompt_texts import (  # noqa: F401  (re-exported)
-    CALL_KINDS,
-    CHAT_TEMPLATE_KWARGS,
-    ENTITY_FOILS,
-    ENTITY_FOILS_SCHEMA,
-    ENTITY_FOILS_SYSTEM,
-    EXTRACT,
-    EXTRACT_SCHEMA,
-    EXTRACT_SYSTEM,
-    MAX_LISTED_ENTITIES,
-    MAX_NEGATIVES_PER_RELATION,
-    MAX_RELATIONS_WITH_FOILS,
-    MAX_TOKENS,
-    MODEL,
-    PROMPT_SET,
-    RELATION_FOILS,
-    RELATION_FOILS_SCHEMA,
-    RELATION_FOILS_SYSTEM,
-    REPETITION_PENALTY,
-    SCHEMA,
-    STOP,
-    SYSTEM,
-    TEMPERATURE,
-    TOP_K,
-    TOP_P,
-)
+from csclip.extract.prompt_sets.base import MissingAnswer, prompt_json, prompt_text
 from csclip.units import Rejection, RejectReason
+
+# The paper's Table 5; their generate_coco.bash runs Qwen/Qwen3-14B-AWQ.
+MODEL = "Qwen/Qwen3-8B-AWQ"
+EXTRACT, ENTITY_FOILS, RELATION_FOILS = "extract", "entity_foils", "relation_foils"
+CALL_KINDS = (EXTRACT, ENTITY_FOILS, RELATION_FOILS)
+
+# Sampling (llm_utils.VLLMWrapper.generate and its three callers in generation.py).
+TEMPERATURE, TOP_P, TOP_K, REPETITION_PENALTY = 0.3, 0.95, -1, 1.0
+MAX_TOKENS = {EXTRACT: 800, ENTITY_FOILS: 400, RELATION_FOILS: 800}
+STOP = {EXTRACT: ["\n\n", "Input:", "Extract from:"],
+        ENTITY_FOILS: ["\n\n", "Component:", "Context:"],
+        RELATION_FOILS: ["\n\n", "Caption:", "Components:"]}
+CHAT_TEMPLATE_KWARGS = {"enable_thinking": False}
+MAX_LISTED_ENTITIES = 12  # entities named in the relation-foil prompt
+MAX_RELATIONS_WITH_FOILS = 8  # relations sent for foils; a relation call keeps only these
+MAX_NEGATIVES_PER_RELATION = 5
+
+# Their three system prompts, word for word, and their pydantic models' model_json_schema()
+# (llm_utils.py): package data under csclip/extract/prompt_sets/texts/authors/.
+SYSTEM = {kind: prompt_text("authors", f"{kind}_system.txt") for kind in CALL_KINDS}
+SCHEMA = {kind: prompt_json("authors", f"{kind}_schema.json") for kind in CALL_KINDS}
 
 
 def sampling_params(kind: str) -> dict:
     """vLLM SamplingParams kwargs of one call kind, as their wrapper sets them (the schema
-    apart: `engine_sampling_params` adds it)."""
+    apart: a request carries SCHEMA[kind] as its structured output)."""
     return {"n": 1, "temperature": TEMPERATURE, "max_tokens": MAX_TOKENS[kind], "top_p": TOP_P,
             "top_k": TOP_K, "repetition_penalty": REPETITION_PENALTY, "stop": list(STOP[kind]),
             "skip_special_tokens": True}
-
-
-def engine_sampling_params(kind: str) -> dict:
-    """What a ray.data.llm row carries: the sampling params with the call's JSON schema."""
-    return {**sampling_params(kind), "structured_outputs": {"json": SCHEMA[kind]}}
 
 
 # ---------------------------------------------------------------------------------------
@@ -505,10 +496,6 @@ def relation_foils(extraction: Extraction, answer: str) -> tuple[list[dict], lis
 # ---------------------------------------------------------------------------------------
 # One caption, all three calls (main.build_structured_entries)
 # ---------------------------------------------------------------------------------------
-
-class MissingAnswer(LookupError):
-    """A call without an answer (an inference error, or none stored for replay)."""
-
 
 AnswerOf = Callable[[Call], str]
 

@@ -17,10 +17,13 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+import jsonschema
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from csclip.extract.authors import AUTHORS_COLUMN
 from csclip.extract.prompts import UNITS_ANSWER_SCHEMA
+from csclip.extract.rules import ABSENT_META_KEY, extract_units
 from csclip.units import (
     Foil,
     Rejection,
@@ -129,8 +132,6 @@ MAX_RULES_CAPTION_CHARS = 2000
 
 def rules_outcome(row: dict) -> Outcome:
     """Units from the lexicon + pattern extractor (CPU, no model)."""
-    from csclip.extract.rules import ABSENT_META_KEY, extract_units
-
     empty = _empty_caption(row)
     if empty:
         return empty
@@ -149,8 +150,6 @@ def authors_outcome(row: dict) -> Outcome:
     """A record of the authors' unit files (a row of `authors_caption_table`), validated
     like any backend's answer, with the foils dropped while reading counted; a record that
     could not be read is rejected with every problem in its detail."""
-    from csclip.extract.authors import AUTHORS_COLUMN
-
     payload = json.loads(row[AUTHORS_COLUMN])
     if "record" not in payload:
         return Outcome("read", reason=RejectReason(payload["reason"]), detail=payload["detail"])
@@ -171,8 +170,6 @@ def parse_answer(text: str) -> dict:
     """Parse and schema-check one answer. Raises AnswerError (MALFORMED_JSON or
     SCHEMA_VIOLATION). Tolerates a leading empty <think> block and ``` fences, which
     Qwen3 emits when structured decoding is off."""
-    import jsonschema
-
     cleaned = _FENCE.sub("", _THINK.sub("", text or "").strip())
     try:
         answer = json.loads(cleaned)

@@ -25,6 +25,7 @@ from csclip.config.extract import InputConfig, InputFormat
 from csclip.errors import DataError
 from csclip.karpathy import read_karpathy
 from csclip.units import record_to_row
+from csclip.world import iter_world
 
 if TYPE_CHECKING:
     import ray.data
@@ -213,8 +214,6 @@ def iter_jsonl(fs: pafs.FileSystem, path: str, cfg: InputConfig) -> Iterator[dic
 
 def iter_world_captions(cfg: InputConfig) -> Iterator[dict]:
     """The synthetic world's captions, with their PNG and gold units."""
-    from csclip.world import iter_world
-
     for record in iter_world(cfg.world, splits=cfg.splits or ("train", "val", "test")):
         row = record_to_row(record)
         row.pop("image_bytes")
@@ -306,7 +305,7 @@ def caption_table(cfg: InputConfig) -> pa.Table:
 
 def caption_dataset(cfg: InputConfig, num_blocks: int | None = None) -> ray.data.Dataset:
     """The captions as a Ray Dataset with CAPTION_SCHEMA columns, sorted by sample_id."""
-    import ray.data
+    import ray.data  # noqa: PLC0415  the readers above run without Ray (tests import them)
 
     table = caption_table(cfg)
     blocks = num_blocks or max(1, min(64, table.num_rows // 1000))

@@ -17,34 +17,37 @@ from __future__ import annotations
 import io
 import json
 import logging
+import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from functools import partial
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import ray.data
 
-from csclip import storage
+from csclip import storage, tracking
 from csclip.config import flatten
 from csclip.config.extract import (
     ExtractConfig,
     OutputConfig,
-    VllmConfig,
 )
-from csclip.errors import ConfigError, DataError
+from csclip.errors import DataError
 from csclip.extract import answers, backends
 from csclip.extract.authors import authors_caption_table
-from csclip.extract.backends import RESULT_SCHEMA, Outcome, Status
+from csclip.extract.backends import RESULT_SCHEMA, Status
 from csclip.extract.captions import caption_table, resolve_format
-from csclip.extract.prompts import extraction_messages, repair_messages
-from csclip.extract.vllm import ERROR_COLUMN, Engine, add_prompt_columns
+from csclip.extract.prompt_sets import DEFAULT_PROMPT_SET, get_prompt_set
+from csclip.extract.prompt_sets.base import PromptSet
+from csclip.extract.vllm import Engine
+from csclip.ownership import output_lease
 from csclip.units import (
     EXTRACTION_COMPLETE,
     EXTRACTION_DONE_DIR,
     EXTRACTION_MANIFEST,
-    RejectReason,
     records_to_table,
 )
 
@@ -103,158 +106,31 @@ _ROW_BACKENDS = {"gold": backends.gold_outcome, "rules": backends.rules_outcome,
                  "authors": backends.authors_outcome, "replay": answers.replay_outcome}
 
 
-def backend_stage(batch: pa.Table, *, backend: str) -> pa.Table:
-    """gold / rules / authors: caption rows -> result rows."""
+def backend_stage(batch: pa.Table, *, backend: str, prompt_set: PromptSet | None = None
+                  ) -> pa.Table:
+    """gold / rules / authors / replay: caption rows -> result rows. prompt_set: replay's,
+    resolved by the driver (a prompt set registered there is unknown to the workers)."""
     outcome_of = _ROW_BACKENDS[backend]
+    if prompt_set is not None:
+        outcome_of = partial(outcome_of, prompt_set=prompt_set)
     rows = [backends.outcome_row(row, outcome_of(row)) for row in batch.to_pylist()]
     return pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
 
 
-def answer_stage(batch: pa.Table, *, attempt: int, repair: bool) -> pa.Table:
-    """vllm: rows with `generated_text` / `__inference_error__` -> result rows."""
-    out = []
-    for row in batch.to_pylist():
-        outcome = backends.llm_outcome(row, row.get("generated_text"), row.get(ERROR_COLUMN))
-        error = row.get(ERROR_COLUMN) or ""
-        call = {"kind": answers.REPAIR if attempt else "extract", "sample_id": row["sample_id"],
-                "caption_index": row.get("caption_index"), "entity": None, "occurrence": 0,
-                "answer": None if error else row.get("generated_text") or "", "error": error,
-                "prompts": "csclip"}
-        outcome = replace(outcome, calls=[call])
-        out.append(backends.outcome_row(row, outcome, attempt=attempt, repair=repair))
-    return pa.Table.from_pylist(out, schema=RESULT_SCHEMA)
-
-
-def _llm_passthrough(batch: pa.Table) -> pa.Table:
-    # Repair rows keep their identity columns; the answer columns are replaced.
-    keep = ["sample_id", "shard", "image_id", "caption", "split", "image_path", "image_bytes",
-            "raw_answer", "detail", "caption_index"]
-    return batch.select(keep)
-
-
-PromptLengthFn = Callable[[list[dict]], int]
-
-
-def screen_llm_rows(rows: pa.Table, cfg: VllmConfig, attempt: int,
-                    prompt_length: PromptLengthFn | None) -> tuple[pa.Table, pa.Table]:
-    """Split rows bound for the engine into (rows to send, result rows decided here): an
-    empty caption, or a prompt whose tokens plus max_tokens exceed max_model_len, is a
-    counted rejection that costs no engine time. `prompt_length` counts a chat prompt's
-    tokens (None: no length check, e.g. for a server whose tokenizer is not at hand)."""
-    send, decided = [], []
-    for index, row in enumerate(rows.to_pylist()):
-        outcome = backends.empty_caption_outcome(row)
-        if outcome is None and prompt_length is not None:
-            messages = (repair_messages(row["caption"], row["raw_answer"] or "", row["detail"] or "")
-                        if attempt > 0 else extraction_messages(row["caption"]))
-            tokens = prompt_length(messages)
-            if tokens + cfg.max_tokens > cfg.max_model_len:
-                outcome = Outcome("prompt", reason=RejectReason.PROMPT_TOO_LONG, detail=(
-                    f"prompt of {tokens} tokens + max_tokens {cfg.max_tokens} > "
-                    f"max_model_len {cfg.max_model_len}"), raw_answer=row.get("raw_answer") or "")
-        if outcome is None:
-            send.append(index)
-        else:
-            decided.append(backends.outcome_row(row, outcome, attempt=attempt, repair=cfg.repair))
-    return (rows.take(pa.array(send, pa.int64())),
-            pa.Table.from_pylist(decided, schema=RESULT_SCHEMA))
-
-
-def _check_engine_resources(cfg: VllmConfig) -> None:
-    """Say before the run when this Ray instance cannot hold the processor's actors at
-    once (they then wait for each other until wait_for_min_actors_s)."""
-    import ray
-
-    from csclip.extract.vllm import cpu_stages, logical_cpus_needed
-
-    have, need = ray.cluster_resources().get("CPU", 0), logical_cpus_needed(cfg)
-    if have < need:
-        log.warning("extract: the vLLM processor needs %g logical CPUs at once (per engine: "
-                    "%d for its ranks + %d stage actors x stage_num_cpus=%g; +1 for Ray Data); "
-                    "this Ray instance has %g now. Unless nodes join, lower "
-                    "backend.vllm.stage_num_cpus or start Ray with more CPUs.",
-                    need, cfg.tensor_parallel_size, cpu_stages(cfg), cfg.stage_num_cpus, have)
-
-
-def _engines_did_not_start(cfg: VllmConfig) -> ConfigError:
-    import ray
-
-    from csclip.extract.vllm import logical_cpus_needed
-
-    resources = ray.cluster_resources()
-    where = ("one GPU per tensor-parallel rank (a GPU node; device=cpu for vLLM's CPU build)"
-             if cfg.device == "gpu" else "one logical CPU per tensor-parallel rank")
-    return ConfigError(
-        f"the vLLM processor's actors did not start within backend.vllm.wait_for_min_actors_s="
-        f"{cfg.wait_for_min_actors_s} s: an engine with device={cfg.device} needs {where}, and "
-        f"the processor {logical_cpus_needed(cfg):g} logical CPUs at once; this Ray instance "
-        f"has {resources.get('CPU', 0):g} CPUs and {resources.get('GPU', 0):g} GPUs")
-
-
-def _split_by_shard(rows: pa.Table) -> list[pa.Table]:
-    shards = rows.column("shard")
-    return [rows.filter(pc.equal(shards, k)) for k in sorted(set(shards.to_pylist()))]
-
-
 def _run_backend(rows: pa.Table, config: ExtractConfig, engine: Engine | None,
                  attempt: int) -> Iterable[pa.Table]:
-    """Stream result batches for `rows` (caption rows with `shard`, or rows to repair)."""
-    import ray.data
-
-    # One block per slice of a shard, in shard order: no shuffle, a block never spans two
-    # shards, and shards come back roughly in order, so the driver holds few partial shards
-    # and a crash loses little finished work.
+    """Stream result batches for `rows` (caption rows with `shard`, or rows to repair):
+    the LLM's through its prompt set, the others row by row."""
     name = config.backend.name
-    vcfg = config.backend.vllm
-    if name == "vllm" and config.backend.prompts == "authors":
-        from csclip.extract.authors_stages import run_authors_stages
-
-        yield from run_authors_stages(rows, vcfg, engine)
-        return
-    in_process = name == "vllm" and engine is None and not vcfg.server_url
     if name == "vllm":
-        # Rows that need no engine call are answered here; the in-process engine's own
-        # tokenizer tells whether a prompt fits its context.
-        prompt_length = None
-        if in_process:
-            from csclip.extract.vllm import PromptLength
-
-            prompt_length = PromptLength(vcfg.model_source)
-        rows, decided = screen_llm_rows(rows, vcfg, attempt, prompt_length)
-        if decided.num_rows:
-            yield decided
-        if not rows.num_rows:
-            return
-    rows_per_block = vcfg.batch_size if name == "vllm" else 500
-    blocks = [shard.slice(start, rows_per_block).combine_chunks()
-              for shard in _split_by_shard(rows)
-              for start in range(0, shard.num_rows, rows_per_block)]
-    ds = ray.data.from_arrow(blocks)
-    if name in _ROW_BACKENDS:
-        ds = ds.map_batches(partial(backend_stage, backend=name), batch_format="pyarrow",
-                            batch_size=None)
-    else:
-        if engine is None:
-            from csclip.extract.vllm import build_engine
-
-            if in_process:
-                _check_engine_resources(vcfg)
-            engine = build_engine(vcfg)
-        if attempt > 0:
-            ds = ds.map_batches(_llm_passthrough, batch_format="pyarrow", batch_size=None)
-        ds = ds.map_batches(partial(add_prompt_columns, cfg_json=vcfg.model_dump_json(),
-                                    repair=attempt > 0), batch_format="pyarrow", batch_size=None)
-        ds = engine(ds)
-        ds = ds.map_batches(partial(answer_stage, attempt=attempt, repair=vcfg.repair),
-                            batch_format="pyarrow", batch_size=None)
-    try:
-        yield from ds.iter_batches(batch_format="pyarrow", batch_size=None)
-    except Exception as err:
-        # Ray Data gives up on an actor pool that did not start in wait_for_min_actors_s
-        # with this GetTimeoutError; say what the engines need instead.
-        if in_process and "Timed out while starting actors" in str(err):
-            raise _engines_did_not_start(vcfg) from err
-        raise
+        yield from get_prompt_set(config.backend.prompts).run(rows, config.backend.vllm, engine,
+                                                               attempt)
+        return
+    prompt_set = get_prompt_set(config.backend.prompts) if name == "replay" else None
+    ds = ray.data.from_arrow(backends.shard_blocks(rows, 500))
+    ds = ds.map_batches(partial(backend_stage, backend=name, prompt_set=prompt_set),
+                        batch_format="pyarrow", batch_size=None)
+    yield from ds.iter_batches(batch_format="pyarrow", batch_size=None)
 
 
 # ---------------------------------------------------------------------------------------
@@ -303,7 +179,7 @@ def _check_manifest(out: _Output, config: ExtractConfig, captions: pa.Table) -> 
                 "backend": config.backend.name, "shard_size": config.output.shard_size,
                 "num_rows": captions.num_rows, "first_sample_id": ids[0].as_py(),
                 "last_sample_id": ids[-1].as_py()}
-    if config.backend.prompts != "csclip":  # absent for ours: older outputs still resume
+    if config.backend.prompts != DEFAULT_PROMPT_SET:  # absent: older outputs still resume
         manifest["prompts"] = config.backend.prompts
     if out.has(MANIFEST):
         saved = json.loads(storage.read_bytes(out.fs, out.path(MANIFEST)))
@@ -387,7 +263,9 @@ def run_extraction(config: ExtractConfig, engine: Engine | None = None,
     one is refused with a DataError naming the holder)."""
     config = with_input_format(config)
     output = storage.resolve_output(config.output.uri, "output.uri")
-    with storage.output_lease(output, "csclip extract", config.output.endpoint_url):
+    if captions is None:  # a bad input is refused before the output is touched
+        captions = read_input(config)
+    with output_lease(output, "csclip extract", config.output.endpoint_url):
         return _extract(config, engine, on_shard_written, captions=captions)
 
 
@@ -406,9 +284,7 @@ def _extract(config: ExtractConfig, engine: Engine | None = None,
     # working directory: refuse it now, not after the work.
     storage.resolve_output(config.output.uri, "output.uri")
     if config.tracking.enabled:
-        from csclip.tracking import resolve_uri
-
-        resolve_uri(config.tracking.uri)
+        tracking.resolve_uri(config.tracking.uri)
     if captions is None:
         captions = read_input(config)
     shard_size = config.output.shard_size
@@ -523,11 +399,6 @@ def _summarize(out: _Output, config: ExtractConfig, num_shards: int, written: in
 def log_to_mlflow(summary: ExtractSummary, config: ExtractConfig, out: _Output) -> str:
     """Params (the resolved config), accounting metrics and the rejects table artifact, in
     one run of the tracking store csclip.tracking.resolve_uri picks."""
-    import tempfile
-    from pathlib import Path
-
-    from csclip import tracking
-
     client = tracking.client(tracking.resolve_uri(config.tracking.uri))
     experiment = tracking.experiment_id(client, config.tracking.experiment)
     source = "files" if config.backend.name == "authors" else config.input.format

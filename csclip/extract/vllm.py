@@ -47,7 +47,7 @@ def sampling_params(cfg: VllmConfig) -> dict[str, Any]:
 
 def processor_config(cfg: VllmConfig) -> vLLMEngineProcessorConfig:
     """The `ray.data.llm` processor config (needs only ray[data], not vLLM)."""
-    from ray.data.llm import vLLMEngineProcessorConfig
+    from ray.data.llm import vLLMEngineProcessorConfig  # noqa: PLC0415  heavy (ray.llm); only when building the engine
 
     stage = {"num_cpus": cfg.stage_num_cpus} if cfg.stage_num_cpus != 1.0 else {}
     return vLLMEngineProcessorConfig(
@@ -178,7 +178,7 @@ def drop_engine_columns(batch: pa.Table) -> pa.Table:
 def build_engine(cfg: VllmConfig) -> Engine:
     """The real engine: a `ray.data.llm` vLLM processor on `cfg.device` actors, or the
     HTTP processor when `cfg.server_url` is set."""
-    from ray.data.llm import build_processor
+    from ray.data.llm import build_processor  # noqa: PLC0415  heavy (ray.llm); only when building the engine
 
     if cfg.server_url:
         processor = build_processor(http_processor_config(cfg),
@@ -209,8 +209,8 @@ class PromptLength:
     token, is tokenized per row."""
 
     def __init__(self, model_source: str):
-        import transformers
-        from ray.llm._internal.common.utils.download_utils import (
+        import transformers  # noqa: PLC0415  heavy; only the in-process engine's length check
+        from ray.llm._internal.common.utils.download_utils import (  # noqa: PLC0415  heavy (ray.llm)
             NodeModelDownloadable,
             download_model_files,
         )
@@ -246,7 +246,7 @@ class PromptLength:
 
 def http_processor_config(cfg: VllmConfig):
     """`ray.data.llm.HttpRequestProcessorConfig` for `cfg.server_url`."""
-    from ray.data.llm import HttpRequestProcessorConfig
+    from ray.data.llm import HttpRequestProcessorConfig  # noqa: PLC0415  heavy (ray.llm); only for a server
 
     return HttpRequestProcessorConfig(url=cfg.server_url, batch_size=cfg.batch_size,
                                       concurrency=cfg.num_engines, max_retries=2)

@@ -1,5 +1,6 @@
-"""The authors' prompt set on Ray Data (`backend.prompts: authors`, backend vllm): their
-three calls as chained stages of one job.
+"""The authors' prompt set (`backend.prompts: authors`): their three calls (prompts,
+answers and filters: csclip.extract.authors_prompts) as chained stages of one Ray Data job,
+and a caption's outcome from their answers, live or stored.
 
     captions -> [extract call: engine A] -> fan out: per caption one carry row and one row
     per entity / relation call -> [engine B] -> join back per caption (groupby sample_id)
@@ -16,20 +17,38 @@ comes back as exactly one result row (read = units + rejected).
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from functools import partial
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import ray.data
 
+from csclip.authors import RecordError, parse_record
 from csclip.config.extract import VllmConfig
-from csclip.extract import answers as stored_answers
 from csclip.extract import authors_prompts as ap
-from csclip.extract.backends import RESULT_SCHEMA, Outcome, empty_caption_outcome, outcome_row
-from csclip.extract.vllm import ERROR_COLUMN, Engine
+from csclip.extract.backends import (
+    RESULT_SCHEMA,
+    Outcome,
+    empty_caption_outcome,
+    finish,
+    outcome_row,
+)
+from csclip.extract.prompt_sets.base import MissingAnswer, StoredAnswers
+from csclip.extract.vllm import (
+    ACTORS_TIMED_OUT,
+    ERROR_COLUMN,
+    Engine,
+    PromptLength,
+    build_engine,
+    check_engine_resources,
+    engines_did_not_start,
+)
 from csclip.units import RejectReason
 
-log = logging.getLogger(__name__)
+NAME = "authors"
+SOURCE = "vllm_authors"  # the units table's `source` of its records, live or replayed
 
 CAPTION_ROLE, CALL_ROLE = "caption", "call"
 # The rows between the fan-out and the join: the caption's own columns on its carry row,
@@ -57,6 +76,64 @@ _SAMPLING = {kind: json.dumps({**ap.sampling_params(kind),
                                "structured_outputs": {"json": json.dumps(ap.SCHEMA[kind])}})
              for kind in ap.CALL_KINDS}
 
+
+# ---------------------------------------------------------------------------------------
+# A caption's outcome from its answers
+# ---------------------------------------------------------------------------------------
+
+def call_record(call: ap.Call, answer: str | None, error: str = "") -> dict:
+    """The answer record of one call (csclip.extract.prompt_sets.base)."""
+    return {**call.head(), "answer": answer, "error": error, "prompts": NAME}
+
+
+def derived_outcome(row: dict, derived: ap.Derived) -> Outcome:
+    """The Outcome of one caption after its three calls: the entry in the authors' format
+    read by csclip.authors (as `--backend authors` reads their files) and validated, every
+    item their filters or ours dropped kept as a rejection."""
+    calls = [call_record(c, a) for c, a in derived.calls]
+    extract_answer = derived.calls[0][1] if derived.calls else ""
+    if derived.entry is None:
+        return Outcome(derived.stage, reason=derived.reason, detail=derived.detail,
+                       raw_answer=extract_answer, item_rejections=derived.rejections, calls=calls)
+    obj = {**derived.entry, "split": row["split"], "image_id": row["image_id"]}
+    try:
+        parsed = parse_record(obj, row["sample_id"], sample_id=row["sample_id"], split=row["split"])
+    except RecordError as err:
+        return Outcome("validation", reason=err.reason, detail=err.detail, raw_answer=extract_answer,
+                       item_rejections=derived.rejections, calls=calls)
+    record = replace(parsed.record, source=SOURCE, image_bytes=row.get("image_bytes"))
+    outcome = finish(record, raw_answer=extract_answer,
+                     extra_rejections=derived.rejections + parsed.dropped)
+    return replace(outcome, calls=calls, authors_entry=derived.entry)
+
+
+def authors_outcome_from(row: dict, answer_of: ap.AnswerOf) -> Outcome:
+    """Every call of one caption answered by `answer_of` (stored or engine answers)."""
+    empty = empty_caption_outcome(row)
+    if empty is not None:
+        return empty
+    derived = ap.derive(row["sample_id"], int(row["caption_index"]), row["caption"],
+                        row.get("image_path"), answer_of)
+    return derived_outcome(row, derived)
+
+
+def requests(row: dict, stored: StoredAnswers, cfg: VllmConfig) -> list[dict]:
+    """The requests of one caption, rebuilt from its stored answers (calls two and three
+    follow from the first call's answer)."""
+    out: list[dict] = []
+
+    def answer_of(call: ap.Call) -> str:
+        out.append(call.request(cfg.model_source))
+        return stored(call)
+
+    ap.derive(row["sample_id"], int(row["caption_index"]), row["caption"], row.get("image_path"),
+              answer_of)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# The calls on Ray Data
+# ---------------------------------------------------------------------------------------
 
 def _call_json(call: ap.Call) -> str:
     return json.dumps({**call.head(), "user": call.user})
@@ -101,8 +178,6 @@ def fan_out(batch: pa.Table) -> pa.Table:
 
 def select_role(batch: pa.Table, *, role: str) -> pa.Table:
     """The rows of one role; call rows without the answer columns the engine adds."""
-    import pyarrow.compute as pc
-
     rows = batch.filter(pc.equal(batch.column("role"), role))
     return rows if role == CAPTION_ROLE else rows.drop_columns(["generated_text", ERROR_COLUMN])
 
@@ -127,18 +202,16 @@ def finalize(group: pa.Table) -> pa.Table:
     def answer_of(call: ap.Call) -> str:
         found = answered.get(call.key)
         if found is None:
-            raise ap.MissingAnswer(f"the {call.kind} call for {call.entity!r} came back without "
-                                   "its row")
+            raise MissingAnswer(f"the {call.kind} call for {call.entity!r} came back without "
+                                "its row")
         _, text, error = found
         if error:
-            errors.append(stored_answers.call_record(call, None, error))
-            raise ap.MissingAnswer(f"the {call.kind} call failed: {error[:300]}")
+            errors.append(call_record(call, None, error))
+            raise MissingAnswer(f"the {call.kind} call failed: {error[:300]}")
         return text
 
-    outcome = stored_answers.authors_outcome_from(carry, answer_of)
+    outcome = authors_outcome_from(carry, answer_of)
     if errors:
-        from dataclasses import replace
-
         outcome = replace(outcome, calls=outcome.calls + errors)
     return pa.Table.from_pylist([outcome_row(carry, outcome)], schema=RESULT_SCHEMA)
 
@@ -174,25 +247,16 @@ def run_authors_stages(rows: pa.Table, cfg: VllmConfig, engine: Engine | None) -
     """Result batches (RESULT_SCHEMA) for caption rows with `shard` and `caption_index`.
     engine: one Dataset -> Dataset stage used for both engines (tests), else two
     ray.data.llm processors built from cfg."""
-    import ray.data
-
     in_process = engine is None and not cfg.server_url
-    prompt_length = None
-    if in_process:
-        from csclip.extract.vllm import PromptLength
-
-        prompt_length = PromptLength(cfg.model_source)
+    prompt_length = PromptLength(cfg.model_source) if in_process else None
     rows, decided = screen(rows, cfg, prompt_length)
     if decided.num_rows:
         yield decided
     if not rows.num_rows:
         return
     if engine is None:
-        from csclip.extract.pipeline import _check_engine_resources
-        from csclip.extract.vllm import build_engine
-
         if in_process:
-            _check_engine_resources(cfg)
+            check_engine_resources(cfg)
         engine_a, engine_b = build_engine(cfg), None
     else:
         engine_a = engine_b = engine
@@ -208,8 +272,6 @@ def run_authors_stages(rows: pa.Table, cfg: VllmConfig, engine: Engine | None) -
         joined = carries
         if calls.count():
             if engine_b is None:
-                from csclip.extract.vllm import build_engine
-
                 engine_b = build_engine(cfg)
             answered = engine_b(calls).map_batches(to_join_schema, batch_format="pyarrow",
                                                    batch_size=None)
@@ -221,8 +283,29 @@ def run_authors_stages(rows: pa.Table, cfg: VllmConfig, engine: Engine | None) -
             finalize, batch_format="pyarrow")
         yield from results.iter_batches(batch_format="pyarrow", batch_size=None)
     except Exception as err:
-        if in_process and "Timed out while starting actors" in str(err):
-            from csclip.extract.pipeline import _engines_did_not_start
-
-            raise _engines_did_not_start(cfg) from err
+        if in_process and ACTORS_TIMED_OUT in str(err):
+            raise engines_did_not_start(cfg) from err
         raise
+
+
+class AuthorsPromptSet:
+    """The PromptSet of csclip.extract.authors_prompts: extract, then entity and relation
+    foils (no repair: their pipeline has none)."""
+
+    name = NAME
+    source = SOURCE
+    call_kinds = ap.CALL_KINDS
+
+    def schemas(self) -> dict[str, dict]:
+        return dict(ap.SCHEMA)
+
+    def run(self, rows: pa.Table, cfg: VllmConfig, engine: Engine | None,
+            attempt: int) -> Iterator[pa.Table]:
+        # No row of theirs is ever marked for repair, so only attempt 0 comes here.
+        return run_authors_stages(rows, cfg, engine)
+
+    def outcome(self, row: dict, answers: StoredAnswers, repair: bool) -> Outcome:
+        return authors_outcome_from(row, answers)
+
+    def requests(self, row: dict, answers: StoredAnswers, cfg: VllmConfig) -> list[dict]:
+        return requests(row, answers, cfg)
