@@ -83,9 +83,15 @@ def test_extraction_in_a_job_refuses_a_relative_store_before_any_work(outside_ra
     from csclip.extract.pipeline import run_extraction
 
     monkeypatch.setenv(cluster.JOB_DRIVER_ENV, JOB_ENV[cluster.JOB_DRIVER_ENV])
-    config = load_config(ExtractConfig, None, ["output.uri=/tmp/never-written"])
+    out = outside_ray / "out"  # absolute, so the output check passes
+    config = load_config(ExtractConfig, None, [f"output.uri={out}"])
+    written = []
     with pytest.raises(ConfigError, match="MLflow tracking URI sqlite:///mlflow.db"):
-        run_extraction(config)
+        run_extraction(config, on_shard_written=written.append)
+    # Refused before the first shard: the same error after the whole extraction (when its
+    # MLflow run is logged) would be too late.
+    assert written == []
+    assert not [path for path in out.rglob("*") if path.is_file()]
 
 
 def test_a_store_on_one_nodes_disk_is_refused_when_work_spans_nodes(ray_session, tmp_path,
