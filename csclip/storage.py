@@ -3,11 +3,10 @@
 moto or other S3 clones; output paths checked against Ray's temporary working dirs; local
 copies of remote directories in a cache (checkpoints on s3:// for evaluation); directory
 exports that a crash cannot leave half-written (a manifest of sizes and sha256, written
-last); leases that keep a second writer out of an output."""
+last). Who may write an output: csclip.ownership."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import glob
 import hashlib
@@ -16,13 +15,9 @@ import logging
 import os
 import posixpath
 import shutil
-import socket
-import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -365,154 +360,3 @@ def _key_inside(key: str, prefix: str, uri: str) -> str:
 def _stamp(directory: Path) -> dict | None:
     path = directory / _LISTING_FILE
     return json.loads(path.read_text()) if path.is_file() else None
-
-
-# ---------------------------------------------------------------------------------------
-# Leases: one writer per output directory or training run
-# ---------------------------------------------------------------------------------------
-
-LEASE_FILE = ".csclip-lease.json"
-
-
-@dataclass(frozen=True)
-class Lease:
-    """This process's hold on an output (LEASE_FILE in it, naming the holder)."""
-
-    uri: str
-    holder: dict
-
-
-def _holder(what: str) -> dict:
-    return {"what": what, "pid": os.getpid(), "host": socket.gethostname(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "command": " ".join(sys.argv)[:300], "token": uuid.uuid4().hex}
-
-
-def _describe(holder: dict) -> str:
-    return (f"{holder.get('what', '?')} (pid {holder.get('pid', '?')} on "
-            f"{holder.get('host', '?')}, since {holder.get('started', '?')})")
-
-
-def _is_stale(holder: dict) -> bool:
-    """Whether the holder is a process of this host that no longer runs (a crash)."""
-    if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
-        return False
-    try:
-        os.kill(holder["pid"], 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, another user's
-        return False
-    return False
-
-
-def acquire_lease(uri: str, what: str, endpoint_url: str | None = None) -> Lease:
-    """Take the lease on the output directory `uri` (local or s3://) for this process.
-
-    Locally the lease file is created with O_EXCL; on S3 with a conditional PUT
-    (If-None-Match: *). A lease whose holder was a process of this host that is gone is
-    taken over. Raises DataError naming the holder when another writer holds it.
-    """
-    holder = _holder(what)
-    data = json.dumps(holder, indent=1).encode()
-    fs, path = filesystem_for(uri, endpoint_url)
-    file = join(path, LEASE_FILE)
-    for _ in range(3):  # a stale lease moved aside, then taken
-        if isinstance(fs, pafs.LocalFileSystem):
-            taken = _create_local(file, data)
-        else:
-            taken = _create_s3(file, data, endpoint_url)
-        if taken:
-            return Lease(uri, holder)
-        try:
-            current = json.loads(read_bytes(fs, file))
-        except (DataError, ValueError):
-            continue  # released (or being written) meanwhile: try again
-        if not _is_stale(current):
-            raise DataError(f"{uri} is being written by {_describe(current)}; wait for it to "
-                            f"finish, or write elsewhere (if that process is gone, delete "
-                            f"{join(uri, LEASE_FILE)})")
-        _remove_stale(fs, file, current)
-    raise DataError(f"{uri}: could not take its lease {join(uri, LEASE_FILE)}; try again")
-
-
-def _create_local(file: str, data: bytes) -> bool:
-    Path(file).parent.mkdir(parents=True, exist_ok=True)
-    try:
-        descriptor = os.open(file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        return False
-    with os.fdopen(descriptor, "wb") as out:
-        out.write(data)
-    return True
-
-
-def _s3_client(endpoint_url: str | None):
-    import boto3
-
-    return boto3.client("s3", endpoint_url=endpoint_url or os.environ.get(ENDPOINT_ENV) or None)
-
-
-def _create_s3(file: str, data: bytes, endpoint_url: str | None) -> bool:
-    bucket, _, key = file.partition("/")
-    try:
-        from botocore.exceptions import ClientError
-        client = _s3_client(endpoint_url)
-    except ImportError:
-        # Without boto3 (pyarrow has no conditional PUT): look, then write. Two writers
-        # starting in the same instant may both pass.
-        fs, _ = filesystem_for(f"s3://{file}", endpoint_url)
-        if exists(fs, file):
-            return False
-        write_bytes_atomic(fs, file, data)
-        return True
-    try:
-        client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
-    except ClientError as err:
-        if err.response.get("Error", {}).get("Code") in ("PreconditionFailed",
-                                                         "ConditionalRequestConflict"):
-            return False
-        raise
-    return True
-
-
-def _remove_stale(fs: pafs.FileSystem, file: str, holder: dict) -> None:
-    logger.warning("taking over the lease %s of %s, which no longer runs", file,
-                   _describe(holder))
-    if isinstance(fs, pafs.LocalFileSystem):
-        # A rename succeeds once: of two processes taking over, one moves it aside. What
-        # was moved is checked: a fresh lease another process took meanwhile goes back.
-        aside = f"{file}.stale-{uuid.uuid4().hex}"
-        try:
-            os.rename(file, aside)
-        except FileNotFoundError:
-            return
-        with contextlib.suppress(ValueError, OSError):
-            if json.loads(Path(aside).read_bytes()).get("token") != holder.get("token"):
-                os.link(aside, file)  # fails (and leaves it) if yet another lease is there
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(aside)
-        return
-    delete_file(fs, file)
-
-
-def release_lease(lease: Lease, endpoint_url: str | None = None) -> None:
-    """Give the lease back (when it is still this process's)."""
-    fs, path = filesystem_for(lease.uri, endpoint_url)
-    file = join(path, LEASE_FILE)
-    try:
-        current = json.loads(read_bytes(fs, file))
-    except (DataError, ValueError):
-        return
-    if current.get("token") == lease.holder["token"]:
-        delete_file(fs, file)
-
-
-@contextlib.contextmanager
-def output_lease(uri: str, what: str, endpoint_url: str | None = None) -> Iterator[Lease]:
-    """Hold the lease on `uri` for the duration of the block (acquire_lease)."""
-    lease = acquire_lease(uri, what, endpoint_url)
-    try:
-        yield lease
-    finally:
-        release_lease(lease, endpoint_url)

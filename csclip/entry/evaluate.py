@@ -282,7 +282,8 @@ def _s3_has_files(uri: str) -> bool:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from csclip.storage import output_lease, resolve_output
+    from csclip.ownership import output_lease
+    from csclip.storage import resolve_output
 
     config = eval_config(args)
     if printed_config(args, config):

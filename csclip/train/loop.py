@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -51,19 +51,24 @@ from csclip.model import (
     load_weights_into,
     read_spec,
     save_checkpoint,
+    spec_from_config,
     spec_of,
 )
+from csclip.ownership import output_lease
+from csclip.tracking import StepLogger, check_shared_store, finish_run, open_run, resolve_uri
 from csclip.train import rng as generators
 from csclip.train.console import first_step_line, step_line
-from csclip.train.finished import (
+from csclip.train.finished import (  # noqa: F401  (TrainResult, storage_root: re-exported)
     METRICS_FILE,
+    TrainResult,
     check_unfinished_run,
     export_final,
     finished_result,
     read_metrics,
+    storage_root,
 )
 from csclip.train.global_batch import shard_name, training_datasets
-from csclip.train.holdout import evaluation_due
+from csclip.train.holdout import evaluation_due, load_held_out, split_source
 from csclip.train.identity import (  # noqa: F401  (re-exported)
     HOW_IT_RUNS_FIELDS,
     IDENTITY_FIELDS,
@@ -73,7 +78,7 @@ from csclip.train.identity import (  # noqa: F401  (re-exported)
 )
 from csclip.train.lookahead import NextEpoch, epochs_ahead
 from csclip.train.optim import lr_at
-from csclip.train.prepared import ImageNormalizer
+from csclip.train.prepared import ImageNormalizer, training_source
 from csclip.train.step import (
     StepMetrics,
     StepOptions,
@@ -81,6 +86,8 @@ from csclip.train.step import (
     build_training,
     train_step,
 )
+from csclip.train.stream import epoch_datasets, image_cache_fits, local_shuffle_seed, plan_data
+from csclip.train.warm_start import add_layout_head, layout_question
 
 logger = logging.getLogger(__name__)
 
@@ -93,23 +100,6 @@ _DRIVER_DATA_PASSES = threading.Lock()  # _train: one run's driver-side data pas
 
 
 
-
-
-@dataclass(frozen=True)
-class TrainResult:
-    """What a finished run produced. checkpoint_uri: a directory that `load_bundle` reads."""
-
-    run_name: str
-    checkpoint_uri: str
-    metrics: dict = field(default_factory=dict)
-    mlflow_run_id: str | None = None
-
-
-def storage_root(config: TrainConfig) -> str:
-    """run.storage_path, absolute (refused when relative inside a Ray job)."""
-    from csclip.storage import resolve_output
-
-    return resolve_output(config.run.storage_path, "run.storage_path")
 
 
 # ---------------------------------------------------------------------------------------
@@ -131,8 +121,6 @@ def step_options(config: TrainConfig) -> StepOptions:
 
 def _layout_question(data: DataConfig):
     # loss.method layout's question: the synthetic world's (csclip.train.warm_start).
-    from csclip.train.warm_start import layout_question
-
     return layout_question(data.world) if data.units_uri is None else None
 
 
@@ -145,7 +133,7 @@ class WorkerHooks:
     fail_by "raise" raises in the loop; "sigkill" kills the worker's process with SIGKILL
     (nothing of it runs after that). fail_rank: the rank that fails; None: every rank.
     loss_log: a local directory every worker reaches; each rank appends every logged
-    step's losses, with its process id, to rank-<rank>.jsonl (read_loss_log)."""
+    step's losses, with its process id, to rank-<rank>.jsonl (tests/train_helpers.py reads them)."""
 
     fail_after_step: int | None = None
     fail_by: Literal["raise", "sigkill"] = "raise"
@@ -202,8 +190,6 @@ def prepare_training(config: TrainConfig, device: torch.device, checkpoint_dir: 
     apply_training_options(model, config.model)
     options = step_options(config)
     if options.objective.layout is not None:  # its head is trained, checkpointed, resumed
-        from csclip.train.warm_start import add_layout_head
-
         add_layout_head(model, options.objective.layout)
     saved: dict = {}
     if checkpoint_dir is not None:
@@ -266,8 +252,7 @@ class _Window:
 
 def train_loop_per_worker(loop_config: dict) -> None:
     """Ray Train entry: validate the config, build, restore, train, checkpoint, report."""
-    import ray.train
-    import ray.train.torch
+    import ray.train.torch  # noqa: PLC0415  a training step runs without Ray (tests/test_layout.py)
 
     config = TrainConfig.model_validate(loop_config["config"])
     plan: WorkerPlan = loop_config["plan"]
@@ -296,9 +281,6 @@ def train_loop_per_worker(loop_config: dict) -> None:
         if directory is not None:
             logger.info("resumed from %s at step %d", directory, setup.state.step)
     training, state = setup.training, setup.state
-
-    from csclip.tracking import StepLogger
-
     step_logger = StepLogger(plan.tracking_uri, plan.mlflow_run_id if rank == 0 else None,
                              flush_every=config.run.log_every)
     evaluator = _periodic_evaluator(config, plan) if rank == 0 else None
@@ -374,7 +356,7 @@ def _epoch_batches(open_epoch: Callable[[int], tuple[object, Iterator[dict]]], p
     a few batches before this one ends (csclip.train.lookahead). opened: the first
     epoch, opened already (open_epoch gives each epoch's shard and batches).
     """
-    from csclip.train.ingest import release_epoch
+    from csclip.train.ingest import release_epoch  # noqa: PLC0415  a training step runs without Ray (tests/test_layout.py)
 
     first = step // plan.steps_per_epoch
     # The next epoch's stream starts a few batches before this one ends (its shuffle is
@@ -392,9 +374,7 @@ def _epoch_batches(open_epoch: Callable[[int], tuple[object, Iterator[dict]]], p
 def _epoch_opener(config: TrainConfig, device: torch.device, rank: int
                   ) -> Callable[[int], tuple[object, Iterator[dict]]]:
     """open_epoch(epoch) -> (this worker's shard of the epoch, an iterator of its batches)."""
-    import ray.train
-
-    from csclip.train.stream import local_shuffle_seed
+    import ray.train  # noqa: PLC0415  a training step runs without Ray (tests/test_layout.py)
 
     def open_epoch(epoch: int) -> tuple[object, Iterator[dict]]:
         shard = ray.train.get_dataset_shard(shard_name(epoch, rank, config.data.batch_scope))
@@ -424,19 +404,6 @@ def _publish(metrics: StepMetrics, window: _Window, step_logger, steps_per_epoch
         row["epoch"] = row["step"] / max(1, steps_per_epoch)
         step_logger.log(row["step"], row)
     return rows[-1]
-
-
-def read_loss_log(directory: str | Path) -> dict[int, list[list[tuple[int, float]]]]:
-    """What WorkerHooks.loss_log recorded: for each rank, the (step, loss) pairs of each
-    worker process it ran in (an attempt: before a kill, after the restart), in order."""
-    ranks: dict[int, list[list[tuple[int, float]]]] = {}
-    for file in sorted(Path(directory).glob("rank-*.jsonl")):
-        attempts: dict[int, list[tuple[int, float]]] = {}  # by process id, in order
-        for line in file.read_text().splitlines():
-            row = json.loads(line)
-            attempts.setdefault(row["pid"], []).append((row["step"], row["loss"]))
-        ranks[int(file.stem.removeprefix("rank-"))] = list(attempts.values())
-    return ranks
 
 
 def _injected_failure(hooks: WorkerHooks, state: _State, rank: int) -> None:
@@ -475,8 +442,7 @@ def _periodic_evaluator(config: TrainConfig, plan: WorkerPlan):
     run.eval_every is off."""
     if config.run.eval_every is None and not plan.heldout:
         return None
-    from csclip.train.holdout import load_held_out
-    from csclip.train.periodic import PeriodicEvaluator, validation_records
+    from csclip.train.periodic import PeriodicEvaluator, validation_records  # noqa: PLC0415  imports csclip.eval, which a training step never loads (tests/test_layout.py)
 
     records = validation_records(config.data.units_uri, config.data.world,
                                  config.run.eval_max_images, required=not plan.heldout)
@@ -488,8 +454,7 @@ def _periodic_evaluator(config: TrainConfig, plan: WorkerPlan):
 def _evaluate_during_training(evaluator, setup: WorkerSetup, config: TrainConfig, step: int,
                               step_logger, device: str) -> None:
     """Score the live model, log val_<key> against the step, keep best/ when it improved."""
-    from csclip.model import ClipBundle
-    from csclip.train.periodic import HELD_OUT_KEYS, LOGGED_KEYS
+    from csclip.train.periodic import HELD_OUT_KEYS, LOGGED_KEYS  # noqa: PLC0415  imports csclip.eval, which a training step never loads (tests/test_layout.py)
 
     bundle, model = setup.bundle, setup.training.model  # the fp32 weights AdamW steps
     live = ClipBundle(model, bundle.preprocess, bundle.tokenizer, bundle.name, bundle.pretrained)
@@ -518,7 +483,7 @@ def _worker_logging() -> None:
 def _checkpoint_dir(run_section: RunSection) -> Iterator[str | None]:
     """The directory to restore from: this run's last checkpoint (a restart), else
     `run.resume_from`, else None."""
-    import ray.train
+    import ray.train  # noqa: PLC0415  a training step runs without Ray (tests/test_layout.py)
 
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None:
@@ -530,7 +495,7 @@ def _checkpoint_dir(run_section: RunSection) -> Iterator[str | None]:
 
 def _checkpoint(training: Training, spec: ModelSpec, state: _State, config: TrainConfig,
                 metrics: dict, rank: int, device: torch.device) -> None:
-    import ray.train
+    import ray.train  # noqa: PLC0415  a training step runs without Ray (tests/test_layout.py)
 
     report = {**metrics, "resumed_from": state.restored_from}
     # Every rank's generators, gathered to rank 0 (a collective), saved as plain tensors.
@@ -555,12 +520,29 @@ def run(config: TrainConfig, callbacks: Sequence = (), *, hooks: WorkerHooks = W
         ) -> TrainResult:
     """_train under the lease of the run's storage, <run.storage_path>/<run name>: two
     trainings of one run name would resume the same checkpoints and MLflow run, so a
-    second one is refused (a DataError naming the holder)."""
-    from csclip.storage import output_lease
-
+    second live one is refused (a DataError naming the holder), and one whose holder died
+    is taken over (csclip.ownership). A finished run is answered without a lease; the
+    checks that can refuse the run come first, so a refused run writes nothing."""
+    cached = finished_result(config)
+    if cached is not None:
+        logger.info("run %s already finished: %s", run_name(config), cached.checkpoint_uri)
+        return cached
+    check_run(config)
     uri = f"{storage_root(config).rstrip('/')}/{run_name(config)}"
     with output_lease(uri, "csclip train"):
         return _train(config, callbacks, hooks=hooks)
+
+
+def check_run(config: TrainConfig) -> ModelSpec:
+    """What can refuse `config` before anything is written: the model name, another
+    config's unfinished run under the same name, the tracking store, run.resume_from.
+    Returns the model's spec."""
+    spec = spec_from_config(config.model)  # a bad model name fails here, before Ray
+    check_unfinished_run(config)
+    if config.tracking.enabled:  # rank 0 logs every step from wherever it runs
+        check_shared_store(resolve_uri(config.tracking.uri), "training")
+    check_resume_from(config, spec)
+    return spec
 
 
 def _train(config: TrainConfig, callbacks: Sequence = (), *, hooks: WorkerHooks = WorkerHooks()
@@ -578,18 +560,8 @@ def _train(config: TrainConfig, callbacks: Sequence = (), *, hooks: WorkerHooks 
     if cached is not None:
         logger.info("run %s already finished: %s", name, cached.checkpoint_uri)
         return cached
-    from csclip.model import spec_from_config
-    from csclip.tracking import check_shared_store, finish_run, open_run, resolve_uri
-    from csclip.train.holdout import split_source
-    from csclip.train.prepared import training_source
-    from csclip.train.stream import epoch_datasets, image_cache_fits, plan_data
-
-    spec = spec_from_config(config.model)  # a bad model name fails here, before Ray
-    check_unfinished_run(config)
-    if config.tracking.enabled:  # rank 0 logs every step from wherever it runs
-        check_shared_store(resolve_uri(config.tracking.uri), "training")
-    check_resume_from(config, spec)
-    from ray.data import DataContext
+    spec = check_run(config)
+    from ray.data import DataContext  # noqa: PLC0415  a training step runs without Ray (tests/test_layout.py)
 
     # The step lines are the training's progress. The stream's coordinator is a worker:
     # without this its tqdm bars are drawn into the driver's output between the step lines
@@ -652,7 +624,7 @@ def check_data_cpus(run_section: RunSection) -> None:
     """Warn when the workers would take every CPU of this Ray instance: Ray Data's tasks
     (each epoch's shuffle and text sampling, the decoding) need one of their own, and
     without it the run waits for them with no error."""
-    import ray
+    import ray  # noqa: PLC0415  a training step runs without Ray (tests/test_layout.py)
 
     have = ray.cluster_resources().get("CPU", 0)
     workers = run_section.num_workers * run_section.cpus_per_worker
@@ -667,11 +639,11 @@ def check_data_cpus(run_section: RunSection) -> None:
 
 def _trainer(config: TrainConfig, name: str, root: str, loop_config: dict, datasets: dict,
              callbacks):
-    import ray.train
-    from ray.data import DataContext, ExecutionOptions
-    from ray.train.torch import TorchConfig, TorchTrainer
+    import ray.train  # noqa: PLC0415  a training step runs without Ray (tests/test_layout.py)
+    from ray.data import DataContext, ExecutionOptions  # noqa: PLC0415  as ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer  # noqa: PLC0415  as ray.train
 
-    from csclip.train.ingest import EpochSplitConfig
+    from csclip.train.ingest import EpochSplitConfig  # noqa: PLC0415  imports ray: as ray.train
 
     # Train's default ingest options copy the deprecated `exclude_resources` (a
     # RayDeprecationWarning in every run); these are the same options without it, and
