@@ -56,7 +56,10 @@ CHANGE_TYPE_NAMES: dict[str, ChangeType] = {
     # attribute_change, anything else -> object_change; neg_pipeline/component_negatives.py
     # wrote the raw words (entity, attribute, color, material, object, action, spatial, size,
     # weather, location). We follow their normalisation; entity_change ("woman -> man",
-    # "cat -> dog": another entity) is our object_change.
+    # "cat -> dog": another entity) is our object_change for training and the csclip
+    # protocol. Their half-truth builder matches names exactly and takes only
+    # "object_change" for +Obj, Rel:Obj and Subj, so the name as written is kept beside
+    # the ChangeType (ENTITY_CHANGE_NAMES_META) for the paper protocol.
     "attribute_change": ATTR, "object_change": OBJ, "entity_change": OBJ,
     "entity": OBJ, "person": OBJ, "role": OBJ,
     "attribute": ATTR, "color": ATTR, "size": ATTR, "material": ATTR, "shape": ATTR,
@@ -70,6 +73,13 @@ CHANGE_TYPE_NAMES: dict[str, ChangeType] = {
     "predicate_change": ChangeType.ANTONYM,
     "subject_replace": ChangeType.SUBJECT_REPLACE, "object_replace": ChangeType.OBJECT_REPLACE,
 }
+# An entity foil's change type as its file wrote it, where that is not the ChangeType's own
+# name (entity_change, color, Object_Change, ...): JSON in UnitsRecord.meta, a list of
+# [entity, foil, name]. The paper protocol reads it back (entity_foil_names), as the
+# authors' builder compares names exactly (half_truth_vulnerability.py@2325a1c: `==
+# 'object_change'` for +Obj, Rel:Obj and Subj); training and the csclip protocol use the
+# ChangeType.
+ENTITY_CHANGE_NAMES_META = "entity_change_names"
 # relation_opposite (the older schema): a negation when the new predicate negates, else an
 # antonym, as their half-truth script decides.
 RELATION_OPPOSITE = "relation_opposite"
@@ -130,6 +140,7 @@ class _Reader:
         self.obj, self.where = obj, where
         self.problems: list[Rejection] = []
         self.dropped: list[Rejection] = []
+        self.written_names: list[tuple[str, str, str]] = []  # ENTITY_CHANGE_NAMES_META
 
     def problem(self, reason: RejectReason, detail: str) -> None:
         self.problems.append(Rejection(reason, detail))
@@ -169,7 +180,7 @@ class _Reader:
             return None
         return CHANGE_TYPE_NAMES[name]
 
-    def entity_foils(self, items: object, where: str) -> list[Foil]:
+    def entity_foils(self, items: object, where: str, entity: str) -> list[Foil]:
         if not isinstance(items, list):
             self.drop(RejectReason.WRONG_TYPE, where, "negatives must be a list")
             return []
@@ -194,6 +205,8 @@ class _Reader:
                 self.drop(RejectReason.EMPTY_FOIL, at, "'negative' is missing or empty")
             else:
                 foils.append(Foil(text.strip(), change))
+                if item["change_type"] != change.value:
+                    self.written_names.append((entity, text.strip(), item["change_type"]))
         return foils
 
     def relation_foil(self, unit: Unit, item: object, where: str) -> Foil | None:
@@ -309,7 +322,8 @@ def parse_record(obj: object, where: str, *, sample_id: str, split: str | None =
             reader.drop(RejectReason.WRONG_TYPE, at, f"an entity must be a non-empty string, got {name!r}")
             continue
         used_keys.add(name)
-        foils = reader.entity_foils(negatives.get(name, []), f"{where}.{negatives_key}[{name!r}]")
+        foils = reader.entity_foils(negatives.get(name, []), f"{where}.{negatives_key}[{name!r}]",
+                                    name.strip())
         entities.append(Unit.entity(name.strip(), foils))
     for i, raw in enumerate(relations_raw):
         if (relation := reader.relation(raw, f"{where}.relations[{i}]")) is not None:
@@ -328,10 +342,36 @@ def parse_record(obj: object, where: str, *, sample_id: str, split: str | None =
     meta = {} if not swap_negatives else {SWAP_NEGATIVES_META: json.dumps(
         [(item.get("negative") or "").strip() if isinstance(item, dict)
          and isinstance(item.get("negative") or "", str) else "" for item in swap_negatives])}
+    if reader.written_names:
+        meta[ENTITY_CHANGE_NAMES_META] = json.dumps(reader.written_names)
     record = UnitsRecord(sample_id, image_id, caption.strip(), sample_split, tuple(entities),
                          tuple(relations), image_path=image_path,
                          source="authors_older_json" if older else "authors_json", meta=meta)
     return ParsedRecord(record, reader.dropped)
+
+
+def entity_foil_names(record: UnitsRecord) -> dict[str, tuple[tuple[str, str], ...]]:
+    """Each entity's foils as (text, change-type name as its file wrote it): the name kept in
+    ENTITY_CHANGE_NAMES_META where the file wrote another than the ChangeType's (entity_change
+    stays entity_change), else the ChangeType's value. Entities without foils are left out;
+    a repeated entity text keeps its last foils, as a dict keyed by component does."""
+    written: dict[tuple[str, str], list[str]] = {}
+    for entity, foil, name in json.loads(record.meta.get(ENTITY_CHANGE_NAMES_META) or "[]"):
+        written.setdefault((entity, foil), []).append(name)
+
+    def name_of(entity: str, foil: Foil) -> str:
+        names = written.get((entity, foil.text), [])
+        # Equal texts are interchangeable to the builder; the name must still read as the
+        # foil's type (a name whose foil validation dropped is never given to another type).
+        match = next((n for n in names
+                      if CHANGE_TYPE_NAMES.get(n.strip().lower()) == foil.change_type), None)
+        if match is None:
+            return foil.change_type.value
+        names.remove(match)
+        return match
+
+    return {e.text: tuple((f.text, name_of(e.text, f)) for f in e.foils)
+            for e in record.entities if e.foils}
 
 
 def _is_absolute(path: str) -> bool:
