@@ -350,6 +350,23 @@ def parse_record(obj: object, where: str, *, sample_id: str, split: str | None =
     return ParsedRecord(record, reader.dropped)
 
 
+_OUR_COCO_ID = re.compile(r"coco-(\d+)-(\d+)")
+
+
+def authors_entry(entry: dict) -> dict:
+    """An entry of the authors' unit format with their sample id: csclip's COCO caption
+    `coco-<image>-<sentence>` becomes their `coco_<image>_<sentence>`
+    (unit_pipeline/main.py:104@cc17cf9), so their code finds the image by
+    `sample_id.rsplit("_", 1)[0]` (their half-truth builder's one sample per image). Other
+    ids are kept. The image number stays ours (the COCO id; theirs is the Karpathy file's
+    `imgid`, its position in dataset_coco.json): their code never reads the number, only
+    groups by it. image_path is already theirs: image root / filepath / filename."""
+    found = _OUR_COCO_ID.fullmatch(str(entry.get("sample_id", "")))
+    if found is None:
+        return entry
+    return {**entry, "sample_id": f"coco_{found[1]}_{found[2]}"}
+
+
 def entity_foil_names(record: UnitsRecord) -> dict[str, tuple[tuple[str, str], ...]]:
     """Each entity's foils as (text, change-type name as its file wrote it): the name kept in
     ENTITY_CHANGE_NAMES_META where the file wrote another than the ChangeType's (entity_change

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 import pyarrow as pa
 
 from csclip import storage
-from csclip.authors import expand_uri
+from csclip.authors import authors_entry, expand_uri
 from csclip.config.extract import BackendConfig, ExtractConfig, VllmConfig
 from csclip.errors import DataError
 from csclip.extract.backends import Outcome
@@ -99,8 +99,10 @@ def answers_lines(results: Iterable[dict]) -> bytes:
 
 def authors_file(results: Iterable[dict]) -> bytes:
     """authors/part-K.json: the shard's entries in the authors' released unit format (a
-    JSON list, as their unit_pipeline/main.py writes it), captions they skip left out."""
-    entries = [json.loads(row["authors_json"]) for row in results if row.get("authors_json")]
+    JSON list, as their unit_pipeline/main.py writes it, with their sample ids:
+    csclip.authors.authors_entry), captions they skip left out."""
+    entries = [authors_entry(json.loads(row["authors_json"]))
+               for row in results if row.get("authors_json")]
     return (json.dumps(entries, indent=2, ensure_ascii=False) + "\n").encode()
 
 
