@@ -1,6 +1,6 @@
 """`csclip report --paper`: evaluation and ablation folders written by the real writers
 (csclip.eval.report.write_outputs, csclip.ablation.report.write_report) from made-up
-metrics, put beside the paper's numbers (csclip.eval.paper_numbers); the command run
+metrics, put beside the paper's numbers (csclip.report.paper_numbers); the command run
 through its entry point."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from csclip.eval.paper_numbers import COMMIT, TABLES
+from csclip.report.paper_numbers import COMMIT, TABLES
 
 MIRROR = Path("/work/.mirror/kargibora+CS-CLIP/repo")
 
@@ -257,13 +257,13 @@ def test_label_names_a_model_and_a_wrong_run_is_one_line(runs, tmp_path, capsys)
     ("csclip-tiny", None, None),
 ])
 def test_paper_row_of(model, pretrained, row):
-    from csclip.ablation.paper_report import paper_row_of
+    from csclip.report.paper import paper_row_of
 
     assert paper_row_of(model, pretrained or "")[0] == row
 
 
 def test_paper_row_of_reads_a_checkpoints_method(tmp_path):
-    from csclip.ablation.paper_report import paper_row_of
+    from csclip.report.paper import paper_row_of
 
     checkpoint = tmp_path / "my-run" / "final"
     checkpoint.mkdir(parents=True)

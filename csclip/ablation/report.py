@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from csclip.ablation.grid import AXES, Grid, Row, format_value
+from csclip.storage import cache_root, upload_dir
 
 # Paper column -> metric keys that can fill it, first found wins. A column none of whose
 # keys was measured is shown as missing ("—"), never as 0.
@@ -123,10 +124,10 @@ HT_COLUMNS = ("HT All", "HT Ent", "HT Rel")
 def plot_table(table: AblationTable, path: str | Path) -> Path:
     """A PNG with one panel per axis: half-truth accuracy (All / Ent / Rel) against the
     axis value, base marked. Values are categorical on x, labelled with actual values."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415  pyplot loads only for a plot, its Agg backend set first
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415  after the backend is set
 
     axes_rows: dict[str, list[int]] = {}
     for i, row in enumerate(table.rows):
@@ -198,7 +199,6 @@ def publish_report(table: AblationTable, uri: str, title: str) -> ReportFiles:
     directory, which is temporary in a Ray job) that is then uploaded to `uri`."""
     if "://" not in uri:
         return write_report(table, uri, title)
-    from csclip.storage import cache_root, upload_dir
 
     local = cache_root() / "tune-reports" / uri.rstrip("/").rsplit("/", 1)[-1]
     files = write_report(table, local, title)
@@ -209,10 +209,10 @@ def publish_report(table: AblationTable, uri: str, title: str) -> ReportFiles:
 def plot_curves(curves: Mapping[str, list[tuple[int, float]]], path: str | Path,
                 title: str) -> Path:
     """Training curves (one panel per metric) as a PNG."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415  pyplot loads only for a plot, its Agg backend set first
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415  after the backend is set
 
     names = sorted(k for k, points in curves.items() if len(points) > 1)[:6] or sorted(curves)[:6]
     fig, panels = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3), squeeze=False)

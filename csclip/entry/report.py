@@ -1,5 +1,5 @@
 """`csclip report --paper RUN...` / pipelines/report.py: our evaluations and ablation sweeps
-beside the paper's Tables 1, 6, 7, 16 and 17 (csclip.ablation.paper_report)."""
+beside the paper's Tables 1, 6, 7, 16 and 17 (csclip.report.paper)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def _report(args: argparse.Namespace) -> int:
     config = report_config(args)
     if printed_config(args, config):
         return 0
-    from csclip.ablation.paper_report import parse_labels, run_report
+    from csclip.report.paper import parse_labels, run_report
 
     report = run_report(config, args.paper, parse_labels(args.label))
     print(report.markdown)

@@ -29,8 +29,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
+from csclip import storage
+from csclip.authors import read_authors_uri, read_verbatim_records
+from csclip.config.world import WorldConfig
 from csclip.errors import DataError
-from csclip.eval.encoder import CROP_MARK, DIGEST_MARK, ImageSource, image_sources
+from csclip.eval.encoder import CROP_MARK, DIGEST_MARK, ImageSource, image_sources, load_image
 from csclip.eval.halftruth import (
     ALL_CONDITIONS,
     CONDITION_BY_SLUG,
@@ -44,7 +47,9 @@ from csclip.eval.halftruth import (
     build_paper_benchmark,
 )
 from csclip.progress import progress
-from csclip.units import UnitsRecord
+from csclip.records import load_split
+from csclip.storage import filesystem_for, read_bytes
+from csclip.units import UnitsRecord, units_table_uri
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +91,6 @@ def images_digest(image_sha256: Mapping[str, str]) -> str:
 def is_authors_unit_file(uri: str) -> bool:
     """Whether `uri` names the authors' unit JSON (a .json / .jsonl file, a glob of them,
     or a directory holding them) rather than a units table (Parquet)."""
-    from csclip import storage
-
     if uri.endswith((".json", ".jsonl")):
         return True
     if any(c in uri for c in "*?["):
@@ -112,18 +115,12 @@ def build_frozen_benchmark(
     through csclip.authors), a units table's `split`, or, with no URI, the
     synthetic world's split. image_root is joined to relative image paths of unit files
     and of units tables."""
-    from csclip.config.world import WorldConfig
-    from csclip.records import load_split
-    from csclip.units import units_table_uri
-
     built_from: dict[str, object] = {"units": units_uri or "synthetic world", "split": split}
     # An extraction's --out folder holds JSON markers beside units/: a units table.
     units_uri = units_table_uri(units_uri) if units_uri else None
     if units_uri and is_authors_unit_file(units_uri):
         built_from["split"] = None  # their builder reads the whole file
         if config.protocol in ("auto", "paper"):
-            from csclip.authors import read_verbatim_records
-
             verbatim = read_verbatim_records(units_uri, image_root)
             benchmark = build_paper_benchmark(verbatim, config.num_samples, config.paper_seed)
             images = {r.image_id: r.image_path for r in verbatim}
@@ -151,8 +148,6 @@ def records_under_root(records: list[UnitsRecord], image_root: str | None) -> li
 
 
 def _authors_records(uri: str, image_root: str | None) -> list[UnitsRecord]:
-    from csclip.authors import read_authors_uri
-
     result = read_authors_uri(uri, image_root)
     if result.rejections:
         log.warning("%s: %d records rejected (%s)", uri, len(result.rejections),
@@ -196,8 +191,6 @@ def _read_digests(sources: Mapping[str, ImageSource | None]) -> dict[str, str]:
             raise DataError(f"benchmark build: image {image_id!r} has neither a path nor bytes "
                             "in the units")
         if isinstance(source, str):
-            from csclip.storage import filesystem_for, read_bytes
-
             try:
                 source = read_bytes(*filesystem_for(source.partition(CROP_MARK)[0]))
             except DataError as err:
@@ -392,8 +385,6 @@ def resolve_image(image_id: str, path: str, image_root: str | None,
 
 
 def _check_bytes(image_id: str, source: ImageSource, expected: str) -> None:
-    from csclip.eval.encoder import load_image
-
     actual = hashlib.sha256(load_image(source)).hexdigest()
     if actual != expected:
         raise DataError(f"image {image_id!r}: its bytes in the units differ from those the "
@@ -406,8 +397,6 @@ def verify_images(frozen: FrozenBenchmark, records: list[UnitsRecord] | None = N
     """Read every image of the file (as prepare_frozen would) and check its sha256; the
     number of images read. Raises DataError naming the first image that differs, is
     missing or lies outside the root."""
-    from csclip.eval.encoder import load_image
-
     prepared = prepare_frozen(frozen, records, image_root, allow_outside_image_root)
     to_read = [s for s in prepared.images.values() if isinstance(s, str)]
     with ThreadPoolExecutor(_READ_THREADS) as pool:

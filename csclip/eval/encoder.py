@@ -10,15 +10,18 @@ import io
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
+from PIL import Image
 
 from csclip.config.eval import ScoringConfig
 from csclip.errors import DataError
 from csclip.model import ClipBundle
 from csclip.progress import progress
+from csclip.storage import filesystem_for, is_s3, read_bytes
 from csclip.units import UnitsRecord
 
 log = logging.getLogger(__name__)
@@ -44,8 +47,6 @@ def l2_normalize(features: np.ndarray) -> np.ndarray:
 
 def decode_image(data: bytes):
     """Encoded PNG/JPEG bytes -> RGB PIL image."""
-    from PIL import Image
-
     return Image.open(io.BytesIO(data)).convert("RGB")
 
 
@@ -184,7 +185,6 @@ def load_image(source: ImageSource) -> bytes:
     `#sha256=<hex>` is refused with a DataError unless the file's bytes have that digest)."""
     if isinstance(source, bytes | bytearray | memoryview):
         return bytes(source)
-    from csclip.storage import filesystem_for, read_bytes
 
     source, mark, digest = source.rpartition(DIGEST_MARK) if DIGEST_MARK in source else (
         source, "", "")
@@ -286,11 +286,9 @@ def image_key(source: ImageSource) -> str:
     """
     if isinstance(source, bytes | bytearray | memoryview):
         return "sha256:" + hashlib.sha256(source).hexdigest()
-    from csclip.storage import is_s3
 
     if is_s3(source) or ("://" in source and not source.startswith("file://")):
         return "uri:" + source
-    from pathlib import Path
 
     return "uri:" + str(Path(source.removeprefix("file://")).expanduser().absolute())
 
@@ -362,7 +360,7 @@ class _EncodeBatch:
     and image rows (`kind`); features come back in the batch's row order."""
 
     def __init__(self, bundle_ref: list, batch_size: int, device: str) -> None:
-        import ray
+        import ray  # noqa: PLC0415  only the Ray Data path loads ray (evaluation stays ray-free)
 
         # The ref is wrapped in a list so Ray hands it over unresolved; resolve it once here.
         # No progress of its own: a Ray Data batch is one of many (Ray Data shows them).
@@ -406,7 +404,7 @@ def encode_features_with_ray(
     """encode_features on Ray Data: `concurrency` actors each hold the model (shipped once
     through the object store, so random or fine-tuned weights arrive unchanged). Texts and
     images go through one actor pool in one pass."""
-    import ray
+    import ray  # noqa: PLC0415  only the Ray Data path loads ray (evaluation stays ray-free)
 
     unique_texts = sorted(set(texts))
     image_ids = sorted(images)

@@ -11,6 +11,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import open_clip
+import torch
+
 from csclip.config import flatten
 from csclip.config.eval import (
     EvalConfig,
@@ -19,7 +22,13 @@ from csclip.config.eval import (
     SuitesConfig,
 )
 from csclip.config.model import ModelSource
-from csclip.errors import ConfigError
+from csclip.errors import ConfigError, DataError
+from csclip.eval.benchmark_file import (
+    is_authors_unit_file,
+    prepare_frozen,
+    read_benchmark_file,
+    records_under_root,
+)
 from csclip.eval.encoder import Encoder
 from csclip.eval.halftruth import (
     CONDITIONS,
@@ -41,17 +50,15 @@ from csclip.eval.report import (
     write_outputs,
 )
 from csclip.eval.suites import NamedSuites, evaluate_suites, find_named_suites
-from csclip.model import ClipBundle
+from csclip.model import ClipBundle, bundle_from_config, load_bundle
+from csclip.model_configs import SMALL_MODEL_CONFIGS, register_small_models
+from csclip.pretrained import resolve_tag_weights
+from csclip.records import load_split
+from csclip.storage import exists, filesystem_for, read_bytes, resolve_output
 from csclip.tracking import resolve_uri
-from csclip.units import UnitsRecord
+from csclip.units import UnitsRecord, units_table_uri
 
 log = logging.getLogger(__name__)
-
-
-
-
-
-
 
 
 def evaluate_encoder(
@@ -112,8 +119,6 @@ def checkpoint_step(pretrained: str | None) -> int | None:
     """The training step of a checkpoint (its metrics.json, as csclip.train writes it, else
     a `checkpoint_000123` directory name); None for a tag, a weights file or random
     weights."""
-    from csclip.storage import exists, filesystem_for, read_bytes
-
     if not pretrained or not ("/" in pretrained or Path(pretrained).exists()):
         return None
     fs, path = filesystem_for(pretrained)
@@ -200,11 +205,6 @@ def compare_models(
 def load_records(data: EvalDataConfig, image_root: str | None = None) -> list[UnitsRecord]:
     """The evaluation split (csclip.records.load_split), relative image paths joined to
     image_root (--image-root)."""
-    from csclip.errors import DataError
-    from csclip.eval.benchmark_file import is_authors_unit_file, records_under_root
-    from csclip.records import load_split
-    from csclip.units import units_table_uri
-
     # An extraction's --out folder holds JSON markers beside units/: a units table.
     units_uri = units_table_uri(data.units_uri) if data.units_uri else None
     if units_uri and is_authors_unit_file(units_uri):
@@ -219,9 +219,6 @@ def run_evaluation(config: EvalConfig, models: Sequence[ModelSource] = ()) -> Co
     """Load the records, then compare_models on the model (checkpoint, or name +
     pretrained) or on each of `models` (several in one command: CLIP_benchmark's
     --model/--pretrained product), each built when its turn comes."""
-    from csclip.model import bundle_from_config, load_bundle
-    from csclip.storage import resolve_output
-
     # Inside a Ray job a relative out_dir is the job's temporary copy: refused there.
     out_dir = resolve_output(config.out_dir, "out_dir")
     if models and config.checkpoint:
@@ -242,8 +239,6 @@ def run_evaluation(config: EvalConfig, models: Sequence[ModelSource] = ()) -> Co
     found = find_named_suites(config.suites, refuse_missing=True) if config.suites.names else None
     prepared = None
     if config.benchmark.file:
-        from csclip.eval.benchmark_file import prepare_frozen, read_benchmark_file
-
         frozen = read_benchmark_file(config.benchmark.file)
         if config.benchmark.protocol not in ("auto", frozen.benchmark.protocol):
             raise ConfigError(f"benchmark.protocol {config.benchmark.protocol!r}, but "
@@ -257,8 +252,6 @@ def run_evaluation(config: EvalConfig, models: Sequence[ModelSource] = ()) -> Co
                                   config.benchmark.allow_outside_image_root)
     else:
         records = load_records(config.data, config.benchmark.image_root)
-    import torch
-
     def seeded(make: Callable[[], ClipBundle]) -> Callable[[], ClipBundle]:
         def build() -> ClipBundle:
             # open_clip draws random initial weights from torch's RNG: each model from the
@@ -313,12 +306,6 @@ def unique_labels(sources: Sequence[ModelSource]) -> list[str]:
 def check_weights(source: ModelSource) -> None:
     """Refuse, before any data is read, an unknown model name, a pretrained tag whose
     weights are neither cached nor downloadable, and a pretrained path that is not there."""
-    import open_clip
-
-    from csclip.model_configs import register_small_models
-    from csclip.model_configs import SMALL_MODEL_CONFIGS
-    from csclip.pretrained import resolve_tag_weights
-
     register_small_models()
     if open_clip.get_model_config(source.name) is None and not source.name.startswith(
             ("hf-hub:", "local-dir:")):

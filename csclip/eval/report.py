@@ -16,6 +16,11 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from csclip import storage, tracking
+from csclip.errors import ConfigError, DataError
 from csclip.eval.halftruth import (
     CONDITIONS,
     EXTRA_CONDITIONS,
@@ -25,6 +30,8 @@ from csclip.eval.halftruth import (
     items_to_table,
     save_benchmark,
 )
+from csclip.eval.suites.core import SKIP_REASONS
+from csclip.eval.suites.registry import BENCHMARKS, CAPABILITIES, DIRECTIONS
 
 log = logging.getLogger(__name__)
 
@@ -266,9 +273,6 @@ def benchmark_tables(reports: Mapping[str, HalfTruthReport]) -> dict[str, Table]
     I2T / T2I / Group, and its accounting: records read = scored + skipped, with the
     skips by reason) and `capabilities` (per capability and the suite averages). {}
     otherwise."""
-    from csclip.eval.suites.core import SKIP_REASONS
-    from csclip.eval.suites.registry import BENCHMARKS, CAPABILITIES, DIRECTIONS
-
     rows, capability_rows = [], []
     for name, report in reports.items():
         metrics = report.metrics
@@ -331,11 +335,11 @@ def suite_coverage(metrics: Mapping[str, float]) -> str | None:
 
 def plot_figure3(reports: Mapping[str, HalfTruthReport], path: Path) -> Path:
     """Figure 3: entity vs relation Acc_HT per model, with 95% CIs and the chance line."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415  pyplot loads only for a plot, its Agg backend set first
 
     matplotlib.use("Agg")  # headless: no display on workers or CI
-    import matplotlib.pyplot as plt
-    import numpy as np
+    import matplotlib.pyplot as plt  # noqa: PLC0415  after the backend is set
+    import numpy as np  # noqa: PLC0415  only the plot needs it
 
     names = list(reports)
     x = np.arange(len(names))
@@ -375,8 +379,6 @@ def benchmark_results(metrics: Mapping[str, float]) -> dict[str, tuple[str, dict
     zeroshot and world_zeroshot (zeroshot_classification), world_pairs and suite (the
     capability and suite averages; image_caption_selection), and halftruth (half_truth):
     every key no other benchmark claims, so no metric is left out."""
-    from csclip.eval.suites.registry import BENCHMARKS
-
     groups: list[tuple[str, str, tuple[str, ...]]] = [
         (name, "image_caption_selection", (f"{name}_",))
         # a longer name first: sugarcrepe_pp_* is SugarCrepe++'s, not SugarCrepe's
@@ -410,8 +412,6 @@ def result_name(template: str, identity: ModelIdentity, dataset: str, task: str)
     {model}, {pretrained} (a path's last part), {pretrained_full_path} (a path's / as _),
     {dataset}, {task}; "/" in a model name becomes "_". ConfigError for another field, or
     a name outside the output folder."""
-    from csclip.errors import ConfigError
-
     pretrained = identity.pretrained or "none"  # random weights: CLIP_benchmark has no word
     is_path = "/" in pretrained or "\\" in pretrained
     fields = {"model": identity.model.replace("/", "_"),
@@ -435,8 +435,6 @@ def check_results_template(template: str, identities: Sequence[ModelIdentity]) -
     these models (or two benchmarks of one) the same file name: it needs {dataset} and
     what tells the models apart (e.g. {pretrained_full_path} for two checkpoints that are
     both .../final)."""
-    from csclip.errors import ConfigError
-
     seen: dict[str, ModelIdentity] = {}
     for identity in identities:
         for dataset in ("a", "b"):
@@ -454,8 +452,6 @@ def result_files(reports: Mapping[str, HalfTruthReport], template: str) -> dict[
     {"dataset", "model", "pretrained", "task", "metrics"} (benchmark_results), named by
     `template` (result_name). A report without an identity is its label with no
     pretrained."""
-    from csclip.errors import ConfigError
-
     files: dict[str, str] = {}
     for name, report in reports.items():
         identity = report.identity or ModelIdentity(name)
@@ -499,8 +495,6 @@ def begin_outputs(out_dir: str | Path) -> Path:
 def evaluation_problem(out_dir: str | Path) -> str | None:
     """Why `out_dir` holds no finished evaluation (None when it does): no marker, or a file
     it lists missing or changed since."""
-    from csclip import storage
-
     fs, path = storage.filesystem_for(str(Path(out_dir).absolute()))
     return storage.export_problem(fs, path, check_hashes=True, manifest=EVALUATION_COMPLETE)
 
@@ -508,8 +502,6 @@ def evaluation_problem(out_dir: str | Path) -> str | None:
 def check_evaluation(out_dir: str | Path, shown_as: str | None = None) -> None:
     """Raise DataError when `out_dir` holds no finished evaluation; the message names it
     `shown_as` (e.g. the s3:// URI a local copy was made from) when given."""
-    from csclip.errors import DataError
-
     problem = evaluation_problem(out_dir)
     if problem is not None:
         raise DataError(f"the evaluation in {shown_as or out_dir} did not finish (killed, or "
@@ -518,8 +510,6 @@ def check_evaluation(out_dir: str | Path, shown_as: str | None = None) -> None:
 
 def _publish_outputs(staging: Path, out: Path) -> dict[str, Path]:
     """Move the staged files into `out`, then write the marker listing them (last)."""
-    from csclip import storage
-
     listing = storage.manifest_of(staging)
     listing["finished"] = datetime.now().astimezone().isoformat()
     names = sorted(listing["files"])
@@ -599,9 +589,6 @@ def write_item_scores(
 ) -> Path:
     """The benchmark table plus s(I, A), s(I, A+), s(I, A-) per model: one row per item,
     columns `<model>/anchor`, `<model>/completion`, `<model>/half_truth`."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     table = items_to_table(items)
     for name, report in reports.items():
         for part in ("anchor", "completion", "half_truth"):
@@ -623,8 +610,6 @@ def log_comparison(
     also holds the tables and figure (`files`) and is returned. Several: the files go once
     on a parent run (params `models`, the labels), which the model runs are nested under
     and which is returned: the tables compare the models, so they belong to neither."""
-    from csclip import tracking
-
     mlflow_client = tracking.client(tracking_uri)
     experiment_id = tracking.experiment_id(mlflow_client, experiment)
     params = dict(params or {})

@@ -29,6 +29,9 @@ from csclip.eval.zeroshot_paper import LAYOUT as ZEROSHOT_PAPER_LAYOUT
 from csclip.eval.zeroshot_paper import PAPER_DATASETS, evaluate_paper_zeroshot, find_paper_datasets
 from csclip.units import UnitsRecord
 
+__all__ = ["MAX_MISSING_SHOWN", "RETRIEVAL_FILES", "NamedSuites", "evaluate_named_suites",
+           "evaluate_suites", "find_named_suites", "paper_retrieval"]
+
 log = logging.getLogger(__name__)
 
 # Where each retrieval suite's captions and images are, first match first (under
@@ -39,8 +42,6 @@ RETRIEVAL_FILES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "flickr8k": (("flickr8k_test_karpathy.txt", "dataset_flickr8k.json"),
                  ("Images", "Flicker8k_Dataset", "images", "")),
 }
-
-
 
 
 def evaluate_suites(

@@ -15,9 +15,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
+import pyarrow.fs as pafs
 
+from csclip import storage
 from csclip.errors import DataError
 from csclip.eval.encoder import Encoder, FeatureTables, ImageSource
+from csclip.storage import filesystem_for, read_bytes
 
 log = logging.getLogger(__name__)
 
@@ -377,11 +380,8 @@ def join(root: str, *parts: str) -> str:
 
 
 def exists(uri: str) -> bool:
-    from csclip.storage import exists as _exists
-    from csclip.storage import filesystem_for
-
     filesystem, path = filesystem_for(uri)
-    return _exists(filesystem, path)
+    return storage.exists(filesystem, path)
 
 
 def first_existing(root: str, *names: str) -> str | None:
@@ -395,8 +395,6 @@ def first_existing(root: str, *names: str) -> str | None:
 def read_json(uri: str) -> object:
     """A JSON (or, for *.jsonl, a list of JSON lines) file; malformed content is a
     DataError naming the file."""
-    from csclip.storage import filesystem_for, read_bytes
-
     filesystem, path = filesystem_for(uri)
     text = read_bytes(filesystem, path).decode("utf-8")
     try:
@@ -426,10 +424,6 @@ class ImageFolder:
 
     def _names(self, directory: str) -> dict[str, int]:
         if directory not in self._listed:
-            import pyarrow.fs as pafs
-
-            from csclip.storage import filesystem_for
-
             filesystem, path = filesystem_for(directory)
             infos = filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True))
             self._listed[directory] = {i.path.rsplit("/", 1)[-1]: int(i.size or 0)
@@ -457,10 +451,6 @@ class ImageFolder:
 
 def listing(root: str, limit: int = 8) -> str:
     """The first entries directly under `root` ("a.json, images/, ..."), for error lines."""
-    import pyarrow.fs as pafs
-
-    from csclip.storage import filesystem_for
-
     filesystem, path = filesystem_for(root)
     infos = filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True))
     names = sorted(i.path.rsplit("/", 1)[-1] + ("/" if i.type == pafs.FileType.Directory else "")

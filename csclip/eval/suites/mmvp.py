@@ -27,6 +27,7 @@ from csclip.eval.suites.core import (
     expect,
     join,
 )
+from csclip.storage import filesystem_for, read_bytes
 
 LAYOUT = ("Questions.csv (Question ID, Type, Statement; rows 2k-1 and 2k are one pair) and "
           "'MLLM_VLM Images/<Type>/<Question ID>.jpg', as in the MMVP/MMVP_VLM release")
@@ -49,8 +50,6 @@ def load_mmvp(data_root: str, protocol: str = "official") -> SuiteData:
     """MMVP-VLM's pairs under <data_root>/mmvp; subset = the official category of the
     pair's position (official) or its Type column (paper), slugged. A pair with a
     missing image is skipped and counted."""
-    from csclip.storage import filesystem_for, read_bytes
-
     root = join(data_root, "mmvp")
     uri = join(root, "Questions.csv")
     if not exists(uri):

@@ -21,10 +21,13 @@ from __future__ import annotations
 import csv
 import io
 import logging
+import os
 import posixpath
+import tempfile
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from csclip.errors import DataError
 from csclip.eval.encoder import FeatureTables
@@ -40,6 +43,7 @@ from csclip.eval.suites.core import (
     expect,
     join,
 )
+from csclip.storage import filesystem_for, read_bytes
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +72,6 @@ def frame_indices(num_frames: int, protocol: str) -> list[int]:
     (official), or frame 0 (the CS-CLIP authors' extract_video_frame)."""
     if protocol == "paper":
         return [0]
-    import torch
 
     end = num_frames - 1
     count = min(NUM_FRAMES, end + 1)
@@ -81,17 +84,14 @@ def read_frames(uri: str, protocol: str) -> list[bytes] | None:
     """The scored frames of the video at `uri` as PNG bytes, or None when OpenCV cannot
     read it (or any of those frames)."""
     try:
-        import cv2
+        import cv2  # noqa: PLC0415  an optional extra (csclip[video]), only for NegBench's videos
     except ImportError as error:
         raise DataError("negbench: reading the MSR-VTT videos needs OpenCV: pip install "
                         "'csclip[video]' (opencv-python-headless)") from error
-    from csclip.storage import filesystem_for, read_bytes
 
     filesystem, path = filesystem_for(uri)
     local = path if type(filesystem).__name__ == "LocalFileSystem" else None
     if local is None:  # OpenCV reads files: a remote video goes through a temporary copy
-        import tempfile
-
         handle = tempfile.NamedTemporaryFile(suffix=posixpath.splitext(path)[1], delete=False)
         with handle:
             handle.write(read_bytes(filesystem, path))
@@ -113,8 +113,6 @@ def read_frames(uri: str, protocol: str) -> list[bytes] | None:
     finally:
         capture.release()
         if local != path:
-            import os
-
             os.unlink(local)
 
 
@@ -160,8 +158,6 @@ def _image(images: ImageFolder, path: str) -> str | None:
 
 def _rows(uri: str) -> tuple[list[dict[str, str]], list[str]]:
     """An MCQ CSV's rows and its caption_k columns in order, checked."""
-    from csclip.storage import filesystem_for, read_bytes
-
     filesystem, path = filesystem_for(uri)
     rows = list(csv.DictReader(io.StringIO(read_bytes(filesystem, path).decode("utf-8"))))
     columns = set(rows[0]) if rows else set()

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import io
 
+import pyarrow.parquet as pq
+from PIL import Image, UnidentifiedImageError
+
 from csclip.eval.suites.core import (
     MALFORMED_RECORD,
     UNREADABLE_IMAGE,
@@ -19,6 +22,7 @@ from csclip.eval.suites.core import (
     join,
     read_json,
 )
+from csclip.storage import filesystem_for, list_files
 
 COLORSWAP_LAYOUT = ("the GitHub release's data/test.json (id, caption_1, caption_2, image_1, "
                     "image_2 as images/img_<id>_<k>.png) with its images/ folder, or the Hugging "
@@ -66,8 +70,6 @@ def _colorswap_json(data: SuiteData, root: str, uri: str) -> None:
 def _colorswap_parquet_files(root: str) -> list:
     """The Parquet files of the test split (Hugging Face names them <split>-NNNNN-of-NNNNN
     or puts them under <split>/); all of them when none is named by a split."""
-    from csclip.storage import filesystem_for, list_files
-
     files = []
     for folder in (root, join(root, "data"), join(root, "data", COLORSWAP_SPLIT),
                    join(root, COLORSWAP_SPLIT)):
@@ -87,8 +89,6 @@ def _colorswap_parquet_files(root: str) -> list:
 
 
 def _colorswap_parquet(data: SuiteData, filesystem, file: str) -> None:
-    import pyarrow.parquet as pq
-
     table = pq.read_table(file, filesystem=filesystem)
     expect(PAIR_FIELDS <= set(table.column_names), file,
            "columns image_1, image_2, caption_1, caption_2")
@@ -110,8 +110,6 @@ def _colorswap_parquet(data: SuiteData, filesystem, file: str) -> None:
 
 def _is_image(payload: object) -> bool:
     """Whether inline bytes open as an image (PIL reads the header only)."""
-    from PIL import Image, UnidentifiedImageError
-
     if not isinstance(payload, bytes | bytearray) or not payload:
         return False
     try:

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from csclip.eval.encoder import FeatureTables
 from csclip.eval.suites.core import (
@@ -32,6 +34,7 @@ from csclip.eval.suites.core import (
     pair_correct,
 )
 from csclip.eval.suites.mmvp import pattern_subset
+from csclip.storage import filesystem_for, list_files
 
 LAYOUT = ("the release's data/test/*.arrow (datasets' save_to_disk) or *.parquet files, "
           "columns image_0, image_1 ({bytes, path}), text_0, text_1, category")
@@ -49,11 +52,6 @@ class VisMinPair(Pair):
 def _tables(root: str) -> list[tuple[str, object]]:
     """(file, pyarrow Table) of every Arrow / Parquet file under root, root/data,
     root/data/test, in sorted order."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from csclip.storage import filesystem_for, list_files
-
     out = []
     for folder in (root, join(root, "data"), join(root, "data", "test")):
         filesystem, path = filesystem_for(folder)

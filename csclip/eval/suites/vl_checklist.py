@@ -7,6 +7,8 @@ code (protocol "paper": every row, the best positive against the best negative).
 from __future__ import annotations
 
 import numpy as np
+import pyarrow.fs as pafs
+import yaml
 
 from csclip.eval.encoder import FeatureTables
 from csclip.eval.suites.core import (
@@ -21,6 +23,7 @@ from csclip.eval.suites.core import (
     join,
     read_json,
 )
+from csclip.storage import filesystem_for, read_bytes
 
 LAYOUT = ("the repository's corpus/v1/<Attribute|Object|Relation>/.../<name>.yaml (ANNO_PATH, "
           "IMG_ROOT) and the data/ JSON files they name, with the image folders (vg/, swig/, "
@@ -37,10 +40,6 @@ def _corpus_files(corpus: str) -> list[tuple[str, list[str]]]:
     the path it was listed from (filesystem_for resolves a relative, `file://` or
     trailing-slash root once), so a relative --data-root names the same subsets as an
     absolute one."""
-    import pyarrow.fs as pafs
-
-    from csclip.storage import filesystem_for
-
     filesystem, path = filesystem_for(corpus)
     infos = filesystem.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
     scheme = "s3://" if corpus.startswith("s3://") else ""
@@ -57,10 +56,6 @@ def load_vl_checklist(data_root: str, protocol: str = "official") -> SuiteData:
     image scores its first POS text strictly above its first NEG text. Paper (the CS-CLIP
     authors' loader): every row, right when the best POS text scores strictly above the
     best NEG text (`best_positive_above_best_negative`)."""
-    import yaml
-
-    from csclip.storage import filesystem_for, read_bytes
-
     root = join(data_root, "vl_checklist")
     configs = _corpus_files(join(root, "corpus", "v1")) if exists(join(root, "corpus")) else []
     if not configs:

@@ -1,6 +1,6 @@
 """The paper's numbers, as the authors' own outputs print them (kargibora/CS-CLIP at
 commit 16276c7, the last commit that holds the LaTeX tables and the ablation notebooks),
-for `csclip report --paper` (csclip.ablation.paper_report). Nothing here is typed from the
+for `csclip report --paper` (csclip.report.paper). Nothing here is typed from the
 paper's PDF: every number is copied from the file named as its source, and every table
 says, per column (and per row where a row comes from elsewhere), which file@commit that is.
 

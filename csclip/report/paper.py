@@ -7,7 +7,7 @@ of `csclip ablate` (its ablation.csv, csclip.ablation.report). Every evaluated m
 matched to a row of the paper (CLIP, CLIP-FT, NegCLIP, CS-CLIP, SigLIP, ...) by what it is
 (paper_row_of), or named with `--label`; every ablation row to one of the authors' rows
 (csclip.ablation.grid.PAPER_ROWS) by its axis and value. The paper's numbers are the
-authors' own outputs (csclip.eval.paper_numbers, each with its file@commit).
+authors' own outputs (csclip.report.paper_numbers, each with its file@commit).
 
 Each table is written as markdown (each cell "ours / paper / ours - paper"), CSV (three
 columns per paper column: ours, `<key>_paper`, `<key>_diff`) and a PNG (the differences
@@ -29,9 +29,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from csclip import storage, tracking
+from csclip.ablation.grid import PAPER_BASE, PAPER_ROWS
+from csclip.ablation.report import CSV_KEYS
 from csclip.config.report import ReportConfig
 from csclip.errors import ConfigError, DataError
-from csclip.eval.paper_numbers import COMMIT, REPOSITORY, TABLES, PaperTable
+from csclip.eval.report import EVALUATION_COMPLETE, check_evaluation
+from csclip.report.paper_numbers import COMMIT, REPOSITORY, TABLES, PaperTable
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +47,6 @@ ABLATION_CSV = "ablation.csv"
 # The axes of each ablation table (csclip.ablation.grid AXES names).
 TABLE_AXES: dict[str, tuple[str, ...]] = {"table16": ("units", "relfrac", "swapfrac"),
                                           "table17": ("lr", "wd", "bs")}
-
-
-
-
 
 
 # ---------------------------------------------------------------------------------------
@@ -85,8 +85,6 @@ def local_copy(run: str) -> Path:
     """The local folder (or ablation.csv) to read for a RUN: the path itself, or for an
     s3:// URI a copy of its files (csclip.storage.local_dir: cached, fetched again only
     when the listing changed). ConfigError for a URI with nothing there."""
-    from csclip import storage
-
     if not storage.is_s3(run):
         return Path(run)
     uri = run.rstrip("/")
@@ -105,12 +103,8 @@ def run_kind(run: str, path: Path) -> str:
         raise ConfigError(f"--paper {run}: no such folder")
     if path.is_file() and path.name == ABLATION_CSV or (path / ABLATION_CSV).is_file():
         return "ablation"
-    from csclip.eval.report import EVALUATION_COMPLETE
-
     if path.is_dir() and any((path / name).exists() for name in
                              ("table1.csv", "halftruth.md", EVALUATION_COMPLETE)):
-        from csclip.eval.report import check_evaluation
-
         check_evaluation(path, shown_as=run)  # named by the RUN, not by a cache folder
         return "evaluation"
     raise ConfigError(f"--paper {run}: neither the --out folder of `csclip evaluate` "
@@ -157,8 +151,6 @@ def read_evaluation(run: str, folder: Path) -> list[EvaluatedModel]:
 def read_ablation(run: str, path: Path) -> list[AblationResult]:
     """The rows of an ablation report (its folder, or the ablation.csv itself; read at
     `path`, its local copy)."""
-    from csclip.ablation.report import CSV_KEYS
-
     path = path if path.is_file() else path / ABLATION_CSV
     return [AblationResult(run, row.get("setting", ""), row.get("axis", ""),
                            row.get("value", ""), row.get("is_base") == "true",
@@ -286,8 +278,6 @@ def ablation_row_id(result: AblationResult, results: Sequence[AblationResult]) -
     """The authors' row (csclip.ablation.grid PAPER_ROWS id) an ablation row is: its axis
     and value; learning rate and batch size also by their ratio to the sweep's base row
     of that axis (the paper's ratios on another base, docs/ablation.md). None otherwise."""
-    from csclip.ablation.grid import PAPER_BASE, PAPER_ROWS
-
     value = _number(result.value)
     if value is None:
         return None
@@ -466,11 +456,11 @@ _COLOUR_SCALE = {"acc": 10.0, "gap": 0.05}
 def plot_comparison(comparison: Comparison, path: Path) -> Path:
     """A heat map of ours - paper (blue: above the paper, red: below, grey: no pair),
     each cell annotated with ours and the paper's number."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415  pyplot loads only for a plot, its Agg backend set first
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
+    import matplotlib.pyplot as plt  # noqa: PLC0415  after the backend is set
+    import numpy as np  # noqa: PLC0415  only the plot needs it
 
     columns, lines = comparison.paper.columns, comparison.lines
     shade = np.full((len(lines), len(columns)), np.nan)
@@ -560,7 +550,7 @@ def write_report(comparisons: Mapping[str, Comparison], how: Sequence[str],
         plot_comparison(comparison, out / f"{stem}.png")
         files.update({f"{stem}.{ext}": out / f"{stem}.{ext}" for ext in ("md", "csv", "png")})
     markdown = (f"# Ours beside the paper\n\nThe paper's numbers: {REPOSITORY} at {COMMIT} "
-                "(csclip/eval/paper_numbers.py). How each model was matched to a paper row:"
+                "(csclip/report/paper_numbers.py). How each model was matched to a paper row:"
                 "\n\n" + "\n".join(how) + "\n\n"
                 + "\n".join(c.markdown() for c in comparisons.values()))
     (out / "paper_report.md").write_text(markdown, encoding="utf-8")
@@ -572,8 +562,6 @@ def log_report(config: ReportConfig, runs: Sequence[str], comparisons: Mapping[s
                files: Mapping[str, Path]) -> str:
     """One MLflow run: params (the RUNs, the tables, the authors' commit), a metric per
     table (mean |ours - paper| over its percent cells) and every file as an artifact."""
-    from csclip import tracking
-
     mlflow_client = tracking.client(tracking.resolve_uri(config.tracking.uri))
     experiment = tracking.experiment_id(mlflow_client, config.tracking.experiment)
     run_id = mlflow_client.create_run(
