@@ -24,6 +24,7 @@ from csclip.eval.suites.core import (
     join,
     read_json,
 )
+from csclip.storage import filesystem_for, read_bytes
 
 SPEC_LAYOUT = "<subset>/image2text.json and <subset>/text2image.json with the images they name"
 SPEC_SUBSETS = ("absolute_size", "relative_size", "absolute_spatial", "relative_spatial",
@@ -84,8 +85,6 @@ def load_svo_probes(data_root: str) -> SuiteData:
     sentences). Subsets by what the negative changes: subj_neg, verb_neg, obj_neg. Each
     item keeps (positive, negative), so the paper protocol's rule (the positive image
     strictly above the negative) reads the same items."""
-    from csclip.storage import filesystem_for, read_bytes
-
     root = join(data_root, "svo_probes")
     uri = join(root, "svo_probes.csv")
     if not exists(uri):
