@@ -9,6 +9,7 @@ import csv
 import io
 
 import numpy as np
+import torch
 
 from csclip.eval.encoder import FeatureTables
 from csclip.eval.suites.core import (
@@ -167,13 +168,15 @@ def bla_sentence_credit(features: FeatureTables, data: SuiteData) -> dict[str, S
     `get_accuracy`): each item's sentences are ranked by CLIPScore 2.5 * max(cos, 0)
     (highest first); a true sentence ranked in the top half, or a false one in the bottom
     half, earns 1 / (number of sentences); a subset's I2T is the mean credit. Ties (any
-    two sentences with cos <= 0 tie at CLIPScore 0) keep the official sentence order,
-    true sentences first (a stable sort; the official torch.topk leaves them unspecified)."""
+    two sentences with cos <= 0 tie at CLIPScore 0) fall as the official `topk` leaves
+    them: the same call, torch.topk on the float32 scores on the CPU, which can rank a
+    false sentence first (four zeros rank False1, False2, True1, True2; the probes of
+    tests/fixtures/official_outputs/bla_ties.json, from the official code)."""
     credit: dict[str, list[float]] = {}
     for item in data.text_choices:
         cosine = features.similarity([item.image] * len(item.texts), list(item.texts))
-        clip_score = 2.5 * np.maximum(cosine, 0.0)
-        order = np.argsort(-clip_score, kind="stable")
+        clip_score = torch.from_numpy(2.5 * np.maximum(cosine, 0.0)).float()  # (n,)
+        order = clip_score.topk(len(item.texts)).indices.numpy()
         rank = np.empty(len(order), dtype=int)
         rank[order] = np.arange(1, len(order) + 1)
         half = len(order) / 2
