@@ -112,7 +112,7 @@ def time_csclip(model_name: str, image_size: int, batches: list[dict], warmup: i
                 method: str) -> float:
     """Samples/s of csclip's training step (schedule + loss + clip + logit clamp)."""
     from csclip.config.train import TrainConfig
-    from csclip.train import step_options
+    from csclip.train.loop import step_options
     from csclip.train.optim import lr_at
     from csclip.train.step import build_training, train_step
 

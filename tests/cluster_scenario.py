@@ -141,9 +141,11 @@ def extract(result: dict, workdir: Path) -> dict:
 
 
 def train(result: dict, workdir: Path) -> dict:
+    from train_helpers import read_loss_log
+
     from csclip.config import load_config
     from csclip.config.train import TrainConfig
-    from csclip.train.loop import WorkerHooks, read_loss_log, run
+    from csclip.train.loop import WorkerHooks, run
 
     units = result["extract"]["units_uri"]
     config = load_config(TrainConfig, None, [
@@ -167,9 +169,11 @@ def train(result: dict, workdir: Path) -> dict:
 
 def train_reference(result: dict, workdir: Path) -> dict:
     """`train`'s config, uninterrupted: what every rank's losses after the kill must be."""
+    from train_helpers import read_loss_log
+
     from csclip.config import load_config
     from csclip.config.train import TrainConfig
-    from csclip.train.loop import WorkerHooks, read_loss_log, run
+    from csclip.train.loop import WorkerHooks, run
 
     config = load_config(TrainConfig, None, [
         *TINY, f"data.units_uri={result['extract']['units_uri']}", "optim.max_steps=8",

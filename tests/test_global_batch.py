@@ -7,13 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from train_helpers import read_loss_log
 
 from csclip.config import load_config
 from csclip.config.train import TrainConfig
 from csclip.errors import ConfigError
 from csclip.train import run, run_name
 from csclip.train.global_batch import epoch_keys, rank_rows
-from csclip.train.loop import WorkerHooks, read_loss_log
+from csclip.train.loop import WorkerHooks
 
 
 def _positions(ids: list[str], *, num_workers: int, worker_batch: int, kept_rows: int,

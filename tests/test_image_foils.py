@@ -121,9 +121,10 @@ def test_objective_adds_the_weighted_image_foil_term():
 
 @pytest.mark.parametrize("method", ["clip", "csclip"])
 def test_training_batch_carries_image_foils(method):
+    from train_helpers import compute_loss
+
     from csclip.config.train import SamplingConfig
     from csclip.model import create_bundle, spec_of
-    from csclip.train.step import compute_loss
     from csclip.train.stream import prepare_batch, preprocess_key
     from csclip.units import records_to_table
 

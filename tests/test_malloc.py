@@ -1,5 +1,6 @@
-"""csclip.train.malloc: glibc's allocator reuses what a data thread frees (no page faults
-per image), unless the user's environment sets its thresholds."""
+"""glibc's allocator reuses what a data thread frees (no page faults per image) in a process
+started with csclip.entry.ray_init.MALLOC_ENV, as every Ray worker of a run is; a user's own
+thresholds are kept."""
 
 from __future__ import annotations
 
@@ -14,19 +15,20 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from csclip.entry.ray_init import MALLOC_ENV, worker_env_vars
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Decodes and resizes COCO-sized JPEGs and stacks them four at a time, as a Ray Data task
-# does, in one long-lived thread (a map task's thread), before and after reuse_freed_memory,
-# and prints the page faults per image of each pass. One thread for every pass: a thread
-# started after another was joined can find that one's arena not yet released (Python's
-# join returns before the OS thread exits) and take a fresh arena, whose first growth
-# faults whatever the thresholds (CI saw 88 faults an image after the call that way).
+# does, in one long-lived thread (a map task's thread), and prints the page faults per
+# image of each pass after the first (whose arena grows to what an image needs in any
+# case). One thread for every pass: a thread started after another was joined can find
+# that one's arena not yet released (Python's join returns before the OS thread exits)
+# and take a fresh arena, whose first growth faults whatever the thresholds.
 SCRIPT = textwrap.dedent("""
     import json, queue, resource, sys, threading
     import numpy as np
     from PIL import Image
-    from csclip.train.malloc import reuse_freed_memory
     from csclip.train.stream import decode_image
 
     paths = sys.argv[1:]
@@ -49,18 +51,14 @@ SCRIPT = textwrap.dedent("""
             results.put(job())
 
     threading.Thread(target=data_thread, daemon=True).start()
-
-    def in_data_thread(job):
-        jobs.put(job)
-        return results.get()
-
-    in_data_thread(faults_per_image)  # the arena's first growth faults in any case
-    before = [in_data_thread(faults_per_image) for _ in range(3)]
-    done = in_data_thread(reuse_freed_memory)
-    in_data_thread(faults_per_image)  # the arena grows once to what an image needs
-    after = [in_data_thread(faults_per_image) for _ in range(3)]
+    jobs.put(faults_per_image)
+    results.get()  # the arena's first growth faults in any case
+    passes = []
+    for _ in range(3):
+        jobs.put(faults_per_image)
+        passes.append(results.get())
     jobs.put(None)
-    print(json.dumps({"done": done, "before": before, "after": after}))
+    print(json.dumps(passes))
 """)
 
 
@@ -78,7 +76,9 @@ def jpegs(tmp_path_factory) -> list[str]:
     return paths
 
 
-def _run(paths: list[str], **env: str) -> dict:
+def _faults(paths: list[str], env: dict[str, str]) -> list[float]:
+    """Page faults per image of three passes in a fresh process with `env` (and no other
+    MALLOC_ setting)."""
     environment = {key: value for key, value in os.environ.items() if not key.startswith("MALLOC_")}
     environment.update(env, PYTHONPATH=str(ROOT))
     result = subprocess.run([sys.executable, "-c", SCRIPT, *paths], capture_output=True,
@@ -86,18 +86,18 @@ def _run(paths: list[str], **env: str) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
-def test_a_data_thread_reuses_what_it_freed(jpegs):
-    result = _run(jpegs)
-    assert result["done"]
-    # Each image's buffers went back to the kernel and were faulted in again (53 pages an
-    # image here, ~330 in a Ray Data task's larger blocks), then none.
-    assert min(result["before"]) > 20
-    assert max(result["after"]) < 2
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc variables")
+def test_a_data_thread_reuses_what_it_freed_with_the_workers_environment(jpegs):
+    # Without the variables each image's buffers went back to the kernel and were faulted
+    # in again (53 pages an image here, ~330 in a Ray Data task's larger blocks); with
+    # them, none.
+    assert min(_faults(jpegs, {})) > 20
+    assert max(_faults(jpegs, MALLOC_ENV)) < 2
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
-def test_the_users_own_malloc_settings_are_kept(jpegs):
-    result = _run(jpegs, MALLOC_TRIM_THRESHOLD_="131072")
-    assert not result["done"]
-    assert min(result["after"]) > 20  # nothing changed: the user's thresholds rule
+def test_the_workers_get_the_thresholds_unless_the_user_sets_one(monkeypatch):
+    for name in MALLOC_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert worker_env_vars() == MALLOC_ENV
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    assert worker_env_vars() == {}  # the user's thresholds rule, inherited or their job's

@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from csclip.train.pace import pace_ray_data, unpace_ray_data
+from csclip.train.pace import pace_ray_data
 from csclip.train.stream import deterministic
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -38,6 +38,14 @@ def _epoch() -> tuple[list[int], int]:
     finally:
         StreamingExecutor._scheduling_loop_step = step
     return ids, len(passes)
+
+
+def unpace_ray_data() -> None:
+    """Give StreamingExecutor its own loop back."""
+    from ray.data._internal.execution.streaming_executor import StreamingExecutor
+
+    step = StreamingExecutor._scheduling_loop_step
+    StreamingExecutor._scheduling_loop_step = getattr(step, "_csclip_original", step)
 
 
 def test_paced_loop_gives_the_same_rows_in_fewer_passes():

@@ -10,6 +10,7 @@ import cluster_harness as harness
 import open_clip
 import pytest
 import torch
+from train_helpers import compute_loss, read_loss_log
 
 from csclip.config import load_config
 from csclip.config.loss import LossConfig
@@ -22,9 +23,7 @@ from csclip.model_configs import register_small_models
 from csclip.train.loop import (
     WorkerHooks,
     check_data_cpus,
-    compute_loss,
     finished_result,
-    read_loss_log,
     run,
     run_name,
 )

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from train_helpers import compute_loss
 
 from csclip.config import load_config
 from csclip.config.loss import LossConfig
@@ -36,7 +37,6 @@ from csclip.train.step import (
     StepMetrics,
     StepOptions,
     build_training,
-    compute_loss,
     train_step,
 )
 from csclip.train.stream import prepare_batch, preprocess_key

@@ -9,6 +9,8 @@ The local instance is started the way Ray's defaults would start it, except:
 - the dashboard, which serves that state API, is started (`include_dashboard=True`):
   without it the cleaner polls a missing API once a second and warns each time;
 - Ray Data's console lines are kept to warnings (RAY_DATA_LOGGING).
+Every worker of the job, local or on a cluster, starts with glibc's malloc told to reuse
+what it frees (MALLOC_ENV, unless the user sets those variables).
 """
 
 from __future__ import annotations
@@ -41,6 +43,23 @@ LOCAL_ENV = {
     # timeout), so polling a local worker more often changes no outcome.
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
 }
+
+
+# glibc's malloc in every worker process (Ray Data's tasks decode and ship images, Train's
+# workers normalise them): a map function runs in a thread of its worker, whose arena gave
+# freed memory back to the kernel, so every image's buffers (a decoded 640x480 JPEG is
+# 1.2 MB) were faulted in again for the next one. With the mmap threshold fixed at 32 MB
+# (glibc's largest on 64-bit) and the trim threshold at 256 MB, freed memory is reused
+# (docs/performance.md, tests/test_malloc.py); allocations of 32 MB and more are still
+# mapped and unmapped. glibc reads these at a process's start; other C libraries ignore them.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20),
+              "MALLOC_TRIM_THRESHOLD_": str(256 * 2**20)}
+
+
+def worker_env_vars() -> dict[str, str]:
+    """The runtime_env env_vars of the job's workers: MALLOC_ENV, or nothing where the
+    user's environment sets either variable (their thresholds rule, as they set them)."""
+    return {} if any(name in os.environ for name in MALLOC_ENV) else dict(MALLOC_ENV)
 
 
 # Ray Data's default logging config (ray.data._internal.logging.DEFAULT_CONFIG) with the
@@ -159,19 +178,23 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> bool
     if ray.is_initialized():
         return False
     if address:
-        runtime_env = None
+        # Merged with a submitted job's own runtime_env (its env_vars are the driver's
+        # environment already, so worker_env_vars leaves a user's thresholds alone).
+        env_vars = worker_env_vars()
+        runtime_env = {"env_vars": env_vars} if env_vars else {}
         from csclip.cluster import ray_process
 
         if ray_process() is None:
             # A driver joining from outside a job ships the project directory to the
             # cluster's workers (.gitignore and .rayignore apply: no venv, runs or
             # databases), so they import this csclip, not whatever a node has installed.
-            runtime_env = {"working_dir": str(REPO_ROOT), "excludes": [".git"]}
-        ray.init(address=address, runtime_env=runtime_env, configure_logging=False)
+            runtime_env.update(working_dir=str(REPO_ROOT), excludes=[".git"])
+        ray.init(address=address, runtime_env=runtime_env or None, configure_logging=False)
         return False
     context = ray.init(num_cpus=num_cpus, include_dashboard=True,
                        configure_logging=False,
-                       runtime_env={"worker_process_setup_hook": _worker_setup})
+                       runtime_env={"worker_process_setup_hook": _worker_setup,
+                                    "env_vars": worker_env_vars()})
     logger.info("Ray: a local instance for this run; dashboard at http://%s",
                 context.dashboard_url)
     return True

@@ -1,9 +1,7 @@
-"""A run's storage once it trains: the export of its last checkpoint to
-<storage>/<name>/final, and the checks that a run of this config finished already (its
-result, without training) or left checkpoints of another config in its place.
-
-TrainConfig and TrainResult live in csclip.train.loop, which imports this module: they
-are imported where used.
+"""A run's storage and its result: where runs go (storage_root), the export of the last
+checkpoint to <storage>/<name>/final, and the checks that a run of this config finished
+already (its TrainResult, without training) or left checkpoints of another config in its
+place. csclip.train.loop imports this module, never the other way.
 """
 
 from __future__ import annotations
@@ -12,21 +10,43 @@ import json
 import logging
 import shutil
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import pyarrow.fs as pafs
+
+from csclip.config.train import TrainConfig
 from csclip.errors import CsclipError
 from csclip.model import CONFIG_FILE, SPEC_FILE, WEIGHTS_FILE
+from csclip.storage import (
+    exists,
+    export_problem,
+    filesystem_for,
+    read_bytes,
+    resolve_output,
+    upload_dir,
+)
 from csclip.train.identity import run_identity, run_name
-
-if TYPE_CHECKING:
-    from csclip.config.train import TrainConfig
-    from csclip.train.loop import TrainResult
 
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.json"
 FINAL_DIR = "final"
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a finished run produced. checkpoint_uri: a directory that `load_bundle` reads."""
+
+    run_name: str
+    checkpoint_uri: str
+    metrics: dict = field(default_factory=dict)
+    mlflow_run_id: str | None = None
+
+
+def storage_root(config: TrainConfig) -> str:
+    """run.storage_path, absolute (refused when relative inside a Ray job)."""
+    return resolve_output(config.run.storage_path, "run.storage_path")
 
 
 def final_uri(root: str, name: str) -> str:
@@ -36,8 +56,6 @@ def final_uri(root: str, name: str) -> str:
 def export_final(checkpoint, root: str, name: str) -> str:
     """Copy the last checkpoint's weights, spec, config and metrics (not the optimizer
     state) to <storage>/<name>/final: a stable path that open_clip and load_bundle read."""
-    from csclip.storage import upload_dir
-
     if checkpoint is None:
         raise CsclipError(f"run {name} finished without a checkpoint; check run.checkpoint_every")
     uri = final_uri(root, name)
@@ -53,8 +71,6 @@ def export_final(checkpoint, root: str, name: str) -> str:
 
 
 def read_metrics(final_uri: str) -> dict:
-    from csclip.storage import exists, filesystem_for, read_bytes
-
     fs, path = filesystem_for(final_uri)
     file = f"{path}/{METRICS_FILE}"
     return json.loads(read_bytes(fs, file)) if exists(fs, file) else {}
@@ -65,9 +81,6 @@ def finished_result(config: TrainConfig) -> TrainResult | None:
 
     Raises CsclipError when `run.name` names a finished run with a different config.
     """
-    from csclip.storage import exists, export_problem, filesystem_for
-    from csclip.train.loop import TrainResult, storage_root
-
     name = run_name(config)
     uri = final_uri(storage_root(config), name)
     fs, path = filesystem_for(uri)
@@ -90,11 +103,6 @@ def check_unfinished_run(config: TrainConfig) -> None:
     """Refuse to reuse a run's storage for another config: when `<storage>/<name>/` holds
     checkpoints of an unfinished run, resuming is only right for the config that wrote
     them (the how-to-run fields aside). Raises CsclipError naming the run and the fixes."""
-    import pyarrow.fs as pafs
-
-    from csclip.storage import exists, filesystem_for
-    from csclip.train.loop import storage_root
-
     name = run_name(config)
     uri = f"{storage_root(config).rstrip('/')}/{name}"
     fs, path = filesystem_for(uri)
@@ -114,9 +122,6 @@ _RETIRED_RUN_FIELDS = ("fail_after_step",)
 
 
 def _saved_identity(fs, file: str) -> str:
-    from csclip.config.train import TrainConfig
-    from csclip.storage import read_bytes
-
     data = json.loads(read_bytes(fs, file))
     for key in _RETIRED_RUN_FIELDS:
         data.get("run", {}).pop(key, None)

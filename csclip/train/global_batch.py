@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from csclip.config.train import worker_batch_size
+from csclip.train.stream import epoch_dataset_name
 
 POSITION = "_position"  # a row's place in its epoch's order (dropped by the preparation)
 
@@ -67,7 +68,7 @@ def rank_rows(batch: pa.Table, *, keys, seed: int, epoch: int, rank: int, worker
     (kept_rows) are read by no worker.
     """
     if isinstance(keys, list):
-        import ray
+        import ray  # noqa: PLC0415  a training step runs without Ray (tests/test_layout.py)
 
         keys = ray.get(keys[0])
     if batch.num_rows == 0:
@@ -87,7 +88,7 @@ def rank_orders(*, sample_ids: Sequence[str], seed: int, worker_batch: int, num_
     """One `order(rows, epoch)` per worker for csclip.train.stream.epoch_datasets: worker
     r's share of every global batch of the epoch, in position order. The epoch's keys go
     through the object store once, shared by every worker's tasks."""
-    import ray
+    import ray  # noqa: PLC0415  a training step runs without Ray (tests/test_layout.py)
 
     keys_by_epoch: dict[int, list] = {}
 
@@ -109,8 +110,6 @@ def training_datasets(build, plan, batch_scope: str, seed: int, num_workers: int
     """Ray Train's datasets of a run, by name. build(order=None): epoch_datasets' list,
     one dataset per epoch. "worker" scope: one per epoch, split over the workers. "global":
     one per epoch and worker (rank_orders), each read whole by its worker."""
-    from csclip.train.stream import epoch_dataset_name
-
     if batch_scope != "global":
         return {epoch_dataset_name(epoch): dataset for epoch, dataset in enumerate(build())}
     orders = rank_orders(sample_ids=plan.sample_ids, seed=seed, num_workers=num_workers,
@@ -122,6 +121,4 @@ def training_datasets(build, plan, batch_scope: str, seed: int, num_workers: int
 
 def shard_name(epoch: int, rank: int, batch_scope: str) -> str:
     """The dataset worker `rank` reads in `epoch` (training_datasets' names)."""
-    from csclip.train.stream import epoch_dataset_name
-
     return rank_dataset_name(epoch, rank) if batch_scope == "global" else epoch_dataset_name(epoch)

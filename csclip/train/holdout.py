@@ -9,7 +9,7 @@ random.Random(seed), the first int(n * val_ratio) held out. Their metric is
 utils/evaluate.py:9-55 (`get_contrastive_accuracy`) on alignment/evaluation/metrics.py:83:
 for each held-out row, the image's similarity with the full caption above its similarity
 with every paired negative (the caption's own and each unit's foil). Called by
-csclip.train (driver: the split; rank 0: the score); it never imports training.
+csclip.train (driver: the split; rank 0: the score); it imports the stream, never the loop.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from csclip.errors import ConfigError
+from csclip.train.stream import deterministic, prepare_batch, preprocess_key, source_dataset
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +65,6 @@ def split_source(data, seed: int, source, checked) -> tuple[Any, Any, list, int]
     ConfigError when the fraction holds no row."""
     if data.val_ratio == 0:
         return source, checked, [], 0
-    from csclip.train.stream import deterministic, source_dataset
-
     ids = checked.select_columns(["sample_id"]).to_pandas()["sample_id"].astype(str)
     held = held_out_ids(ids, data.val_ratio, seed)
     if not held:
@@ -91,7 +90,7 @@ def contrastive_accuracy(image: Any, caption: Any, negatives: Any, valid: Any) -
     valid (N, K) bool: False where a slot holds no negative (their fallback is an empty
     string; ours is left out). NaN when no row has a negative.
     """
-    import torch
+    import torch  # noqa: PLC0415  Ray Data's tasks run keep_rows/drop_rows and never need torch
 
     pos = (image * caption).sum(-1)                              # (N,)
     neg = torch.einsum("nd,nkd->nk", image, negatives)           # (N, K)
@@ -109,8 +108,6 @@ class HeldOut:
 
     def __init__(self, table: pa.Table, *, sampling: dict, preprocess_cfg: dict,
                  model_name: str, seed: int, chunk: int = 128) -> None:
-        from csclip.train.stream import prepare_batch, preprocess_key
-
         slots = int(sampling.get("num_unit_slots", 0))
         columns = ["caption", "caption_negative",
                    *[f"unit_{k}" for k in range(slots)], *[f"foil_{k}" for k in range(slots)]]
@@ -132,8 +129,7 @@ class HeldOut:
     def score(self, model: Any, device: str) -> float:
         """Percent of held-out rows the authors' metric counts as correct (x100 of their
         fraction, as the other val_ keys), on `model` in eval mode, then back."""
-        import torch
-        import torch.nn.functional as F
+        import torch  # noqa: PLC0415  Ray Data's tasks run keep_rows/drop_rows and never need torch
 
         was_training = model.training
         model.eval()
@@ -146,12 +142,12 @@ class HeldOut:
         image = torch.cat([f[0] for f in feats])
         caption = torch.cat([f[1] for f in feats])
         negatives = torch.cat([f[2] for f in feats])
-        return 100.0 * contrastive_accuracy(F.normalize(image, dim=-1),
-                                            F.normalize(caption, dim=-1),
-                                            F.normalize(negatives, dim=-1), self.valid)
+        normalize = torch.nn.functional.normalize
+        return 100.0 * contrastive_accuracy(normalize(image, dim=-1), normalize(caption, dim=-1),
+                                            normalize(negatives, dim=-1), self.valid)
 
     def _encode(self, model: Any, device: str, start: int) -> tuple:
-        import torch
+        import torch  # noqa: PLC0415  Ray Data's tasks run keep_rows/drop_rows and never need torch
 
         end = start + self.chunk
         dtype = next(model.parameters()).dtype
@@ -168,9 +164,9 @@ def load_held_out(refs: Sequence, config) -> HeldOut | None:
     """Rank 0's HeldOut from the driver's refs (None when there are none)."""
     if not refs:
         return None
-    import ray
+    import ray  # noqa: PLC0415  a training step runs without Ray (tests/test_layout.py)
 
-    from csclip.model import spec_from_config
+    from csclip.model import spec_from_config  # noqa: PLC0415  imports torch, which Ray Data's tasks of this module never need
 
     table = pa.concat_tables([t for t in ray.get(list(refs)) if t.num_rows])
     return HeldOut(table, sampling=config.sampling.model_dump(mode="json"),

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from csclip.config.train import TrainConfig
-
+from csclip.config.train import TrainConfig
+from csclip.model import effective_quick_gelu
 
 # A run's identity: the fields that say what is trained. The run name is
 # "<loss.method>-<12 hex digits of their hash>", so rerunning a config resumes its run and
@@ -63,8 +61,6 @@ def run_identity(config: TrainConfig) -> str:
     in the config."""
     data, default = config.model_dump(mode="json"), type(config)().model_dump(mode="json")
     if data["model"]["quick_gelu"] is None:  # unset: named by what the model is built with
-        from csclip.model import effective_quick_gelu
-
         data["model"]["quick_gelu"] = effective_quick_gelu(config.model)
     identity: dict = {}
     for path in IDENTITY_FIELDS + IDENTITY_FIELDS_WHEN_SET:

@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from PIL import Image, ImageOps
 
 from csclip.units import Unit, UnitsRecord, normalize_text, render_relation
+from csclip.world.pairs import relation_objects, swap_objects
+from csclip.world.render import render_image
+from csclip.world.scene import scene_from_record
 
 # Horizontal predicates: a mirror image makes them false (A left of B -> A right of B).
 # Vertical ones have no natural photo counterfactual (an upside-down photo is not a scene).
@@ -39,10 +42,6 @@ def _is_world(record: UnitsRecord) -> bool:
 
 
 def _world_foil(record: UnitsRecord, unit: Unit) -> Image.Image | None:
-    from csclip.world.pairs import relation_objects, swap_objects
-    from csclip.world.render import render_image
-    from csclip.world.scene import scene_from_record
-
     scene = scene_from_record(record)
     found = relation_objects(scene, unit)
     if found is None:
@@ -59,9 +58,6 @@ def foil_units(record: UnitsRecord) -> list[Unit]:
     """The relation units of `record` that can get an image foil: on the world, relations
     between two objects the scene picks out; on photos, left/right relations."""
     if _is_world(record):
-        from csclip.world.pairs import relation_objects
-        from csclip.world.scene import scene_from_record
-
         scene = scene_from_record(record)
         return [u for u in record.relations if relation_objects(scene, u) is not None]
     return [u for u in record.relations if _is_horizontal(u)]

@@ -258,7 +258,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     plan: WorkerPlan = loop_config["plan"]
     _worker_logging()
     if config.run.data_loop_period_s is not None:  # before the first epoch's executor starts
-        from csclip.train.pace import pace_ray_data
+        from csclip.train.pace import pace_ray_data  # noqa: PLC0415  imports ray: a training step runs without Ray (tests/test_layout.py)
 
         pace_ray_data(config.run.data_loop_period_s)
     context = ray.train.get_context()

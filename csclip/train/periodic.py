@@ -15,10 +15,13 @@ from pathlib import Path
 import torch
 
 from csclip.config.eval import ScoringConfig, SuitesConfig
+from csclip.errors import DataError
 from csclip.eval.encoder import Encoder
 from csclip.eval.halftruth import BenchmarkConfig, prepare_benchmark
 from csclip.eval.pipeline import evaluate_encoder
 from csclip.model import ClipBundle, ModelSpec, save_checkpoint
+from csclip.records import load_split
+from csclip.storage import export_problem, filesystem_for, read_bytes, upload_dir
 from csclip.train.holdout import METRIC as HELD_OUT_METRIC
 from csclip.train.holdout import HeldOut
 from csclip.units import UnitsRecord
@@ -43,9 +46,6 @@ def validation_records(units_uri: str | None, world, max_images: int,
                        required: bool = True) -> list[UnitsRecord]:
     """The capped validation split; without one (a units table of the train split only)
     an empty list when not `required` (the held-out captions are scored alone)."""
-    from csclip.errors import DataError
-    from csclip.records import load_split
-
     try:
         return capped_records(load_split(units_uri, "val", world), max_images)
     except DataError as err:
@@ -80,8 +80,6 @@ class PeriodicEvaluator:
         self.best_value = self._saved_best()
 
     def _saved_best(self) -> float | None:
-        from csclip.storage import export_problem, filesystem_for, read_bytes
-
         filesystem, path = filesystem_for(self.best_uri)
         file = f"{path}/{BEST_METRICS_FILE}"
         # A best/ whose export was killed (no manifest, or files that do not match it) sets
@@ -119,8 +117,6 @@ class PeriodicEvaluator:
                   metrics: dict[str, float]) -> str:
         """Write the weights, spec, config and the deciding metric to best_uri (replacing
         what was there); returns best_uri, which csclip.model.load_bundle reads."""
-        from csclip.storage import upload_dir
-
         value = float(metrics[self.best_metric])
         with tempfile.TemporaryDirectory() as tmp:
             save_checkpoint(model, spec, tmp, None, config)

@@ -27,18 +27,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.dataset as pads
 
 from csclip.config.train import DataConfig
 from csclip.errors import ConfigError, DataError
-from csclip.train.malloc import reuse_freed_memory
+from csclip.preprocess import image_normalize, image_pixels, tokenizer
+from csclip.storage import exists, filesystem_for, join, read_bytes, write_bytes_atomic
 from csclip.train.stream import (
     CAPTION_TOKENS,
     DECODED,
     IMAGE_SOURCE_COLUMNS,
     PIXELS,
-    _fixed_size_list,
     decode_image,
     deterministic,
+    fixed_size_list,
     image_shape,
     keep_last,
     preprocess_key,
@@ -47,6 +49,7 @@ from csclip.train.stream import (
     text_rows,
     wait_for_a_free_cpu,
 )
+from csclip.units import units_table_uri
 
 if TYPE_CHECKING:
     from csclip.loss import Objective
@@ -101,8 +104,6 @@ def training_source(data: DataConfig, preprocess_cfg: dict, model_name: str,
                           "foils or layout targets reads the decoded image and the scene in "
                           "every epoch; turn data.prepare_images off")
     prepared = prepare_images(data, preprocess_cfg, model_name)
-    from csclip.storage import filesystem_for
-
     fs, rows_path = filesystem_for(prepared.rows_uri)
     # Blocks of ~ROWS_PER_BLOCK rows (~75 MB at 224 px): Ray's reader would cut the table
     # into blocks of ~1 MB, and every epoch's global shuffle pays per block.
@@ -123,7 +124,7 @@ def world_rows(data: DataConfig):
     """The synthetic world's rows of `data` (PNG bytes, a few KB each) as a materialized
     Ray Dataset: kept, rather than every scene rendered again in every epoch, and the
     same dataset for the next run of this driver on the same world."""
-    import ray
+    import ray  # noqa: PLC0415  a training step runs without Ray (tests/test_layout.py)
 
     context = ray.get_runtime_context()
     key = (context.get_node_id(), context.get_job_id(), data.world.model_dump_json(), data.split)
@@ -138,8 +139,6 @@ def world_rows(data: DataConfig):
 def channel_lookup(preprocess_cfg: dict) -> np.ndarray:
     """(3, 256) float32: what the eval transform's normalisation makes of each uint8 value
     in each channel (csclip.preprocess.image_normalize's own arithmetic)."""
-    from csclip.preprocess import image_normalize
-
     values = np.broadcast_to(np.arange(256, dtype=np.uint8)[None, :, None], (3, 256, 1))
     return np.ascontiguousarray(image_normalize(preprocess_key(preprocess_cfg))(values)[:, :, 0])
 
@@ -155,16 +154,13 @@ class ImageNormalizer:
     COLUMNS = ("image", "image_foil")
 
     def __init__(self, preprocess_cfg: dict, device) -> None:
-        import torch
+        import torch  # noqa: PLC0415  Ray Data's actors unpickle this module (pixels_batch) and never need torch
 
-        from csclip.preprocess import image_normalize
-
-        reuse_freed_memory()  # the worker's batches (shuffle buffer, normalised copies)
         self._normalize = image_normalize(preprocess_key(preprocess_cfg))
         self._lookup = torch.from_numpy(channel_lookup(preprocess_cfg)).to(device)  # (3, 256)
 
     def __call__(self, batch: dict) -> dict:
-        import torch
+        import torch  # noqa: PLC0415  Ray Data's actors unpickle this module (pixels_batch) and never need torch
 
         out = batch
         for name in self.COLUMNS:
@@ -178,7 +174,7 @@ class ImageNormalizer:
 
     def by_lookup(self, image):
         """(B, 3, H, W) uint8 -> float32 on the image's device, through the table."""
-        import torch
+        import torch  # noqa: PLC0415  Ray Data's actors unpickle this module (pixels_batch) and never need torch
 
         lookup = self._lookup.to(image.device)
         channels = [lookup[c][image[:, c].long()] for c in range(image.shape[1])]  # (B, H, W)
@@ -188,10 +184,6 @@ class ImageNormalizer:
 def units_digest(units_uri: str) -> str:
     """sha256 of the units table's Parquet files (names relative to it, and bytes), in the
     order a reader lists them: the content the key covers."""
-    import pyarrow.dataset as pads
-
-    from csclip.storage import filesystem_for
-
     fs, path = filesystem_for(units_uri)
     try:
         files = sorted(pads.dataset(path, filesystem=fs, format="parquet").files)
@@ -222,8 +214,6 @@ def prepared_uri(units_uri: str, key: str) -> str:
     if "://" in units_uri:
         parent = units_uri.rstrip("/").rsplit("/", 1)[0]
     else:
-        from csclip.storage import filesystem_for
-
         parent = posixpath.dirname(filesystem_for(units_uri)[1].rstrip("/"))
     return posixpath.join(parent, PREPARED_DIR, key)
 
@@ -232,9 +222,6 @@ def prepare_images(data: DataConfig, preprocess_cfg: dict, model_name: str, *,
                    rows_per_block: int = 128, rows_per_file: int = 1024) -> PreparedImages:
     """The prepared table of `data`'s units (split `data.split`) for this transform and
     model: found under its key, or written now by one Ray Data pass (pixels_batch)."""
-    from csclip.storage import filesystem_for, join, read_bytes, write_bytes_atomic
-    from csclip.units import units_table_uri
-
     units_uri = units_table_uri(data.units_uri)
     preprocess = preprocess_key(preprocess_cfg)
     started = time.perf_counter()
@@ -245,8 +232,6 @@ def prepare_images(data: DataConfig, preprocess_cfg: dict, model_name: str, *,
     if found is not None and found.get("key") == key:
         logger.info("images prepared already for %s (split %s): %s", units_uri, data.split, uri)
         return _prepared(uri, found, reused=True)
-    from csclip.storage import exists
-
     if exists(fs, path):  # a preparation that did not finish: nothing of it is trusted
         fs.delete_dir_contents(path)
     logger.info("preparing images of %s (split %s) once for every epoch: %s", units_uri,
@@ -269,8 +254,6 @@ def prepare_images(data: DataConfig, preprocess_cfg: dict, model_name: str, *,
 
 
 def _read_manifest(fs, path: str, read_bytes) -> dict | None:
-    from csclip.storage import exists
-
     if not exists(fs, path):
         return None
     try:
@@ -281,8 +264,6 @@ def _read_manifest(fs, path: str, read_bytes) -> dict | None:
 
 def _manifest(fs, rows_path: str, key: str, units_uri: str, split: str, preprocess_cfg: dict,
               model_name: str, seconds: float) -> dict:
-    import pyarrow.dataset as pads
-
     status = pads.dataset(rows_path, filesystem=fs, format="parquet").to_table(
         columns=["sample_id", DECODED])
     decoded = status.column(DECODED).to_pylist()
@@ -311,9 +292,6 @@ def pixels_batch(batch: pa.Table, *, preprocess: tuple, model_name: str) -> pa.T
     Returns TEXT_COLUMNS, PIXELS (fixed-size binary of 3*H*W bytes: (3, H, W) uint8),
     DECODED and CAPTION_TOKENS (fixed-size list of context_length int64).
     """
-    from csclip.preprocess import image_pixels, tokenizer
-
-    reuse_freed_memory()  # csclip.train.malloc: each image's buffers reused
     pixels_of = image_pixels(preprocess)
     shape = image_shape(dict(preprocess))
     size = int(np.prod(shape))
@@ -337,7 +315,7 @@ def pixels_batch(batch: pa.Table, *, preprocess: tuple, model_name: str) -> pa.T
     if not captions:
         return out.append_column(CAPTION_TOKENS, pa.array([], type=pa.list_(pa.int64(), 1)))
     tokens = tokenizer(model_name)(captions).numpy().astype(np.int64)  # (n, L)
-    return out.append_column(CAPTION_TOKENS, _fixed_size_list(tokens))
+    return out.append_column(CAPTION_TOKENS, fixed_size_list(tokens))
 
 
 def _image_identity(row: dict) -> Any:

@@ -18,6 +18,7 @@ import random
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 RngState = dict[str, Tensor]
@@ -68,8 +69,6 @@ def gather(state: RngState, world_size: int) -> list[RngState]:
     """Every rank's `state`, in rank order (a collective: every rank calls it)."""
     if world_size == 1:
         return [state]
-    import torch.distributed as dist
-
     # NCCL moves CUDA tensors only; gloo CPU ones.
     on = torch.device("cuda", torch.cuda.current_device()) \
         if dist.get_backend() == "nccl" else torch.device("cpu")

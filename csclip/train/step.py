@@ -21,6 +21,7 @@ from csclip.loss import LossParts, Objective
 from csclip.train.locked_images import LockedImageFeatures, tower_is_fixed
 from csclip.train.optim import build_optimizer
 from csclip.train.trimmed_text import TrimmedTextForward, can_trim
+from csclip.train.warm_start import LayoutForward
 
 
 @dataclass(frozen=True)
@@ -79,18 +80,6 @@ def encode(model: torch.nn.Module, batch: Mapping[str, Tensor], columns: tuple[s
     text_parts = dict(zip(columns, text.chunk(len(columns)), strict=True)) if columns else {}
     return Encoded(image_parts[0], text_parts, scale,
                    dict(zip(image_columns[1:], image_parts[1:], strict=True)))
-
-
-def compute_loss(model: torch.nn.Module, batch: Mapping[str, Tensor],
-                 objective: Objective) -> LossParts:
-    """Encode the batch with one forward call and apply the objective.
-
-    batch: the objective's image columns (B, 3, H, W), token columns (B, L) and mask
-    columns (B,).
-    """
-    encoded = encode(model, batch, objective.columns, image_columns=objective.image_columns)
-    masks = {name: batch[name] for name in objective.mask_columns}
-    return objective.loss(encoded.image, encoded.texts, masks, encoded.scale, encoded.images)
 
 
 def split_batch(batch: Mapping[str, Tensor], parts: int) -> list[dict[str, Tensor]]:
@@ -176,8 +165,6 @@ def build_training(model: torch.nn.Module, optim: OptimConfig, options: StepOpti
     runner = shadow.module if shadow is not None else model
     if options.objective.layout is not None:
         # The layout objective runs the image tower and its head (csclip.train.warm_start).
-        from csclip.train.warm_start import LayoutForward
-
         runner = LayoutForward(runner)
     elif options.trim_text and can_trim(runner):
         runner = TrimmedTextForward(runner, image_features=locked_image_features(runner, options, device))

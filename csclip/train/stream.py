@@ -34,12 +34,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+from PIL import Image, UnidentifiedImageError
 
 from csclip.config.train import DataConfig, SamplingConfig
 from csclip.errors import DataError
-from csclip.train.malloc import reuse_freed_memory
-from csclip.train.sampling import sample_text_columns
-from csclip.units import SWAP_NEGATIVES_META, record_from_row, unit_columns
+from csclip.preprocess import image_normalize, image_pixels, image_transform, tokenizer
+from csclip.storage import filesystem_for, read_bytes
+from csclip.train.image_foils import draw_foil_index, draw_image_foil, image_foil_candidates
+from csclip.train.sampling import sample_rng, sample_text_columns
+from csclip.units import (
+    SWAP_NEGATIVES_META,
+    check_units_table,
+    record_from_row,
+    unit_columns,
+    units_table_uri,
+)
 
 if TYPE_CHECKING:  # csclip.loss imports torch, which the dataset actors never need
     from csclip.loss import LayoutQuestion, Objective
@@ -66,12 +75,9 @@ def source_dataset(data: DataConfig):
     """The units rows to train on, as a Ray Dataset in UNITS_SCHEMA."""
 
     if data.units_uri is None:
-        from csclip.world.ray_source import world_dataset
+        from csclip.world.ray_source import world_dataset  # noqa: PLC0415  imports ray; the batch functions run without Ray
 
         return world_dataset(data.world, data.split)
-    from csclip.storage import filesystem_for
-    from csclip.units import check_units_table, units_table_uri
-
     units_uri = units_table_uri(data.units_uri)  # an extraction's --out folder: its units/
     fs, path = filesystem_for(units_uri)
     check_units_table(fs, path, units_uri)  # unfinished, unreadable, another schema
@@ -95,10 +101,9 @@ def read_units_parquet(path: str, filesystem, columns: list[str] | None = None,
     split is filtered per row. The first reader lists the files in the driver (in tasks
     past 24 files); the dataset keeps the setting (a Dataset keeps the context it was
     created with)."""
-    import ray.data
-    from ray.data import DataContext
+    import ray.data  # noqa: PLC0415  the batch functions run without Ray (tests/test_layout.py)
 
-    context = DataContext.get_current()
+    context = ray.data.DataContext.get_current()
     default = context.use_datasource_v2
     context.use_datasource_v2 = False
     try:
@@ -115,8 +120,6 @@ def read_units_parquet(path: str, filesystem, columns: list[str] | None = None,
 def _transform(preprocess_key: tuple, is_train: bool = False):
     """PIL image -> (3, H, W) float32 array; open_clip's transform without importing it
     where csclip.preprocess covers the config (a data task then never loads open_clip)."""
-    from csclip.preprocess import image_transform
-
     return image_transform(preprocess_key, is_train)
 
 
@@ -128,7 +131,7 @@ def _augment_seed(seed: int, sample_id: str, epoch: int) -> int:
 def _augmented(transform, image, seed: int) -> np.ndarray:
     # torchvision's random transforms draw from torch's global generator; fork it so a
     # sample's crop depends only on (seed, sample_id, epoch), not on what ran before.
-    import torch
+    import torch  # noqa: PLC0415  Ray Data's actors unpickle this module and never need torch
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -136,8 +139,6 @@ def _augmented(transform, image, seed: int) -> np.ndarray:
 
 
 def _tokenizer(model_name: str):
-    from csclip.preprocess import tokenizer
-
     return tokenizer(model_name)
 
 
@@ -161,8 +162,6 @@ def read_image_bytes(uri: str, attempts: int = READ_ATTEMPTS,
     when the file does not exist or the read keeps failing: that is a broken image root or
     an unreachable store, not an image that does not decode, and must not shrink the data.
     """
-    from csclip.storage import filesystem_for, read_bytes
-
     fs, path = filesystem_for(uri)
     attempt = 1
     while True:
@@ -195,8 +194,6 @@ def decode_image(row: dict):
 
     Raises DataError when the image cannot be read (see read_image_bytes).
     """
-    from PIL import Image, UnidentifiedImageError
-
     data = _image_bytes(row)
     if data is None:
         logger.debug("row %s has neither image_bytes nor image_path", row.get("sample_id"))
@@ -259,7 +256,6 @@ IMAGE_SOURCE_COLUMNS = ("sample_id", "image_bytes", "image_path")
 
 def decode_rows(batch: pa.Table) -> list:
     """Each row's decoded RGB image, None where it does not decode."""
-    reuse_freed_memory()  # the first call in a process: its images' buffers reused
     return [decode_image(row) for row in batch.select(
         [c for c in IMAGE_SOURCE_COLUMNS if c in batch.column_names]).to_pylist()]
 
@@ -286,8 +282,6 @@ def decode_batch(batch: pa.Table, *, preprocess: tuple, model_name: str, augment
     if image_foils and not pixels:
         raise ValueError("the cached image foils are uint8 pixels, as the cached images")
     if pixels:
-        from csclip.preprocess import image_pixels
-
         transform = image_pixels(preprocess, augment)
     else:
         transform = _transform(preprocess, augment)
@@ -313,15 +307,15 @@ def decode_batch(batch: pa.Table, *, preprocess: tuple, model_name: str, augment
         kept = kept.append_column(PIXELS, pixel_column(stack_rows(images)))  # (n, 3, H, W) uint8
     else:
         image = stack_rows(images).astype(np.float32, copy=False)           # (n, 3, H, W)
-        kept = kept.append_column("image", _fixed_size_list(image))
-    kept = kept.append_column(CAPTION_TOKENS, _fixed_size_list(tokens))
+        kept = kept.append_column("image", fixed_size_list(image))
+    kept = kept.append_column(CAPTION_TOKENS, fixed_size_list(tokens))
     if layout is None and not image_foils:
         return kept
     rows = batch.take(pa.array(keep, type=pa.int64())).to_pylist()  # the scenes, as records
     if layout is not None:
-        from csclip.train.warm_start import layout_targets
+        from csclip.train.warm_start import layout_targets  # noqa: PLC0415  imports torch, which Ray Data's actors never need
 
-        kept = kept.append_column(LAYOUT_TARGET, _fixed_size_list(layout_targets(rows, layout)))
+        kept = kept.append_column(LAYOUT_TARGET, fixed_size_list(layout_targets(rows, layout)))
     if image_foils:
         for name, column in _foil_candidates(rows, [decoded[i] for i in keep], transform).items():
             kept = kept.append_column(name, column)
@@ -331,8 +325,6 @@ def decode_batch(batch: pa.Table, *, preprocess: tuple, model_name: str, augment
 def _foil_candidates(rows: list[dict], decoded: Sequence, transform) -> dict[str, pa.Array]:
     """The FOIL_CANDIDATE_* columns of `rows` (decoded: their RGB images): every candidate
     foil rendered and transformed once."""
-    from csclip.train.image_foils import image_foil_candidates
-
     pixels, units, texts = [], [], []
     for row, image in zip(rows, decoded, strict=True):
         candidates = image_foil_candidates(record_from_row(row), image)
@@ -366,9 +358,9 @@ def pixel_column(pixels: np.ndarray) -> pa.FixedSizeBinaryArray:
                                                 [None, pa.py_buffer(flat)])
 
 
-def _fixed_size_list(array: np.ndarray) -> pa.FixedSizeListArray:
-    # (n, ...) -> one fixed-size list per row; reshaped back in sample_batch. Plain Arrow,
-    # so the cached blocks need no Ray tensor extension.
+def fixed_size_list(array: np.ndarray) -> pa.FixedSizeListArray:
+    """(n, ...) -> one fixed-size list per row (sample_batch reshapes it back). Plain Arrow,
+    so the cached blocks and the prepared table need no Ray tensor extension."""
     flat = np.ascontiguousarray(array).reshape(len(array), -1)
     return pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), flat.shape[1])
 
@@ -399,7 +391,6 @@ def sample_batch(batch: pa.Table, *, sampling: dict, model_name: str, seed: int,
     the image-foil columns (image_foil_batch's) where `columns` has `image_foil_*`,
     drawn among the image cache's candidates (cached_image_foils).
     """
-    reuse_freed_memory()
     if PIXELS in batch.column_names and batch.column(PIXELS).null_count:
         batch = batch.filter(batch.column(PIXELS).is_valid())  # a copy: only when needed
     if batch.num_rows == 0:
@@ -442,8 +433,6 @@ def _images(batch: pa.Table, image_shape: Sequence[int], preprocess: tuple | Non
     """The rows' transformed images, (n, 3, H, W) float32."""
     if PIXELS not in batch.column_names:
         return _unflatten(batch.column("image"), image_shape).astype(np.float32, copy=False)
-    from csclip.preprocess import image_normalize
-
     if preprocess is None:
         raise ValueError("prepared rows need the preprocess key to normalise their pixels")
     return image_normalize(preprocess)(pixel_array(batch.column(PIXELS), image_shape))
@@ -466,9 +455,6 @@ def cached_image_foils(batch: pa.Table, *, model_name: str, seed: int, epoch: in
     `image_foils`): each row's foil drawn among its candidates, rendered and transformed
     when the cache was made, by the draw the streamed path makes (image_foil_batch), so
     both give the same foils. uint8 pixels, or normalised by `preprocess`."""
-    from csclip.train.image_foils import draw_foil_index
-    from csclip.train.sampling import sample_rng
-
     if FOIL_CANDIDATE_PIXELS not in batch.column_names:
         raise ValueError("image foils from the image cache need its candidates "
                          "(decode_batch with image_foils)")
@@ -485,8 +471,6 @@ def cached_image_foils(batch: pa.Table, *, model_name: str, seed: int, epoch: in
                       units[pick], texts[pick]))
     out = _image_foil_output(drawn, images, batch.column("caption").to_pylist(), model_name)
     if preprocess is not None:
-        from csclip.preprocess import image_normalize
-
         out["image_foil"] = image_normalize(preprocess)(out["image_foil"])
     return out
 
@@ -536,12 +520,7 @@ def image_foil_batch(batch: pa.Table, decoded: Sequence, images: np.ndarray, *,
     (csclip.train.image_foils) and transformed like its image. decoded:
     decode_rows(batch); images: the kept rows' transformed images (with `pixels` their
     uint8 pixels, and the foils' are pixels too)."""
-    from csclip.train.image_foils import draw_image_foil
-    from csclip.train.sampling import sample_rng
-
     if pixels:
-        from csclip.preprocess import image_pixels
-
         transform = image_pixels(preprocess)
     else:
         transform = _transform(preprocess)
@@ -618,7 +597,7 @@ def wait_for_a_free_cpu(timeout_s: float = 3.0, poll_s: float = 0.05) -> bool:
     CPU in that view a moment after its result arrived: a pass started in that moment
     has Ray Data warn that the dataset "will hang unless more CPUs are freed up". Where
     every CPU really is taken, the warning comes after the wait, as it should."""
-    import ray
+    import ray  # noqa: PLC0415  the batch functions run without Ray (tests/test_layout.py)
 
     deadline = time.monotonic() + timeout_s
     while not ray.available_resources().get("CPU"):
@@ -645,7 +624,7 @@ _CHECKED: dict[int, tuple[Any, Any]] = {}
 
 def _checked(source):
     """image_status over every row of `source` (a pandas frame: sample_id, ok)."""
-    from ray.data.dataset import MaterializedDataset
+    from ray.data.dataset import MaterializedDataset  # noqa: PLC0415  the batch functions run without Ray
 
     def check():
         wait_for_a_free_cpu()

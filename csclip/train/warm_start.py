@@ -21,10 +21,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from PIL import Image
 from torch import Tensor
 
 from csclip.config.world import SHAPES, WorldConfig
 from csclip.loss import LayoutQuestion, layout_loss
+from csclip.model import bundle_from_config, load_weights_into, remote_checkpoint_check, spec_of
+from csclip.storage import is_s3, local_dir
+from csclip.units import record_from_row
+from csclip.world.generate import world_record
 from csclip.world.scene import Scene, scene_from_record
 
 HEAD = "layout_head"  # the head's attribute on the model (csclip.model.OBJECTIVE_HEADS)
@@ -68,8 +73,6 @@ def image_cell_targets(vocabulary: LayoutVocabulary | LayoutQuestion, scene: Sce
 def layout_targets(rows: Sequence[dict], question: LayoutQuestion) -> np.ndarray:
     """(n, num_kinds) int64: image_cell_targets of each units row's scene (the training
     stream's `layout_target` column). Raises DataError for a row without a scene."""
-    from csclip.units import record_from_row
-
     return np.stack([image_cell_targets(question, scene_from_record(record_from_row(row)))
                      for row in rows]).reshape(len(rows), question.num_kinds)
 
@@ -130,10 +133,6 @@ def measure_layout(model: torch.nn.Module, preprocess, world: WorldConfig, held_
                    device: str | torch.device = "cpu") -> WarmStartResult:
     """WarmStartResult of `model` (with its layout head) on the first `held_out` scenes of
     `world`'s validation split."""
-    from PIL import Image
-
-    from csclip.world.generate import world_record
-
     if held_out < 1:
         raise ValueError("held_out must be >= 1")
     question = layout_question(world)
@@ -163,9 +162,6 @@ def measure_checkpoint(checkpoint_uri: str, model_config, world: WorldConfig,
                        held_out: int | None = None) -> WarmStartResult:
     """measure_layout of a layout run's checkpoint (its model, with the head it was saved
     with). model_config: the run's `model` section; held_out: default world.num_val."""
-    from csclip.model import bundle_from_config, load_weights_into, remote_checkpoint_check, spec_of
-    from csclip.storage import is_s3, local_dir
-
     bundle = bundle_from_config(model_config.model_copy(update={"pretrained": None}))
     add_layout_head(bundle.model, layout_question(world))
     spec = spec_of(bundle.model, model_config.name)
