@@ -280,10 +280,14 @@ def refuse_outside(entry: str, image: str, image_root: str) -> None:
                         ) from err
 
 
-def load_karpathy(json_uri: str, image_root: str, split: str = "test") -> KarpathySet:
+def load_karpathy(json_uri: str, image_root: str, split: str = "test",
+                  by_coco_id: bool = False) -> KarpathySet:
     """The `split` images of a Karpathy JSON (dataset_coco.json / dataset_flickr30k.json,
     read by csclip.karpathy) with every caption; images under image_root (local
-    or s3://). Raises DataError for a malformed file or a split without images."""
+    or s3://). by_coco_id: images in ascending COCO id, each image's captions in file
+    order, as CLIP_benchmark's mscoco_captions has them (torchvision's CocoCaptions sorts
+    its image ids), so an exact tie falls on the same item under torch.topk; else file
+    order. Raises DataError for a malformed file or a split without images."""
     from csclip.eval.suites.core import ImageFolder
     from csclip.karpathy import read_karpathy
     from csclip.storage import filesystem_for
@@ -306,6 +310,8 @@ def load_karpathy(json_uri: str, image_root: str, split: str = "test") -> Karpat
     if not pairs:
         raise DataError(f"{json_uri}: no {split!r} captions with an image under {image_root} "
                         f"({skipped} without an image)")
+    if by_coco_id:  # a stable sort: each image's captions keep their order
+        pairs.sort(key=lambda pair: int(pair[0]))
     return KarpathySet(_retrieval_set(pairs), images, skipped)
 
 
@@ -349,17 +355,18 @@ def load_clip_benchmark_captions(txt_uri: str, image_root: str) -> KarpathySet:
 
 
 def evaluate_karpathy(encoder: Encoder, dataset: str, json_uri: str, image_root: str,
-                      split: str = "test", counting: RetrievalCounting = "strict"
+                      split: str = "test", counting: RetrievalCounting = "clip_benchmark"
                       ) -> dict[str, float]:
     """Recall@1/5/10 both ways on a Karpathy split: keys `<dataset>_ret_i2t`,
     `<dataset>_ret_t2i` (R@1), `<dataset>_ret_{i2t,t2i}_r{5,10}`, counts and
     `<dataset>_ret_skipped_captions` (image missing). Any caption counts for I2T; queries
-    and ties as `counting` says (the module docstring). A `.txt` json_uri is CLIP_benchmark's
-    caption file of that split (load_clip_benchmark_captions)."""
+    and ties as `counting` says (the module docstring; CLIP_benchmark's by default), COCO's
+    images in CLIP_benchmark's order (ascending COCO id). A `.txt` json_uri is
+    CLIP_benchmark's caption file of that split (load_clip_benchmark_captions)."""
     if json_uri.endswith(".txt"):
         karpathy = load_clip_benchmark_captions(json_uri, image_root)
     else:
-        karpathy = load_karpathy(json_uri, image_root, split)
+        karpathy = load_karpathy(json_uri, image_root, split, by_coco_id=dataset == "coco")
     features = encoder.features(karpathy.rset.texts, karpathy.images)
     metrics = retrieval_metrics(features, karpathy.rset, counting=counting)
     out = {f"{dataset}_{key}": value for key, value in metrics.items()}
