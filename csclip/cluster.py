@@ -5,8 +5,11 @@ most resources the autoscaler may add (an autoscaling cluster starts with no GPU
 from __future__ import annotations
 
 import os
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
+
+import yaml
 
 # `ray job submit` sets this in the job's driver; the raylet sets RAY_JOB_ID in every worker
 # process (tasks, actors, Train workers, Tune trials).
@@ -31,8 +34,6 @@ def ray_process() -> str | None:
 def autoscaling_config(path: Path | None = None) -> dict | None:
     """The autoscaler's config on the head of a `ray up` cluster (or at
     $CSCLIP_AUTOSCALING_CONFIG), None elsewhere."""
-    import yaml
-
     path = path or Path(os.environ.get(AUTOSCALING_CONFIG_ENV) or AUTOSCALING_CONFIG).expanduser()
     return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else None
 
@@ -61,7 +62,7 @@ def max_resources() -> dict[str, float]:
     config = autoscaling_config()
     if config is not None:
         return autoscaler_max_resources(config)
-    import ray
+    import ray  # noqa: PLC0415  ray only when asked: evaluation and the config checks run without it
 
     return dict(ray.cluster_resources())
 
@@ -73,7 +74,7 @@ def spans_nodes() -> bool:
     config = autoscaling_config()
     if config is not None and sum(_node_counts(config).values()) > 1:
         return True
-    import ray
+    import ray  # noqa: PLC0415  as above: ray only when asked
 
     return ray.is_initialized() and sum(1 for node in ray.nodes() if node.get("Alive")) > 1
 
@@ -106,8 +107,6 @@ _REQUIREMENTS_HEADER = (
 def node_requirements(pyproject: Path = PYPROJECT) -> list[str]:
     """csclip's dependencies plus the `cluster` extra (ray[default], boto3, what the
     `ray.data.llm` stages import, MLflow's auth app), in pyproject order."""
-    import tomllib
-
     project = tomllib.loads(pyproject.read_text())["project"]
     return [*project["dependencies"], *project["optional-dependencies"]["cluster"]]
 

@@ -8,17 +8,34 @@ docs/performance.md, on purpose, never as a side effect of a run."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import ray
+import torch
+
 from csclip.config.demo import DemoConfig
+from csclip.config.eval import SuitesConfig
 from csclip.config.train import TrainConfig
+from csclip.errors import DataError
+from csclip.eval.halftruth import BenchmarkConfig
+from csclip.eval.pipeline import compare_models
+from csclip.eval.report import check_evaluation
+from csclip.markdoc import update_marked_section
+from csclip.model import load_bundle
+from csclip.records import load_split
+from csclip.storage import write_local_atomic
+from csclip.tracking import resolve_uri, run_metrics
 from csclip.train import TrainResult, finished_result, run
+from csclip.train.warm_start import measure_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -90,8 +107,6 @@ def run_demo(demo: DemoConfig, command: str = "make demo",
     pretrain (or reuse the cached pretraining), fine-tune both ways, evaluate; write the
     tables, the results section (naming `command` as what produced them) and the stage
     timings under `out_dir`."""
-    from csclip.tracking import resolve_uri
-
     started = time.perf_counter()
     tracking = demo.train.tracking
     uri = resolve_uri(tracking.uri) if tracking.enabled else None
@@ -151,10 +166,6 @@ def publish(out_dir: str, root: str | Path = ".") -> list[Path]:
     marked sections of docs/results.md and docs/performance.md under `root` (the other
     sections of those shared docs are kept). Raises DataError when `out_dir` holds no
     finished demo."""
-    from csclip.errors import DataError
-    from csclip.eval.report import check_evaluation
-    from csclip.markdoc import update_marked_section
-
     if all(Path(out_dir, name).is_file() for name in PUBLISHED):
         check_evaluation(out_dir)  # its tables are the ones the results section quotes
     written = []
@@ -171,8 +182,6 @@ def publish(out_dir: str, root: str | Path = ".") -> list[Path]:
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
-    from csclip.storage import write_local_atomic
-
     write_local_atomic(path, text.encode())
 
 
@@ -185,9 +194,6 @@ def _warm_start_stage(demo: DemoConfig, uri: str | None) -> tuple[TrainResult, S
     its name, resumed when cut short), then what its held-out scenes say of the image
     tower (csclip.train.warm_start.measure_checkpoint), logged and written to
     out_dir/warm_start.json."""
-    import json
-
-    from csclip.train.warm_start import measure_checkpoint
 
     config = demo.warm_start_config()
     result, stage = _train_stage("layout warm start", config, uri)
@@ -251,8 +257,6 @@ def side_by_side(configs: dict[str, TrainConfig], cpus: float
 
 
 def _ray_cpus() -> float:
-    import ray
-
     return float(ray.cluster_resources().get("CPU", 0))
 
 
@@ -261,16 +265,12 @@ def _train_together(configs: dict[str, TrainConfig], uri: str | None
     """_train_stage for each of `configs` at the same time, each in a thread of its own.
     An error of either is raised once both ended; Ctrl-C ends this driver's Ray work
     (both trainings) and is raised."""
-    from concurrent.futures import ThreadPoolExecutor, wait
-
     with ThreadPoolExecutor(len(configs), thread_name_prefix="csclip-finetune") as pool:
         futures = {label: pool.submit(_train_stage, label, config, uri)
                    for label, config in configs.items()}
         try:
             wait(futures.values())
         except KeyboardInterrupt:
-            import ray
-
             logger.warning("interrupted: stopping both fine-tunings")
             ray.shutdown()
             raise
@@ -282,8 +282,6 @@ def _train_together(configs: dict[str, TrainConfig], uri: str | None
 
 
 def _median_metric(uri: str, run_id: str, key: str) -> float | None:
-    from csclip.tracking import run_metrics
-
     values = [value for _, value in run_metrics(uri, run_id, key)]
     return statistics.median(values) if values else None
 
@@ -313,9 +311,6 @@ def compute_note(use_gpu: bool) -> str:
     """What the numbers were computed with. The same code on the same versions and
     kernels gives the same tables to the digit; other CPU kernels (AVX2 against AVX512)
     or versions round differently, which moves the last digits of a long run."""
-    import platform
-
-    import torch
 
     where = (torch.cuda.get_device_name(0) if use_gpu and torch.cuda.is_available()
              else f"{torch.backends.cpu.get_cpu_capability()} CPU kernels")
@@ -394,13 +389,6 @@ def results_section(demo: DemoConfig, pretrained: TrainResult, finetuned: dict[s
 
 def evaluate(demo: DemoConfig, pretrained: TrainResult, finetuned: dict[str, TrainResult]) -> str:
     """Compare the three models on the world's validation split; return the markdown."""
-    from csclip.config.eval import SuitesConfig
-    from csclip.eval.halftruth import BenchmarkConfig
-    from csclip.eval.pipeline import compare_models
-    from csclip.model import load_bundle
-    from csclip.records import load_split
-    from csclip.tracking import resolve_uri
-
     records = load_split(None, "val", demo.train.data.world)
     bundles = {"CLIP (pretrained)": load_bundle(pretrained.checkpoint_uri)}
     bundles.update({label: load_bundle(result.checkpoint_uri) for label, result in finetuned.items()})

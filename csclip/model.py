@@ -24,7 +24,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import open_clip
 import torch
+from open_clip.model import get_model_preprocess_cfg
+from open_clip.transformer import QuickGELU
 
 from csclip.config.model import ModelConfig, ModelSource
 from csclip.errors import CheckpointMismatch, ConfigError, DataError
@@ -35,7 +38,7 @@ from csclip.pretrained import (
     resolve_tag_weights,
     tag_config,
 )
-from csclip.storage import check_export, write_manifest
+from csclip.storage import check_export, local_dir, write_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -100,9 +103,6 @@ def _image_size(value: Any) -> int:
 
 def spec_of(model: torch.nn.Module, name: str) -> ModelSpec:
     """Read the spec off a built open_clip model (what it *is*, not what was asked)."""
-    from open_clip.model import get_model_preprocess_cfg
-    from open_clip.transformer import QuickGELU
-
     quick_gelu = any(isinstance(m, QuickGELU) for m in model.modules())
     preprocess_cfg = dict(get_model_preprocess_cfg(model))
     preprocess_cfg = {k: list(v) if isinstance(v, tuple) else v for k, v in preprocess_cfg.items()}
@@ -115,8 +115,6 @@ def spec_of(model: torch.nn.Module, name: str) -> ModelSpec:
 
 
 def _resolved_model_cfg(name: str, quick_gelu: bool, image_size: int) -> dict:
-    import open_clip
-
     cfg = open_clip.get_model_config(name) or {}
     cfg = copy.deepcopy(cfg)
     cfg["quick_gelu"] = quick_gelu
@@ -148,8 +146,6 @@ def is_checkpoint_dir(path: str | Path | None) -> bool:
 
 def _build(name: str, pretrained: str | None, device: str, quick_gelu: bool | None,
            image_size: int | None, load_weights: bool = True) -> ClipBundle:
-    import open_clip
-
     register_small_models()
     if open_clip.get_model_config(name) is None and not name.startswith(("hf-hub:", "local-dir:")):
         raise ConfigError(f"model.name: unknown open_clip model {name!r}; choose one of "
@@ -325,8 +321,6 @@ def load_bundle(checkpoint_or_name: str | Path, pretrained: str | None = None,
     Raises CheckpointMismatch when it does not, DataError for an empty s3:// location.
     """
     if str(checkpoint_or_name).startswith("s3://"):
-        from csclip.storage import local_dir
-
         uri = str(checkpoint_or_name)
         wanted = (lambda: spec_from_config(expected)) if expected is not None else None
         local = local_dir(uri, kind="checkpoints", check=remote_checkpoint_check(uri, wanted))

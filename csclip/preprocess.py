@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 from csclip.model_configs import SMALL_MODEL_CONFIGS
 
@@ -58,7 +59,7 @@ def _tokenizer_module():
     """open_clip/tokenizer.py as a module of its own (it imports ftfy, regex, numpy and
     torch, nothing of open_clip), or open_clip's when the package is imported already."""
     if "open_clip" in sys.modules:
-        from open_clip import tokenizer
+        from open_clip import tokenizer  # noqa: PLC0415  open_clip imports torch; data tasks tokenize without it
 
         return tokenizer
     path = _open_clip_dir() / "tokenizer.py"
@@ -104,7 +105,7 @@ class CachedTokenizer:
         return getattr(self._tokenize, name)
 
     def __call__(self, texts: str | list[str]):
-        import torch
+        import torch  # noqa: PLC0415  torch only where tensors are made; data tasks that tokenize to numpy skip it
 
         texts = [texts] if isinstance(texts, str) else list(texts)
         missing = list(dict.fromkeys(t for t in texts if t not in self._tokens))
@@ -131,7 +132,7 @@ def image_transform(preprocess_key: tuple, is_train: bool = False) -> Callable:
         transform = _eval_transform(preprocess_key)
         return transform if isinstance(transform, _EvalTransform) else \
             (lambda image: transform(image))
-    from open_clip.transform import PreprocessCfg, image_transform_v2
+    from open_clip.transform import PreprocessCfg, image_transform_v2  # noqa: PLC0415  open_clip imports torch; data tasks that only tokenize never load it
 
     transform = image_transform_v2(PreprocessCfg(**_cfg(preprocess_key)), is_train=True)
     return lambda image: transform(image).numpy()
@@ -176,8 +177,8 @@ class _OpenClipEval:
     is_train its training transform, split where it turns the PIL image into a tensor."""
 
     def __init__(self, cfg: Mapping[str, Any], is_train: bool = False) -> None:
-        from open_clip.transform import PreprocessCfg, image_transform_v2
-        from torchvision.transforms import Compose, Normalize, ToTensor
+        from open_clip.transform import PreprocessCfg, image_transform_v2  # noqa: PLC0415  open_clip imports torch; deferred to the processes that transform images
+        from torchvision.transforms import Compose, Normalize, ToTensor  # noqa: PLC0415  torchvision imports torch; as above
 
         transform = image_transform_v2(PreprocessCfg(**cfg), is_train=is_train)
         steps = list(transform.transforms)
@@ -199,7 +200,7 @@ class _OpenClipEval:
         return np.asarray(image, dtype=np.uint8).transpose(2, 0, 1)          # (3, H, W)
 
     def normalize(self, pixels: np.ndarray) -> np.ndarray:
-        import torch
+        import torch  # noqa: PLC0415  torch only where tensors are made
 
         # ToTensor on a uint8 image: to float32, divided by 255; then Normalize's sub, div.
         tensor = torch.from_numpy(np.ascontiguousarray(pixels)).to(torch.float32).div(255)
@@ -220,8 +221,6 @@ class _EvalTransform:
 
     @classmethod
     def covering(cls, cfg: Mapping[str, Any]) -> _EvalTransform | None:
-        from PIL import Image
-
         size = cfg.get("size", 224)
         height, width = (size, size) if isinstance(size, int) else tuple(size)
         resize_mode = cfg.get("resize_mode") or "shortest"

@@ -11,10 +11,14 @@ the tag's activation when `model.quick_gelu` is not set, and refuses a contradic
 from __future__ import annotations
 
 import os
+import pickle
 import urllib.error
 import urllib.request
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from csclip.errors import ConfigError
 from csclip.model_configs import register_small_models
@@ -72,7 +76,7 @@ def cached_weights(name: str, tag: str, cfg: dict) -> TagWeights:
                           cfg["file"])
     hub = cfg.get("hf_hub", "")
     try:
-        import huggingface_hub
+        import huggingface_hub  # noqa: PLC0415  huggingface_hub is optional (open_clip's hub tags only)
     except ImportError:
         huggingface_hub = None
     if hub and huggingface_hub is not None:
@@ -95,7 +99,7 @@ def cached_weights(name: str, tag: str, cfg: dict) -> TagWeights:
 def _safe_alternatives(filename: str) -> list[str]:
     # open_clip.pretrained._get_safe_alternatives, used only with safetensors installed.
     try:
-        import safetensors  # noqa: F401
+        import safetensors  # noqa: PLC0415, F401  safetensors is optional: present or not is the answer
     except ImportError:
         return []
     if filename == HF_WEIGHTS_NAME:
@@ -113,7 +117,7 @@ def download_blocker(url: str | None = None) -> str | None:
     endpoint = url
     if endpoint is None:
         try:
-            from huggingface_hub import constants
+            from huggingface_hub import constants  # noqa: PLC0415  huggingface_hub is optional
 
             endpoint = constants.ENDPOINT
         except ImportError:
@@ -179,7 +183,6 @@ class WeightsFile:
 def _numpy_globals() -> list:
     # numpy's scalar reconstructor and dtypes under both module names: numpy 1.x pickles
     # say numpy.core.multiarray, numpy 2.x numpy._core.multiarray.
-    import numpy as np
 
     core = getattr(np, "_core", None) or np.core
     scalar = core.multiarray.scalar
@@ -195,10 +198,7 @@ def read_weights_file(path: str) -> WeightsFile:
     "module." prefix. Tensors, plain types and numpy scalars only (weights_only). A file
     torch cannot read (truncated, not a torch file, other pickled objects) is one
     ConfigError line."""
-    import pickle
-    import zipfile
-
-    import torch
+    import torch  # noqa: PLC0415  the entry checks a tag before torch loads
 
     def load(mmap: bool) -> object:
         with torch.serialization.safe_globals(_numpy_globals()):

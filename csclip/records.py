@@ -4,9 +4,19 @@ load their split here, so none of them imports the training program to read data
 
 from __future__ import annotations
 
+import pyarrow.parquet as pq
+
 from csclip.config.world import WorldConfig
 from csclip.errors import ConfigError, DataError
-from csclip.units import UnitsRecord
+from csclip.storage import filesystem_for
+from csclip.units import (
+    UNITS_SCHEMA,
+    UnitsRecord,
+    check_units_table,
+    table_to_records,
+    units_table_uri,
+)
+from csclip.world import iter_world
 
 
 def load_split(units_uri: str | None, split: str, world: WorldConfig) -> list[UnitsRecord]:
@@ -17,8 +27,6 @@ def load_split(units_uri: str | None, split: str, world: WorldConfig) -> list[Un
     or an empty split (naming the splits that are present).
     """
     if units_uri is None:
-        from csclip.world import iter_world
-
         if split not in ("train", "val", "test"):
             raise ConfigError(f"split {split!r}: the synthetic world has train, val, test")
         records = list(iter_world(world, splits=(split,)))
@@ -26,10 +34,7 @@ def load_split(units_uri: str | None, split: str, world: WorldConfig) -> list[Un
             raise DataError(f"the synthetic world (seed {world.seed}) has no records in split {split!r}; "
                             f"raise data.world.num_{split}")
         return records
-    import pyarrow.parquet as pq
 
-    from csclip.storage import filesystem_for
-    from csclip.units import UNITS_SCHEMA, check_units_table, table_to_records, units_table_uri
 
     units_uri = units_table_uri(units_uri)  # an extraction's --out folder: its units/
     fs, path = filesystem_for(units_uri)

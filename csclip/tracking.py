@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from csclip.cluster import ray_process, spans_nodes
 from csclip.config.tracking import TrackingConfig
 from csclip.errors import ConfigError
 
@@ -42,8 +43,6 @@ def resolve_uri(uri: str | None) -> str:
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
     prefix = "sqlite:///"
     if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
-        from csclip.cluster import ray_process
-
         where = ray_process()
         if where is not None:
             raise ConfigError(
@@ -68,7 +67,6 @@ def check_shared_store(uri: str, what: str) -> None:
     """
     if not is_file_store(uri):
         return
-    from csclip.cluster import spans_nodes
 
     if spans_nodes():
         raise ConfigError(
@@ -83,7 +81,7 @@ PARENT_TAG = "mlflow.parentRunId"  # MLflow's own tag for nested runs
 
 def client(uri: str):
     """An MlflowClient for a resolved tracking URI."""
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415  mlflow loads only in runs that track (a second's import)
 
     return MlflowClient(tracking_uri=uri)
 
@@ -92,7 +90,7 @@ def experiment_id(mlflow_client, name: str) -> str:
     """The id of experiment `name`, created when missing. A sqlite store keeps artifacts
     next to its database (not in the caller's working directory); a parallel process that
     creates it first (another Tune trial) is not an error."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # noqa: PLC0415  as above: mlflow only in runs that track
 
     found = mlflow_client.get_experiment_by_name(name)
     if found is not None:
@@ -133,7 +131,7 @@ def find_or_create_run(mlflow_client, experiment: str, tags: Mapping[str, str],
 
 def log_params(mlflow_client, run_id: str, params: Mapping[str, object]) -> None:
     """Log params in batches (values cut to MLflow's 6000 characters)."""
-    from mlflow.entities import Param
+    from mlflow.entities import Param  # noqa: PLC0415  mlflow only in runs that track
 
     items = [Param(k, str(v)[:_MAX_PARAM_CHARS]) for k, v in sorted(params.items())]
     for start in range(0, len(items), _PARAMS_PER_BATCH):
@@ -143,7 +141,7 @@ def log_params(mlflow_client, run_id: str, params: Mapping[str, object]) -> None
 def log_metrics(mlflow_client, run_id: str, metrics: Mapping[str, object], step: int = 0) -> None:
     """Log the finite numeric values of `metrics` at `step`, in batches (NaN, None, bools
     and strings are not metrics and are skipped)."""
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric  # noqa: PLC0415  mlflow only in runs that track
 
     now = int(time.time() * 1000)
     items = [Metric(k, float(v), now, step) for k, v in metrics.items()
@@ -176,7 +174,7 @@ def finish_run(config: TrackingConfig, run_id: str | None, *, tags: Mapping[str,
     """Log final tags and metrics and close the run."""
     if run_id is None:
         return
-    from mlflow.entities import RunTag
+    from mlflow.entities import RunTag  # noqa: PLC0415  mlflow only in runs that track
 
     mlflow_client = client(resolve_uri(config.uri))
     log_metrics(mlflow_client, run_id, dict(metrics))
@@ -201,7 +199,7 @@ class StepLogger:
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         if self.run_id is None:
             return
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # noqa: PLC0415  mlflow only in runs that track
 
         now = int(time.time() * 1000)
         self._pending.extend(Metric(k, float(v), now, step) for k, v in metrics.items())

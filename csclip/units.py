@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import functools
 import json
+import posixpath
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+
+from csclip.errors import DataError
+from csclip.storage import exists, filesystem_for, is_dir, list_files, read_bytes
 
 
 class ChangeType(StrEnum):
@@ -477,21 +484,14 @@ def table_to_records(table: pa.Table) -> list[UnitsRecord]:
 
 def write_units(records: Iterable[UnitsRecord], uri: str, *, filesystem=None) -> None:
     """Write records as one Parquet file at `uri` (local path or s3://)."""
-    import pyarrow.parquet as pq
-
     pq.write_table(records_to_table(records), uri, filesystem=filesystem)
 
 
 def read_units(uri: str, *, filesystem=None) -> list[UnitsRecord]:
     """Read a units Parquet file or directory of files (local path or s3://), after
     check_units_table. Raises DataError naming the file for what it refuses."""
-    import pyarrow.parquet as pq
-
-    from csclip.errors import DataError
 
     if filesystem is None:
-        from csclip.storage import filesystem_for
-
         filesystem, uri = filesystem_for(uri)
     check_units_table(filesystem, uri, uri)
     try:
@@ -561,10 +561,6 @@ def check_units_table(filesystem, path: str, uri: str) -> None:
     (corrupt, empty, random bytes), a schema that is not UNITS_SCHEMA's (columns missing
     or of another type), or sample_ids that occur more than once (refused, not dropped:
     every record is counted once)."""
-    import pyarrow.compute as pc
-    import pyarrow.dataset as pads
-
-    from csclip.errors import DataError
 
     check_extraction_complete(filesystem, path, uri)
     try:
@@ -602,11 +598,6 @@ def check_units_table(filesystem, path: str, uri: str) -> None:
 def check_extraction_complete(filesystem, path: str, uri: str) -> None:
     """Refuse the units/ folder of an extraction output (or the output folder itself)
     whose run has not written its completion marker, naming how far it got."""
-    import json
-    import posixpath
-
-    from csclip.errors import DataError
-    from csclip.storage import exists, list_files, read_bytes
 
     path = path.rstrip("/")
     root = posixpath.dirname(path) if posixpath.basename(path) == "units" else path
@@ -634,9 +625,6 @@ def units_table_uri(uri: str) -> str:
     its _manifest.json beside units/) is read through its units/ folder, so what extract
     writes is what --units takes (evaluate, benchmark build, train); anything else as
     given. One resolver for every reader of a units URI."""
-    import posixpath
-
-    from csclip.storage import exists, filesystem_for, is_dir
 
     if any(c in uri for c in "*?[") or uri.rstrip("/").endswith(".parquet"):
         return uri

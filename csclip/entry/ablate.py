@@ -7,8 +7,10 @@ import argparse
 import os
 import sys
 
+from csclip.ablation import grid as grids
+from csclip.ablation.grid import AXES, paper_rows_help
 from csclip.config import apply_overrides, read_yaml, refuse_given, validate_config
-from csclip.config.eval import CHECKPOINT_SELECTIONS
+from csclip.config.eval import CHECKPOINT_SELECTIONS, SuitesConfig
 from csclip.config.train import TrainConfig
 from csclip.entry.common import (
     default_config_path,
@@ -18,6 +20,8 @@ from csclip.entry.common import (
     setup_logging,
     shortcut_overrides,
 )
+from csclip.entry.ray_init import init_ray
+from csclip.errors import ConfigError
 
 DESCRIPTION = """\
 Ray Tune ablations in the layout of the paper's Tables 16-17 (docs/ablation.md).
@@ -36,14 +40,10 @@ EXAMPLES = (
 
 
 def _axes_help() -> str:
-    from csclip.ablation.grid import AXES
-
     return ", ".join(f"{name} ({axis.field})" for name, axis in AXES.items())
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    from csclip.ablation.grid import paper_rows_help
-
     parser = make_parser(prog, f"{DESCRIPTION}\n\n{paper_rows_help()}", EXAMPLES,
                          default_config_path("default.yaml"))
     parser.add_argument("--grid", nargs="+", required=True, metavar="AXIS[=V1,V2]",
@@ -116,14 +116,11 @@ def base_config(args: argparse.Namespace):
 
 
 def _ablate(args: argparse.Namespace, command: str) -> int:
-    from csclip.ablation import grid as grids
-    from csclip.ablation import sweep
-    from csclip.entry.ray_init import init_ray
-    from csclip.errors import ConfigError
-
     base = base_config(args)
     if printed_config(args, base):
         return 0
+    from csclip.ablation import sweep  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
+
     if grids.is_paper_grid(args.grid):
         if args.full_grid:
             raise ConfigError("--full-grid: the authors' rows (--grid paper) are one-at-a-time; "
@@ -136,9 +133,6 @@ def _ablate(args: argparse.Namespace, command: str) -> int:
         grid = grids.expand_grid(base, grids.parse_grid(args.grid), full=args.full_grid)
     suites = None
     if args.suite:  # checked before Ray starts; the root made absolute for the trials
-        from csclip.config import validate_config
-        from csclip.config.eval import SuitesConfig
-
         root = sweep.absolute_uri(args.data_root) if args.data_root else None
         suites = validate_config(SuitesConfig, {"names": args.suite, "data_root": root},
                                  origin="--suite/--data-root").model_dump(mode="json")

@@ -5,8 +5,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 
+from pydantic import ValidationError
+
+from csclip.config.eval import BenchmarkConfig
+from csclip.config.world import WorldConfig
 from csclip.entry.common import run_guarded, setup_logging
+from csclip.errors import ConfigError
+from csclip.records import load_split
 
 DESCRIPTION = """\
 Build the half-truth benchmark (SPEC §4) once and write it as a frozen JSON file: every
@@ -67,11 +74,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
 
 def _config(args: argparse.Namespace):
-    from pydantic import ValidationError
-
-    from csclip.errors import ConfigError
-    from csclip.eval.halftruth import BenchmarkConfig
-
     fields: dict[str, object] = {"protocol": args.protocol}
     if args.num_samples is not None:
         if args.protocol == "csclip" or (args.protocol == "auto" and not args.units):
@@ -93,7 +95,7 @@ def _config(args: argparse.Namespace):
 
 
 def _build(args: argparse.Namespace) -> int:
-    from csclip.eval.benchmark_file import build_frozen_benchmark, write_benchmark_file
+    from csclip.eval.benchmark_file import build_frozen_benchmark, write_benchmark_file  # noqa: PLC0415  the builder imports torch; loaded once the arguments are checked
 
     frozen = build_frozen_benchmark(args.units, _config(args), args.split, args.image_root)
     path = write_benchmark_file(frozen, args.out)
@@ -103,13 +105,11 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from csclip.eval.benchmark_file import read_benchmark_file, verify_images
+    from csclip.eval.benchmark_file import read_benchmark_file, verify_images  # noqa: PLC0415  as above: torch once the arguments are checked
 
     frozen = read_benchmark_file(args.file)
     records = []
     if None in frozen.images.values():  # images held by the units (the world's bytes)
-        from csclip.config.world import WorldConfig
-        from csclip.records import load_split
 
         split = frozen.built_from.get("split")
         records = load_split(args.units, str(split or "val"), WorldConfig())
@@ -121,9 +121,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 def summary(frozen) -> str:
     """Protocol, hash and items per condition of a FrozenBenchmark."""
-    from collections import Counter
-
-    from csclip.eval.halftruth import ALL_CONDITIONS
+    from csclip.eval.halftruth import ALL_CONDITIONS  # noqa: PLC0415  the half-truth package imports torch; only the summary needs it
 
     bench = frozen.benchmark
     counts = Counter(item.condition for item in bench.items)

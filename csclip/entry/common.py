@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from csclip.config import add_config_arguments, to_yaml
 from csclip.errors import CsclipError
+from csclip.tracking import resolve_uri
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"
@@ -69,8 +70,6 @@ def add_address_argument(parser: argparse.ArgumentParser) -> None:
 
 def mlflow_line(run_id: str, tracking) -> str:
     """Where a finished command's MLflow run is, and how to browse it (a TrackingConfig)."""
-    from csclip.tracking import resolve_uri
-
     return (f"MLflow run {run_id} in experiment {tracking.experiment}; "
             f"browse: mlflow ui --backend-store-uri {resolve_uri(tracking.uri)}")
 

@@ -16,6 +16,7 @@ from csclip.entry.common import (
     setup_logging,
     shortcut_overrides,
 )
+from csclip.entry.ray_init import init_ray
 
 DESCRIPTION = """\
 The demo, on CPU in about 12 minutes: generate the synthetic world, pretrain a small CLIP
@@ -91,8 +92,7 @@ def _demo(args: argparse.Namespace, command: str) -> int:
     config = demo_config(args)  # before csclip.demo (and torch) is imported
     if printed_config(args, config):
         return 0
-    from csclip.demo import demo_summary, publish, run_demo
-    from csclip.entry.ray_init import init_ray
+    from csclip.demo import demo_summary, publish, run_demo  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
 
     if args.publish:
         for path in publish(config.out_dir):

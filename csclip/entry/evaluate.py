@@ -7,8 +7,11 @@ import os
 import sys
 from pathlib import Path
 
+import pyarrow.fs as pafs
+
 from csclip.config import apply_overrides, read_yaml, refuse_given, validate_config
 from csclip.config.eval import CHECKPOINT_SELECTIONS, EvalConfig
+from csclip.config.model import ModelSource
 from csclip.entry.common import (
     make_parser,
     mlflow_line,
@@ -17,6 +20,9 @@ from csclip.entry.common import (
     setup_logging,
     shortcut_overrides,
 )
+from csclip.errors import ConfigError, DataError
+from csclip.ownership import output_lease
+from csclip.storage import filesystem_for, resolve_output
 
 DESCRIPTION = """\
 Evaluate a CLIP model on the half-truth benchmark (SPEC §4), with the retrieval and
@@ -134,8 +140,6 @@ def model_pairs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
     """(model, pretrained) of every model named: --pretrained-model's pairs (and files of
     pairs), else each --model with each --pretrained (CLIP_benchmark's product). A
     malformed pair or file line is a ConfigError."""
-    from csclip.errors import ConfigError
-
     if args.pretrained_model:
         if args.pretrained:
             raise ConfigError("--pretrained-model names the pretrained weights of each model; "
@@ -192,9 +196,6 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
 def several_models(args: argparse.Namespace, config) -> list:
     """The ModelSource of each model when several are named (else []): config.model's
     other fields (image_size, quick_gelu) with each (model, pretrained)."""
-    from csclip.config.model import ModelSource
-    from csclip.errors import ConfigError
-
     pairs = model_pairs(args)
     if len(pairs) < 2:
         if args.pretrained and len(args.pretrained) > 1 and not pairs:
@@ -254,8 +255,6 @@ def check_checkpoint(checkpoint: str | None) -> None:
     """Refuse a checkpoint that is not there, before anything loads: a local path that
     does not exist, an s3:// prefix with no file under it (a missing bucket included).
     Raises ConfigError "checkpoint not found: PATH"; DataError when S3 cannot be listed."""
-    from csclip.errors import ConfigError
-
     if not checkpoint:
         return
     if checkpoint.startswith("s3://"):
@@ -267,10 +266,6 @@ def check_checkpoint(checkpoint: str | None) -> None:
 
 def _s3_has_files(uri: str) -> bool:
     """Whether any file lies under the s3:// prefix (pyarrow's S3 client: no torch)."""
-    import pyarrow.fs as pafs
-
-    from csclip.errors import DataError
-    from csclip.storage import filesystem_for
 
     fs, path = filesystem_for(uri)
     try:
@@ -282,9 +277,6 @@ def _s3_has_files(uri: str) -> bool:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from csclip.ownership import output_lease
-    from csclip.storage import resolve_output
-
     config = eval_config(args)
     if printed_config(args, config):
         return 0
@@ -294,11 +286,11 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _evaluate_into(config, args: argparse.Namespace) -> int:
-    from csclip.eval.pipeline import run_evaluation
+    from csclip.eval.pipeline import run_evaluation  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
 
     models = several_models(args, config)
     if args.select == "paper":  # csclip.eval.selection: every saved step, the authors' pick
-        from csclip.eval.selection import run_selected_evaluation
+        from csclip.eval.selection import run_selected_evaluation  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
 
         selected = run_selected_evaluation(config)
         print(selected.report.markdown)

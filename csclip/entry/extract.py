@@ -7,7 +7,7 @@ import sys
 import typing
 
 from csclip.config import load_config
-from csclip.config.extract import ExtractConfig
+from csclip.config.extract import BackendName, ExtractConfig, InputFormat, PromptSet
 from csclip.entry.common import (
     add_address_argument,
     make_parser,
@@ -17,6 +17,7 @@ from csclip.entry.common import (
     setup_logging,
     shortcut_overrides,
 )
+from csclip.entry.ray_init import init_ray
 
 DESCRIPTION = """\
 Extract units and foils from captions into a sharded units table (docs/extraction.md).
@@ -38,20 +39,14 @@ EXAMPLES = (
 )
 
 def _backends() -> tuple[str, ...]:
-    from csclip.config.extract import BackendName
-
     return typing.get_args(BackendName)
 
 
 def _prompt_sets() -> tuple[str, ...]:
-    from csclip.config.extract import PromptSet
-
     return typing.get_args(PromptSet)
 
 
 def _input_formats() -> tuple[str, ...]:
-    from csclip.config.extract import InputFormat
-
     return typing.get_args(InputFormat)
 
 
@@ -114,8 +109,7 @@ def _extract(args: argparse.Namespace) -> int:
     config = load_config(ExtractConfig, args.config, overrides_from_args(args))
     if printed_config(args, config):
         return 0
-    from csclip.entry.ray_init import init_ray
-    from csclip.extract.pipeline import read_input, run_extraction, with_input_format
+    from csclip.extract.pipeline import read_input, run_extraction, with_input_format  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
 
     config = with_input_format(config)  # --input's format, from its name or content
     captions = read_input(config)  # a bad input file fails here, before Ray starts

@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from csclip.cluster import ray_process
+
 logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -139,7 +141,7 @@ def _worker_setup() -> None:
     no address, which resolves RAY_ADDRESS or else looks for running GCS processes: on a
     machine where several engineers run Ray it finds many, raises ConnectionError in its
     monitor thread and prints the traceback. Point it at the worker's own instance."""
-    import ray
+    import ray  # noqa: PLC0415  ray starts only after the config and inputs are checked
 
     os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
 
@@ -173,7 +175,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> bool
         # at import. Imported already (a library caller), Ray's own default applies.
         for name, value in local_env(num_cpus).items():
             os.environ.setdefault(name, value)
-    import ray
+    import ray  # noqa: PLC0415  ray starts only after the config and inputs are checked
 
     if ray.is_initialized():
         return False
@@ -182,7 +184,6 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> bool
         # environment already, so worker_env_vars leaves a user's thresholds alone).
         env_vars = worker_env_vars()
         runtime_env = {"env_vars": env_vars} if env_vars else {}
-        from csclip.cluster import ray_process
 
         if ray_process() is None:
             # A driver joining from outside a job ships the project directory to the

@@ -69,7 +69,7 @@ def _report(args: argparse.Namespace) -> int:
     config = report_config(args)
     if printed_config(args, config):
         return 0
-    from csclip.report.paper import parse_labels, run_report
+    from csclip.report.paper import parse_labels, run_report  # noqa: PLC0415  the report reads checkpoints with torch; loaded once the config is checked
 
     report = run_report(config, args.paper, parse_labels(args.label))
     print(report.markdown)

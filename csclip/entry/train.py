@@ -18,6 +18,9 @@ from csclip.entry.common import (
     setup_logging,
     shortcut_overrides,
 )
+from csclip.entry.ray_init import init_ray
+from csclip.pretrained import resolve_tag_weights
+from csclip.train.console import start_line
 
 DESCRIPTION = """\
 Fine-tune a CLIP model on Ray Train: CS-CLIP, or the CLIP / NegCLIP baselines.
@@ -77,7 +80,7 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or "--demo" in argv:
-        from csclip.entry import demo
+        from csclip.entry import demo  # noqa: PLC0415  the demo's entry is the other command behind this one
 
         # The demo's parser takes the rest; its usage names the command as typed.
         typed = f"{prog} --demo" if prog and argv else prog
@@ -92,11 +95,8 @@ def _train(args: argparse.Namespace) -> int:
     config = load_config(TrainConfig, args.config, overrides_from_args(args))
     if printed_config(args, config):
         return 0
-    from csclip.entry.ray_init import init_ray
-    from csclip.pretrained import resolve_tag_weights
-    from csclip.train import run
-    from csclip.train.console import start_line
-    from csclip.train.loop import run_name
+    from csclip.train import run  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
+    from csclip.train.loop import run_name  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
 
     # What is being trained, before Ray, the data plan and the workers take their minutes.
     logging.getLogger("csclip.train").info(start_line(config, run_name(config)))
