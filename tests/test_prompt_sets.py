@@ -152,8 +152,8 @@ def _config(tmp_path: Path, name: str, *overrides: str) -> ExtractConfig:
 
 def test_a_third_prompt_set_runs_stores_replays_and_dumps(ray_session, tmp_path, monkeypatch):
     toy = toy_prompt_set()
-    monkeypatch.setitem(prompt_sets._LOADED, "toy", toy)  # what register_prompt_set does
-    prompt_sets.register_prompt_set(toy)
+    # As if PROMPT_SETS had a line for it (the workers cannot import a test module).
+    monkeypatch.setitem(prompt_sets._LOADED, "toy", toy)
     assert prompt_sets.get_prompt_set("toy") is toy
 
     live = run_extraction(_config(tmp_path, "live", "backend.name=vllm"), engine=toy_engine())

@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from csclip.extract.prompt_sets.base import PromptSet
 
-__all__ = ["DEFAULT_PROMPT_SET", "PROMPT_SETS", "PROMPT_SET_NAMES", "get_prompt_set",
-           "register_prompt_set"]
+__all__ = ["DEFAULT_PROMPT_SET", "PROMPT_SETS", "PROMPT_SET_NAMES", "get_prompt_set"]
 
 # name -> "module:class" of its implementation (imported on first use).
 PROMPT_SETS: dict[str, str] = {
@@ -25,9 +24,10 @@ PROMPT_SETS: dict[str, str] = {
     "authors": "csclip.extract.prompt_sets.authors:AuthorsPromptSet",
 }
 PROMPT_SET_NAMES: tuple[str, ...] = tuple(PROMPT_SETS)
+# The prompt set of outputs written before there were others: their manifest names none.
 DEFAULT_PROMPT_SET = "csclip"
 
-_LOADED: dict[str, PromptSet] = {}
+_LOADED: dict[str, PromptSet] = {}  # name -> its instance, once imported
 
 
 def get_prompt_set(name: str) -> PromptSet:
@@ -38,8 +38,3 @@ def get_prompt_set(name: str) -> PromptSet:
         _LOADED[name] = getattr(importlib.import_module(module_name), class_name)()
     return _LOADED[name]
 
-
-def register_prompt_set(prompt_set: PromptSet) -> None:
-    """Make `prompt_set` the one `get_prompt_set(prompt_set.name)` returns (a prompt set
-    defined outside this package, e.g. in a test)."""
-    _LOADED[prompt_set.name] = prompt_set
