@@ -1,12 +1,16 @@
 """Tests that once passed with their feature removed, kept honest: each case removes the
 feature from a copy of the code and runs the test that guards it, which must then fail on
-its assertion (a test that still passes, or fails to import, is reported as such).
+its assertion. A test that still passes, fails to import, or fails because the mutant made
+the code raise (a NameError, TypeError, ... rather than a failed assertion) is reported as
+such and fails the case: a raising mutant shows the code broke, not that the test checks
+the feature (tests/mutation_outcome.py records which exception ended the test).
 
 A case whose line is no longer in the source fails with the line it looked for: move the
 mutation with the code it breaks, never delete it to get a green run."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -120,23 +124,66 @@ def mutated_copy(mutation: Mutation, destination: Path) -> Path:
     return destination
 
 
+def run_recorded(test: str, cwd: Path, path: list[Path], outcome: Path) -> tuple[int, str]:
+    """Run one pytest node id in a fresh process, with `path` first on PYTHONPATH and
+    tests/mutation_outcome.py recording to `outcome` what ended it; (exit code, output)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path)),
+           "MUTATION_OUTCOME": str(outcome)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+         "-p", "mutation_outcome", test],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    return done.returncode, done.stdout + done.stderr
+
+
+def caught_by_an_assertion(outcome: Path) -> tuple[bool, str]:
+    """Whether the recorded test failed on a failed assertion only (an AssertionError, or
+    pytest's Failed from pytest.fail and pytest.raises), and what ended it."""
+    records = ([json.loads(line) for line in outcome.read_text().splitlines()]
+               if outcome.exists() else [])
+    if not records:
+        return False, "no test phase raised"
+    described = "; ".join(f"{r['when']}: {r['type']}: {r['message']}" for r in records)
+    return all(r["assertion"] for r in records), described
+
+
 @pytest.mark.parametrize("name", sorted(MUTATIONS))
 def test_the_guarding_test_fails_on_the_mutant(name, tmp_path):
     mutation = MUTATIONS[name]
-    root = mutated_copy(mutation, tmp_path)
-    # The copy first on the path: its csclip shadows the checkout's editable install.
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-         mutation.test],
-        cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    output = done.stdout + done.stderr
+    root = mutated_copy(mutation, tmp_path / "copy")
+    outcome = tmp_path / "outcome.jsonl"
+    # The copy first on the path: its csclip shadows the checkout's editable install; its
+    # tests/ holds the plugin.
+    code, output = run_recorded(mutation.test, root, [root, root / "tests"], outcome)
     # Exit code 1: tests ran and one failed. 0 would be the mutant passing; 2-4 a
     # collection or usage error, which proves nothing about the test.
-    assert done.returncode == 1, f"{mutation.test} on the mutant:\n{output[-3000:]}"
+    assert code == 1, f"{mutation.test} on the mutant:\n{output[-3000:]}"
     assert "1 failed" in output and "error" not in output.splitlines()[-1], output[-3000:]
+    # The failure must be the test's assertion, not an exception the mutant raised.
+    caught, how = caught_by_an_assertion(outcome)
+    assert caught, f"{name}: mutant raised, not caught by an assertion ({how})"
     # And the code that failed was the copy's: its module is imported from there.
     module = mutation.file.removesuffix(".py").replace("/", ".")
     where = subprocess.run([sys.executable, "-c", f"import {module} as m; print(m.__file__)"],
-                           cwd=root, env=env, capture_output=True, text=True, check=True)
+                           cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                           capture_output=True, text=True, check=True)
     assert Path(where.stdout.strip()) == root / mutation.file
+
+
+def test_a_raising_mutant_is_told_from_a_failed_assertion(tmp_path):
+    (tmp_path / "test_cases.py").write_text(
+        "import pytest\n\n"
+        "def test_assertion():\n    assert 1 + 1 == 3\n\n"
+        "def test_did_not_raise():\n    with pytest.raises(ValueError):\n        pass\n\n"
+        "def test_name_error():\n    undefined_name\n\n"
+        "def test_type_error():\n    len(1)\n")
+    expected = {"test_assertion": True, "test_did_not_raise": True,
+                "test_name_error": False, "test_type_error": False}
+    for test, caught_expected in expected.items():
+        outcome = tmp_path / f"{test}.jsonl"
+        code, output = run_recorded(f"test_cases.py::{test}", tmp_path, [REPO_ROOT / "tests"],
+                                    outcome)
+        assert code == 1, output[-2000:]
+        caught, how = caught_by_an_assertion(outcome)
+        assert caught is caught_expected, (test, how)
+    assert "builtins.TypeError" in how
