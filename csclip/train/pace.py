@@ -24,8 +24,8 @@ only wait is ray.wait's timeout in process_completed_tasks (a module constant,
 WAIT_FOR_TASK_COMPLETION_TIMEOUT_S, 0.1 s), which applies only while tasks run; with the
 blocks waiting for the step the loop does not wait at all. benchmarks/bench_pace.py (60
 steps of CLIP-FT on the world, paced and unpaced alternating in one process, 2 repeats
-each, a loaded 2-core machine): paced 4.7 and 7.8 s of training, unpaced 5.1 and 23.2 s,
-the same loss (docs/performance.md, "Ray Data's scheduling loop beside the step").
+each): paced training is quicker, most of all on a loaded machine, with the same loss
+(docs/performance.md, "Ray Data's scheduling loop beside the step").
 """
 
 from __future__ import annotations
