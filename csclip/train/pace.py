@@ -24,7 +24,7 @@ only wait is ray.wait's timeout in process_completed_tasks (a module constant,
 WAIT_FOR_TASK_COMPLETION_TIMEOUT_S, 0.1 s), which applies only while tasks run; with the
 blocks waiting for the step the loop does not wait at all. benchmarks/bench_pace.py (60
 steps of CLIP-FT on the world, paced and unpaced alternating in one process, 2 repeats
-each): paced training is quicker, most of all on a loaded machine, with the same loss
+each): paced training was quicker in both repeats, with the same loss
 (docs/performance.md, "Ray Data's scheduling loop beside the step").
 """
 
