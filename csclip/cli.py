@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import importlib
 import sys
+from importlib.metadata import PackageNotFoundError, version
+
+from csclip import __version__
 
 # command -> (module in csclip.entry, one line of help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -37,12 +40,9 @@ def usage() -> str:
 
 def package_version() -> str:
     """The installed distribution's version (pyproject.toml's, as pip recorded it)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("csclip")
     except PackageNotFoundError:  # imported from a checkout that was never pip-installed
-        from csclip import __version__
 
         return f"{__version__} (not installed)"
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from csclip.errors import DataError
+from csclip.cluster import ray_process
+from csclip.errors import ConfigError, DataError
 
 ENDPOINT_ENV = "AWS_ENDPOINT_URL"
 logger = logging.getLogger(__name__)
@@ -77,12 +78,8 @@ def resolve_output(uri: str, field: str) -> str:
         return uri
     path = Path(uri).expanduser()
     if not path.is_absolute():
-        from csclip.cluster import ray_process
-
         where = ray_process()
         if where is not None:
-            from csclip.errors import ConfigError
-
             raise ConfigError(f"{field}: {uri!r} is relative to the working directory of this Ray "
                               f"{where}, a temporary copy deleted with the Ray session; give an "
                               "s3:// URI (on a cluster) or an absolute path")

@@ -38,13 +38,13 @@ def _error_line(code: int, capsys) -> str:
 @pytest.fixture
 def no_model(monkeypatch):
     """Any model load fails the test: the refusal must come first."""
-    import csclip.model
+    import csclip.eval.pipeline  # the module that loads the models, patched where it looks
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was checked")
 
-    monkeypatch.setattr(csclip.model, "bundle_from_config", refuse)
-    monkeypatch.setattr(csclip.model, "load_bundle", refuse)
+    monkeypatch.setattr(csclip.eval.pipeline, "bundle_from_config", refuse)
+    monkeypatch.setattr(csclip.eval.pipeline, "load_bundle", refuse)
 
 
 def _one_benchmark_root(tmp_path: Path) -> Path:

@@ -167,13 +167,13 @@ def test_all_seven_give_zs_paper_avg_the_mean_top1(paper_root):
 
 
 def test_a_missing_dataset_is_one_line_naming_its_layout(tmp_path, capsys, monkeypatch):
-    import csclip.model
+    import csclip.eval.pipeline  # the module that loads the models, patched where it looks
     from csclip.entry.evaluate import main
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was checked")
 
-    monkeypatch.setattr(csclip.model, "bundle_from_config", refuse)
+    monkeypatch.setattr(csclip.eval.pipeline, "bundle_from_config", refuse)
     write_zeroshot_paper(tmp_path, ("cifar10", "sun397"))
     (tmp_path / "zeroshot_paper" / "imagenet1k").mkdir()  # there, but not its layout
     code = main(["--model", "csclip-tiny", "--suite", "zeroshot_paper", "--data-root",

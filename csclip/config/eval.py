@@ -175,8 +175,8 @@ class SuitesConfig(StrictModel):
     # Unset (None): "paper" with the suite "paper" (set on validation), else "official".
     protocol: Literal["official", "paper"] | None = None
     # How retrieval Recall@k counts (csclip.eval.retrieval): clip_benchmark (one query per
-    # caption instance, ties as torch.topk) or strict (ours). Unset: clip_benchmark under
-    # the paper protocol, else strict.
+    # caption instance, ties as torch.topk) or strict (ours). Unset: clip_benchmark; strict
+    # on request.
     retrieval_counting: RetrievalCounting | None = None
 
     @property
@@ -186,10 +186,8 @@ class SuitesConfig(StrictModel):
 
     @property
     def retrieval_rule(self) -> RetrievalCounting:
-        """How retrieval counts: retrieval_counting, else the protocol's."""
-        if self.retrieval_counting is not None:
-            return self.retrieval_counting
-        return "clip_benchmark" if self.scoring_protocol == "paper" else "strict"
+        """How retrieval counts: retrieval_counting, else CLIP_benchmark's rule."""
+        return self.retrieval_counting or "clip_benchmark"
 
     @model_validator(mode="before")
     @classmethod

@@ -10,9 +10,10 @@ from pydantic import Field, field_validator, model_validator
 from csclip.config.base import StrictModel
 from csclip.config.tracking import TrackingConfig
 from csclip.config.world import WorldConfig
+from csclip.extract.prompt_sets import DEFAULT_PROMPT_SET, PROMPT_SET_NAMES
 
 __all__ = ["OWN_ENGINE_KWARGS", "BackendConfig", "BackendName", "ExtractConfig",
-           "ExtractTrackingConfig", "InputConfig", "InputFormat", "OutputConfig", "PromptSet",
+           "ExtractTrackingConfig", "InputConfig", "InputFormat", "OutputConfig",
            "VllmConfig"]
 
 
@@ -156,7 +157,6 @@ OWN_ENGINE_KWARGS = {"max_model_len": "max_model_len",
 BackendName = Literal["vllm", "rules", "gold", "authors", "replay"]
 
 
-PromptSet = Literal["csclip", "authors"]
 
 
 class BackendConfig(StrictModel):
@@ -167,10 +167,18 @@ class BackendConfig(StrictModel):
     # The LLM's prompt set (vllm, replay). csclip: one call per caption, our prompt and
     # foil rules (docs/extraction.md says what it changes). authors: the authors' three
     # calls, prompts, sampling and filters, to reproduce the paper's units.
-    prompts: PromptSet = "csclip"
+    prompts: str = DEFAULT_PROMPT_SET  # a name of csclip.extract.prompt_sets.PROMPT_SETS
     # replay: the raw answers a vllm run stored (its answers/ folder, a *.jsonl file or a
     # glob; local or s3://); the units are re-derived from them with no LLM.
     answers: str | None = None
+
+    @field_validator("prompts")
+    @classmethod
+    def _registered_prompt_set(cls, value: str) -> str:
+        if value not in PROMPT_SET_NAMES:
+            raise ValueError(f"unknown prompt set {value!r}; choose from "
+                             f"{', '.join(PROMPT_SET_NAMES)}")
+        return value
 
     @model_validator(mode="after")
     def _replay_needs_answers(self) -> BackendConfig:

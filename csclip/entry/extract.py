@@ -7,7 +7,7 @@ import sys
 import typing
 
 from csclip.config import load_config
-from csclip.config.extract import BackendName, ExtractConfig, InputFormat, PromptSet
+from csclip.config.extract import BackendName, ExtractConfig, InputFormat
 from csclip.entry.common import (
     add_address_argument,
     make_parser,
@@ -18,6 +18,7 @@ from csclip.entry.common import (
     shortcut_overrides,
 )
 from csclip.entry.ray_init import init_ray
+from csclip.extract.prompt_sets import PROMPT_SET_NAMES
 
 DESCRIPTION = """\
 Extract units and foils from captions into a sharded units table (docs/extraction.md).
@@ -43,7 +44,7 @@ def _backends() -> tuple[str, ...]:
 
 
 def _prompt_sets() -> tuple[str, ...]:
-    return typing.get_args(PromptSet)
+    return PROMPT_SET_NAMES
 
 
 def _input_formats() -> tuple[str, ...]:

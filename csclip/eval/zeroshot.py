@@ -13,10 +13,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow.fs as pafs
+from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES, OPENAI_IMAGENET_TEMPLATES
 
 from csclip.errors import DataError
 from csclip.eval.encoder import Encoder, FeatureTables, ImageSource, l2_normalize
+from csclip.storage import exists, filesystem_for, is_dir, read_bytes
 from csclip.units import UnitsRecord
+from csclip.world.render import render_png
+from csclip.world.scene import Scene, scene_from_record
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +92,6 @@ def evaluate_task(encoder: Encoder, task: ZeroShotTask) -> tuple[float, float]:
 # ---------------------------------------------------------------------------------------
 
 def _read_lines(uri: str) -> list[str] | None:
-    from csclip.storage import exists, filesystem_for, read_bytes
-
     filesystem, path = filesystem_for(uri)
     if not exists(filesystem, path):
         return None
@@ -104,10 +107,6 @@ def load_image_folder(root: str, name: str | None = None) -> ZeroShotTask:
 
     Raises DataError when there are no class folders or classnames.txt has the wrong length.
     """
-    import pyarrow.fs as pafs
-    from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES, OPENAI_IMAGENET_TEMPLATES
-
-    from csclip.storage import filesystem_for, is_dir
 
     name = name or root.rstrip("/").rsplit("/", 1)[-1]
     filesystem, path = filesystem_for(root)
@@ -142,9 +141,6 @@ def evaluate_zeroshot_datasets(encoder: Encoder, root: str) -> dict[str, float]:
     """Every dataset folder under `root` (<data-root>/zeroshot): `zs_<name>` (top-1),
     `zs_<name>_recall` (mean per-class recall), `zs_<name>_num_images` and `zs_avg` (mean
     top-1 over the datasets, the paper's ZS column)."""
-    import pyarrow.fs as pafs
-
-    from csclip.storage import filesystem_for
 
     filesystem, path = filesystem_for(root)
     infos = filesystem.get_file_info(pafs.FileSelector(path, recursive=False, allow_not_found=True))
@@ -184,9 +180,6 @@ def world_zeroshot_tasks(records: Sequence[UnitsRecord], seed: int = 0,
     rendered alone where it stands; count classifies the scene by its number of objects.
     Classes are the shapes / colors / counts seen; texts are world language ("a red
     circle"), with shape and color classifiers ensembled over the other attribute."""
-    from csclip.world.render import render_png
-    from csclip.world.scene import Scene, scene_from_record
-
     world = sorted({r.image_id: r for r in records if r.meta.get("scene")}.values(),
                    key=lambda r: r.image_id)[:max_items]
     if not world:

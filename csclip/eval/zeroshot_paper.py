@@ -27,12 +27,16 @@ import logging
 import pickle
 from dataclasses import dataclass
 from functools import cache
+from importlib import resources
 
 import numpy as np
+import pyarrow.fs as pafs
+from PIL import Image
 
 from csclip.errors import DataError
 from csclip.eval.encoder import Encoder, ImageSource
 from csclip.eval.zeroshot import ZeroShotTask, evaluate_task
+from csclip.storage import exists, filesystem_for, is_dir, join, read_bytes
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +79,6 @@ def metric_slug(dataset: str) -> str:
 # ---------------------------------------------------------------------------------------
 
 def _package_file(name: str) -> str:
-    from importlib import resources
-
     try:
         return resources.files("clip_benchmark.datasets").joinpath(name).read_text()
     except ModuleNotFoundError as err:
@@ -152,9 +154,6 @@ class PaperDataset:
 
 def _files(root: str) -> list[str]:
     """Every file under `root`, as paths relative to it, sorted."""
-    import pyarrow.fs as pafs
-
-    from csclip.storage import filesystem_for
 
     filesystem, path = filesystem_for(root)
     path = path.rstrip("/")
@@ -168,8 +167,6 @@ def _uri(root: str, relative: str) -> str:
 
 
 def _read(uri: str) -> bytes:
-    from csclip.storage import filesystem_for, read_bytes
-
     filesystem, path = filesystem_for(uri)
     return read_bytes(filesystem, path)
 
@@ -320,8 +317,6 @@ def read_cifar10(root: str) -> PaperDataset:
     CIFAR10_PICKLE_GLOBALS): the test_batch pickle's (3072-byte rows, CHW) images as PNG
     bytes (the encoder's ImageSource: encoded bytes or a URI; PNG keeps every pixel), its
     labels, batches.meta's label_names."""
-    from PIL import Image
-
     batches = _uri(root, "cifar-10-batches-py")
     batch = _unpickle(_uri(batches, "test_batch"))
     meta = _unpickle(_uri(batches, "batches.meta"))
@@ -375,14 +370,12 @@ def paper_task(name: str, root: str) -> ZeroShotTask:
 def find_paper_datasets(suite_root: str) -> tuple[dict[str, str], dict[str, str]]:
     """({dataset: folder} found, {dataset: "<folder> (expects <layout>)"} missing) under
     `suite_root` (<data_root>/zeroshot_paper)."""
-    from csclip.eval.suites.core import exists, join
-
     found: dict[str, str] = {}
     missing: dict[str, str] = {}
     for name in PAPER_DATASETS:
         folder = join(suite_root, name)
         marker, layout = LAYOUTS[name]
-        if exists(join(folder, marker)) if marker else _has_class_folders(folder):
+        if exists(*filesystem_for(join(folder, marker))) if marker else _has_class_folders(folder):
             found[name] = folder
         else:
             missing[name] = f"{name} ({folder}: expects {layout})"
@@ -394,8 +387,6 @@ def _has_class_folders(folder: str) -> bool:
 
 
 def _exists_dir(folder: str) -> bool:
-    from csclip.storage import filesystem_for, is_dir
-
     filesystem, path = filesystem_for(folder)
     return is_dir(filesystem, path)
 

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 
 from csclip.config.world import SPLITS, WorldConfig
 from csclip.errors import ConfigError, DataError
-from csclip.storage import filesystem_for, is_dir, join, list_files, write_bytes_atomic
+from csclip.storage import filesystem_for, is_dir, join, list_files, read_bytes, write_bytes_atomic
 from csclip.units import UNITS_SCHEMA, UnitsRecord, record_from_row, records_to_table
 from csclip.world.generate import world_record
 from csclip.world.summary import SummaryBuilder, WorldSummary
@@ -108,7 +108,5 @@ def read_world_split(uri: str, split: str, *,
 
 def read_world_config(uri: str, *, filesystem: pafs.FileSystem | None = None) -> WorldConfig:
     """The WorldConfig a world directory was written with."""
-    from csclip.storage import read_bytes
-
     fs, root = _resolve(uri, filesystem)
     return WorldConfig.model_validate_json(read_bytes(fs, join(root, CONFIG_FILE)))

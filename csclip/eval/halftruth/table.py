@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 
 from csclip.errors import DataError
 from csclip.eval.halftruth.items import ALL_CONDITIONS, CONDITION_BY_SLUG, HalfTruthItem
@@ -62,9 +64,6 @@ def table_to_items(table: pa.Table, origin: str = "benchmark table") -> list[Hal
 
 def save_benchmark(items: Sequence[HalfTruthItem], path: str | Path) -> Path:
     """Write items as Parquet (`.parquet`) or CSV (`.csv`)."""
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     table = items_to_table(items)
@@ -79,9 +78,6 @@ def save_benchmark(items: Sequence[HalfTruthItem], path: str | Path) -> Path:
 
 def load_benchmark(path: str | Path) -> list[HalfTruthItem]:
     """Read items written by save_benchmark."""
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
-
     path = Path(path)
     if not path.is_file():
         raise DataError(f"benchmark table not found: {path}")
