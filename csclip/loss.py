@@ -1,6 +1,7 @@
 """CS-CLIP training objectives (SPEC §3): plain CLIP, L_full (NegCLIP) and L_unit (and the
 authors' optional ranking loss L_rank, their swap runs' extra term), with
-features all-gathered with gradient across workers so negatives come from the global batch.
+features all-gathered with gradient across workers (csclip.gather) so negatives come from
+the global batch.
 
 Every loss takes this worker's *local*, L2-normalised features and `scale =
 logit_scale.exp()` (= 1/τ). Gathering happens inside, so every worker computes the same
@@ -26,6 +27,7 @@ from torch import Tensor
 
 from csclip.config.loss import LossConfig
 from csclip.errors import ConfigError
+from csclip.gather import gather_if, gather_mask
 from csclip.units import unit_columns
 
 
@@ -40,74 +42,6 @@ class LossParts:
     total: Tensor
     image_foil: Tensor | None = None
     ranking: Tensor | None = None
-
-
-# ---------------------------------------------------------------------------------------
-# Gathering across workers
-# ---------------------------------------------------------------------------------------
-
-def _is_distributed() -> bool:
-    return (torch.distributed.is_available() and torch.distributed.is_initialized()
-            and torch.distributed.get_world_size() > 1)
-
-
-class _AllGatherWithGrad(torch.autograd.Function):
-    """Concatenate every worker's rows (dim 0); the backward sums the gradient over workers
-    and keeps this worker's rows (SimCLR's GatherLayer). Written out because
-    torch.distributed.nn.all_gather warns that it is deprecated (its suggested replacement
-    is private API), and so that workers may hold different numbers of rows (a last,
-    partial batch): rows are padded to the largest worker's count for the collective."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:
-        world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
-        count = torch.tensor([x.shape[0]], device=x.device)
-        counts = [torch.empty_like(count) for _ in range(world)]
-        torch.distributed.all_gather(counts, count)
-        sizes = [int(c) for c in counts]
-        padded = x.new_zeros((max(sizes), *x.shape[1:]))
-        padded[: x.shape[0]] = x
-        parts = [torch.empty_like(padded) for _ in range(world)]
-        torch.distributed.all_gather(parts, padded)
-        ctx.start, ctx.stop = sum(sizes[:rank]), sum(sizes[: rank + 1])
-        return torch.cat([part[:size] for part, size in zip(parts, sizes, strict=True)])
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
-        grad = grad.contiguous()
-        torch.distributed.all_reduce(grad)                       # sum over workers
-        return grad[ctx.start:ctx.stop]
-
-
-def gather_features(x: Tensor, dim: int = 0) -> Tensor:
-    """Concatenate `x` from every worker along `dim`, keeping the gradient.
-
-    Like open_clip's `gather_features(gather_with_grad=True)`: the backward sums, over
-    workers, the gradient each worker computes for this worker's slice. Every worker
-    computes the same global loss L, so the local gradient is world_size · ∂L/∂x_local;
-    DDP then *averages* parameter gradients over workers, which gives exactly ∂L/∂θ (the
-    world_size cancels). This is open_clip's `local_loss=False` convention.
-
-    Workers may differ in size along `dim` (e.g. a last, partial batch); all other
-    dimensions must match. Identity when torch.distributed is not initialised or has one
-    worker.
-    """
-    if not _is_distributed():
-        return x
-    gathered = _AllGatherWithGrad.apply(x.movedim(dim, 0))
-    return gathered.movedim(0, dim)
-
-
-def _gather_mask(mask: Tensor, gather: bool = True) -> Tensor:
-    # The mask carries no gradient; gather it as uint8 (gloo has no bool all_gather).
-    if not gather or not _is_distributed():
-        return mask.bool()
-    return _AllGatherWithGrad.apply(mask.to(torch.uint8)).bool()
-
-
-def _gather(x: Tensor, gather: bool, dim: int = 0) -> Tensor:
-    # gather=False: this worker's rows only (the local batch is the whole batch).
-    return gather_features(x, dim) if gather else x
 
 
 # ---------------------------------------------------------------------------------------
@@ -255,7 +189,7 @@ def clip_loss(image: Tensor, text: Tensor, scale: Tensor, gather: bool = True) -
     gather: negatives from every worker's batch (True) or this worker's only.
     Equals open_clip's `ClipLoss(gather_with_grad=True)` on the same features.
     """
-    return _clip(_gather(image, gather), _gather(text, gather), scale)
+    return _clip(gather_if(image, gather), gather_if(text, gather), scale)
 
 
 @fp32_loss
@@ -268,8 +202,8 @@ def negclip_loss(image: Tensor, caption: Tensor, caption_negative: Tensor, scale
     is left out); None: every sample has one. gather: as in clip_loss.
     """
     negative_mask = _full_mask(negative_mask, image)
-    return _negclip(_gather(image, gather), _gather(caption, gather),
-                    _gather(caption_negative, gather), _gather_mask(negative_mask, gather), scale)
+    return _negclip(gather_if(image, gather), gather_if(caption, gather),
+                    gather_if(caption_negative, gather), gather_mask(negative_mask, gather), scale)
 
 
 @fp32_loss
@@ -282,8 +216,8 @@ def unit_loss(image: Tensor, units: Tensor, foils: Tensor, mask: Tensor,
     Returns 0 (with a graph) when no sample of the (gathered) batch is valid.
     """
     _check_unit_shapes(image, units, foils, mask)
-    return _unit(_gather(image, gather), _gather(units, gather, dim=1),
-                 _gather(foils, gather, dim=1), _gather_mask(mask, gather), scale)
+    return _unit(gather_if(image, gather), gather_if(units, gather, dim=1),
+                 gather_if(foils, gather, dim=1), gather_mask(mask, gather), scale)
 
 
 @fp32_loss
@@ -301,13 +235,13 @@ def csclip_loss(image: Tensor, caption: Tensor, caption_negative: Tensor, units:
     """
     _check_unit_shapes(image, units, foils, mask)
     negative_mask = _full_mask(negative_mask, image)
-    all_image = _gather(image, gather)                           # (B_global, D)
-    all_caption = _gather(caption, gather)
-    all_units = _gather(units, gather, dim=1)                    # (K, B_global, D)
-    all_mask = _gather_mask(mask, gather)
-    loss_full = _negclip(all_image, all_caption, _gather(caption_negative, gather),
-                         _gather_mask(negative_mask, gather), scale)
-    loss_unit = _unit(all_image, all_units, _gather(foils, gather, dim=1), all_mask, scale)
+    all_image = gather_if(image, gather)                           # (B_global, D)
+    all_caption = gather_if(caption, gather)
+    all_units = gather_if(units, gather, dim=1)                    # (K, B_global, D)
+    all_mask = gather_mask(mask, gather)
+    loss_full = _negclip(all_image, all_caption, gather_if(caption_negative, gather),
+                         gather_mask(negative_mask, gather), scale)
+    loss_unit = _unit(all_image, all_units, gather_if(foils, gather, dim=1), all_mask, scale)
     total = loss_full + unit_loss_weight * loss_unit
     if not ranking_loss_weight:  # off: the total is exactly the paper's L
         return LossParts(full=loss_full, unit=loss_unit, total=total)
@@ -332,8 +266,8 @@ def ranking_loss(image: Tensor, caption: Tensor, units: Tensor, mask: Tensor,
     if caption.shape != image.shape:
         raise ValueError(f"caption must be {tuple(image.shape)}; got {tuple(caption.shape)}")
     _check_unit_shapes(image, units, units, mask)
-    return _ranking(_gather(image, gather), _gather(caption, gather),
-                    _gather(units, gather, dim=1), _gather_mask(mask, gather), margin)
+    return _ranking(gather_if(image, gather), gather_if(caption, gather),
+                    gather_if(units, gather, dim=1), gather_mask(mask, gather), margin)
 
 
 @fp32_loss
@@ -350,9 +284,9 @@ def image_foil_loss(image: Tensor, foil_images: Tensor, units: Tensor, foil_text
                          ("foil_texts", foil_texts)):
         if tensor.shape != image.shape:
             raise ValueError(f"{name} must be {tuple(image.shape)}; got {tuple(tensor.shape)}")
-    return _image_foil(_gather(image, gather), _gather(foil_images, gather),
-                       _gather(units, gather), _gather(foil_texts, gather),
-                       _gather_mask(mask, gather), scale)
+    return _image_foil(gather_if(image, gather), gather_if(foil_images, gather),
+                       gather_if(units, gather), gather_if(foil_texts, gather),
+                       gather_mask(mask, gather), scale)
 
 
 @fp32_loss

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from csclip.loss import LossParts, clip_loss, csclip_loss, gather_features, negclip_loss, unit_loss
+from csclip.gather import gather_features
+from csclip.loss import LossParts, clip_loss, csclip_loss, negclip_loss, unit_loss
 
 # log(1 + e^-1): cross-entropy of logits [1, 0] with label 0.
 CE_ONE_VS_ZERO = math.log(1 + math.exp(-1))

@@ -10,10 +10,10 @@ from pydantic import Field, field_validator, model_validator
 from csclip.config.base import StrictModel
 from csclip.config.tracking import TrackingConfig
 from csclip.config.world import WorldConfig
-from csclip.extract.prompt_sets import DEFAULT_PROMPT_SET, PROMPT_SET_NAMES
 
 __all__ = ["OWN_ENGINE_KWARGS", "BackendConfig", "BackendName", "ExtractConfig",
-           "ExtractTrackingConfig", "InputConfig", "InputFormat", "OutputConfig",
+           "DEFAULT_PROMPT_SET", "ExtractTrackingConfig", "InputConfig", "PROMPT_SETS",
+           "PROMPT_SET_NAMES", "InputFormat", "OutputConfig",
            "VllmConfig"]
 
 
@@ -62,6 +62,20 @@ class InputConfig(StrictModel):
     def is_world(self) -> bool:
         """Whether the captions are the synthetic world's (format world, or none and no uri)."""
         return self.format == "world" or (self.format is None and self.uri is None)
+
+
+# The LLM's prompt sets (`backend.prompts`), each a class implementing
+# csclip.extract.prompt_sets.base.PromptSet, imported when a run asks for it.
+# Name -> "module:class" of its implementation (imported on first use).
+PROMPT_SETS: dict[str, str] = {
+    # Ours: one call per caption (units and foils), one repair call (csclip.extract.prompts).
+    "csclip": "csclip.extract.prompt_sets.csclip:CsclipPromptSet",
+    # The authors' three calls, prompts, sampling and filters (csclip.extract.authors_prompts).
+    "authors": "csclip.extract.prompt_sets.authors:AuthorsPromptSet",
+}
+PROMPT_SET_NAMES: tuple[str, ...] = tuple(PROMPT_SETS)
+# The prompt set of outputs written before there were others: their manifest names none.
+DEFAULT_PROMPT_SET = "csclip"
 
 
 class VllmConfig(StrictModel):
@@ -167,7 +181,7 @@ class BackendConfig(StrictModel):
     # The LLM's prompt set (vllm, replay). csclip: one call per caption, our prompt and
     # foil rules (docs/extraction.md says what it changes). authors: the authors' three
     # calls, prompts, sampling and filters, to reproduce the paper's units.
-    prompts: str = DEFAULT_PROMPT_SET  # a name of csclip.extract.prompt_sets.PROMPT_SETS
+    prompts: str = DEFAULT_PROMPT_SET  # a name of PROMPT_SETS
     # replay: the raw answers a vllm run stored (its answers/ folder, a *.jsonl file or a
     # glob; local or s3://); the units are re-derived from them with no LLM.
     answers: str | None = None
@@ -205,6 +219,16 @@ class OutputConfig(StrictModel):
     dump_prompts: str | None = None
 
 
+class SwapNegativesConfig(StrictModel):
+    """The authors' caption shuffles (csclip.extract.swap_negatives): four ARO TextShuffler
+    perturbations per caption, written into the units' meta for training's swap rule."""
+
+    enabled: bool = False
+    spacy_model: str = "en_core_web_sm"  # theirs: TextShuffler's spacy.load("en_core_web_sm")
+    seed: int = 0  # with the sample_id, seeds each caption's shuffles
+    batch_size: int = Field(1000, ge=1)  # captions per nlp.pipe batch (theirs: 1000)
+
+
 class ExtractTrackingConfig(TrackingConfig):
     """MLflow, as for training (uri None: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db;
     `enabled: false` skips logging), with the extraction's own experiment and run name."""
@@ -219,6 +243,7 @@ class ExtractConfig(StrictModel):
     input: InputConfig = InputConfig()
     backend: BackendConfig = BackendConfig()
     output: OutputConfig = OutputConfig()
+    swap_negatives: SwapNegativesConfig = SwapNegativesConfig()
     tracking: ExtractTrackingConfig = ExtractTrackingConfig()
 
     @model_validator(mode="after")

@@ -4,3 +4,6 @@
 the same `main`, so a flag, its help and its behaviour exist once. Heavy imports (torch,
 ray) happen inside `main`, after parsing, so `--help` answers at once.
 """
+
+__all__ = ["ablate", "benchmark", "common", "demo", "evaluate", "extract", "ray_init", "report",
+           "train"]

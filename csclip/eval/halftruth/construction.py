@@ -82,7 +82,7 @@ def build_half_truth_benchmark(records: Iterable[UnitsRecord], seed: int = 0) ->
     )
 
 
-def _item(
+def make_item(
     record: UnitsRecord | VerbatimRecord,
     slug: str,
     anchor: str,
@@ -91,6 +91,7 @@ def _item(
     unit: str,
     foil: str,
 ) -> HalfTruthItem:
+    """The item of `record` for the condition `slug` (both protocols build their items so)."""
     condition = CONDITION_BY_SLUG[slug]
     return HalfTruthItem(
         record.image_id,
@@ -105,7 +106,8 @@ def _item(
     )
 
 
-def _and(first: str, second: str) -> str:
+def joined(first: str, second: str) -> str:
+    """Two parts of a caption joined as every half-truth joins them: "<first> and <second>"."""
     return f"{first} and {second}"
 
 
@@ -157,10 +159,10 @@ def _entity_items(
             if wrong is None:
                 out.append((slug, SkipReason.NO_RANDOM_ENTITY))
                 continue
-        completion = _and(first.text, second.text)
-        half_truth = _and(first.text, wrong)
+        completion = joined(first.text, second.text)
+        half_truth = joined(first.text, wrong)
         out.append(
-            (slug, _item(record, slug, first.text, completion, half_truth, second.text, wrong))
+            (slug, make_item(record, slug, first.text, completion, half_truth, second.text, wrong))
         )
     return out
 
@@ -278,7 +280,7 @@ def _relation_items(record: UnitsRecord, seed: int) -> list[tuple[str, HalfTruth
         out.append(
             (
                 slug,
-                _item(record, slug, anchor, relation.text, half_truth, relation.text, half_truth),
+                make_item(record, slug, anchor, relation.text, half_truth, relation.text, half_truth),
             )
         )
     return out

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from csclip.errors import DataError
-from csclip.eval.halftruth.construction import _and, entity_may_hold, stable_rng
+from csclip.eval.halftruth.construction import entity_may_hold, joined, stable_rng
 from csclip.units import UnitsRecord, normalize_text
 
 
@@ -90,7 +90,7 @@ def build_image_side_benchmark(
             chosen = rng.sample(candidates, min(max_distractors, len(candidates)))
             items.append(
                 ImageSideItem(
-                    image_id, _and(shared, distinct), shared, distinct, tuple(sorted(chosen))
+                    image_id, joined(shared, distinct), shared, distinct, tuple(sorted(chosen))
                 )
             )
     return items

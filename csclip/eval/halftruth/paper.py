@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from csclip.authors import VerbatimRecord, VerbatimRelation, VerbatimTriple, entity_foil_names
 from csclip.config.eval import PAPER_NUM_SAMPLES, PAPER_SEED
 from csclip.errors import DataError
-from csclip.eval.halftruth.construction import _and, _item
+from csclip.eval.halftruth.construction import joined, make_item
 from csclip.eval.halftruth.items import HalfTruthBenchmark, HalfTruthItem, Protocol, SkipReason
 from csclip.progress import progress
 from csclip.units import UnitsRecord
@@ -329,7 +329,7 @@ def build_paper_benchmark(
     items: list[HalfTruthItem] = []
     made: dict[str, set[str]] = defaultdict(set)  # slug -> dedup keys with an item
     for sample, rand in zip(entity.samples, _random_foils(entity.samples, seed), strict=True):
-        completion = _and(sample.anchor, sample.second)
+        completion = joined(sample.anchor, sample.second)
         for slug, foil in (
             ("obj", sample.object_foil),
             ("attr", sample.attribute_foil),
@@ -337,12 +337,12 @@ def build_paper_benchmark(
         ):
             if foil:
                 items.append(
-                    _item(
+                    make_item(
                         sample.record,
                         slug,
                         sample.anchor,
                         completion,
-                        _and(sample.anchor, foil),
+                        joined(sample.anchor, foil),
                         sample.second,
                         foil,
                     )
@@ -358,7 +358,7 @@ def build_paper_benchmark(
             text = sample.half_truths[slug]
             if is_valid_caption(text):
                 items.append(
-                    _item(
+                    make_item(
                         sample.record,
                         slug,
                         sample.subject,

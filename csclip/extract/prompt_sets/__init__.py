@@ -1,9 +1,10 @@
 """The LLM's prompt sets (`backend.prompts`): each is one module whose class implements
 `PromptSet` (csclip.extract.prompt_sets.base); this registry names them.
 
-Light on purpose: the config validates `backend.prompts` against PROMPT_SET_NAMES without
-pyarrow, Ray or torch; a prompt set's module is imported when `get_prompt_set` asks for it.
-A new prompt set is one module plus one line in PROMPT_SETS.
+The registry itself, PROMPT_SETS (name -> "module:Class"), sits in csclip.config.extract,
+which validates `backend.prompts` against it without pyarrow, Ray or torch; a prompt set's
+module is imported when `get_prompt_set` asks for it. A new prompt set is one module plus
+one line in PROMPT_SETS.
 """
 
 from __future__ import annotations
@@ -11,21 +12,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from csclip.config.extract import DEFAULT_PROMPT_SET, PROMPT_SET_NAMES, PROMPT_SETS
+
 if TYPE_CHECKING:
     from csclip.extract.prompt_sets.base import PromptSet
 
 __all__ = ["DEFAULT_PROMPT_SET", "PROMPT_SETS", "PROMPT_SET_NAMES", "get_prompt_set"]
-
-# name -> "module:class" of its implementation (imported on first use).
-PROMPT_SETS: dict[str, str] = {
-    # Ours: one call per caption (units and foils), one repair call (csclip.extract.prompts).
-    "csclip": "csclip.extract.prompt_sets.csclip:CsclipPromptSet",
-    # The authors' three calls, prompts, sampling and filters (csclip.extract.authors_prompts).
-    "authors": "csclip.extract.prompt_sets.authors:AuthorsPromptSet",
-}
-PROMPT_SET_NAMES: tuple[str, ...] = tuple(PROMPT_SETS)
-# The prompt set of outputs written before there were others: their manifest names none.
-DEFAULT_PROMPT_SET = "csclip"
 
 _LOADED: dict[str, PromptSet] = {}  # name -> its instance, once imported
 
