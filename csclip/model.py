@@ -177,6 +177,12 @@ def _build(name: str, pretrained: str | None, device: str, quick_gelu: bool | No
         model, _, preprocess = open_clip.create_model_and_transforms(
             name, pretrained=weights if load_weights else None, device=device,
             force_quick_gelu=quick_gelu, force_image_size=image_size, **preprocess_overrides)
+    except (RuntimeError, AssertionError) as err:
+        # A weights file of another model: load_state_dict's size mismatch, or open_clip's
+        # own assert while it resizes the position embeddings to this model's.
+        if not (load_weights and weights and not tag_cfg and Path(weights).is_file()):
+            raise
+        raise CheckpointMismatch(_not_weights_of(weights, name, err)) from err
     finally:
         root.removeFilter(_skip_no_weights_warning)
     model.eval()
@@ -219,6 +225,16 @@ def unreadable_weights_as_data_error(directory: str | Path) -> Iterator[None]:
             raise
         raise DataError(f"{Path(directory) / WEIGHTS_FILE}: not a readable state dict of "
                         f"this model ({str(err).splitlines()[0]})") from err
+
+
+def _not_weights_of(path: str | Path, name: str, err: BaseException) -> str:
+    """One line: the weights file `path` does not fit model `name` (err: what torch or
+    open_clip said, its first line that names a tensor, else its last)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    detail = next((line for line in lines if "size mismatch" in line), lines[-1] if lines
+                  else type(err).__name__)
+    return (f"{path}: not weights of {name} ({detail}); set model.name (--model) to the model "
+            "the weights are of")
 
 
 def _skip_no_weights_warning(record: logging.LogRecord) -> bool:
@@ -276,8 +292,7 @@ def _build_from_file(name: str, path: str, device: str, quick_gelu: bool | None,
     try:
         missing, unexpected = bundle.model.load_state_dict(weights.state_dict, strict=False)
     except RuntimeError as err:  # a tensor of another shape: weights of another model
-        raise CheckpointMismatch(f"{path}: not weights of {name} ({str(err).splitlines()[-1].strip()})"
-                                 ) from err
+        raise CheckpointMismatch(_not_weights_of(path, name, err)) from err
     if missing or unexpected:
         raise CheckpointMismatch(f"{path}: not weights of {name} ({len(missing)} of its keys "
                                  f"missing, e.g. {missing[:2]}; {len(unexpected)} unexpected, "

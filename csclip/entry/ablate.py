@@ -16,6 +16,7 @@ from csclip.entry.common import (
     default_config_path,
     make_parser,
     printed_config,
+    refuse_file_as_folder,
     run_guarded,
     setup_logging,
     shortcut_overrides,
@@ -91,7 +92,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = build_parser(prog).parse_args(argv)
     setup_logging()
     command = " ".join([prog or "csclip ablate", *argv])
-    return run_guarded(lambda: _ablate(args, command))
+    return run_guarded(lambda: _ablate(args, command),
+                       kept="finished trials and their checkpoints are kept; rerun the same "
+                            "command to resume the sweep")
 
 
 # Fields of the base config the sweep sets itself, refused when given (not overwritten).
@@ -119,6 +122,7 @@ def _ablate(args: argparse.Namespace, command: str) -> int:
     base = base_config(args)
     if printed_config(args, base):
         return 0
+    refuse_file_as_folder(base.run.storage_path, "--out (run.storage_path)")
     from csclip.ablation import sweep  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
 
     if grids.is_paper_grid(args.grid):

@@ -70,7 +70,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = build_parser(prog).parse_args(sys.argv[1:] if argv is None else argv)
     setup_logging()
-    return run_guarded(lambda: _build(args) if args.command == "build" else _verify(args))
+    return run_guarded(lambda: _build(args) if args.command == "build" else _verify(args),
+                       kept="rerun the same command")
 
 
 def _config(args: argparse.Namespace):

@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from csclip.config import add_config_arguments, to_yaml
-from csclip.errors import CsclipError
+from csclip.errors import ConfigError, CsclipError
 from csclip.tracking import resolve_uri
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -80,9 +80,17 @@ def setup_logging() -> None:
     logging.getLogger("csclip").setLevel(logging.INFO)
 
 
-def run_guarded(call: Callable[[], int]) -> int:
+# Exit code of a command stopped by Ctrl-C, as a shell reports a process killed by SIGINT.
+INTERRUPTED_EXIT_CODE = 130
+# What an interrupted command keeps, said on its one line (each entry point says its own).
+KEPT_ON_INTERRUPT = ("finished shards and checkpoints are kept; rerun the same command to "
+                     "resume")
+
+
+def run_guarded(call: Callable[[], int], kept: str = KEPT_ON_INTERRUPT) -> int:
     """Run an entry point's body: a CsclipError (a user mistake) becomes one line on
-    stderr and exit code 2; anything else is a bug and keeps its traceback."""
+    stderr and exit code 2; Ctrl-C one line saying what was `kept` (and how to go on) and
+    exit code 130; anything else is a bug and keeps its traceback."""
     try:
         return call()
     except CsclipError as err:
@@ -90,6 +98,20 @@ def run_guarded(call: Callable[[], int]) -> int:
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
         print(f"error: {'; '.join(lines)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: {kept}", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
+
+
+def refuse_file_as_folder(uri: str | None, option: str) -> None:
+    """Refuse an output folder (`option`: the flag and field, e.g. "--out (out_dir)") that
+    names an existing local file: one ConfigError line instead of an OSError mid-run."""
+    if not uri or "://" in uri:
+        return
+    path = Path(uri).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{option}: {uri} is a file, not a folder; give a folder (created "
+                          "when missing)")
 
 
 def printed_config(args: argparse.Namespace, config: BaseModel) -> bool:

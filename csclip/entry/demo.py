@@ -12,6 +12,7 @@ from csclip.entry.common import (
     default_config_path,
     make_parser,
     printed_config,
+    refuse_file_as_folder,
     run_guarded,
     setup_logging,
     shortcut_overrides,
@@ -35,6 +36,9 @@ loss.image_foil_weight), eval_seed, out_dir."""
 
 # Top-level keys that make --config a demo YAML rather than a fine-tuning config.
 DEMO_SECTIONS = {"train", "pretrain", "warm_start", "finetune"}
+
+KEPT = ("the checkpoints of the finished stages are kept; rerun the same command to resume "
+        "from them")
 
 EXAMPLES = (
     "%(prog)s",
@@ -68,7 +72,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = build_parser(prog).parse_args(argv)
     setup_logging()
     command = " ".join([prog or "csclip demo", *argv])
-    return run_guarded(lambda: _demo(args, command))
+    return run_guarded(lambda: _demo(args, command), kept=KEPT)
 
 
 def demo_config(args: argparse.Namespace):
@@ -92,6 +96,7 @@ def _demo(args: argparse.Namespace, command: str) -> int:
     config = demo_config(args)  # before csclip.demo (and torch) is imported
     if printed_config(args, config):
         return 0
+    refuse_file_as_folder(config.out_dir, "--out (out_dir)")
     from csclip.demo import demo_summary, publish, run_demo  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
 
     if args.publish:

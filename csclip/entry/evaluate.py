@@ -16,6 +16,7 @@ from csclip.entry.common import (
     make_parser,
     mlflow_line,
     printed_config,
+    refuse_file_as_folder,
     run_guarded,
     setup_logging,
     shortcut_overrides,
@@ -41,6 +42,9 @@ logs one MLflow run per model (tracking.uri; `--set tracking.enabled=false` to s
 Several models in one command: --model A B --pretrained X Y (each with each) or
 --pretrained-model, as CLIP_benchmark. Fields: csclip.eval.pipeline.EvalConfig
 (docs/evaluation.md)."""
+
+KEPT = ("a checkpoint copied to the cache is kept, the tables of --out may be missing "
+        "or partly written; rerun the same command to evaluate again")
 
 EXAMPLES = (
     "%(prog)s --checkpoint runs/train/<run>/final --out runs/eval",
@@ -216,7 +220,7 @@ def several_models(args: argparse.Namespace, config) -> list:
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = parse_args(argv, prog)
     setup_logging()
-    return run_guarded(lambda: _evaluate(args))
+    return run_guarded(lambda: _evaluate(args), kept=KEPT)
 
 
 # Fields a run would not use, refused when given (not ignored). With a checkpoint the
@@ -235,17 +239,55 @@ UNUSED_WITH_BENCHMARK_FILE = {
 }
 
 
+# Fields read only with another one: given alone, the run would ignore them.
+UNUSED_WITHOUT_SUITE = {
+    "suites.data_root": "suites.data_root (--data-root) is read only for the suites named "
+                        "by suites.names (--suite aro,winoground, ...); name them",
+}
+UNUSED_WITHOUT_SUGARCREPE = {
+    "suites.coco_images": "suites.coco_images (--coco-images) holds the images of SugarCrepe "
+                          "(--sugarcrepe DIR); give --sugarcrepe too",
+}
+UNUSED_ON_THE_WORLD = {
+    "benchmark.image_root": "benchmark.image_root (--image-root) roots the relative image "
+                            "paths of a units table (--units) or a benchmark file "
+                            "(--benchmark); the synthetic world holds its images",
+}
+
+
+def _given(data: object, path: str) -> object:
+    """The value `data` (a config as read, before validation) gives at a dotted path, else
+    None."""
+    for key in path.split("."):
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
+
+
+def refuse_unused(data: dict) -> None:
+    """Refuse the fields the run described by `data` would not read: those of
+    UNUSED_WITH_CHECKPOINT, UNUSED_WITH_BENCHMARK_FILE, UNUSED_WITHOUT_SUITE,
+    UNUSED_WITHOUT_SUGARCREPE and UNUSED_ON_THE_WORLD, when they apply."""
+    if data.get("checkpoint"):
+        refuse_given(data, UNUSED_WITH_CHECKPOINT)
+    if _given(data, "benchmark.file"):
+        refuse_given(data, UNUSED_WITH_BENCHMARK_FILE)
+    if not _given(data, "suites.names"):
+        refuse_given(data, UNUSED_WITHOUT_SUITE, accepted={"suites.data_root": None})
+    if not _given(data, "suites.sugarcrepe_dir"):
+        refuse_given(data, UNUSED_WITHOUT_SUGARCREPE, accepted={"suites.coco_images": None})
+    if not _given(data, "data.units_uri") and not _given(data, "benchmark.file"):
+        refuse_given(data, UNUSED_ON_THE_WORLD, accepted={"benchmark.image_root": None})
+
+
 def eval_config(args: argparse.Namespace):
     """The EvalConfig of the parsed flags (--config, shortcuts, --set), refusing the
-    fields the run would not use (UNUSED_WITH_CHECKPOINT, UNUSED_WITH_BENCHMARK_FILE)."""
+    fields the run would not use (refuse_unused)."""
     data = apply_overrides(read_yaml(args.config) if args.config else {},
                            overrides_from_args(args))
     origin = str(args.config or "config")
-    if data.get("checkpoint"):
-        refuse_given(data, UNUSED_WITH_CHECKPOINT)
-    benchmark = data.get("benchmark")
-    if isinstance(benchmark, dict) and benchmark.get("file"):
-        refuse_given(data, UNUSED_WITH_BENCHMARK_FILE)
+    refuse_unused(data)
     config = validate_config(EvalConfig, data, origin=origin)
     check_checkpoint(config.checkpoint)
     return config
@@ -280,6 +322,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     config = eval_config(args)
     if printed_config(args, config):
         return 0
+    refuse_file_as_folder(config.out_dir, "--out (out_dir)")
     # One evaluation per --out at a time: a second one's tables would replace the first's.
     with output_lease(resolve_output(config.out_dir, "out_dir"), "csclip evaluate"):
         return _evaluate_into(config, args)

@@ -13,6 +13,7 @@ from csclip.entry.common import (
     make_parser,
     mlflow_line,
     printed_config,
+    refuse_file_as_folder,
     run_guarded,
     setup_logging,
     shortcut_overrides,
@@ -32,6 +33,9 @@ answer lands in answers/, and `--backend replay --answers OUT/answers` re-derive
 from them. A rerun with the same config skips finished shards. Prints the accounting (read = with units +
 rejected, by reason) and logs it to MLflow (`--no-tracking` to skip). Fields:
 csclip.extract.pipeline.ExtractConfig."""
+
+KEPT = ("the finished shards in --out are kept; rerun the same command to resume (they are "
+        "not extracted again)")
 
 EXAMPLES = (
     "%(prog)s --backend rules --format sugarcrepe --input sugarcrepe/data "
@@ -103,13 +107,14 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = build_parser(prog).parse_args(sys.argv[1:] if argv is None else argv)
     setup_logging()
-    return run_guarded(lambda: _extract(args))
+    return run_guarded(lambda: _extract(args), kept=KEPT)
 
 
 def _extract(args: argparse.Namespace) -> int:
     config = load_config(ExtractConfig, args.config, overrides_from_args(args))
     if printed_config(args, config):
         return 0
+    refuse_file_as_folder(config.output.uri, "--out (output.uri)")
     from csclip.extract.pipeline import read_input, run_extraction, with_input_format  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
 
     config = with_input_format(config)  # --input's format, from its name or content

@@ -12,6 +12,7 @@ from csclip.entry.common import (
     make_parser,
     mlflow_line,
     printed_config,
+    refuse_file_as_folder,
     run_guarded,
     setup_logging,
     shortcut_overrides,
@@ -54,7 +55,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(prog).parse_args(argv)
     setup_logging()
-    return run_guarded(lambda: _report(args))
+    return run_guarded(lambda: _report(args),
+                       kept="rerun the same command to build the report again")
 
 
 def report_config(args: argparse.Namespace):
@@ -69,6 +71,7 @@ def _report(args: argparse.Namespace) -> int:
     config = report_config(args)
     if printed_config(args, config):
         return 0
+    refuse_file_as_folder(config.out_dir, "--out (out_dir)")
     from csclip.report.paper import parse_labels, run_report  # noqa: PLC0415  the report reads checkpoints with torch; loaded once the config is checked
 
     report = run_report(config, args.paper, parse_labels(args.label))

@@ -14,6 +14,7 @@ from csclip.entry.common import (
     make_parser,
     mlflow_line,
     printed_config,
+    refuse_file_as_folder,
     run_guarded,
     setup_logging,
     shortcut_overrides,
@@ -29,6 +30,9 @@ Without arguments it runs the demo (csclip demo). Rerunning the same command res
 the last checkpoint (the run name is a hash of the resolved config); a finished run is
 not trained again. Fields not given take configs/default.yaml's values, then
 csclip.train.TrainConfig's defaults (docs/training.md)."""
+
+KEPT = ("the checkpoints saved so far are kept; rerun the same command to resume from "
+        "the last one")
 
 EXAMPLES = (
     "%(prog)s --method clip --max-steps 200        # CLIP-FT on the synthetic world",
@@ -87,7 +91,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return demo.main([a for a in argv if a != "--demo"], prog=typed)
     args = build_parser(prog).parse_args(argv)
     setup_logging()
-    return run_guarded(lambda: _train(args))
+    return run_guarded(lambda: _train(args), kept=KEPT)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -95,6 +99,7 @@ def _train(args: argparse.Namespace) -> int:
     config = load_config(TrainConfig, args.config, overrides_from_args(args))
     if printed_config(args, config):
         return 0
+    refuse_file_as_folder(config.run.storage_path, "--out (run.storage_path)")
     from csclip.train import run  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
     from csclip.train.loop import run_name  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
 
