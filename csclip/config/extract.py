@@ -13,7 +13,7 @@ from csclip.config.world import WorldConfig
 
 __all__ = ["OWN_ENGINE_KWARGS", "BackendConfig", "BackendName", "ExtractConfig",
            "DEFAULT_PROMPT_SET", "ExtractTrackingConfig", "InputConfig", "PROMPT_SETS",
-           "PROMPT_SET_NAMES", "InputFormat", "OutputConfig",
+           "PROMPT_SET_NAMES", "InputFormat", "OutputConfig", "SwapNegativesConfig",
            "VllmConfig"]
 
 

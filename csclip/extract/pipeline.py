@@ -36,7 +36,7 @@ from csclip.config.extract import (
     OutputConfig,
 )
 from csclip.errors import DataError
-from csclip.extract import answers, backends
+from csclip.extract import answers, backends, swap_negatives
 from csclip.extract.authors import authors_caption_table
 from csclip.extract.backends import RESULT_SCHEMA, Status
 from csclip.extract.captions import caption_table, resolve_format
@@ -48,6 +48,7 @@ from csclip.units import (
     EXTRACTION_COMPLETE,
     EXTRACTION_DONE_DIR,
     EXTRACTION_MANIFEST,
+    UnitsRecord,
     records_to_table,
 )
 
@@ -181,6 +182,8 @@ def _check_manifest(out: _Output, config: ExtractConfig, captions: pa.Table) -> 
                 "last_sample_id": ids[-1].as_py()}
     if config.backend.prompts != DEFAULT_PROMPT_SET:  # absent: older outputs still resume
         manifest["prompts"] = config.backend.prompts
+    if config.swap_negatives.enabled:  # likewise: shards with and without them never mix
+        manifest["swap_negatives"] = config.swap_negatives.model_dump(exclude={"batch_size"})
     if out.has(MANIFEST):
         saved = json.loads(storage.read_bytes(out.fs, out.path(MANIFEST)))
         if saved != manifest:
@@ -192,15 +195,20 @@ def _check_manifest(out: _Output, config: ExtractConfig, captions: pa.Table) -> 
 
 
 def _finish_shard(out: _Output, shard: int, results: pa.Table, expected: int,
-                  authors_format: bool = False) -> dict:
+                  authors_format: bool = False,
+                  shuffles: Callable[[list[UnitsRecord]], list[UnitsRecord]] | None = None
+                  ) -> dict:
     """Write units, rejects (the raw answers, the authors' format), then the done marker
-    of one shard; return its counts."""
+    of one shard; return its counts. shuffles: adds the records' caption shuffles
+    (swap_negatives.enabled)."""
     rows = results.to_pylist()
     ids = [r["sample_id"] for r in rows]
     # Every caption of the shard comes back exactly once, or the accounting is wrong.
     assert len(ids) == len(set(ids)) == expected, (shard, len(ids), len(set(ids)), expected)
     ok = sorted((r for r in rows if r["status"] == Status.OK), key=lambda r: r["sample_id"])
     records = [backends.record_from_result(r) for r in ok]
+    if shuffles is not None:
+        records = shuffles(records)
     rejects: list[dict] = []
     for r in sorted(rows, key=lambda r: r["sample_id"]):
         if r["status"] != Status.OK:
@@ -295,6 +303,10 @@ def _extract(config: ExtractConfig, engine: Engine | None = None,
     if config.backend.name == "replay":
         captions = answers.attach_answers(captions, config.backend, config.input.endpoint_url)
     num_shards = -(-num_rows // shard_size)
+    shuffles = None
+    if config.swap_negatives.enabled:  # loaded first: a missing model fails before any work
+        shuffles = partial(swap_negatives.with_swap_negatives, config=config.swap_negatives,
+                           nlp=swap_negatives.load_pipeline(config.swap_negatives.spacy_model))
     out = _Output(config.output)
     _check_manifest(out, config, captions)
 
@@ -310,7 +322,7 @@ def _extract(config: ExtractConfig, engine: Engine | None = None,
     def finished(shard: int, results: pa.Table) -> None:
         nonlocal written
         done[shard] = _finish_shard(out, shard, results, expected[shard],
-                                    config.output.format == "authors")
+                                    config.output.format == "authors", shuffles)
         written += 1
         log.info("extract: shard %d/%d written (%d/%d shards done)", shard + 1, num_shards,
                  len(done), num_shards)
