@@ -32,6 +32,7 @@ from csclip.eval.halftruth import (
 )
 from csclip.eval.suites.core import SKIP_REASONS
 from csclip.eval.suites.registry import BENCHMARKS, CAPABILITIES, DIRECTIONS
+from csclip.eval.zeroshot_paper import PAPER_DATASETS, metric_slug
 
 log = logging.getLogger(__name__)
 
@@ -369,6 +370,10 @@ def plot_figure3(reports: Mapping[str, HalfTruthReport], path: Path) -> Path:
 # ---------------------------------------------------------------------------------------
 
 HALF_TRUTH = ("halftruth", "half_truth")  # (dataset, task) of the half-truth benchmark
+# The pretrained tag of a model with random weights (no --pretrained, no checkpoint):
+# CLIP_benchmark's build joins model and pretrained into a string, so it is never null.
+RANDOM_WEIGHTS = "random"
+LANGUAGE = "en"  # CLIP_benchmark's --language; our benchmarks are English
 
 
 def benchmark_results(metrics: Mapping[str, float]) -> dict[str, tuple[str, dict[str, float]]]:
@@ -412,7 +417,7 @@ def result_name(template: str, identity: ModelIdentity, dataset: str, task: str)
     {model}, {pretrained} (a path's last part), {pretrained_full_path} (a path's / as _),
     {dataset}, {task}; "/" in a model name becomes "_". ConfigError for another field, or
     a name outside the output folder."""
-    pretrained = identity.pretrained or "none"  # random weights: CLIP_benchmark has no word
+    pretrained = identity.pretrained or RANDOM_WEIGHTS
     is_path = "/" in pretrained or "\\" in pretrained
     fields = {"model": identity.model.replace("/", "_"),
               "pretrained": Path(pretrained.rstrip("/")).name if is_path else pretrained,
@@ -447,25 +452,167 @@ def check_results_template(template: str, identities: Sequence[ModelIdentity]) -
             seen[name] = identity
 
 
+# Our suite names where CLIP_benchmark has the same data under another name (the retrieval
+# suites are the Karpathy test splits its mscoco_captions / flickr30k / flickr8k read).
+CLIP_BENCHMARK_DATASETS = {"sugarcrepe": "sugar_crepe", "coco_retrieval": "mscoco_captions",
+                           "flickr30k_retrieval": "flickr30k", "flickr8k_retrieval": "flickr8k"}
+# Means over datasets (zs_avg), subsets (<benchmark>_i2t), benchmarks (suite_*, cap_*) and
+# COCO + Flickr8k (ret_paper_*), and how many datasets a suite found, stay in our tables
+# (suites.csv, capabilities.csv, benchmarks.csv): a result is one dataset's measurement.
+_AVERAGED_DATASETS = ("suite", "paper_retrieval")
+
+
+@dataclass(frozen=True)
+class ClipBenchmarkResult:
+    """One model on one dataset as CLIP_benchmark's `eval` dumps it: `dataset` its name
+    (CLIP_benchmark's where it knows the data, e.g. sugar_crepe/add_att), `task` and
+    `metrics` under its names and scales (fractions in [0, 1], counts as ints)."""
+
+    dataset: str
+    task: str
+    metrics: dict[str, float | int | str | None]
+
+
+def _fraction(value: float | None) -> float | None:
+    # Ours are percentages; CLIP_benchmark's accuracies and recalls are fractions.
+    return None if value is None or not math.isfinite(value) else value / 100
+
+
+def _count(value: float) -> int:
+    return int(round(value))
+
+
+def _selection(dataset: str, metrics: Mapping[str, float]) -> ClipBenchmarkResult:
+    """An image_caption_selection result from plain i2t / t2i / group keys (percent) and
+    num / skipped / read counts, named as CLIP_benchmark's image_caption_selection.evaluate:
+    text_acc (an image picks its caption: our I2T), image_acc (a caption picks its image:
+    T2I), acc (both right: Group). Where only I2T is measured an item has one image, whose
+    captions always pick it, so CLIP_benchmark's acc equals its text_acc (its image_acc is
+    1.0 by construction and is left out here)."""
+    out: dict[str, float | int | str | None] = {}
+    for ours, theirs in (("i2t", "text_acc"), ("t2i", "image_acc"), ("group", "acc")):
+        if ours in metrics:
+            out[theirs] = _fraction(metrics[ours])
+    if "acc" not in out and "image_acc" not in out and "text_acc" in out:
+        out["acc"] = out["text_acc"]
+    counts = {"num": "num_scored", "read": "num_read", "skipped": "num_skipped"}
+    for key, value in metrics.items():
+        if key in counts or key.startswith(("num_", "skipped_")):
+            out[counts.get(key, key if key.startswith("num_") else f"num_{key}")] = _count(value)
+    return ClipBenchmarkResult(dataset, "image_caption_selection", out)
+
+
+def _benchmark_results(name: str, metrics: Mapping[str, float]) -> list[ClipBenchmarkResult]:
+    """One result per subset of a real-data benchmark (<name>/<subset>); its own i2t / t2i
+    / group are the mean over subsets (the benchmarks table has them)."""
+    subsets = benchmark_subsets({f"{name}_{k}": v for k, v in metrics.items()}, name, [name])
+    if not subsets:
+        return [_selection(CLIP_BENCHMARK_DATASETS.get(name, name), metrics)]
+    results = []
+    for subset in sorted(subsets, key=len, reverse=True):  # "a_b_*" before "a_*"
+        prefix = f"{subset}_"
+        own = {k[len(prefix):]: metrics[k] for k in metrics if k.startswith(prefix)}
+        metrics = {k: v for k, v in metrics.items() if not k.startswith(prefix)}
+        results.append(_selection(f"{CLIP_BENCHMARK_DATASETS.get(name, name)}/{subset}", own))
+    return sorted(results, key=lambda r: r.dataset)
+
+
+def _zeroshot_results(name: str, metrics: Mapping[str, float]) -> list[ClipBenchmarkResult]:
+    """One result per zero-shot dataset (`<d>`: top-1, `<d>_recall`, `<d>_num_images`;
+    world_zeroshot: one per attribute, `num_items` shared): acc1 and mean_per_class_recall
+    as CLIP_benchmark's zeroshot_classification.evaluate, fractions; acc5 is not measured."""
+    datasets = [k[:-len("_recall")] for k in metrics if k.endswith("_recall")]
+    names = {metric_slug(d): d for d in PAPER_DATASETS} if name == "zeroshot_paper" else {}
+    results = []
+    for dataset in datasets:
+        num = metrics.get(f"{dataset}_num_images", metrics.get("num_items"))
+        values: dict[str, float | int | str | None] = {
+            "acc1": _fraction(metrics[dataset]),
+            "mean_per_class_recall": _fraction(metrics[f"{dataset}_recall"])}
+        if num is not None:
+            values["num_images"] = _count(num)
+        label = f"world_zeroshot/{dataset}" if name == "world_zeroshot" else names.get(
+            dataset, dataset)
+        results.append(ClipBenchmarkResult(label, "zeroshot_classification", values))
+    return results
+
+
+def _retrieval_result(name: str, metrics: Mapping[str, float]) -> ClipBenchmarkResult:
+    """Recall@k as CLIP_benchmark's zeroshot_retrieval.evaluate names it, fractions: I2T
+    (an image finds a caption) is its text_retrieval_recall@k, T2I its
+    image_retrieval_recall@k; counts as ints, the counting rule by name."""
+    out: dict[str, float | int | str | None] = {}
+    for key, value in metrics.items():
+        direction, _, k = key.partition("_r")
+        if direction in ("i2t", "t2i") and (not k or k.isdigit()):
+            kind = "text" if direction == "i2t" else "image"
+            out[f"{kind}_retrieval_recall@{k or 1}"] = _fraction(value)
+        elif key == "counting_clip_benchmark":
+            out["counting"] = "clip_benchmark" if value else "strict"
+        elif key.startswith("num_") or key.startswith("skipped_"):
+            out[key if key.startswith("num_") else f"num_{key}"] = _count(value)
+        else:
+            out[key] = value
+    return ClipBenchmarkResult(CLIP_BENCHMARK_DATASETS.get(name, name), "zeroshot_retrieval",
+                               out)
+
+
+def _plain_result(name: str, task: str, metrics: Mapping[str, float]) -> ClipBenchmarkResult:
+    # Our own benchmarks (half-truth) keep our names and scales; counts are ints.
+    return ClipBenchmarkResult(name, task, {
+        k: _count(v) if k.startswith("num_") and math.isfinite(v) else v
+        for k, v in metrics.items()})
+
+
+def clip_benchmark_results(metrics: Mapping[str, float]) -> list[ClipBenchmarkResult]:
+    """One model's metrics as CLIP_benchmark's results, one per dataset (SugarCrepe: one
+    per subset, sugar_crepe/<subset>), sorted by dataset. The grouping is
+    benchmark_results'; means stay in our tables (_AVERAGED_DATASETS)."""
+    results: list[ClipBenchmarkResult] = []
+    for name, (task, plain) in benchmark_results(metrics).items():
+        if name in _AVERAGED_DATASETS:
+            continue
+        if name in BENCHMARKS:
+            results += _benchmark_results(name, plain)
+        elif name == "world_pairs":  # mirrored pairs; replace items (one image each)
+            pairs = {k: v for k, v in plain.items() if k in ("i2t", "t2i", "group")}
+            pairs.update({"num_items": plain["num_pairs"]} if "num_pairs" in plain else {})
+            results.append(_selection("world_pairs", pairs))
+            if "i2t_replace" in plain:
+                replace_items = {"i2t": plain["i2t_replace"]}
+                if "num_replace_items" in plain:
+                    replace_items["num_items"] = plain["num_replace_items"]
+                results.append(_selection("world_replace", replace_items))
+        elif task == "zeroshot_classification":
+            results += _zeroshot_results(name, plain)
+        elif task == "zeroshot_retrieval":
+            results.append(_retrieval_result(name, plain))
+        else:
+            results.append(_plain_result(name, task, plain))
+    return sorted(results, key=lambda r: r.dataset)
+
+
 def result_files(reports: Mapping[str, HalfTruthReport], template: str) -> dict[str, str]:
-    """One JSON per model and benchmark that measured anything, in CLIP_benchmark's shape:
-    {"dataset", "model", "pretrained", "task", "metrics"} (benchmark_results), named by
-    `template` (result_name). A report without an identity is its label with no
-    pretrained."""
+    """One JSON per model and dataset that measured anything, as CLIP_benchmark's `eval`
+    writes it and its `build` reads it: {"dataset", "model", "pretrained", "task",
+    "metrics", "language"} (clip_benchmark_results), named by `template` (result_name).
+    A report without an identity is its label; random weights are RANDOM_WEIGHTS."""
     files: dict[str, str] = {}
     for name, report in reports.items():
         identity = report.identity or ModelIdentity(name)
-        for dataset, (task, metrics) in benchmark_results(report.metrics).items():
-            path = result_name(template, identity, dataset, task)
+        pretrained = identity.pretrained or RANDOM_WEIGHTS
+        for result in clip_benchmark_results(report.metrics):
+            path = result_name(template, identity, result.dataset, result.task)
             if path in files:
                 raise ConfigError(f"--output {template!r} names two results {path!r}; put "
                                   "{dataset} and {pretrained_full_path} in it")
             # Strict JSON: a value not measured (NaN, e.g. a CI without bootstrap) is null.
             plain = {k: v if not isinstance(v, float) or math.isfinite(v) else None
-                     for k, v in metrics.items()}
-            files[path] = json.dumps({"dataset": dataset, "model": identity.model,
-                                      "pretrained": identity.pretrained, "task": task,
-                                      "metrics": plain}, indent=1, allow_nan=False)
+                     for k, v in result.metrics.items()}
+            files[path] = json.dumps({"dataset": result.dataset, "model": identity.model,
+                                      "pretrained": pretrained, "task": result.task,
+                                      "metrics": plain, "language": LANGUAGE},
+                                     indent=1, allow_nan=False)
     return files
 
 
@@ -475,9 +622,11 @@ def result_files(reports: Mapping[str, HalfTruthReport], template: str) -> dict[
 
 # Written last, listing every file of the evaluation (size, sha256); removed when the next
 # evaluation into the same folder starts. A folder without it is an evaluation that was
-# killed or is still running: its tables may mix two evaluations. (The same name marks a
-# finished extraction: csclip.units.EXTRACTION_COMPLETE.)
-EVALUATION_COMPLETE = "_complete.json"
+# killed or is still running: its tables may mix two evaluations. A dot-file without the
+# .json suffix: CLIP_benchmark's build reads every *.json of the folder as a result.
+EVALUATION_COMPLETE = ".evaluation_complete"
+# The marker's name before, which build failed on: removed with the marker.
+_OLD_EVALUATION_COMPLETE = "_complete.json"
 _STAGING_PREFIX = ".partial-"
 
 
@@ -487,6 +636,7 @@ def begin_outputs(out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / EVALUATION_COMPLETE).unlink(missing_ok=True)
+    (out / _OLD_EVALUATION_COMPLETE).unlink(missing_ok=True)
     for stale in out.glob(f"{_STAGING_PREFIX}*"):  # one writer per folder: output_lease
         shutil.rmtree(stale, ignore_errors=True)
     return out
