@@ -93,7 +93,14 @@ class ModelSpec:
 
     @staticmethod
     def from_json(text: str) -> ModelSpec:
+        """The spec of model_spec.json's text. Raises ValueError for text that is not
+        JSON, not an object, or lacks a compared field."""
         data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON {type(data).__name__}, not an object")
+        missing = [k for k in ModelSpec.COMPARED if k not in data]
+        if missing:
+            raise ValueError(f"no {', '.join(missing)}")
         return ModelSpec(**{k: data[k] for k in ModelSpec.__dataclass_fields__ if k in data})
 
 
@@ -137,7 +144,21 @@ def read_spec(checkpoint_dir: str | Path) -> ModelSpec:
     if not path.is_file():
         raise CheckpointMismatch(f"{checkpoint_dir} has no {SPEC_FILE}; it is not a csclip "
                                  "checkpoint (pass a state-dict file as model.pretrained instead)")
-    return ModelSpec.from_json(path.read_text())
+    return parse_spec(path.read_bytes(), str(path))
+
+
+def parse_spec(data: bytes, where: str) -> ModelSpec:
+    """The ModelSpec of model_spec.json's bytes. Raises CheckpointMismatch naming `where`
+    (the file) for bytes that are not UTF-8, not JSON, not an object or lack a field."""
+    try:
+        return ModelSpec.from_json(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        reason = f"not UTF-8: {err.reason} at byte {err.start}"
+    except (ValueError, RecursionError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+    raise CheckpointMismatch(f"{where}: not a model spec ({reason}); a csclip checkpoint "
+                             "saves a JSON object with name, quick_gelu, image_size, "
+                             "context_length, embed_dim")
 
 
 def is_checkpoint_dir(path: str | Path | None) -> bool:
@@ -378,7 +399,7 @@ def remote_checkpoint_check(uri: str, wanted: Callable[[], ModelSpec] | None = N
             raise CheckpointMismatch(f"{uri} has no {SPEC_FILE}; it is not a csclip checkpoint "
                                      "(a run's checkpoint is <run.storage_path>/<run>/final)")
         if wanted is not None:
-            check_spec(ModelSpec.from_json(text.decode()), wanted(), uri)
+            check_spec(parse_spec(text, f"{uri}/{SPEC_FILE}"), wanted(), uri)
 
     return check
 

@@ -6,18 +6,25 @@ in-process (`csclip.entry.<command>.main(argv)`)."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 import torch
 
 import csclip.entry.evaluate
 import csclip.entry.extract
 import csclip.entry.train
-from csclip.entry import evaluate, extract, train
-from csclip.errors import CheckpointMismatch
-from csclip.model import create_bundle
+from csclip.config.extract import BackendConfig
+from csclip.entry import benchmark, evaluate, extract, train
+from csclip.errors import CheckpointMismatch, DataError
+from csclip.eval.zeroshot_paper import read_sun397
+from csclip.extract import answers
+from csclip.model import SPEC_FILE, create_bundle, read_spec
+from csclip.report.paper import read_evaluation
+from csclip.units import RejectReason
 
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ ")  # csclip.entry.common.LOG_FORMAT
 
@@ -118,3 +125,90 @@ def test_ctrl_c_is_one_line_saying_what_is_kept_and_exit_130(tmp_path, capsys, m
         line = one_line(capsys)
         assert code == 130, line
         assert line.startswith("interrupted: ") and "rerun the same command" in line, line
+
+
+# ---------------------------------------------------------------------------------------
+# Replay answers
+# ---------------------------------------------------------------------------------------
+
+GOOD_ANSWER = json.dumps({"entities": [{"entity": "dog", "foils": [
+    {"foil": "cat", "change_type": "object_change"}]}], "relations": []})
+
+
+def _answer_line(sample_id: str, answer: object) -> bytes:
+    return json.dumps({"kind": "extract", "sample_id": sample_id, "caption_index": 0,
+                       "entity": None, "occurrence": 0, "answer": answer, "error": None,
+                       "prompts": "csclip"}).encode() + b"\n"
+
+
+def _replayed(answers_dir: Path, sample_ids: list[str]) -> dict[str, object]:
+    """Each caption's replay Outcome, from the answers under `answers_dir`."""
+    captions = pa.Table.from_pylist([
+        {"sample_id": s, "image_id": s, "split": "train", "image_path": None,
+         "image_bytes": None, "shard": 0, "caption_index": i, "caption": "A dog."}
+        for i, s in enumerate(sample_ids)])
+    backend = BackendConfig(name="replay", answers=str(answers_dir))
+    rows = answers.attach_answers(captions, backend).to_pylist()
+    return {row["sample_id"]: answers.replay_outcome(row) for row in rows}
+
+
+def test_unreadable_replay_answers_are_counted_rejections(tmp_path):
+    folder = tmp_path / "answers"
+    folder.mkdir()
+    not_utf8 = _answer_line("latin1", "PLACEHOLDER").replace(b"PLACEHOLDER", b"caf\xe9")
+    deep = "[" * 200_000 + "]" * 200_000
+    (folder / "part-0.jsonl").write_bytes(
+        _answer_line("good", GOOD_ANSWER) + not_utf8 + _answer_line("number", 42)
+        + _answer_line("object", {"entities": []}) + _answer_line("deep", deep))
+    outcomes = _replayed(folder, ["good", "latin1", "number", "object", "deep"])
+    assert outcomes["good"].record is not None
+    for sample_id in ("latin1", "number", "object"):
+        assert outcomes[sample_id].reason == RejectReason.INFERENCE_ERROR, sample_id
+    assert "not UTF-8" in outcomes["latin1"].detail
+    assert "not a string" in outcomes["number"].detail
+    assert outcomes["deep"].reason == RejectReason.MALFORMED_JSON
+
+
+def test_a_replay_answers_line_nested_past_the_parser_is_one_error(tmp_path):
+    folder = tmp_path / "answers"
+    folder.mkdir()
+    (folder / "part-0.jsonl").write_bytes(_answer_line("good", GOOD_ANSWER)
+                                          + b"[" * 200_000 + b"]" * 200_000 + b"\n")
+    with pytest.raises(DataError, match=r"part-0\.jsonl:2: not an answer record"):
+        _replayed(folder, ["good"])
+
+
+# ---------------------------------------------------------------------------------------
+# Data files: a benchmark file, SUN397's class names, a model spec, an evaluation's table
+# ---------------------------------------------------------------------------------------
+
+def test_benchmark_verify_of_json_nested_past_the_parser_is_one_line(tmp_path, capsys):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 200_000 + "]" * 200_000)
+    code = benchmark.main(["verify", str(path)])
+    line = one_line(capsys)
+    assert code == 2 and str(path) in line, line
+
+
+def test_sun397_class_names_not_utf8_are_one_error_naming_the_file(tmp_path):
+    folder = tmp_path / "SUN397"
+    folder.mkdir()
+    (folder / "ClassName.txt").write_bytes(b"/a/abbey\n/c/caf\xe9\n")
+    with pytest.raises(DataError, match=r"ClassName\.txt: not UTF-8"):
+        read_sun397(str(tmp_path))
+
+
+@pytest.mark.parametrize("content", [b"[]", b"{}", b'{"name": "caf\xe9"}'])
+def test_a_model_spec_that_is_no_spec_is_one_error_naming_the_file(content, tmp_path):
+    (tmp_path / SPEC_FILE).write_bytes(content)
+    with pytest.raises(CheckpointMismatch) as caught:
+        read_spec(tmp_path)
+    assert str(tmp_path / SPEC_FILE) in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_table_row_longer_than_its_header_is_one_error_naming_the_file(tmp_path):
+    (tmp_path / "table1.csv").write_text("label,model,pretrained,step,ht_accuracy\n"
+                                         "CLIP,ViT-B-32,openai,,61.0,extra\n")
+    with pytest.raises(DataError, match=r"table1\.csv: line 2 has 6 cells, its header 5"):
+        read_evaluation("run", tmp_path)

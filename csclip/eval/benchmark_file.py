@@ -258,6 +258,9 @@ def read_benchmark_file(path: str | Path) -> FrozenBenchmark:
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DataError(f"{path}: not a benchmark file (not valid JSON: {err}); "
                         "write one with `csclip benchmark build`") from err
+    except RecursionError as err:
+        raise DataError(f"{path}: not a benchmark file (JSON nested deeper than the parser "
+                        "reads); write one with `csclip benchmark build`") from err
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise DataError(f"{path}: not a benchmark file (no \"format\": \"{FORMAT}\"); "
                         "write one with `csclip benchmark build`")

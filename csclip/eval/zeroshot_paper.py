@@ -240,7 +240,13 @@ def read_sun397(root: str) -> PaperDataset:
     every sun_*.jpg below, labelled by its folder path; names with "_" and "/" as spaces
     (build_dataset's)."""
     folder = _uri(root, "SUN397")
-    lines = _read(_uri(folder, "ClassName.txt")).decode().splitlines()
+    names_uri = _uri(folder, "ClassName.txt")
+    try:
+        lines = _read(names_uri).decode("utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise DataError(f"{names_uri}: not UTF-8 text ({err.reason} at byte {err.start}); "
+                        f"expects one class a line, as SUN397 publishes it "
+                        f"({LAYOUTS['sun397'][1]})") from err
     classes = [line[3:].strip() for line in lines if line.strip()]
     class_of = {c: i for i, c in enumerate(classes)}
     images: dict[str, ImageSource] = {}

@@ -27,6 +27,7 @@ from csclip.extract.backends import Outcome
 from csclip.extract.prompt_sets import get_prompt_set
 from csclip.extract.prompt_sets.base import PromptSet, StoredAnswers, answer_key
 from csclip.progress import progress
+from csclip.units import RejectReason
 
 ANSWERS_COLUMN = "answers_json"  # replay: the caption's stored answers, on its caption row
 
@@ -40,7 +41,13 @@ def replay_outcome(row: dict, prompt_set: PromptSet | None = None) -> Outcome:
     `prompt_set` (default: the registered one its answers name)."""
     payload = json.loads(row[ANSWERS_COLUMN])
     prompt_set = prompt_set or get_prompt_set(payload["prompts"])
-    return prompt_set.outcome(row, StoredAnswers(payload["answers"]), payload["repair"])
+    try:
+        return prompt_set.outcome(row, StoredAnswers(payload["answers"]), payload["repair"])
+    except RecursionError:
+        # An answer nested deeper than Python's JSON parser recurses: this caption's
+        # rejection, not the extraction's end.
+        return Outcome("parse", reason=RejectReason.MALFORMED_JSON,
+                       detail="an answer nests deeper than the JSON parser reads")
 
 
 def read_answers(uri: str, endpoint_url: str | None = None) -> dict[str, list[dict]]:
@@ -54,20 +61,43 @@ def read_answers(uri: str, endpoint_url: str | None = None) -> dict[str, list[di
                         "answers/ folder of a vllm run") from err
     by_sample: dict[str, list[dict]] = defaultdict(list)
     for path in progress(paths, desc="replay: read answers", unit="file"):
-        text = storage.read_bytes(fs, path).decode("utf-8")
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
+        for number, raw in enumerate(storage.read_bytes(fs, path).splitlines(), 1):
+            if not raw.strip():
                 continue
-            try:
-                record = json.loads(line)
-                by_sample[str(record["sample_id"])].append(record)
-                answer_key(record)
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-                raise DataError(f"{path}:{number}: not an answer record ({err}); each line "
-                                "needs kind, sample_id, entity, occurrence, answer") from err
+            record = _answer_record(raw, f"{path}:{number}")
+            by_sample[str(record["sample_id"])].append(record)
     if not by_sample:
         raise DataError(f"{uri}: no answer records in {len(paths)} file(s)")
     return by_sample
+
+
+def _answer_record(raw: bytes, where: str) -> dict:
+    """One line of an answers file as its record. An answer the prompt set cannot read (the
+    line not UTF-8, the answer not a string) becomes a failed call, so its caption is a
+    counted inference_error rejection; a line that is not an answer record at all (not
+    JSON, nested past the parser, keys missing) is a DataError naming `where`."""
+    problem = None
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.decode("utf-8", errors="replace")
+        problem = f"not UTF-8 ({err.reason} at byte {err.start})"
+    try:
+        record = json.loads(line)
+        answer_key(record)
+        str(record["sample_id"])
+    except RecursionError as err:
+        raise DataError(f"{where}: not an answer record (JSON nested deeper than the parser "
+                        "reads)") from err
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        raise DataError(f"{where}: not an answer record ({err}); each line needs kind, "
+                        "sample_id, entity, occurrence, answer") from err
+    answer = record.get("answer")
+    if problem is None and answer is not None and not isinstance(answer, str):
+        problem = f"the answer is {type(answer).__name__}, not a string"
+    if problem is not None:
+        record = {**record, "answer": None, "error": f"{where}: {problem}"}
+    return record
 
 
 def attach_answers(captions: pa.Table, backend: BackendConfig,

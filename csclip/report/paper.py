@@ -123,9 +123,20 @@ def _number(text: str | None) -> float | None:
 
 
 def _read_csv(path: Path) -> list[dict[str, str]]:
+    """The rows of a CSV table by its header; a row with more cells than the header is a
+    DataError naming the file and the line (csv.DictReader would file them under None)."""
     try:
         with path.open(newline="", encoding="utf-8") as handle:
-            return list(csv.DictReader(handle))
+            reader = csv.DictReader(handle)
+            rows = []
+            for row in reader:
+                if None in row:
+                    raise DataError(f"{path}: line {reader.line_num} has "
+                                    f"{len(row) - 1 + len(row[None])} cells, its header "
+                                    f"{len(reader.fieldnames or [])}; rewrite the table with "
+                                    "`csclip evaluate` (or `csclip ablate`)")
+                rows.append(row)
+            return rows
     except (OSError, UnicodeDecodeError, csv.Error) as err:
         raise DataError(f"{path}: cannot read it as CSV ({err})") from None
 
