@@ -21,11 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from test_extract_pipeline import GOOD  # noqa: E402  (hand-written answers, real captions)
 
-from csclip.config.extract import InputConfig, VllmConfig
+from csclip.config.extract import InputConfig, VllmConfig  # noqa: E402
 from csclip.extract import prompts  # noqa: E402
-from csclip.extract.captions import caption_table
+from csclip.extract.captions import caption_table  # noqa: E402
 from csclip.extract.prompt_sets.csclip import answer_stage  # noqa: E402
-from csclip.extract.vllm import add_prompt_columns
+from csclip.extract.vllm import add_prompt_columns  # noqa: E402
 
 SUGARCREPE = ROOT.parent / "shared" / "data" / "sugarcrepe"
 

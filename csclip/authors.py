@@ -34,9 +34,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow.fs as pafs
+
+from csclip import storage
 from csclip.errors import DataError
 from csclip.units import (
     ENTITY_CHANGES,
+    EXTRACTION_MANIFEST,
     SWAP_NEGATIVES_META,
     ChangeType,
     Foil,
@@ -44,6 +48,7 @@ from csclip.units import (
     RejectReason,
     Unit,
     UnitsRecord,
+    check_extraction_complete,
     normalize_text,
 )
 
@@ -552,6 +557,7 @@ def read_authors_units(paths: str | Path | list[str | Path], split: str | None =
             path = Path(path)
             if not path.is_file():
                 raise DataError(f"unit file not found: {path}")
+            refuse_unfinished(pafs.LocalFileSystem(), [str(path.resolve())], str(path))
             yield from _items(path.name, _utf8(path.read_bytes(), str(path)))
 
     _parse_items(items(), result, split=split)
@@ -570,9 +576,6 @@ def expand_uri(uri: str, endpoint_url: str | None = None) -> list[str]:
     """The files `uri` names, sorted: a file, a directory (its *.json and *.jsonl, as the
     authors' training reads a folder of *.json) or a glob (`*`, `?`, `[...]`; `**` spans
     directories), local or s3://. Raises DataError when nothing matches."""
-    import pyarrow.fs as pafs
-
-    from csclip import storage
 
     fs, path = storage.filesystem_for(uri, endpoint_url)
     if _GLOB.search(path):
@@ -588,6 +591,36 @@ def expand_uri(uri: str, endpoint_url: str | None = None) -> list[str]:
         raise DataError(f"{uri}: no unit files match; point input.uri at a file, a directory "
                         "of *.json or a glob such as 'units/*.json'")
     return files
+
+
+def finished_unit_files(uri: str, endpoint_url: str | None = None) -> list[str]:
+    """expand_uri's files, refusing those of an extraction that has not finished.
+
+    Our `--out-format authors` writes authors/part-K.json shard by shard; a run killed
+    half-way leaves a folder that reads like a complete release. Its completion marker is
+    the extraction's _complete.json, written last (atomically) beside authors/ once every
+    shard is done (csclip.units.check_extraction_complete): a file whose folder, or that
+    folder's parent, holds our _manifest.json is read only with that marker there. The
+    authors' own released files come with no manifest and are read as they are.
+    Raises DataError naming the extraction and how far it got."""
+    files = expand_uri(uri, endpoint_url)
+    fs, _ = storage.filesystem_for(uri, endpoint_url)
+    refuse_unfinished(fs, files, uri)
+    return files
+
+
+def refuse_unfinished(fs: pafs.FileSystem, files: list[str], uri: str) -> None:
+    """Raise DataError when any of `files` (paths on `fs`, named by `uri`) lies in an
+    unfinished extraction's output (finished_unit_files)."""
+    scheme = uri.split("://", 1)[0] + "://" if "://" in uri else ""
+    folders = {posixpath.dirname(path) for path in files}
+    for root in sorted(folders | {posixpath.dirname(folder) for folder in folders}):
+        if not storage.exists(fs, posixpath.join(root, EXTRACTION_MANIFEST)):
+            continue
+        try:
+            check_extraction_complete(fs, root, scheme + root)
+        except DataError as err:
+            raise DataError(f"{uri}: unit files of an unfinished extraction ({err})") from err
 
 
 def _glob_match(candidate: str, pattern: str) -> bool:
@@ -619,12 +652,10 @@ def read_authors_uri(uri: str, image_root: str | None = None,
                      restval_as_train: bool = True) -> ReadResult:
     """Every record of the files `uri` names (local or s3://), all splits, relative image
     paths joined to image_root (split, restval_as_train: as parse_record)."""
-    from csclip import storage
-
     fs, _ = storage.filesystem_for(uri, endpoint_url)
 
     def items() -> Iterator[_Item]:
-        for path in expand_uri(uri, endpoint_url):
+        for path in finished_unit_files(uri, endpoint_url):
             yield from _items(posixpath.basename(path), _utf8(storage.read_bytes(fs, path), path))
 
     result = ReadResult()
@@ -747,12 +778,10 @@ def read_verbatim_records(uri: str, image_root: str | None = None,
     files sorted. Non-object entries and unparseable JSON Lines
     are skipped, as the authors' builder skips them; a missing file or one that is not JSON
     is a DataError; so is a file with no record."""
-    from csclip import storage
-
     fs, _ = storage.filesystem_for(uri, endpoint_url)
     records: list[VerbatimRecord] = []
     seen: dict[str, str] = {}
-    paths = expand_uri(uri, endpoint_url)
+    paths = finished_unit_files(uri, endpoint_url)
     # Their script, given a folder, reads only its combined_data.json when there is one.
     combined = [p for p in paths if posixpath.basename(p) == "combined_data.json"]
     for path in combined or paths:

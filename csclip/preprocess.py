@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from csclip.model_configs import SMALL_MODEL_CONFIGS
+from csclip.model_configs import SMALL_MODEL_CONFIGS, register_small_models
 
 # open_clip's defaults (open_clip.constants, open_clip.factory), for a config without them.
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)

@@ -22,6 +22,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
+from tqdm.auto import tqdm
+
 log = logging.getLogger(__name__)
 
 ENV_VAR = "CSCLIP_PROGRESS"
@@ -74,7 +76,6 @@ def progress(iterable: Iterable[T] | None = None, desc: str = "", total: int | N
     chosen = mode() if enabled else "off"
     if chosen == "log":
         return LogProgress(iterable, desc, total, unit)
-    from tqdm.auto import tqdm
 
     return tqdm(iterable, desc=desc, total=total, unit=unit, file=sys.stderr,
                 delay=SHOW_AFTER_S, dynamic_ncols=True, disable=chosen == "off")

@@ -18,11 +18,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from csclip.config.eval import RetrievalCounting
 from csclip.errors import DataError
 from csclip.eval.benchmark_file import resolve_image
 from csclip.eval.encoder import Encoder, FeatureTables, image_sources
+from csclip.karpathy import read_karpathy
+from csclip.storage import filesystem_for, read_bytes
 from csclip.units import UnitsRecord
 
 log = logging.getLogger(__name__)
@@ -172,8 +175,6 @@ def clip_benchmark_hits(image_features: np.ndarray, text_features: np.ndarray,
     image_features: (M, D); text_features: (N, D), the unique texts; instances: (image
     index, text index) per caption instance. Returns bool arrays of shape (M,) and (Q,).
     """
-    import torch
-
     images = torch.from_numpy(np.ascontiguousarray(image_features, dtype=np.float32))
     queries = torch.from_numpy(np.ascontiguousarray(
         np.asarray(text_features, dtype=np.float32)[[t for _, t in instances]]))  # (Q, D)
@@ -189,8 +190,6 @@ def _topk_hits(scores, row_labels, column_labels, k: int) -> np.ndarray:
     """Per row of `scores` (torch, (R, C)): whether torch.topk's k columns hold one whose
     label is the row's. Blocks of BLOCK_ROWS rows; topk works row by row, so the blocks
     do not change which columns it picks."""
-    import torch
-
     k = min(k, scores.shape[1])
     hits = []
     for start in range(0, scores.shape[0], BLOCK_ROWS):
@@ -288,9 +287,7 @@ def load_karpathy(json_uri: str, image_root: str, split: str = "test",
     order, as CLIP_benchmark's mscoco_captions has them (torchvision's CocoCaptions sorts
     its image ids), so an exact tie falls on the same item under torch.topk; else file
     order. Raises DataError for a malformed file or a split without images."""
-    from csclip.eval.suites.core import ImageFolder
-    from csclip.karpathy import read_karpathy
-    from csclip.storage import filesystem_for
+    from csclip.eval.suites.core import ImageFolder  # noqa: PLC0415  the suites package imports this module, and its core runs that package first
 
     filesystem, path = filesystem_for(json_uri)
     folder = ImageFolder(image_root)
@@ -320,8 +317,7 @@ def load_clip_benchmark_captions(txt_uri: str, image_root: str) -> KarpathySet:
     clip_benchmark.datasets.flickr.Flickr reads it: a header line, then one
     `<image>.jpg,<caption>` per line, the split at the first ".jpg,") with its images under
     image_root (local or s3://). Raises DataError for a line without ".jpg," or no image."""
-    from csclip.eval.suites.core import ImageFolder
-    from csclip.storage import filesystem_for, read_bytes
+    from csclip.eval.suites.core import ImageFolder  # noqa: PLC0415  the suites package imports this module, and its core runs that package first
 
     filesystem, path = filesystem_for(txt_uri)
     try:

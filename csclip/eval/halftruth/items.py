@@ -4,6 +4,7 @@ the protocols, the skip reasons, an item, a built benchmark and its content hash
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import astuple, dataclass
 from enum import StrEnum
@@ -106,8 +107,6 @@ def benchmark_hash(items: Sequence[HalfTruthItem], protocol: str,
     sha256 when scored) they also score the same image bytes, so any model scores them
     identically (same weights, same scorer); without it the images are whatever the units
     table holds, which the hash does not pin."""
-    import json
-
     fields: dict = {"protocol": protocol, "items": [list(astuple(i)) for i in items]}
     if images_digest is not None:
         fields["images"] = images_digest
