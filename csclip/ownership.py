@@ -27,16 +27,19 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 import pyarrow.fs as pafs
+from pydantic import BaseModel
 
+from csclip.config import to_yaml
 from csclip.errors import DataError
-from csclip.storage import ENDPOINT_ENV, filesystem_for, join
+from csclip.storage import ENDPOINT_ENV, filesystem_for, join, write_bytes_atomic
 
-__all__ = ["LEASE_FILE", "TTL_ENV", "Lease", "acquire_lease", "lease_ttl", "output_lease",
+__all__ = ["CONFIG_FILE", "LEASE_FILE", "TTL_ENV", "Lease", "acquire_lease", "lease_ttl", "output_lease",
            "release_lease"]
 
 logger = logging.getLogger(__name__)
 
 LEASE_FILE = ".csclip-lease.json"
+CONFIG_FILE = "config.yaml"  # the resolved config of the run that writes the output
 TTL_ENV = "CSCLIP_LEASE_TTL_S"  # seconds a lease lives without renewal (default 120)
 DEFAULT_TTL_S = 120.0
 
@@ -264,10 +267,16 @@ def release_lease(lease: Lease) -> None:
 
 
 @contextlib.contextmanager
-def output_lease(uri: str, what: str, endpoint_url: str | None = None) -> Iterator[Lease]:
-    """Hold the lease on `uri` for the duration of the block (acquire_lease)."""
+def output_lease(uri: str, what: str, endpoint_url: str | None = None,
+                 config: BaseModel | None = None) -> Iterator[Lease]:
+    """Hold the lease on `uri` for the duration of the block (acquire_lease). With
+    `config`, the holder first stores the resolved config as <uri>/config.yaml (what
+    --print-config prints): every run says what it ran with."""
     lease = acquire_lease(uri, what, endpoint_url)
     try:
+        if config is not None:
+            fs, path = filesystem_for(uri, endpoint_url)
+            write_bytes_atomic(fs, join(path, CONFIG_FILE), to_yaml(config).encode())
         yield lease
     finally:
         release_lease(lease)

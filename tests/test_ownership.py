@@ -131,6 +131,15 @@ def test_the_same_extraction_resumes_an_output_whose_owner_died_elsewhere(tmp_pa
     summary = run_extraction(config)
     assert summary.read == 8 and summary.read == summary.with_units + summary.rejected
     assert not (out / LEASE_FILE).exists()
+    # The run stored the config it ran with, which loads back as it was.
+    stored = load_config(ExtractConfig, out / ownership.CONFIG_FILE)
+    assert stored.output == config.output and stored.input.world == config.input.world
+
+
+def test_the_holder_stores_its_resolved_config(tmp_path):
+    config = _train_config(str(tmp_path / "runs"), "optim.lr=3e-6")
+    with output_lease(str(tmp_path / "run"), "csclip train", config=config):
+        assert load_config(TrainConfig, tmp_path / "run" / ownership.CONFIG_FILE) == config
 
 
 def test_on_s3_creation_and_takeover_are_conditional_writes(s3, monkeypatch):

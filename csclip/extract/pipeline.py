@@ -273,7 +273,7 @@ def run_extraction(config: ExtractConfig, engine: Engine | None = None,
     output = storage.resolve_output(config.output.uri, "output.uri")
     if captions is None:  # a bad input is refused before the output is touched
         captions = read_input(config)
-    with output_lease(output, "csclip extract", config.output.endpoint_url):
+    with output_lease(output, "csclip extract", config.output.endpoint_url, config=config):
         return _extract(config, engine, on_shard_written, captions=captions)
 
 

@@ -529,7 +529,7 @@ def run(config: TrainConfig, callbacks: Sequence = (), *, hooks: WorkerHooks = W
         return cached
     check_run(config)
     uri = f"{storage_root(config).rstrip('/')}/{run_name(config)}"
-    with output_lease(uri, "csclip train"):
+    with output_lease(uri, "csclip train", config=config):
         return _train(config, callbacks, hooks=hooks)
 
 
