@@ -17,6 +17,7 @@ import torch
 import csclip.entry.evaluate
 import csclip.entry.extract
 import csclip.entry.train
+from csclip.authors import read_authors_units, read_authors_uri, read_verbatim_records
 from csclip.config.extract import BackendConfig
 from csclip.entry import benchmark, evaluate, extract, train
 from csclip.errors import CheckpointMismatch, DataError
@@ -212,3 +213,55 @@ def test_a_table_row_longer_than_its_header_is_one_error_naming_the_file(tmp_pat
                                          "CLIP,ViT-B-32,openai,,61.0,extra\n")
     with pytest.raises(DataError, match=r"table1\.csv: line 2 has 6 cells, its header 5"):
         read_evaluation("run", tmp_path)
+
+
+# ---------------------------------------------------------------------------------------
+# An unfinished `--out-format authors` extraction
+# ---------------------------------------------------------------------------------------
+
+AUTHORS_RELEASE = Path(__file__).parent / "fixtures" / "authors_eval.json"
+
+
+def _killed_authors_extraction(out: Path) -> Path:
+    """The output folder a `--prompts authors --out-format authors` run leaves when it is
+    killed after the first of 7 shards (34 captions, 5 a shard): the manifest, shard 0's
+    files and done marker, no _complete.json. Returns its authors/ folder."""
+    (out / "_manifest.json").parent.mkdir(parents=True)
+    (out / "_manifest.json").write_text(json.dumps({
+        "input": {"uri": "captions.txt"}, "backend": "vllm", "shard_size": 5, "num_rows": 34,
+        "first_sample_id": "a", "last_sample_id": "z", "prompts": "authors"}))
+    for folder in ("authors", "_done", "units", "rejects"):
+        (out / folder).mkdir()
+    (out / "authors" / "part-00000.json").write_bytes(AUTHORS_RELEASE.read_bytes())
+    (out / "_done" / "part-00000.json").write_text(json.dumps({"shard": 0, "read": 5}))
+    return out / "authors"
+
+
+def test_a_killed_authors_extraction_is_refused_by_every_reader(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(csclip.entry.extract, "init_ray", _never_start_ray)
+    authors = _killed_authors_extraction(tmp_path / "killed")
+    for uri in (authors, authors / "part-00000.json", f"{authors}/*.json"):
+        with pytest.raises(DataError, match=r"stopped at shard 1 of 7; rerun the same command"):
+            read_authors_uri(str(uri))
+        with pytest.raises(DataError, match="unfinished extraction"):
+            read_verbatim_records(str(uri))
+    with pytest.raises(DataError, match="unfinished extraction"):
+        read_authors_units([authors / "part-00000.json"])
+    for command, argv in [
+        (benchmark, ["build", "--units", str(authors), "--out", str(tmp_path / "b.json")]),
+        (extract, ["--backend", "authors", "--input", str(authors), "--out",
+                   str(tmp_path / "units"), "--no-tracking"]),
+    ]:
+        code = command.main(argv)
+        line = one_line(capsys)
+        assert code == 2, line
+        assert str(authors) in line and "stopped at shard 1 of 7" in line, line
+    assert not (tmp_path / "b.json").exists()
+
+
+def test_a_finished_authors_extraction_and_the_authors_release_are_read(tmp_path):
+    authors = _killed_authors_extraction(tmp_path / "finished")
+    (tmp_path / "finished" / "_complete.json").write_text("{}")
+    released = read_authors_uri(str(AUTHORS_RELEASE))
+    assert released.records
+    assert len(read_authors_uri(str(authors)).records) == len(released.records)
