@@ -6,6 +6,7 @@ their similarity is 1 when the two agree, 0 otherwise (a text without a color wo
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -40,3 +41,20 @@ class ColorScorer:
             nearest = min(COLORS, key=lambda c: np.sum((pixel - np.array(RGB[c])) ** 2))
             rows[row, COLORS.index(nearest)] = 1.0
         return rows
+
+
+class CaptionLengthScorer:
+    """A non-neural scorer for known-answer tests: the similarity of an image with a text
+    is an increasing (or, with prefer_short, decreasing) function of the text's length in
+    characters, the same for every image."""
+
+    def __init__(self, prefer_short: bool = False) -> None:
+        self.sign = -1.0 if prefer_short else 1.0
+
+    def encode_texts(self, texts: Sequence[str]) -> np.ndarray:
+        # cos([1, x], [0, 1]) = x / sqrt(1 + x^2) is strictly increasing in x.
+        lengths = np.array([len(t) for t in texts], dtype=np.float64).reshape(-1, 1)
+        return np.hstack([np.ones_like(lengths), self.sign * lengths / 100.0])
+
+    def encode_images(self, images: Sequence[bytes]) -> np.ndarray:
+        return np.tile(np.array([[0.0, 1.0]]), (len(images), 1))

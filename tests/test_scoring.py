@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from suites_helpers import CaptionLengthScorer
 
 from csclip.config.world import WorldConfig
 from csclip.errors import DataError
 from csclip.eval.encoder import (
     BundleScorer,
-    CaptionLengthScorer,
     Encoder,
     encode_features,
     encode_features_with_ray,

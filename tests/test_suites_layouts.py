@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
-from suites_helpers import FIXTURES, ColorScorer
+from suites_helpers import FIXTURES, CaptionLengthScorer, ColorScorer
 
-from csclip.eval.encoder import CaptionLengthScorer, Encoder
+from csclip.eval.encoder import Encoder
 from csclip.eval.report import HalfTruthReport, benchmark_tables
 from csclip.eval.suites.core import IncompleteBenchmark, check_complete, evaluate_suite_data
 from csclip.eval.suites.registry import BENCHMARKS, evaluate_benchmarks, load_benchmarks

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from suites_helpers import FIXTURES, RGB, ColorScorer
+from suites_helpers import FIXTURES, RGB, CaptionLengthScorer, ColorScorer
 
 from csclip.config.eval import PAPER_SUITE, SuitesConfig
 from csclip.errors import DataError
-from csclip.eval.encoder import CaptionLengthScorer, Encoder
+from csclip.eval.encoder import Encoder
 from csclip.eval.suites import evaluate_suites
 from csclip.eval.suites.colorfoil import build_colorfoil, official_foil, paper_foil
 from csclip.eval.suites.core import SubsetScores, evaluate_suite_data, suite_metrics

@@ -252,7 +252,6 @@ KARPATHY_LAYOUT = {
                 "beside it), or dataset_flickr8k.json (Karpathy) and Flicker8k_Dataset/ (or "
                 "images/)",
 }
-CLIP_BENCHMARK_CAPTIONS = "{dataset}_{split}_karpathy.txt"  # clip_benchmark.datasets.flickr
 
 
 @dataclass(frozen=True)
