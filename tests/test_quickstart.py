@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from csclip.config.eval import EvalConfig
+
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "docs" / "quickstart.md"
 MARKER = re.compile(r"^<!--\s*quickstart-test:\s*not run:\s*(?P<reason>.+?)\s*-->$")
@@ -236,3 +238,12 @@ def test_the_docs_false_claims_about_paths_and_commands_are_gone():
     readme = (REPO / "README.md").read_text()
     listed = re.search(r"`csclip ([a-z|]+) \.\.\.`", readme)
     assert listed and set(listed.group(1).split("|")) == set(cli.COMMANDS)
+
+
+def test_the_quickstart_says_how_many_scenes_evaluate_scores():
+    quickstart = QUICKSTART.read_text()
+    # `csclip evaluate` reads no configs/default.yaml: EvalConfig's world (500 val scenes).
+    said = re.search(r"`csclip evaluate` scores the world's ([\d,]+) validation scenes",
+                     quickstart.replace("\n", " "))
+    assert said and int(said.group(1).replace(",", "")) == EvalConfig().data.world.num_val
+    assert "evaluate on 300" not in quickstart.replace("\n", " ")
