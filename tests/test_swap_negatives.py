@@ -103,3 +103,30 @@ def test_missing_punkt_tables_are_a_config_error(tmp_path, monkeypatch):
     _fresh_punkt()
     with pytest.raises(ConfigError, match="nltk.downloader punkt_tab"):
         load_pipeline("en_core_web_sm")
+
+
+def test_an_extraction_with_the_stage_stores_the_shuffles_the_sampler_draws(
+        tmp_path, punkt, ray_session):
+    """The stage inside a real extraction (world captions, gold units): every record with
+    two or more nouns and adjectives carries its shuffles in the units table, as the
+    sampler reads them (stored_shuffles)."""
+    import pyarrow.parquet as pq  # noqa: PLC0415  as the module's other imports, after the skips
+
+    from csclip.config import load_config  # noqa: PLC0415
+    from csclip.config.extract import ExtractConfig  # noqa: PLC0415
+    from csclip.config.world import PALETTE, SHAPES, SIZES  # noqa: PLC0415
+    from csclip.extract.pipeline import run_extraction  # noqa: PLC0415
+    from csclip.units import table_to_records  # noqa: PLC0415
+
+    model = tmp_path / "tagger"
+    tagged_pipeline({"NOUN": list(SHAPES), "ADJ": [*PALETTE, *SIZES]}).to_disk(model)
+    config = load_config(ExtractConfig, None, [
+        f"output.uri={tmp_path / 'units'}", "tracking.enabled=false",
+        "input.world.num_train=6", "input.world.num_val=0", "input.world.num_test=0",
+        "swap_negatives.enabled=true", f"swap_negatives.spacy_model={model}"])
+    summary = run_extraction(config)
+    assert summary.read == 6 and summary.with_units == 6
+    records = table_to_records(pq.read_table(tmp_path / "units" / "units"))
+    stored = {r.sample_id: stored_shuffles(r) for r in records}
+    assert all(stored.values()), stored
+    assert all(s != r.caption for r in records for s in stored[r.sample_id])
