@@ -16,11 +16,12 @@ import torch
 from s3_helpers import fresh_bucket
 
 from csclip import storage
+from csclip.config.world import WorldConfig
 from csclip.errors import CheckpointMismatch, DataError
 from csclip.model import create_bundle, load_bundle, save_checkpoint, spec_of
 from csclip.train.stream import decode_image, epoch_order, image_status, read_image_bytes
 from csclip.units import records_to_table
-from csclip.world import WorldConfig, world_record
+from csclip.world import world_record
 
 BUCKET = "csclip-storage"
 WORLD = WorldConfig(image_size=32, num_train=8, num_val=8, num_test=0)
@@ -226,7 +227,7 @@ def test_evaluate_entry_point_and_ablation_trial_evaluate_an_s3_checkpoint(
 
     from csclip.ablation.trial import evaluate_trial
     from csclip.config import load_config
-    from csclip.train import TrainConfig
+    from csclip.config.train import TrainConfig
 
     uri, _ = s3_checkpoint
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "pipelines"))
@@ -280,9 +281,10 @@ def test_captions_of_one_image_spread_across_batches(ray_session):
 
 
 def test_each_epoch_is_its_own_shuffled_dataset(ray_session):
-    from csclip.loss import LossConfig, objective_for
+    from csclip.config.loss import LossConfig
+    from csclip.config.train import SamplingConfig
+    from csclip.loss import objective_for
     from csclip.model import spec_of as spec
-    from csclip.train.sampling import SamplingConfig
     from csclip.train.stream import epoch_datasets
 
     table = records_to_table([world_record(WORLD, "train", i) for i in range(4)])
@@ -305,7 +307,8 @@ def test_a_units_table_streams_without_a_pool_of_footer_readers(ray_session, tmp
     import pyarrow.parquet as pq
     import ray._private.state
 
-    from csclip.train.stream import DataConfig, source_dataset
+    from csclip.config.train import DataConfig
+    from csclip.train.stream import source_dataset
 
     units = tmp_path / "units"
     units.mkdir()
