@@ -23,7 +23,8 @@ TINY = ["--set", "model.image_size=32", "--set", "data.world.num_val=4",
         "--set", "data.world.image_size=32", "--set", "benchmark.num_bootstrap=0",
         "--set", "benchmark.image_side=false", "--set", "suites.world_pairs=false",
         "--set", "suites.world_zeroshot=false"]
-RESULT_KEYS = {"dataset", "model", "pretrained", "task", "metrics"}  # CLIP_benchmark's dump
+# CLIP_benchmark's dump (tests/test_clip_benchmark_build.py runs its build over one)
+RESULT_KEYS = {"dataset", "model", "pretrained", "task", "metrics", "language"}
 SNAKE = re.compile(r"[a-z0-9_]+")
 
 
@@ -48,7 +49,7 @@ def test_two_models_write_one_result_per_model_and_benchmark_and_two_mlflow_runs
     import mlflow
 
     from csclip.entry.evaluate import main
-    from csclip.eval.report import check_evaluation
+    from csclip.eval.report import EVALUATION_COMPLETE, check_evaluation
 
     first, second = _checkpoints(tmp_path)
     out = tmp_path / "eval"
@@ -58,7 +59,7 @@ def test_two_models_write_one_result_per_model_and_benchmark_and_two_mlflow_runs
     assert main(argv) == 0
     capsys.readouterr()
     check_evaluation(out)  # the results are listed in the marker, written last
-    listed = json.loads((out / "_complete.json").read_text())["files"]
+    listed = json.loads((out / EVALUATION_COMPLETE).read_text())["files"]
     tasks = {"halftruth": "half_truth", "retrieval": "zeroshot_retrieval"}
     results = {}
     for dataset, task in tasks.items():
@@ -73,10 +74,13 @@ def test_two_models_write_one_result_per_model_and_benchmark_and_two_mlflow_runs
         assert (result["dataset"], result["model"], result["task"]) == (
             dataset, "csclip-tiny", tasks[dataset])
         assert Path(result["pretrained"]).name == name
-    # Plain keys: no model name, no benchmark prefix; not measured is null (strict JSON).
+    # Plain keys: no model name, no benchmark prefix; not measured is null (strict JSON);
+    # retrieval under CLIP_benchmark's names, as fractions.
     halftruth = results["halftruth", "final"]["metrics"]
     assert 0 <= halftruth["ht_all"] <= 100 and halftruth["ht_all_ci_low"] is None
-    assert {"i2t", "t2i_r5", "num_images"} <= set(results["retrieval", "final"]["metrics"])
+    retrieval = results["retrieval", "final"]["metrics"]
+    assert {"text_retrieval_recall@1", "image_retrieval_recall@5"} <= set(retrieval)
+    assert isinstance(retrieval["num_images"], int)
     assert set(results["halftruth", "final"]["metrics"]) == set(
         results["halftruth", "checkpoint_000005"]["metrics"])
 

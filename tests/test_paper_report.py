@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from csclip.eval.report import EVALUATION_COMPLETE
 from csclip.report.paper_numbers import COMMIT, TABLES
 
 MIRROR = Path("/work/.mirror/kargibora+CS-CLIP/repo")
@@ -234,7 +235,7 @@ def test_label_names_a_model_and_a_wrong_run_is_one_line(runs, tmp_path, capsys)
     # A folder that is neither, a missing one, an unfinished evaluation: one line, exit 2.
     (tmp_path / "other").mkdir()
     unfinished = shutil.copytree(runs["tiny"], tmp_path / "eval-unfinished")
-    (unfinished / "_complete.json").unlink()  # killed before its marker was written
+    (unfinished / EVALUATION_COMPLETE).unlink()  # killed before its marker was written
     for run, words in ((tmp_path / "other", "neither"), (tmp_path / "nope", "no such folder"),
                        (unfinished, "did not finish")):
         assert main(["--paper", str(run), "--out", str(out), "--no-tracking"]) == 2

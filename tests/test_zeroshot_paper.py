@@ -241,11 +241,14 @@ def test_evaluate_fills_zs_paper_and_ret_paper(tmp_path, capsys, monkeypatch):
     assert tasks["cifar10"].class_texts == tuple(tuple(t.format(c=c) for t in templates)
                                                  for c in CIFAR10_NAMES)
     assert sorted(tasks) == ["cifar10", "sun397"]
-    # CLIP_benchmark-shaped results: one JSON per suite, its prefix dropped.
+    # CLIP_benchmark-shaped results: one JSON per dataset, by CLIP_benchmark's names and
+    # scales (the mean over datasets stays in our tables).
     out = tmp_path / "eval"
-    result = json.loads((out / "zeroshot_paper_none_csclip-tiny_zeroshot_classification.json"
+    result = json.loads((out / "cifar10_random_csclip-tiny_zeroshot_classification.json"
                          ).read_text())
-    assert result["metrics"]["avg"] == pytest.approx(metrics["zs_paper_avg"])
-    flickr = json.loads((out / "flickr8k_retrieval_none_csclip-tiny_zeroshot_retrieval.json"
+    assert result["dataset"] == "cifar10" and result["metrics"]["num_images"] == 6
+    assert result["metrics"]["acc1"] == pytest.approx(metrics["zs_paper_cifar10"] / 100)
+    flickr = json.loads((out / "flickr8k_random_csclip-tiny_zeroshot_retrieval.json"
                          ).read_text())
-    assert flickr["metrics"]["i2t"] == pytest.approx(metrics["flickr8k_ret_i2t"])
+    assert flickr["metrics"]["text_retrieval_recall@1"] == pytest.approx(
+        metrics["flickr8k_ret_i2t"] / 100)

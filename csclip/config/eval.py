@@ -252,7 +252,7 @@ class EvalConfig(StrictModel):
     # Seeds torch before the model is created: a model with random weights (no pretrained,
     # no checkpoint) is the same model, and scores the same, in every run of the command.
     seed: int = 0
-    # One JSON per model and benchmark in CLIP_benchmark's shape, named by this template
-    # (relative to out_dir; its --output with {model}, {pretrained}, {pretrained_full_path},
-    # {dataset}, {task}: csclip.eval.report.result_name).
+    # One JSON per model and dataset as CLIP_benchmark's eval writes it (its build reads
+    # them), named by this template (relative to out_dir; its --output with {model},
+    # {pretrained}, {pretrained_full_path}, {dataset}, {task}: csclip.eval.report.result_name).
     results_template: str = DEFAULT_RESULTS_TEMPLATE
