@@ -13,7 +13,6 @@ from enum import StrEnum
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from csclip.errors import DataError
@@ -564,6 +563,8 @@ def check_units_table(filesystem, path: str, uri: str) -> None:
 
     check_extraction_complete(filesystem, path, uri)
     try:
+        import pyarrow.dataset as pads  # noqa: PLC0415  it imports pandas (seconds); the configs import this module
+
         dataset = pads.dataset(path, filesystem=filesystem, format="parquet")
         fragments = list(dataset.get_fragments())
     except FileNotFoundError as err:
