@@ -39,7 +39,7 @@ EXAMPLES = (
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = make_parser(prog, DESCRIPTION, EXAMPLES, None)
     parser.add_argument("--paper", nargs="+", required=True, metavar="RUN",
-                        help="--out folders of `csclip evaluate` (finished: _complete.json) "
+                        help="--out folders of `csclip evaluate` (finished: .evaluation_complete) "
                              "and `csclip ablate` reports (holding ablation.csv)")
     parser.add_argument("--label", action="append", default=[], metavar="RUN=NAME",
                         help="the paper row a RUN (or a model's label in it) is, when it "

@@ -2,7 +2,7 @@
 Tables 1, 6, 7, 16 and 17.
 
 Each RUN is the output folder of `csclip evaluate` (its table1/table6/table7 CSVs; a
-folder without its `_complete.json` is refused, csclip.eval.report.check_evaluation) or
+folder without its `.evaluation_complete` is refused, csclip.eval.report.check_evaluation) or
 of `csclip ablate` (its ablation.csv, csclip.ablation.report). Every evaluated model is
 matched to a row of the paper (CLIP, CLIP-FT, NegCLIP, CS-CLIP, SigLIP, ...) by what it is
 (paper_row_of), or named with `--label`; every ablation row to one of the authors' rows
@@ -108,7 +108,7 @@ def run_kind(run: str, path: Path) -> str:
         check_evaluation(path, shown_as=run)  # named by the RUN, not by a cache folder
         return "evaluation"
     raise ConfigError(f"--paper {run}: neither the --out folder of `csclip evaluate` "
-                      "(table1.csv, _complete.json) nor the report of `csclip ablate` "
+                      "(table1.csv, .evaluation_complete) nor the report of `csclip ablate` "
                       f"({ABLATION_CSV})")
 
 
