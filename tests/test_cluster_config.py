@@ -297,7 +297,13 @@ def test_the_heads_ec2_rights_are_conditioned_on_the_cluster_tag(raw):
             continue
         assert instances == statement["Resource"], statement["Sid"]
         if ec2 == ["ec2:RunInstances"]:
-            assert condition == request_tag, statement["Sid"]
+            # Only cluster.yaml's node types, only in its region (the count is the
+            # autoscaler's max_workers: IAM has no condition on it).
+            types = sorted({t["node_config"]["InstanceType"]
+                            for t in raw["available_node_types"].values()})
+            assert condition == {**request_tag, "ec2:InstanceType": types,
+                                 "aws:RequestedRegion": raw["provider"]["region"]}, \
+                statement["Sid"]
         elif ec2 == ["ec2:CreateTags"]:  # tags set by the launch itself
             assert condition == {"ec2:CreateAction": "RunInstances"}, statement["Sid"]
         else:

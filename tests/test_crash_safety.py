@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from csclip import storage
-from csclip.config import load_config
+from csclip.config import load_config, to_yaml
 from csclip.config.train import TrainConfig
 from csclip.errors import DataError
 from csclip.model import create_bundle, load_bundle, save_checkpoint, spec_of
@@ -151,6 +151,23 @@ class _Checkpoint:
         import shutil
 
         shutil.copytree(self.directory, path, dirs_exist_ok=True)
+
+
+def test_a_finished_run_is_answered_by_train_without_starting_ray(tmp_path, capsys):
+    # `csclip train` of a run that finished reads final/ and says where it is: no Ray.
+    config = _config(str(tmp_path / "runs"))
+    export_final(_Checkpoint(_checkpoint(tmp_path / "ckpt", config, seed=0, step=4)),
+                 str(tmp_path / "runs"), "crash")
+    (tmp_path / "run.yaml").write_text(to_yaml(config))
+    code = ("import sys\nfrom csclip.cli import main\ncode = main(sys.argv[1:])\n"
+            "print('ray started' if 'ray' in sys.modules else 'no ray')\nsys.exit(code)")
+    done = subprocess.run(
+        [sys.executable, "-c", code, "train", "--config", str(tmp_path / "run.yaml")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[0] == f"run crash: final checkpoint {tmp_path / 'runs' / 'crash' / 'final'}"
+    assert lines[-1] == "no ray"
 
 
 @pytest.fixture

@@ -100,15 +100,16 @@ def _train(args: argparse.Namespace) -> int:
     if printed_config(args, config):
         return 0
     refuse_file_as_folder(config.run.storage_path, "--out (run.storage_path)")
-    from csclip.train import run  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
-    from csclip.train.loop import run_name  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
+    from csclip.train import finished_result, run, run_name  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
 
-    # What is being trained, before Ray, the data plan and the workers take their minutes.
-    logging.getLogger("csclip.train").info(start_line(config, run_name(config)))
-    # A pretrained tag neither cached nor downloadable: one line before Ray starts.
-    resolve_tag_weights(config.model.name, config.model.pretrained)
-    init_ray(args.address)
-    result = run(config)
+    result = finished_result(config)  # a finished run is answered without Ray
+    if result is None:
+        # What is being trained, before Ray, the data plan and the workers take their minutes.
+        logging.getLogger("csclip.train").info(start_line(config, run_name(config)))
+        # A pretrained tag neither cached nor downloadable: one line before Ray starts.
+        resolve_tag_weights(config.model.name, config.model.pretrained)
+        init_ray(args.address)
+        result = run(config)
     print(f"run {result.run_name}: final checkpoint {result.checkpoint_uri}")
     print(f"step {result.metrics.get('step')}, loss {result.metrics.get('loss')}")
     if result.mlflow_run_id:
