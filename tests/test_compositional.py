@@ -14,11 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
+from suites_helpers import CaptionLengthScorer
 
 from csclip.config.eval import SuitesConfig
 from csclip.config.world import WorldConfig
 from csclip.errors import DataError
-from csclip.eval.encoder import CaptionLengthScorer, Encoder
+from csclip.eval.encoder import Encoder
 from csclip.eval.halftruth import BenchmarkConfig
 from csclip.eval.pipeline import compare_models, evaluate_bundle
 from csclip.eval.suites import evaluate_suites

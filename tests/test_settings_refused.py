@@ -126,9 +126,6 @@ def test_demo_refuses_a_run_name_in_one_line(capsys, monkeypatch):
 
 
 def test_demo_eval_seed_reaches_the_suites(monkeypatch, tmp_path):
-    import csclip.eval.pipeline
-    import csclip.model
-    import csclip.records
     from csclip import demo as demo_module
     from csclip.config import load_config
     from csclip.train import TrainResult
@@ -139,9 +136,10 @@ def test_demo_eval_seed_reaches_the_suites(monkeypatch, tmp_path):
         seen.update(benchmark=benchmark.seed, suites=None if suites is None else suites.seed)
         return type("Report", (), {"markdown": "table"})()
 
-    monkeypatch.setattr(csclip.eval.pipeline, "compare_models", compare_models)
-    monkeypatch.setattr(csclip.model, "load_bundle", lambda uri: uri)
-    monkeypatch.setattr(csclip.records, "load_split", lambda *a, **k: [])
+    # Patched where the demo looks them up (its imports are at its top).
+    monkeypatch.setattr(demo_module, "compare_models", compare_models)
+    monkeypatch.setattr(demo_module, "load_bundle", lambda uri: uri)
+    monkeypatch.setattr(demo_module, "load_split", lambda *a, **k: [])
     demo = load_config(demo_module.DemoConfig, None, [
         "eval_seed=7", f"out_dir={tmp_path}", "train.tracking.enabled=false"])
     result = TrainResult("run", "/ckpt")

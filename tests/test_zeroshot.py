@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from suites_helpers import FIXTURES, ColorScorer
+from suites_helpers import FIXTURES, CaptionLengthScorer, ColorScorer
 
 from csclip.config.world import WorldConfig
 from csclip.errors import DataError
-from csclip.eval.encoder import CaptionLengthScorer, Encoder
+from csclip.eval.encoder import Encoder
 from csclip.eval.zeroshot import (
     class_texts,
     classification_metrics,

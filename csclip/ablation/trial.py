@@ -70,7 +70,7 @@ def run_trial(params: dict, sweep: dict, evaluate: Callable | None = None) -> No
     """
     context = SweepContext.model_validate(sweep)
     setting = context.setting(params["setting"])
-    base = validate_config(train.TrainConfig, context.base, origin="sweep base config")
+    base = validate_config(TrainConfig, context.base, origin="sweep base config")
     config = trial_config(base, setting, context.sweep)
     client = tracking.client(context.tracking_uri)
     experiment_id = tracking.experiment_id(client, context.mlflow_experiment)

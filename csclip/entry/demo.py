@@ -28,7 +28,7 @@ logs every run to MLflow. `--publish` copies the last demo's results and stage t
 from there into docs/results.md and docs/performance.md (and trains nothing).
 
 --config is the fine-tuning YAML, or a whole demo YAML with `train:` and its deltas
-(`pretrain:`, ...; configs/world_gpu.yaml); --set paths are those of csclip.demo.DemoConfig:
+(`pretrain:`, ...; configs/world_gpu.yaml); --set paths are those of csclip.config.demo.DemoConfig:
 train.* (the fine-tuning config), and the demo's deltas on top of it, each a partial
 training config: pretrain.*, warm_start.* (ours: the layout warm start, loss.method
 layout; null: none) and finetune.* (both fine-tunings; ours: model.lock.image, CS-CLIP's

@@ -40,7 +40,7 @@ Writes table1/6/7, image_side, suites (retrieval, compositional, zero-shot) and,
 one CLIP_benchmark-shaped JSON per model and benchmark (--output), prints the tables, and
 logs one MLflow run per model (tracking.uri; `--set tracking.enabled=false` to skip).
 Several models in one command: --model A B --pretrained X Y (each with each) or
---pretrained-model, as CLIP_benchmark. Fields: csclip.eval.pipeline.EvalConfig
+--pretrained-model, as CLIP_benchmark. Fields: csclip.config.eval.EvalConfig
 (docs/evaluation.md)."""
 
 KEPT = ("a checkpoint copied to the cache is kept, the tables of --out may be missing "

@@ -32,7 +32,7 @@ call per caption) or authors (the authors' three calls, as they ran them): `--ba
 answer lands in answers/, and `--backend replay --answers OUT/answers` re-derives the units
 from them. A rerun with the same config skips finished shards. Prints the accounting (read = with units +
 rejected, by reason) and logs it to MLflow (`--no-tracking` to skip). Fields:
-csclip.extract.pipeline.ExtractConfig."""
+csclip.config.extract.ExtractConfig."""
 
 KEPT = ("the finished shards in --out are kept; rerun the same command to resume (they are "
         "not extracted again)")

@@ -192,10 +192,14 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> bool
             runtime_env.update(working_dir=str(REPO_ROOT), excludes=[".git"])
         ray.init(address=address, runtime_env=runtime_env or None, configure_logging=False)
         return False
+    # A local instance's processes inherit this environment: the thresholds go there, not
+    # into the job's runtime_env (whose env_vars keep Ray from reusing its prestarted
+    # workers, so it starts more at once than the node's CPUs, and warns).
+    for name, value in worker_env_vars().items():
+        os.environ.setdefault(name, value)
     context = ray.init(num_cpus=num_cpus, include_dashboard=True,
                        configure_logging=False,
-                       runtime_env={"worker_process_setup_hook": _worker_setup,
-                                    "env_vars": worker_env_vars()})
+                       runtime_env={"worker_process_setup_hook": _worker_setup})
     logger.info("Ray: a local instance for this run; dashboard at http://%s",
                 context.dashboard_url)
     return True

@@ -29,7 +29,7 @@ Fine-tune a CLIP model on Ray Train: CS-CLIP, or the CLIP / NegCLIP baselines.
 Without arguments it runs the demo (csclip demo). Rerunning the same command resumes from
 the last checkpoint (the run name is a hash of the resolved config); a finished run is
 not trained again. Fields not given take configs/default.yaml's values, then
-csclip.train.TrainConfig's defaults (docs/training.md)."""
+csclip.config.train.TrainConfig's defaults (docs/training.md)."""
 
 KEPT = ("the checkpoints saved so far are kept; rerun the same command to resume from "
         "the last one")

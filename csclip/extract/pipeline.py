@@ -270,8 +270,12 @@ def run_extraction(config: ExtractConfig, engine: Engine | None = None,
     """_extract under the lease of `config.output.uri` (one writer per output; a second
     one is refused with a DataError naming the holder)."""
     config = with_input_format(config)
+    # Refused before the output is touched: inside a Ray job a relative output or sqlite
+    # store (it would land in the job's temporary working directory), and a bad input.
     output = storage.resolve_output(config.output.uri, "output.uri")
-    if captions is None:  # a bad input is refused before the output is touched
+    if config.tracking.enabled:
+        tracking.resolve_uri(config.tracking.uri)
+    if captions is None:
         captions = read_input(config)
     with output_lease(output, "csclip extract", config.output.endpoint_url, config=config):
         return _extract(config, engine, on_shard_written, captions=captions)
@@ -288,11 +292,6 @@ def _extract(config: ExtractConfig, engine: Engine | None = None,
     Raises DataError for unreadable/empty input or an output written by another config,
     ConfigError for a relative output or tracking store inside a Ray job.
     """
-    # Inside a Ray job a relative output or sqlite store would land in the job's temporary
-    # working directory: refuse it now, not after the work.
-    storage.resolve_output(config.output.uri, "output.uri")
-    if config.tracking.enabled:
-        tracking.resolve_uri(config.tracking.uri)
     if captions is None:
         captions = read_input(config)
     shard_size = config.output.shard_size
