@@ -37,6 +37,8 @@ from walkthrough_fixtures import (
     write_negclip_checkpoint,
 )
 
+from csclip.eval.report import EVALUATION_COMPLETE
+
 CLUSTER_DOC = harness.REPO_ROOT / "docs" / "cluster.md"
 WALKTHROUGH = ("## The run, stage by stage", "## Time and cost")
 # The walk-through's commands that set up AWS rather than run csclip, and what the
@@ -277,7 +279,7 @@ def test_the_walkthrough_against_a_real_ray_head(tmp_path, monkeypatch):
             assert (checkpoint / "final" / "model.pt").is_file()  # where the config said
             assert (checkpoint / "best" / "model.pt").is_file()   # the held-out rule's
             selection = (home / "eval" / run / "selection.csv").read_text()
-            assert "step" in selection and (home / "eval" / run / "_complete.json").is_file()
+            assert "step" in selection and (home / "eval" / run / EVALUATION_COMPLETE).is_file()
         check_paper_report(home / "report", places)
 
         monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "csclip-jobs")  # this process reads too
