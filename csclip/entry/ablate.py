@@ -21,7 +21,7 @@ from csclip.entry.common import (
     setup_logging,
     shortcut_overrides,
 )
-from csclip.entry.ray_init import init_ray
+from csclip.entry.ray_init import init_ray, prepare_ray_env
 from csclip.errors import ConfigError
 
 DESCRIPTION = """\
@@ -123,6 +123,7 @@ def _ablate(args: argparse.Namespace, command: str) -> int:
     if printed_config(args, base):
         return 0
     refuse_file_as_folder(base.run.storage_path, "--out (run.storage_path)")
+    prepare_ray_env(args.address, num_cpus=max(4, os.cpu_count() or 1))  # before ray's import
     from csclip.ablation import sweep  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
 
     if grids.is_paper_grid(args.grid):

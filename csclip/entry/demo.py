@@ -17,7 +17,7 @@ from csclip.entry.common import (
     setup_logging,
     shortcut_overrides,
 )
-from csclip.entry.ray_init import init_ray
+from csclip.entry.ray_init import init_ray, prepare_ray_env
 
 DESCRIPTION = """\
 The demo, on CPU in about 12 minutes: generate the synthetic world, pretrain a small CLIP
@@ -97,6 +97,7 @@ def _demo(args: argparse.Namespace, command: str) -> int:
     if printed_config(args, config):
         return 0
     refuse_file_as_folder(config.out_dir, "--out (out_dir)")
+    prepare_ray_env(args.address)  # before the demo imports ray
     from csclip.demo import demo_summary, publish, run_demo  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
 
     if args.publish:

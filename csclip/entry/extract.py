@@ -18,7 +18,7 @@ from csclip.entry.common import (
     setup_logging,
     shortcut_overrides,
 )
-from csclip.entry.ray_init import init_ray
+from csclip.entry.ray_init import init_ray, prepare_ray_env
 from csclip.extract.prompt_sets import PROMPT_SET_NAMES
 
 DESCRIPTION = """\
@@ -115,6 +115,7 @@ def _extract(args: argparse.Namespace) -> int:
     if printed_config(args, config):
         return 0
     refuse_file_as_folder(config.output.uri, "--out (output.uri)")
+    prepare_ray_env(args.address)  # before the pipeline imports ray
     from csclip.extract.pipeline import read_input, run_extraction, with_input_format  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
 
     config = with_input_format(config)  # --input's format, from its name or content

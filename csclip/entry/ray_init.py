@@ -157,6 +157,22 @@ def local_env(num_cpus: int | None) -> dict[str, str]:
             "RAY_worker_maximum_startup_concurrency": str(max(4, num_cpus or os.cpu_count() or 1))}
 
 
+def prepare_ray_env(address: str | None = None, *, num_cpus: int | None = None) -> None:
+    """The environment Ray reads at its import and a local instance inherits (local_env),
+    set before the first `import ray`: an entry point calls it before it imports its
+    program (which may import ray at its top), init_ray again (a no-op then). Imported
+    already (a library caller), Ray's own defaults apply."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not sys.stdout.isatty():
+        # The driver prefixes each worker line with "(RayTrainWorker pid=...)" in color
+        # codes, read when printed; in a log file they are noise.
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+    if not address and "ray" not in sys.modules:
+        # Ray reads RAY_AUTH_MODE into its C++ config once, at import.
+        for name, value in local_env(num_cpus).items():
+            os.environ.setdefault(name, value)
+
+
 def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> bool:
     """Connect to `address` (or RAY_ADDRESS), or start a local instance; True when a local
     instance was started here. Does nothing when Ray is already initialised.
@@ -166,15 +182,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> bool
     sweep needs more (tune/ablate.py passes max(4, cores)).
     """
     address = address or os.environ.get("RAY_ADDRESS")
-    if not sys.stdout.isatty():
-        # The driver prefixes each worker line with "(RayTrainWorker pid=...)" in color
-        # codes, read when printed; in a log file they are noise.
-        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
-    if not address and "ray" not in sys.modules:
-        # Before the first `import ray`: Ray reads RAY_AUTH_MODE into its C++ config once,
-        # at import. Imported already (a library caller), Ray's own default applies.
-        for name, value in local_env(num_cpus).items():
-            os.environ.setdefault(name, value)
+    prepare_ray_env(address, num_cpus=num_cpus)
     import ray  # noqa: PLC0415  ray starts only after the config and inputs are checked
 
     if ray.is_initialized():

@@ -19,7 +19,7 @@ from csclip.entry.common import (
     setup_logging,
     shortcut_overrides,
 )
-from csclip.entry.ray_init import init_ray
+from csclip.entry.ray_init import init_ray, prepare_ray_env
 from csclip.pretrained import resolve_tag_weights
 from csclip.train.console import start_line
 
@@ -100,6 +100,7 @@ def _train(args: argparse.Namespace) -> int:
     if printed_config(args, config):
         return 0
     refuse_file_as_folder(config.run.storage_path, "--out (run.storage_path)")
+    prepare_ray_env(args.address)  # before the training imports ray
     from csclip.train import finished_result, run, run_name  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
 
     result = finished_result(config)  # a finished run is answered without Ray
