@@ -124,6 +124,14 @@ class DataConfig(StrictModel):
     # A units table (Parquet, local or s3://) with image_bytes or image_path; None trains
     # on the synthetic world generated from `world`.
     units_uri: str | None = None
+    # Webdataset shards to train on (a brace pattern, local or s3://:
+    # 's3://bucket/laion/{00000..25599}.tar'); units_uri is then the output of `csclip
+    # extract --format webdataset` over them (csclip.train.shards). None: units_uri's table.
+    shards: str | None = None
+    # Shards' samples permuted together: consecutive shards of each epoch's seeded shard
+    # order are grouped until a group holds this many (the bounded buffer of a streamed
+    # epoch; open_clip_train's sample buffer holds 5000).
+    shard_buffer: int = Field(10_000, ge=1)
     split: str = "train"
     batch_size: int = Field(32, ge=1)  # rows per worker, or per optimizer step (batch_scope)
     # "worker": batch_size rows on each worker, W x batch_size per optimizer step (ours:
@@ -162,6 +170,14 @@ class DataConfig(StrictModel):
         if self.prepare_images and self.augment:
             raise ValueError("data.prepare_images keeps one transformed image per sample, and "
                              "data.augment draws a new crop every epoch: turn one of them off")
+        if self.shards is not None and self.units_uri is None:
+            raise ValueError("data.shards needs data.units_uri: the output of `csclip extract "
+                             "--format webdataset` over the same shards")
+        if self.shards is not None and (self.prepare_images or self.val_ratio):
+            raise ValueError("data.shards reads each epoch from the shards: data.prepare_images "
+                             "is their pixels encoding (csclip shards --encoding pixels), and "
+                             "data.val_ratio is not available on shards yet (hold out shards "
+                             "instead: give data.shards the others)")
         if self.prepare_images and self.units_uri is None:
             raise ValueError("data.prepare_images needs data.units_uri (the synthetic world's "
                              "images are decoded once already: data.image_cache_mb)")

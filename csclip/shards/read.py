@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import posixpath
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 
 from csclip.errors import DataError
@@ -92,12 +92,13 @@ def _sample(shard: str, key: str, members: dict[str, bytes], want_images: bool
     return sample
 
 
-def iter_shard(uri: str, *, images: bool = True, endpoint_url: str | None = None
-               ) -> Iterator[ShardSample]:
+def iter_shard(uri: str, *, images: bool = True, keys: Container[str] | None = None,
+               endpoint_url: str | None = None) -> Iterator[ShardSample]:
     """The samples of the shard at `uri` (local or s3://), in the tar's order.
 
     images: False skips the image members' bytes (extraction never decodes images; the
-    tar is still read through, as a stream has to be). A member that repeats within a
+    tar is still read through, as a stream has to be). keys: only these samples are
+    kept and yielded (a training task reads its own rows of a shard). A member that repeats within a
     sample, a key that comes back after another key, and a shard cut short yield
     rejected samples (the last one named TRUNCATED_SHARD with no key of its own, when
     the cut falls between samples). A shard that cannot be opened is a DataError.
@@ -134,10 +135,11 @@ def iter_shard(uri: str, *, images: bool = True, endpoint_url: str | None = None
                     continue
                 member_key, suffix = parts
                 if member_key != key:
-                    if key is not None:
+                    if key is not None and (keys is None or key in keys):
                         yield finish()
                     key, members, repeated = member_key, {}, None
-                skip = not images and (suffix in IMAGE_SUFFIXES or suffix == PIXELS_SUFFIX)
+                skip = (keys is not None and key not in keys) or (
+                    not images and (suffix in IMAGE_SUFFIXES or suffix == PIXELS_SUFFIX))
                 data = b"" if skip else tar.extractfile(info).read()
                 if suffix in members:
                     repeated = suffix
@@ -153,7 +155,7 @@ def iter_shard(uri: str, *, images: bool = True, endpoint_url: str | None = None
             # may be missing members, so it is rejected with the cut.
             yield ShardSample(uri, key or "", reject=TRUNCATED_SHARD if key or seen
                               else UNREADABLE_SHARD, detail=f"{uri}: {cut}")
-        elif key is not None:
+        elif key is not None and (keys is None or key in keys):
             yield finish()
 
 

@@ -31,7 +31,8 @@ IDENTITY_FIELDS: tuple[str, ...] = (
 # Identity fields added after runs were named: part of the hash only when not at their
 # default, so the runs named before them keep their names (and resume).
 IDENTITY_FIELDS_WHEN_SET: tuple[str, ...] = ("model.lock", "data.augment", "data.batch_scope",
-                                              "data.prepare_images", "run.resume_from",
+                                              "data.prepare_images", "data.shards", "data.shard_buffer",
+                                              "run.resume_from",
                                               "loss.ranking_loss_weight", "loss.ranking_margin",
                                               "optim.logit_scale_max", "data.val_ratio")
 # How a run runs, not what it trains: never in its name (a run restarted with compilation

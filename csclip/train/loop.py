@@ -79,6 +79,7 @@ from csclip.train.identity import (  # noqa: F401  (re-exported)
 from csclip.train.lookahead import NextEpoch, epochs_ahead
 from csclip.train.optim import lr_at
 from csclip.train.prepared import ImageNormalizer, training_source
+from csclip.train.shards import plan_shards, shard_datasets
 from csclip.train.step import (
     StepMetrics,
     StepOptions,
@@ -86,7 +87,13 @@ from csclip.train.step import (
     build_training,
     train_step,
 )
-from csclip.train.stream import epoch_datasets, image_cache_fits, local_shuffle_seed, plan_data
+from csclip.train.stream import (
+    epoch_datasets,
+    image_cache_fits,
+    local_shuffle_seed,
+    plan_data,
+    plan_steps,
+)
 from csclip.train.warm_start import add_layout_head, layout_question
 
 logger = logging.getLogger(__name__)
@@ -578,23 +585,12 @@ def _train(config: TrainConfig, callbacks: Sequence = (), *, hooks: WorkerHooks 
     # cache their data one at a time: two such passes at once take every CPU of a small
     # instance, and Ray Data then warns that a dataset will hang.
     with _DRIVER_DATA_PASSES:
-        source, checked = training_source(config.data, spec.preprocess_cfg, config.model.name,
-                                          objective)
-        source, checked, heldout, num_held = split_source(config.data, config.run.seed, source, checked)
-        plan = plan_data(checked, config.data, config.run.num_workers, config.optim.epochs,
-                         config.optim.max_steps)
+        if config.data.shards is not None:
+            plan, datasets, heldout, num_held = _shard_training(config, spec, objective)
+        else:
+            plan, datasets, heldout, num_held = _source_training(config, spec, objective)
         logger.info("run %s: %d rows (%d undecodable), %d epochs, %d steps", name, plan.num_rows,
                     plan.num_decode_failures, plan.num_epochs, plan.total_steps)
-        check_data_cpus(config.run)
-        cache_images = image_cache_fits(config.data, plan.num_rows, spec.preprocess_cfg,
-                                        image_foils="image_foil" in objective.image_columns)
-        build = partial(epoch_datasets, source, sampling=config.sampling,
-                        preprocess_cfg=spec.preprocess_cfg, model_name=config.model.name,
-                        seed=config.run.seed, num_epochs=plan.num_epochs,
-                        augment=config.data.augment, objective=objective, cache_images=cache_images,
-                        prepared=config.data.prepare_images)
-        datasets = training_datasets(build, plan, config.data.batch_scope, config.run.seed,
-                                     config.run.num_workers, config.data.batch_size)
     data_params = {"data.num_rows": plan.num_rows, "data.decode_failures": plan.num_decode_failures,
                    "data.total_steps": plan.total_steps, "data.num_epochs": plan.num_epochs,
                    "data.held_out_rows": num_held}
@@ -618,6 +614,44 @@ def _train(config: TrainConfig, callbacks: Sequence = (), *, hooks: WorkerHooks 
                metrics={"data.decode_failures": plan.num_decode_failures,
                         "final_loss": float(metrics.get("loss") or 0.0)})
     return TrainResult(name, final_uri, metrics, run_id)
+
+
+def _source_training(config: TrainConfig, spec, objective) -> tuple:
+    """(plan, datasets, held-out refs, held-out count) of a run on the world or a units
+    table: a check pass decodes every image once, each epoch is a seeded global order."""
+    source, checked = training_source(config.data, spec.preprocess_cfg, config.model.name,
+                                      objective)
+    source, checked, heldout, num_held = split_source(config.data, config.run.seed, source, checked)
+    plan = plan_data(checked, config.data, config.run.num_workers, config.optim.epochs,
+                     config.optim.max_steps)
+    check_data_cpus(config.run)
+    cache_images = image_cache_fits(config.data, plan.num_rows, spec.preprocess_cfg,
+                                    image_foils="image_foil" in objective.image_columns)
+    build = partial(epoch_datasets, source, sampling=config.sampling,
+                    preprocess_cfg=spec.preprocess_cfg, model_name=config.model.name,
+                    seed=config.run.seed, num_epochs=plan.num_epochs,
+                    augment=config.data.augment, objective=objective, cache_images=cache_images,
+                    prepared=config.data.prepare_images)
+    datasets = training_datasets(build, plan, config.data.batch_scope, config.run.seed,
+                                 config.run.num_workers, config.data.batch_size)
+    return plan, datasets, heldout, num_held
+
+
+def _shard_training(config: TrainConfig, spec, objective) -> tuple:
+    """(plan, datasets, no held-out refs, 0) of a run on webdataset shards
+    (csclip.train.shards): planned from the per-shard counts, no pass over the data."""
+    shards = plan_shards(config.data)
+    plan = plan_steps(sum(shard.rows for shard in shards), 0, config.data,
+                      config.run.num_workers, config.optim.epochs, config.optim.max_steps)
+    logger.info("%d shards, %d rows with units", len(shards), plan.num_rows)
+    check_data_cpus(config.run)
+    datasets = shard_datasets(
+        shards, data=config.data, sampling=config.sampling, preprocess_cfg=spec.preprocess_cfg,
+        model_name=config.model.name, seed=config.run.seed, num_epochs=plan.num_epochs,
+        steps_per_epoch=plan.steps_per_epoch, num_workers=config.run.num_workers,
+        objective=objective,
+        dataset_name=lambda epoch, rank: shard_name(epoch, rank, config.data.batch_scope))
+    return plan, datasets, [], 0
 
 
 def check_data_cpus(run_section: RunSection) -> None:

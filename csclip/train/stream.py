@@ -560,14 +560,8 @@ def _image_foil_output(drawn: Sequence[tuple[np.ndarray, str, str] | None], imag
 
 def plan_data(source, data: DataConfig, num_workers: int, epochs: int,
               max_steps: int | None, max_listed_failures: int = 20) -> DataPlan:
-    """Run the check pass over `source` and work out epochs and steps.
-
-    Each epoch is split equally over the workers and each worker drops its last partial
-    batch, so an epoch has num_rows // (batch_size * num_workers) steps on every worker
-    (num_rows // batch_size with data.batch_scope "global").
-    With max_steps the plan holds enough epochs for max_steps; otherwise `epochs`.
-    Raises DataError when nothing decodes or the data is smaller than one global batch.
-    """
+    """Run the check pass over `source` and plan_steps over the rows that decode.
+    Raises DataError when nothing decodes or the data is smaller than one global batch."""
     status = _checked(source)
     failed = status.loc[~status["ok"].astype(bool), "sample_id"].astype(str).tolist()
     num_rows = len(status) - len(failed)
@@ -575,9 +569,26 @@ def plan_data(source, data: DataConfig, num_workers: int, epochs: int,
         logger.warning("%d of %d images do not decode and are skipped: %s%s", len(failed),
                        len(status), failed[:max_listed_failures],
                        " ..." if len(failed) > max_listed_failures else "")
+    plan = plan_steps(num_rows, len(status), data, num_workers, epochs, max_steps)
+    usable = status.loc[status["ok"].astype(bool), "sample_id"].astype(str)
+    return DataPlan(num_rows, len(failed), tuple(failed[:max_listed_failures]), plan.num_epochs,
+                    plan.steps_per_epoch, plan.total_steps, tuple(usable))
+
+
+def plan_steps(num_rows: int, num_read: int, data: DataConfig, num_workers: int, epochs: int,
+               max_steps: int | None) -> DataPlan:
+    """Epochs and steps of `num_rows` usable rows (of `num_read`; 0: not known).
+
+    Each epoch is split equally over the workers and each worker drops its last partial
+    batch, so an epoch has num_rows // (batch_size * num_workers) steps on every worker
+    (num_rows // batch_size with data.batch_scope "global").
+    With max_steps the plan holds enough epochs for max_steps; otherwise `epochs`.
+    Raises DataError when the data is smaller than one global batch.
+    """
     global_batch = data.batch_size * (1 if data.batch_scope == "global" else num_workers)
     if num_rows < global_batch:
-        raise DataError(f"{num_rows} usable rows (of {len(status)}) is less than one global "
+        of = f" (of {num_read})" if num_read else ""
+        raise DataError(f"{num_rows} usable rows{of} is less than one global "
                         f"batch ({global_batch} rows); lower data.batch_size or add data")
     # (num_rows // num_workers) // batch_size: a worker's rows of the equal split, in
     # whole batches.
@@ -586,9 +597,7 @@ def plan_data(source, data: DataConfig, num_workers: int, epochs: int,
         num_epochs, total_steps = math.ceil(max_steps / steps_per_epoch), max_steps
     else:
         num_epochs, total_steps = epochs, epochs * steps_per_epoch
-    usable = status.loc[status["ok"].astype(bool), "sample_id"].astype(str)
-    return DataPlan(num_rows, len(failed), tuple(failed[:max_listed_failures]), num_epochs,
-                    steps_per_epoch, total_steps, tuple(usable))
+    return DataPlan(num_rows, 0, (), num_epochs, steps_per_epoch, total_steps)
 
 
 def wait_for_a_free_cpu(timeout_s: float = 3.0, poll_s: float = 0.05) -> bool:

@@ -1,0 +1,305 @@
+"""Training from webdataset shards: one streaming data path, no all-to-all in any epoch.
+
+The shards (`data.shards`, a brace pattern, local or s3://) hold the images and captions;
+their units come from `csclip extract --format webdataset` (`data.units_uri`: its output,
+one `units/{stem}.parquet` and `_done/{stem}.json` per shard). Planning reads only the
+per-shard counts (`_done/{stem}.json`'s with_units): the driver's memory and the time
+to the first batch grow with the number of shards, not of samples.
+
+Each epoch's order is the large-scale one of open_clip_train's `--dataset-type
+webdataset`, made a function of the config alone:
+- the shards are permuted, seeded by (run.seed, epoch);
+- consecutive shards of that order form groups of at least `data.shard_buffer` samples
+  (the bounded sample buffer), and each group's samples are permuted, seeded by (run.seed,
+  epoch, group): sample j of group g sits at position offset(g) + permutation(j), where the
+  offsets are the groups' prefix sums of counts (known from planning);
+- global batch t is positions [tB, (t+1)B), as csclip.train.global_batch defines it.
+
+One Ray Data task reads one group (`read_group`): it joins each shard's units by key
+inside the task (no global join), works out the positions from the units' keys, keeps
+the positions this dataset serves (with batch_scope "global" one worker's share of every
+global batch; with "worker" all, split over the workers by Ray Train) and only then
+streams the tars, keeping the image bytes of those samples alone, decoding and
+transforming them (or, for shards written with `csclip shards --encoding pixels`, reading
+their uint8 pixels: decode-once as a shard encoding). Its rows leave in position order, as
+uint8 PIXELS with the caption's tokens: the rows csclip.train.stream.sample_batch draws
+each epoch's text slots for. With preserve_order the groups' blocks reach the worker in
+group order, so a worker's rows come in position order without a sort.
+
+The shards were written in a seeded order (`csclip shards` permutes the source once), so
+COCO's five captions of an image are scattered over the shards, where a buffer shuffle of
+the source order would put them into one batch as false negatives of each other.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import posixpath
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from csclip.config.train import DataConfig, SamplingConfig, worker_batch_size
+from csclip.errors import DataError
+from csclip.preprocess import tokenizer
+from csclip.shards import PIXELS_SUFFIX, expand_shards, shard_stem
+from csclip.shards.read import iter_shard
+from csclip.storage import exists, filesystem_for, read_bytes
+from csclip.train.stream import (
+    CAPTION_TOKENS,
+    PIXELS,
+    decode_batch,
+    deterministic,
+    fixed_size_list,
+    image_shape,
+    pixel_column,
+    preprocess_key,
+    sample_batch,
+    text_rows,
+)
+from csclip.units import EXTRACTION_COMPLETE, EXTRACTION_DONE_DIR, UNITS_SCHEMA
+
+POSITION = "_position"
+# The threads reading the per-shard counts at planning (S3 GETs of a few hundred bytes).
+COUNT_READERS = 32
+UNIT_COLUMNS = [f.name for f in UNITS_SCHEMA if f.name not in ("image_path", "image_bytes")]
+
+
+@dataclass(frozen=True)
+class TrainShard:
+    """One shard of the training data: where it is, where its units are, how many of its
+    samples have units (the rows it gives each epoch)."""
+
+    uri: str
+    units_uri: str
+    rows: int
+
+
+@dataclass(frozen=True)
+class ShardGroup:
+    """Consecutive shards of one epoch's order, whose samples are permuted together."""
+
+    index: int
+    shards: tuple[TrainShard, ...]
+    offset: int  # the position of the group's first row in the epoch
+
+    @property
+    def rows(self) -> int:
+        return sum(shard.rows for shard in self.shards)
+
+
+def plan_shards(data: DataConfig) -> list[TrainShard]:
+    """The shards of `data.shards` with their units (`data.units_uri`, an extraction
+    output over the same shards) and row counts, in pattern order.
+
+    Raises DataError for an unfinished extraction, a shard without units, or no rows."""
+    if data.shards is None or data.units_uri is None:
+        raise DataError("training from shards needs data.shards and data.units_uri")
+    uris = expand_shards(data.shards)
+    root = data.units_uri.rstrip("/")
+    fs, path = filesystem_for(root)
+    if not exists(fs, posixpath.join(path, EXTRACTION_COMPLETE)):
+        raise DataError(f"data.units_uri: {root} is not a finished extraction (no "
+                        f"{EXTRACTION_COMPLETE}); run `csclip extract --format webdataset "
+                        f"--input '{data.shards}' --out {root}` to its end")
+
+    def counted(uri: str) -> TrainShard:
+        stem = shard_stem(uri)
+        marker = posixpath.join(path, EXTRACTION_DONE_DIR, f"{stem}.json")
+        try:
+            counts = json.loads(read_bytes(fs, marker))
+        except DataError as err:
+            raise DataError(f"shard {uri} has no units in {root} (no "
+                            f"{EXTRACTION_DONE_DIR}/{stem}.json): extract the same shards "
+                            "that data.shards names") from err
+        return TrainShard(uri, f"{root}/units/{stem}.parquet", int(counts["with_units"]))
+
+    with ThreadPoolExecutor(COUNT_READERS) as pool:
+        shards = list(pool.map(counted, uris))
+    if not sum(shard.rows for shard in shards):
+        raise DataError(f"the {len(shards)} shards of {data.shards} hold no sample with units")
+    return shards
+
+
+def shard_order(num_shards: int, seed: int, epoch: int) -> np.ndarray:
+    """The shards' order in `epoch`: a permutation seeded by (seed, epoch)."""
+    return np.random.default_rng([seed, epoch, 0]).permutation(num_shards)
+
+
+def epoch_groups(shards: Sequence[TrainShard], seed: int, epoch: int, buffer_rows: int
+                 ) -> list[ShardGroup]:
+    """`epoch`'s groups: the shards in shard_order, cut into runs of at least
+    `buffer_rows` rows (the last may hold fewer), with their offsets."""
+    groups: list[ShardGroup] = []
+    current: list[TrainShard] = []
+    offset = 0
+    for index in shard_order(len(shards), seed, epoch):
+        current.append(shards[index])
+        if sum(shard.rows for shard in current) >= buffer_rows:
+            groups.append(ShardGroup(len(groups), tuple(current), offset))
+            offset += groups[-1].rows
+            current = []
+    if current:
+        groups.append(ShardGroup(len(groups), tuple(current), offset))
+    return groups
+
+
+def group_positions(num_rows: int, offset: int, seed: int, epoch: int, group: int
+                    ) -> np.ndarray:
+    """The epoch position of each of a group's rows (in units order, shard after shard):
+    the group's span permuted, seeded by (seed, epoch, group)."""
+    return offset + np.random.default_rng([seed, epoch, 1, group]).permutation(num_rows)
+
+
+def served(positions: np.ndarray, *, rank: int | None, worker_batch: int, num_workers: int,
+           kept_rows: int) -> np.ndarray:
+    """Which positions a dataset serves: those of the epoch's whole global batches, and
+    with `rank` only worker `rank`'s share of each (csclip.train.global_batch's rule)."""
+    mine = positions < kept_rows
+    if rank is not None:
+        mine &= (positions % (worker_batch * num_workers)) // worker_batch == rank
+    return mine
+
+
+def _units(shard: dict) -> pa.Table:
+    fs, path = filesystem_for(shard["units_uri"])
+    try:
+        table = pq.read_table(io.BytesIO(read_bytes(fs, path)), columns=UNIT_COLUMNS)
+    except DataError as err:
+        raise DataError(f"shard {shard['uri']}: its units {shard['units_uri']} are missing") from err
+    if table.num_rows != shard["rows"]:
+        raise DataError(f"{shard['units_uri']} holds {table.num_rows} rows, its done marker "
+                        f"{shard['rows']}: the extraction output changed since planning")
+    return table
+
+
+def _images(shard: dict, wanted: set[str]) -> dict[str, tuple[str, bytes]]:
+    """The image members (suffix, bytes) of the `wanted` keys of one shard."""
+    found: dict[str, tuple[str, bytes]] = {}
+    for sample in iter_shard(shard["uri"], keys=wanted):
+        if sample.reject is not None:
+            raise DataError(f"shard {shard['uri']}: sample {sample.key!r} has units but "
+                            f"{sample.reject} ({sample.detail}); the shard changed after "
+                            "its extraction")
+        found[sample.key] = (sample.image_suffix, sample.image)
+    missing = wanted - found.keys()
+    if missing:
+        raise DataError(f"shard {shard['uri']} lacks {len(missing)} samples its units name, "
+                        f"e.g. {sorted(missing)[0]!r}; the shard changed after its extraction")
+    return found
+
+
+def _pixels(key: str, data: bytes, shape: tuple[int, int, int], uri: str) -> np.ndarray:
+    try:
+        array = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError) as err:
+        raise DataError(f"shard {uri}: {key}.{PIXELS_SUFFIX} is not a .npy array ({err})") from err
+    if array.dtype != np.uint8 or array.shape != shape:
+        raise DataError(f"shard {uri}: {key}.{PIXELS_SUFFIX} is {array.dtype} {array.shape}, "
+                        f"and this model's transform gives uint8 {shape}: write the shards "
+                        "again with this model (csclip shards --encoding pixels --model ...)")
+    return array
+
+
+def read_group(batch: pa.Table, *, seed: int, epoch: int, rank: int | None, worker_batch: int,
+               num_workers: int, kept_rows: int, preprocess: tuple, model_name: str,
+               augment: bool = False, image_foils: bool = False, layout=None) -> pa.Table:
+    """Map function over one ShardGroup (a one-row batch, as group_items makes it): the
+    rows this dataset serves, in position order, as TEXT_COLUMNS (+ meta), PIXELS,
+    CAPTION_TOKENS and POSITION (and the image-foil candidates / layout targets when the
+    objective needs them: csclip.train.stream.decode_batch)."""
+    [group] = batch.to_pylist()
+    units = [_units(shard) for shard in group["shards"]]
+    table = pa.concat_tables(units) if len(units) > 1 else units[0]
+    positions = group_positions(table.num_rows, group["offset"], seed, epoch, group["index"])
+    mine = served(positions, rank=rank, worker_batch=worker_batch, num_workers=num_workers,
+                  kept_rows=kept_rows)
+    shard_of = np.repeat(np.arange(len(units)), [u.num_rows for u in units])
+    ids = table.column("sample_id").to_pylist()
+    images: dict[str, tuple[str, bytes]] = {}
+    for index, shard in enumerate(group["shards"]):
+        wanted = {ids[i] for i in np.flatnonzero(mine & (shard_of == index))}
+        if wanted:
+            images.update(_images(shard, wanted))
+    order = np.flatnonzero(mine)[np.argsort(positions[mine], kind="stable")]
+    rows = table.take(pa.array(order, pa.int64()))
+    kept_ids = rows.column("sample_id").to_pylist()
+    if not kept_ids:
+        return _empty(rows, preprocess)
+    shape = image_shape(dict(preprocess))
+    if all(images[key][0] == PIXELS_SUFFIX for key in kept_ids):
+        if augment or image_foils or layout is not None:
+            raise DataError("shards of uint8 pixels hold the eval transform's image only; "
+                            "data.augment, loss.image_foils and the layout warm start need "
+                            "the encoded images (csclip shards --encoding original)")
+        uri = group["shards"][0]["uri"]
+        pixels = np.stack([_pixels(key, images[key][1], shape, uri) for key in kept_ids])
+        tokens = tokenizer(model_name)(rows.column("caption").to_pylist()).numpy()
+        out = (text_rows(rows).append_column(PIXELS, pixel_column(pixels))
+               .append_column(CAPTION_TOKENS, fixed_size_list(tokens.astype(np.int64))))
+    else:
+        rows = rows.append_column("image_bytes", pa.array([images[key][1] for key in kept_ids],
+                                                          pa.binary()))
+        out = decode_batch(rows, preprocess=preprocess, model_name=model_name, augment=augment,
+                           seed=seed, epoch=epoch, layout=layout, pixels=True,
+                           image_foils=image_foils)
+        if out.num_rows != len(kept_ids):
+            failed = sorted(set(kept_ids) - set(out.column("sample_id").to_pylist()))
+            raise DataError(f"{len(failed)} images of {[s['uri'] for s in group['shards']]} "
+                            f"do not decode, e.g. {failed[0]!r}: write the shards with "
+                            "`csclip shards`, which checks every image and rejects those")
+    return out.append_column(POSITION, pa.array(np.sort(positions[mine]), pa.int64()))
+
+
+def _empty(rows: pa.Table, preprocess: tuple) -> pa.Table:
+    size = int(np.prod(image_shape(dict(preprocess))))
+    return (text_rows(rows).append_column(PIXELS, pa.array([], pa.binary(size)))
+            .append_column(CAPTION_TOKENS, pa.array([], pa.list_(pa.int64(), 1)))
+            .append_column(POSITION, pa.array([], pa.int64())))
+
+
+def group_items(groups: Sequence[ShardGroup]) -> list[dict]:
+    """The groups as Ray Data items (one per block: one read task each)."""
+    return [{"index": g.index, "offset": g.offset,
+             "shards": [{"uri": s.uri, "units_uri": s.units_uri, "rows": s.rows}
+                        for s in g.shards]} for g in groups]
+
+
+def shard_datasets(shards: Sequence[TrainShard], *, data: DataConfig, sampling: SamplingConfig,
+                   preprocess_cfg: dict, model_name: str, seed: int, num_epochs: int,
+                   steps_per_epoch: int, num_workers: int, objective, dataset_name,
+                   rows_per_block: int = 128) -> dict:
+    """Ray Train's datasets of a run on shards, by name: one per epoch (batch_scope
+    "worker", split over the workers) or one per epoch and worker ("global"). Lazy: an
+    epoch no worker asks for never reads a shard. dataset_name(epoch, rank)."""
+    import ray.data  # noqa: PLC0415  a training step runs without Ray (tests/test_layout.py)
+
+    worker_batch = worker_batch_size(data.batch_size, data.batch_scope, num_workers)
+    kept_rows = steps_per_epoch * worker_batch * num_workers
+    ranks: list[int | None] = (list(range(num_workers)) if data.batch_scope == "global"
+                               else [None])
+    preprocess = preprocess_key(preprocess_cfg)
+    sample_kwargs = {"sampling": sampling.model_dump(mode="json"), "model_name": model_name,
+                     "seed": seed, "columns": list(objective.columns),
+                     "image_shape": image_shape(preprocess_cfg), "preprocess": preprocess,
+                     "normalize": False}
+    datasets = {}
+    for epoch in range(num_epochs):
+        items = group_items(epoch_groups(shards, seed, epoch, data.shard_buffer))
+        for rank in ranks:
+            groups = deterministic(ray.data.from_items(items, override_num_blocks=len(items)))
+            rows = groups.map_batches(read_group, batch_size=1, batch_format="pyarrow", fn_kwargs={
+                "seed": seed, "epoch": epoch, "rank": rank, "worker_batch": worker_batch,
+                "num_workers": num_workers, "kept_rows": kept_rows, "preprocess": preprocess,
+                "model_name": model_name, "augment": data.augment,
+                "image_foils": "image_foil" in objective.image_columns,
+                "layout": objective.layout})
+            datasets[dataset_name(epoch, rank or 0)] = rows.map_batches(
+                sample_batch, batch_format="pyarrow", batch_size=rows_per_block,
+                fn_kwargs={**sample_kwargs, "epoch": epoch})
+    return datasets
