@@ -1,4 +1,4 @@
-"""The `csclip` console command: `csclip demo|extract|train|evaluate|ablate|report ...`.
+"""The `csclip` console command: `csclip demo|extract|shards|train|evaluate|ablate|report ...`.
 
 Each command is the same parser and code as its script (pipelines/*.py, tune/ablate.py):
 both call csclip.entry.<module>.main. Commands are imported only when run, so
@@ -17,6 +17,7 @@ from csclip import __version__
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demo", "the demo: pretrain, CLIP-FT, CS-CLIP, half-truth table (CPU, ~10 min)"),
     "extract": ("extract", "extract units and foils from captions (vllm, rules, gold, authors)"),
+    "shards": ("shards", "write any captions input as webdataset shards (as img2dataset would)"),
     "train": ("train", "fine-tune on Ray Train (csclip, clip, negclip)"),
     "evaluate": ("evaluate", "half-truth benchmark and suites for a model or checkpoint"),
     "benchmark": ("benchmark", "write the half-truth benchmark as a frozen, hashed file"),
