@@ -432,3 +432,22 @@ def test_a_data_pass_waits_a_moment_for_a_cpu_ray_frees(monkeypatch):
     assert wait_for_a_free_cpu(timeout_s=5, poll_s=0.001)
     monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 0.0})
     assert not wait_for_a_free_cpu(timeout_s=0.05, poll_s=0.001)
+
+
+def test_two_preparations_at_once_write_the_table_once(ray_session, photos, tmp_path):
+    # Two runs that need the same table at the same time: one prepares it under the
+    # folder's lease, the other waits for its manifest and reads it (unguarded, both wrote
+    # every row: 128 rows for 64 units).
+    from concurrent.futures import ThreadPoolExecutor
+
+    from csclip.train.prepared import prepare_images
+
+    path = tmp_path / "coco" / "units"
+    _units(photos[:3], path / "part-0.parquet")
+    data = DataConfig(units_uri=str(path), prepare_images=True)
+    with ThreadPoolExecutor(2) as pool:
+        both = list(pool.map(lambda _: prepare_images(data, VIT_B_32, MODEL), range(2)))
+    assert sorted(p.reused for p in both) == [False, True]
+    assert both[0].uri == both[1].uri
+    rows = pq.read_table(both[0].rows_uri)
+    assert rows.num_rows == 6 and len(set(rows.column("sample_id").to_pylist())) == 6

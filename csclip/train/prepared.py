@@ -12,6 +12,8 @@ table changed after preparation gets a new key and is prepared again, never sile
 reused. Images named by `image_path` are taken as immutable (COCO's are); the table's bytes
 are what the key covers. A table counts as prepared only once its `_prepared.json` is
 written (last); a folder without it (a killed preparation) is cleared and written again.
+One run writes a folder at a time (csclip.ownership's lease); another that needs the same
+table waits for it and reads it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import pyarrow.dataset as pads
 
 from csclip.config.train import DataConfig
 from csclip.errors import ConfigError, DataError
+from csclip.ownership import Lease, acquire_lease, release_lease
 from csclip.preprocess import image_normalize, image_pixels, tokenizer
 from csclip.storage import exists, filesystem_for, join, read_bytes, write_bytes_atomic
 from csclip.train.stream import (
@@ -232,14 +235,54 @@ def prepare_images(data: DataConfig, preprocess_cfg: dict, model_name: str, *,
     if found is not None and found.get("key") == key:
         logger.info("images prepared already for %s (split %s): %s", units_uri, data.split, uri)
         return _prepared(uri, found, reused=True)
-    if exists(fs, path):  # a preparation that did not finish: nothing of it is trusted
-        fs.delete_dir_contents(path)
+    lease = _lease_or_wait(uri, fs, path, key)
+    if not isinstance(lease, Lease):  # another run prepared it while this one waited
+        return _prepared(uri, lease, reused=True)
+    try:
+        return _prepare(data, lease, units_uri, key, preprocess, preprocess_cfg, model_name,
+                        started, rows_per_block, rows_per_file)
+    finally:
+        release_lease(lease)
+
+
+def _lease_or_wait(uri: str, fs, path: str, key: str, poll_s: float = 2.0) -> Lease | dict:
+    """The lease on the prepared folder (one writer at a time: two preparations at once
+    wrote each row twice), or, while another run holds it, that run's manifest once it is
+    written. A holder that dies is taken over when its lease expires (csclip.ownership)."""
+    waiting = False
+    while True:
+        try:
+            lease = acquire_lease(uri, "csclip train: preparing images")
+        except DataError as held:
+            if not waiting:
+                logger.info("waiting for another run to prepare these images: %s", held)
+                waiting = True
+            time.sleep(poll_s)
+        else:
+            found = _read_manifest(fs, join(path, MANIFEST), read_bytes)
+            if found is not None and found.get("key") == key:  # finished while we waited
+                release_lease(lease)
+                return found
+            return lease
+        found = _read_manifest(fs, join(path, MANIFEST), read_bytes)
+        if found is not None and found.get("key") == key:
+            return found
+
+
+def _prepare(data: DataConfig, lease: Lease, units_uri: str, key: str, preprocess: tuple,
+             preprocess_cfg: dict, model_name: str, started: float, rows_per_block: int,
+             rows_per_file: int) -> PreparedImages:
+    """Write the prepared table under the lease: the rows, then the manifest, last."""
+    uri = lease.uri
+    fs, path = filesystem_for(uri)
+    rows_path = join(path, ROWS_DIR)
+    if exists(fs, rows_path):  # a preparation that did not finish: nothing of it is trusted
+        fs.delete_dir_contents(rows_path)
     logger.info("preparing images of %s (split %s) once for every epoch: %s", units_uri,
                 data.split, uri)
     source = deterministic(source_dataset(data))
     rows = source.map_batches(pixels_batch, batch_format="pyarrow", batch_size=rows_per_block,
                               fn_kwargs={"preprocess": preprocess, "model_name": model_name})
-    rows_path = join(path, ROWS_DIR)
     # Uncompressed: zstd hardly shrinks the pixels (photographs' resized pixels hardly
     # compress; the text columns are a small part of a row) and cost every epoch their
     # decompression, more than the read itself (docs/performance.md).
