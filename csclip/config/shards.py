@@ -45,6 +45,9 @@ class ShardsConfig(StrictModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> ShardsConfig:
+        if self.input.format == "webdataset":
+            raise ValueError("input.format=webdataset is shards already; csclip shards reads "
+                             "captions files and the synthetic world")
         if not self.output.uri:
             raise ValueError("output.uri is required: the folder the shards go to (--out)")
         if self.output.encoding == "pixels" and self.model is None:

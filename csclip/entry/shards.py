@@ -6,7 +6,7 @@ import argparse
 import sys
 import typing
 
-from csclip.config import add_config_arguments, load_config
+from csclip.config import add_config_arguments, load_config, validate_config
 from csclip.config.extract import InputFormat
 from csclip.config.model import ModelSource
 from csclip.config.shards import ShardEncoding, ShardsConfig
@@ -44,7 +44,8 @@ KEPT = ("the shards written so far are kept but the folder is unfinished (no sha
 
 
 def _input_formats() -> tuple[str, ...]:
-    return typing.get_args(InputFormat)
+    # Shards as input are shards already (config: ShardsConfig refuses them).
+    return tuple(f for f in typing.get_args(InputFormat) if f != "webdataset")
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -110,7 +111,9 @@ def _shards(args: argparse.Namespace) -> int:
     if printed_config(args, config):
         return 0
     refuse_file_as_folder(config.output.uri, "--out (output.uri)")
-    config = config.model_copy(update={"input": resolve_format(config.input)})
+    # Checked again with the input's format decided from its name or content.
+    config = validate_config(ShardsConfig, config.model_copy(
+        update={"input": resolve_format(config.input)}).model_dump(mode="json"))
     rows = caption_table(config.input).to_pylist()  # a bad input fails here, before any write
     pixels = pixel_encoding(config.model) if config.output.encoding == "pixels" else None
     summary = write_shards(rows, config.output, image_root=config.input.image_root,
