@@ -112,13 +112,29 @@ def test_a_shard_that_lost_samples_since_its_extraction_is_a_data_error(tmp_path
         _read(items, rank=0, workers=1, worker_batch=8, kept_rows=8)
 
 
+def test_held_out_rows_are_the_units_tables_draw_and_never_trained_on(world_shards):
+    from csclip.train.holdout import held_out_ids
+
+    pattern, units = world_shards
+    shards = plan_shards(DataConfig(shards=pattern, units_uri=units, val_ratio=0.2), seed=7)
+    ids = [i for s in plan_shards(DataConfig(shards=pattern, units_uri=units))
+           for i in pa.parquet.read_table(s.units_uri).column("sample_id").to_pylist()]
+    held = {i for s in shards for i in s.held}
+    assert held == held_out_ids(ids, 0.2, 7) and len(held) == 6
+    assert sum(s.rows for s in shards) == 24
+    rows = _read(group_items(epoch_groups(shards, 0, 0, 10)), rank=0, workers=1,
+                 worker_batch=8, kept_rows=24)
+    assert not held & set(rows.column("sample_id").to_pylist())
+    assert rows.column(POSITION).to_pylist() == list(range(24))
+
+
 def test_shards_need_a_finished_extraction_and_refuse_what_they_cannot_do(tmp_path, world_shards):
     pattern, units = world_shards
     with pytest.raises(DataError, match="not a finished extraction"):
         plan_shards(DataConfig(shards=pattern, units_uri=str(tmp_path)))
     for overrides, message in [([f"data.shards={pattern}"], "needs data.units_uri"),
                                ([f"data.shards={pattern}", f"data.units_uri={units}",
-                                 "data.val_ratio=0.1"], "val_ratio")]:
+                                 "data.prepare_images=true"], "pixels encoding")]:
         with pytest.raises(ConfigError, match=message):
             load_config(TrainConfig, None, overrides)
 

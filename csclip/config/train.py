@@ -173,11 +173,9 @@ class DataConfig(StrictModel):
         if self.shards is not None and self.units_uri is None:
             raise ValueError("data.shards needs data.units_uri: the output of `csclip extract "
                              "--format webdataset` over the same shards")
-        if self.shards is not None and (self.prepare_images or self.val_ratio):
+        if self.shards is not None and self.prepare_images:
             raise ValueError("data.shards reads each epoch from the shards: data.prepare_images "
-                             "is their pixels encoding (csclip shards --encoding pixels), and "
-                             "data.val_ratio is not available on shards yet (hold out shards "
-                             "instead: give data.shards the others)")
+                             "is their pixels encoding (csclip shards --encoding pixels)")
         if self.prepare_images and self.units_uri is None:
             raise ValueError("data.prepare_images needs data.units_uri (the synthetic world's "
                              "images are decoded once already: data.image_cache_mb)")

@@ -79,7 +79,7 @@ from csclip.train.identity import (  # noqa: F401  (re-exported)
 from csclip.train.lookahead import NextEpoch, epochs_ahead
 from csclip.train.optim import lr_at
 from csclip.train.prepared import ImageNormalizer, training_source
-from csclip.train.shards import plan_shards, shard_datasets
+from csclip.train.shards import held_out_rows, plan_shards, shard_datasets
 from csclip.train.step import (
     StepMetrics,
     StepOptions,
@@ -638,9 +638,9 @@ def _source_training(config: TrainConfig, spec, objective) -> tuple:
 
 
 def _shard_training(config: TrainConfig, spec, objective) -> tuple:
-    """(plan, datasets, no held-out refs, 0) of a run on webdataset shards
+    """(plan, datasets, held-out refs, held-out count) of a run on webdataset shards
     (csclip.train.shards): planned from the per-shard counts, no pass over the data."""
-    shards = plan_shards(config.data)
+    shards = plan_shards(config.data, config.run.seed)
     plan = plan_steps(sum(shard.rows for shard in shards), 0, config.data,
                       config.run.num_workers, config.optim.epochs, config.optim.max_steps)
     logger.info("%d shards, %d rows with units", len(shards), plan.num_rows)
@@ -651,7 +651,8 @@ def _shard_training(config: TrainConfig, spec, objective) -> tuple:
         steps_per_epoch=plan.steps_per_epoch, num_workers=config.run.num_workers,
         objective=objective,
         dataset_name=lambda epoch, rank: shard_name(epoch, rank, config.data.batch_scope))
-    return plan, datasets, [], 0
+    held = held_out_rows(shards) if config.data.val_ratio else []
+    return plan, datasets, held, sum(len(shard.held) for shard in shards)
 
 
 def check_data_cpus(run_section: RunSection) -> None:

@@ -35,21 +35,23 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import posixpath
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from csclip.config.train import DataConfig, SamplingConfig, worker_batch_size
-from csclip.errors import DataError
+from csclip.errors import ConfigError, DataError
 from csclip.preprocess import tokenizer
 from csclip.shards import PIXELS_SUFFIX, expand_shards, shard_stem
 from csclip.shards.read import iter_shard
 from csclip.storage import exists, filesystem_for, read_bytes
+from csclip.train.holdout import held_out_ids
 from csclip.train.stream import (
     CAPTION_TOKENS,
     PIXELS,
@@ -64,6 +66,8 @@ from csclip.train.stream import (
 )
 from csclip.units import EXTRACTION_COMPLETE, EXTRACTION_DONE_DIR, UNITS_SCHEMA
 
+logger = logging.getLogger(__name__)
+
 POSITION = "_position"
 # The threads reading the per-shard counts at planning (S3 GETs of a few hundred bytes).
 COUNT_READERS = 32
@@ -77,7 +81,8 @@ class TrainShard:
 
     uri: str
     units_uri: str
-    rows: int
+    rows: int  # with units and not held out
+    held: tuple[str, ...] = ()  # its sample ids held out of training (data.val_ratio)
 
 
 @dataclass(frozen=True)
@@ -93,9 +98,11 @@ class ShardGroup:
         return sum(shard.rows for shard in self.shards)
 
 
-def plan_shards(data: DataConfig) -> list[TrainShard]:
+def plan_shards(data: DataConfig, seed: int = 0) -> list[TrainShard]:
     """The shards of `data.shards` with their units (`data.units_uri`, an extraction
-    output over the same shards) and row counts, in pattern order.
+    output over the same shards) and row counts, in pattern order. With data.val_ratio,
+    the held-out ids are drawn by the units table's rule (csclip.train.holdout.held_out_ids,
+    seeded by `seed`) over every shard's sample ids, which the driver reads for that.
 
     Raises DataError for an unfinished extraction, a shard without units, or no rows."""
     if data.shards is None or data.units_uri is None:
@@ -121,9 +128,59 @@ def plan_shards(data: DataConfig) -> list[TrainShard]:
 
     with ThreadPoolExecutor(COUNT_READERS) as pool:
         shards = list(pool.map(counted, uris))
+        if data.val_ratio:
+            shards = _held_out(shards, list(pool.map(_sample_ids, shards)), data.val_ratio, seed)
     if not sum(shard.rows for shard in shards):
         raise DataError(f"the {len(shards)} shards of {data.shards} hold no sample with units")
     return shards
+
+
+def _sample_ids(shard: TrainShard) -> list[str]:
+    fs, path = filesystem_for(shard.units_uri)
+    return pq.read_table(io.BytesIO(read_bytes(fs, path)), columns=["sample_id"]
+                         ).column("sample_id").to_pylist()
+
+
+def _held_out(shards: list[TrainShard], ids: list[list[str]], ratio: float, seed: int
+              ) -> list[TrainShard]:
+    held = held_out_ids([i for shard_ids in ids for i in shard_ids], ratio, seed)
+    if not held:
+        raise ConfigError(f"data.val_ratio {ratio}: {sum(map(len, ids))} training rows hold "
+                          "no held-out row; raise it or set it to 0")
+    out = []
+    for shard, shard_ids in zip(shards, ids, strict=True):
+        mine = tuple(i for i in shard_ids if i in held)
+        out.append(replace(shard, rows=shard.rows - len(mine), held=mine))
+    logger.info("data.val_ratio %g: %d of %d training rows held out (seed %d), never trained on",
+                ratio, len(held), sum(map(len, ids)), seed)
+    return out
+
+
+def held_out_rows(shards: Sequence[TrainShard]) -> list:
+    """The held-out rows (units columns and the encoded image's bytes) as Arrow
+    ObjectRefs for rank 0's evaluator (csclip.train.holdout.load_held_out): one Ray Data
+    task per shard that holds some."""
+    import ray.data  # noqa: PLC0415  a training step runs without Ray (tests/test_layout.py)
+
+    items = [{"uri": s.uri, "units_uri": s.units_uri, "rows": s.rows + len(s.held),
+              "held": list(s.held)} for s in shards if s.held]
+    rows = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
+        _read_held, batch_size=1, batch_format="pyarrow")
+    return rows.materialize().to_arrow_refs()
+
+
+def _read_held(batch: pa.Table) -> pa.Table:
+    [shard] = batch.to_pylist()
+    units = _units(shard)
+    held = set(shard["held"])
+    table = units.filter(pa.array([i in held for i in units.column("sample_id").to_pylist()]))
+    images = _images(shard, held)
+    if any(suffix == PIXELS_SUFFIX for suffix, _ in images.values()):
+        raise DataError(f"shard {shard['uri']} holds uint8 pixels: data.val_ratio scores the "
+                        "held-out rows from their encoded images (csclip shards --encoding "
+                        "original)")
+    return table.append_column("image_bytes", pa.array(
+        [images[i][1] for i in table.column("sample_id").to_pylist()], pa.binary()))
 
 
 def shard_order(num_shards: int, seed: int, epoch: int) -> np.ndarray:
@@ -167,11 +224,16 @@ def served(positions: np.ndarray, *, rank: int | None, worker_batch: int, num_wo
 
 
 def _units(shard: dict) -> pa.Table:
+    """The shard's units rows (held-out ones included when the item has no `held`)."""
     fs, path = filesystem_for(shard["units_uri"])
     try:
         table = pq.read_table(io.BytesIO(read_bytes(fs, path)), columns=UNIT_COLUMNS)
     except DataError as err:
         raise DataError(f"shard {shard['uri']}: its units {shard['units_uri']} are missing") from err
+    if shard.get("held"):  # data.val_ratio: those never reach training
+        held = set(shard["held"])
+        table = table.filter(pa.array([i not in held for i in
+                                       table.column("sample_id").to_pylist()]))
     if table.num_rows != shard["rows"]:
         raise DataError(f"{shard['units_uri']} holds {table.num_rows} rows, its done marker "
                         f"{shard['rows']}: the extraction output changed since planning")
@@ -266,8 +328,8 @@ def _empty(rows: pa.Table, preprocess: tuple) -> pa.Table:
 def group_items(groups: Sequence[ShardGroup]) -> list[dict]:
     """The groups as Ray Data items (one per block: one read task each)."""
     return [{"index": g.index, "offset": g.offset,
-             "shards": [{"uri": s.uri, "units_uri": s.units_uri, "rows": s.rows}
-                        for s in g.shards]} for g in groups]
+             "shards": [{"uri": s.uri, "units_uri": s.units_uri, "rows": s.rows,
+                         "held": list(s.held)} for s in g.shards]} for g in groups]
 
 
 def shard_datasets(shards: Sequence[TrainShard], *, data: DataConfig, sampling: SamplingConfig,
