@@ -37,6 +37,7 @@ KEPT = ("the checkpoints saved so far are kept; rerun the same command to resume
 EXAMPLES = (
     "%(prog)s --method clip --max-steps 200        # CLIP-FT on the synthetic world",
     "%(prog)s --config configs/coco.yaml --units s3://bucket/units --out s3://bucket/runs",
+    "%(prog)s --shards 's3://bucket/laion/{00000..25599}.tar' --units s3://bucket/laion-units",
 )
 
 
@@ -52,7 +53,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                                 "checkpoint directory): model.pretrained")
     shortcuts.add_argument("--units", metavar="URI",
                            help="units table (Parquet, local or s3://) to train on instead of "
-                                "the synthetic world: data.units_uri")
+                                "the synthetic world: data.units_uri (with --shards: the "
+                                "output of csclip extract --format webdataset over them)")
+    shortcuts.add_argument("--shards", metavar="PATTERN",
+                           help="webdataset shards to train on, a brace pattern, local or "
+                                "s3:// ('DIR/{00000..00099}.tar'): data.shards")
     shortcuts.add_argument("--out", metavar="PATH",
                            help="where runs and checkpoints go (local or s3://): run.storage_path")
     shortcuts.add_argument("--max-steps", type=int, metavar="N", help="optim.max_steps")
@@ -75,6 +80,7 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
     return shortcut_overrides({
         "loss.method": args.method, "model.name": args.model,
         "model.pretrained": args.pretrained, "data.units_uri": args.units,
+        "data.shards": args.shards,
         "run.storage_path": args.out, "optim.max_steps": args.max_steps, "optim.lr": args.lr,
         "data.batch_size": args.batch_size, "run.num_workers": args.workers,
         "run.use_gpu": args.gpu, "run.name": args.name,
