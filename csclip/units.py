@@ -608,7 +608,9 @@ def check_extraction_complete(filesystem, path: str, uri: str) -> None:
         return
     try:
         saved = json.loads(read_bytes(filesystem, manifest))
-        num_shards = -(-int(saved["num_rows"]) // int(saved["shard_size"]))
+        # Webdataset input has a shard per input shard; caption files are cut by shard_size.
+        num_shards = (int(saved["num_shards"]) if "num_shards" in saved
+                      else -(-int(saved["num_rows"]) // int(saved["shard_size"])))
     except (ValueError, KeyError, TypeError) as err:
         raise DataError(f"{manifest}: not an extraction manifest ({_first_line(err)})") from err
     done = len(list_files(filesystem, posixpath.join(root, EXTRACTION_DONE_DIR), ".json"))

@@ -9,7 +9,8 @@ rewrites the others under the same names, so rows are never duplicated. After th
 the output gets `_complete.json`: until then every reader of the folder refuses it
 (csclip.units.check_extraction_complete). Shards with rows
 that failed LLM validation first park them in `_stage1/part-K.parquet`; one repair pass
-re-prompts those rows and then finishes the shards.
+re-prompts those rows and then finishes the shards. Webdataset input (csclip.extract.shards)
+goes through the same stages and shard files, one shard per input shard named by its stem.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from csclip.config.extract import (
     ExtractConfig,
     OutputConfig,
 )
-from csclip.errors import DataError
+from csclip.errors import ConfigError, DataError
 from csclip.extract import answers, backends, swap_negatives
 from csclip.extract.authors import authors_caption_table
 from csclip.extract.backends import RESULT_SCHEMA, Status
@@ -134,11 +135,18 @@ def _run_backend(rows: pa.Table, config: ExtractConfig, engine: Engine | None,
     yield from ds.iter_batches(batch_format="pyarrow", batch_size=None)
 
 
+def run_backend(rows: pa.Table, config: ExtractConfig, engine: Engine | None,
+                attempt: int) -> Iterable[pa.Table]:
+    """_run_backend, for drivers of other inputs (csclip.extract.shards); looked up when
+    called, so a test's stand-in for _run_backend serves them too."""
+    return _run_backend(rows, config, engine, attempt)
+
+
 # ---------------------------------------------------------------------------------------
 # Shard files
 # ---------------------------------------------------------------------------------------
 
-class _Output:
+class Output:
     """Paths and writes under output.uri."""
 
     def __init__(self, cfg: OutputConfig):
@@ -159,27 +167,36 @@ class _Output:
     def read_parquet(self, *parts: str) -> pa.Table:
         return pq.read_table(io.BytesIO(storage.read_bytes(self.fs, self.path(*parts))))
 
-    def done_shards(self) -> dict[int, dict]:
+    def done_shards(self) -> dict[int | str, dict]:
+        """The done markers' counts by shard: its number (`part-K`) or its stem."""
         markers = storage.list_files(self.fs, self.path(EXTRACTION_DONE_DIR), ".json")
-        return {int(p.rsplit("part-", 1)[1][:-5]): json.loads(storage.read_bytes(self.fs, p))
-                for p in markers}
+        names = [p.rsplit("/", 1)[-1][: -len(".json")] for p in markers]
+        return {int(name[5:]) if name.startswith("part-") else name:
+                json.loads(storage.read_bytes(self.fs, p)) for name, p in zip(names, markers, strict=True)}
 
     def has(self, *parts: str) -> bool:
         return storage.exists(self.fs, self.path(*parts))
 
 
-def _part(shard: int, suffix: str) -> str:
-    return f"part-{shard:05d}{suffix}"
+def _part(shard: int | str, suffix: str) -> str:
+    """A shard's file name: `part-00003` for a shard cut from a caption table, an input
+    shard's own stem (csclip.shards.shard_stem) for webdataset input."""
+    return f"part-{shard:05d}{suffix}" if isinstance(shard, int) else f"{shard}{suffix}"
 
 
-def _check_manifest(out: _Output, config: ExtractConfig, captions: pa.Table) -> None:
-    """Refuse to resume into an output written from other input or shard boundaries:
-    its shards would overlap ours and rows would be duplicated."""
+def _check_manifest(out: Output, config: ExtractConfig, captions: pa.Table) -> None:
     ids = captions.column("sample_id")
+    check_manifest(out, config, {"shard_size": config.output.shard_size,
+                                 "num_rows": captions.num_rows, "first_sample_id": ids[0].as_py(),
+                                 "last_sample_id": ids[-1].as_py()})
+
+
+def check_manifest(out: Output, config: ExtractConfig, shards: dict) -> None:
+    """Refuse to resume into an output written from other input or shard boundaries
+    (`shards` says how the input was cut): its shards would overlap ours and rows would
+    be duplicated. The first run writes the manifest."""
     manifest = {"input": config.input.model_dump(mode="json", exclude={"endpoint_url"}),
-                "backend": config.backend.name, "shard_size": config.output.shard_size,
-                "num_rows": captions.num_rows, "first_sample_id": ids[0].as_py(),
-                "last_sample_id": ids[-1].as_py()}
+                "backend": config.backend.name, **shards}
     if config.backend.prompts != DEFAULT_PROMPT_SET:  # absent: older outputs still resume
         manifest["prompts"] = config.backend.prompts
     if config.swap_negatives.enabled:  # likewise: shards with and without them never mix
@@ -194,13 +211,13 @@ def _check_manifest(out: _Output, config: ExtractConfig, captions: pa.Table) -> 
     storage.write_bytes_atomic(out.fs, out.path(MANIFEST), json.dumps(manifest, indent=1).encode())
 
 
-def _finish_shard(out: _Output, shard: int, results: pa.Table, expected: int,
-                  authors_format: bool = False,
-                  shuffles: Callable[[list[UnitsRecord]], list[UnitsRecord]] | None = None
-                  ) -> dict:
+def finish_shard(out: Output, shard: int | str, results: pa.Table, expected: int,
+                 authors_format: bool = False,
+                 shuffles: Callable[[list[UnitsRecord]], list[UnitsRecord]] | None = None,
+                 extra: dict | None = None) -> dict:
     """Write units, rejects (the raw answers, the authors' format), then the done marker
-    of one shard; return its counts. shuffles: adds the records' caption shuffles
-    (swap_negatives.enabled)."""
+    of one shard (its number or stem: _part); return its counts. shuffles: adds the
+    records' caption shuffles (swap_negatives.enabled). extra: more fields of the marker."""
     rows = results.to_pylist()
     ids = [r["sample_id"] for r in rows]
     # Every caption of the shard comes back exactly once, or the accounting is wrong.
@@ -231,6 +248,7 @@ def _finish_shard(out: _Output, shard: int, results: pa.Table, expected: int,
         "rejected": expected - len(records),
         "rejected_by_reason": dict(Counter(r["reason"] for r in rejects if r["level"] == "record")),
         "items_rejected_by_reason": dict(Counter(r["reason"] for r in rejects if r["level"] == "item")),
+        **(extra or {}),
     }
     storage.write_bytes_atomic(out.fs, out.path(EXTRACTION_DONE_DIR, _part(shard, ".json")),
                                json.dumps(counts).encode())
@@ -243,7 +261,7 @@ def _finish_shard(out: _Output, shard: int, results: pa.Table, expected: int,
 # The run
 # ---------------------------------------------------------------------------------------
 
-ShardCallback = Callable[[int], None]
+ShardCallback = Callable[[int | str], None]  # a shard's number, or its stem (webdataset)
 
 
 def read_input(config: ExtractConfig) -> pa.Table:
@@ -252,6 +270,9 @@ def read_input(config: ExtractConfig) -> pa.Table:
 
     The authors' files already hold units: their records are the rows, and a record that
     cannot be read is a row too (rejected by the backend), so read = loaded + rejected."""
+    if config.input.format == "webdataset":  # never one table: read shard by shard
+        raise ConfigError("input.format=webdataset is extracted per shard by "
+                          "csclip.extract.shards.run_shard_extraction (csclip extract runs it)")
     return (authors_caption_table(config.input) if config.backend.name == "authors"
             else caption_table(config.input))
 
@@ -264,18 +285,24 @@ def with_input_format(config: ExtractConfig) -> ExtractConfig:
     return config.model_copy(update={"input": resolve_format(config.input)})
 
 
+def checked_output(config: ExtractConfig) -> str:
+    """output.uri made absolute, refused (ConfigError) before the output is touched:
+    inside a Ray job a relative output or sqlite store would land in the job's temporary
+    working directory."""
+    output = storage.resolve_output(config.output.uri, "output.uri")
+    if config.tracking.enabled:
+        tracking.resolve_uri(config.tracking.uri)
+    return output
+
+
 def run_extraction(config: ExtractConfig, engine: Engine | None = None,
                    on_shard_written: ShardCallback | None = None, *,
                    captions: pa.Table | None = None) -> ExtractSummary:
     """_extract under the lease of `config.output.uri` (one writer per output; a second
     one is refused with a DataError naming the holder)."""
     config = with_input_format(config)
-    # Refused before the output is touched: inside a Ray job a relative output or sqlite
-    # store (it would land in the job's temporary working directory), and a bad input.
-    output = storage.resolve_output(config.output.uri, "output.uri")
-    if config.tracking.enabled:
-        tracking.resolve_uri(config.tracking.uri)
-    if captions is None:
+    output = checked_output(config)
+    if captions is None:  # a bad input fails before the lease, too
         captions = read_input(config)
     with output_lease(output, "csclip extract", config.output.endpoint_url, config=config):
         return _extract(config, engine, on_shard_written, captions=captions)
@@ -302,11 +329,8 @@ def _extract(config: ExtractConfig, engine: Engine | None = None,
     if config.backend.name == "replay":
         captions = answers.attach_answers(captions, config.backend, config.input.endpoint_url)
     num_shards = -(-num_rows // shard_size)
-    shuffles = None
-    if config.swap_negatives.enabled:  # loaded first: a missing model fails before any work
-        shuffles = partial(swap_negatives.with_swap_negatives, config=config.swap_negatives,
-                           nlp=swap_negatives.load_pipeline(config.swap_negatives.spacy_model))
-    out = _Output(config.output)
+    shuffles = shuffles_for(config)
+    out = Output(config.output)
     _check_manifest(out, config, captions)
 
     done = out.done_shards()
@@ -320,8 +344,8 @@ def _extract(config: ExtractConfig, engine: Engine | None = None,
 
     def finished(shard: int, results: pa.Table) -> None:
         nonlocal written
-        done[shard] = _finish_shard(out, shard, results, expected[shard],
-                                    config.output.format == "authors", shuffles)
+        done[shard] = finish_shard(out, shard, results, expected[shard],
+                                   config.output.format == "authors", shuffles)
         written += 1
         log.info("extract: shard %d/%d written (%d/%d shards done)", shard + 1, num_shards,
                  len(done), num_shards)
@@ -330,41 +354,61 @@ def _extract(config: ExtractConfig, engine: Engine | None = None,
 
     if fresh:
         rows = captions.filter(pc.is_in(captions.column("shard"), pa.array(fresh, pa.int64())))
-        buffers: dict[int, list[pa.Table]] = defaultdict(list)
-        counts: Counter[int] = Counter()
-        for batch in _run_backend(rows, config, engine, attempt=0):
-            for shard in set(batch.column("shard").to_pylist()):
-                part = batch.filter(pc.equal(batch.column("shard"), shard))
-                buffers[shard].append(part)
-                counts[shard] += part.num_rows
-                if counts[shard] == expected[shard]:
-                    results = pa.concat_tables(buffers.pop(shard))
-                    if pc.any(pc.equal(results.column("status"), Status.REPAIR)).as_py():
-                        out.write_parquet(results, "_stage1", _part(shard, ".parquet"))
-                        parked.append(shard)
-                    else:
-                        finished(shard, results)
-        if buffers:
-            raise RuntimeError(f"extract: shards {sorted(buffers)} came back incomplete")
+        collect_shards(out, _run_backend(rows, config, engine, attempt=0), expected, finished,
+                       parked)
     if parked:
-        _repair(out, sorted(parked), config, engine, finished)
+        repair_parked(out, sorted(parked), config, engine, finished)
     if config.output.dump_prompts:
         answers.dump_prompts(out.fs, out.path("answers"), captions, config)
-    summary = _summarize(out, config, num_shards, written, num_rows)
-    # Last: readers of the output (csclip.units.check_extraction_complete) refuse it until
-    # this marker is there.
-    complete = {k: v for k, v in asdict(summary).items() if k != "mlflow_run_id"}
-    storage.write_bytes_atomic(out.fs, out.path(EXTRACTION_COMPLETE),
-                               json.dumps(complete, indent=1).encode())
+    summary = summarize(out, config, range(num_shards), written, num_rows)
+    write_complete(out, summary)
     return summary
 
 
-def _repair(out: _Output, parked: list[int], config: ExtractConfig, engine: Engine | None,
-            finished: Callable[[int, pa.Table], None]) -> None:
+def shuffles_for(config: ExtractConfig) -> Callable[[list[UnitsRecord]], list[UnitsRecord]] | None:
+    """The records' caption shuffles when swap_negatives is enabled (its spaCy model loaded
+    here: a missing model fails before any work), else None."""
+    if not config.swap_negatives.enabled:
+        return None
+    return partial(swap_negatives.with_swap_negatives, config=config.swap_negatives,
+                   nlp=swap_negatives.load_pipeline(config.swap_negatives.spacy_model))
+
+
+def _same(shard: int) -> int:
+    return shard
+
+
+def collect_shards(out: Output, batches: Iterable[pa.Table], expected: dict[int, int],
+                   finished: Callable[[int, pa.Table], None], parked: list[int],
+                   name: Callable[[int], int | str] = _same) -> None:
+    """Gather result batches by shard: a shard whose `expected` rows are all back is
+    finished, or parked in _stage1/ (file `name(shard)`) when rows wait for repair. Only
+    the rows of unfinished shards are held."""
+    buffers: dict[int, list[pa.Table]] = defaultdict(list)
+    counts: Counter[int] = Counter()
+    for batch in batches:
+        for shard in set(batch.column("shard").to_pylist()):
+            part = batch.filter(pc.equal(batch.column("shard"), shard))
+            buffers[shard].append(part)
+            counts[shard] += part.num_rows
+            if counts[shard] == expected[shard]:
+                results = pa.concat_tables(buffers.pop(shard))
+                if pc.any(pc.equal(results.column("status"), Status.REPAIR)).as_py():
+                    out.write_parquet(results, "_stage1", _part(name(shard), ".parquet"))
+                    parked.append(shard)
+                else:
+                    finished(shard, results)
+    if buffers:
+        raise RuntimeError(f"extract: shards {sorted(buffers)} came back incomplete")
+
+
+def repair_parked(out: Output, parked: list[int], config: ExtractConfig, engine: Engine | None,
+                  finished: Callable[[int, pa.Table], None],
+                  name: Callable[[int], int | str] = _same) -> None:
     """One more engine call for every parked row, then finish the parked shards. Only the
     rows to repair are held in memory; each shard is re-read when it is finished."""
     def stage1(shard: int) -> pa.Table:
-        return out.read_parquet("_stage1", _part(shard, ".parquet"))
+        return out.read_parquet("_stage1", _part(name(shard), ".parquet"))
 
     to_repair = pa.concat_tables(
         [t.filter(pc.equal(t.column("status"), Status.REPAIR)) for t in map(stage1, parked)])
@@ -379,12 +423,17 @@ def _repair(out: _Output, parked: list[int], config: ExtractConfig, engine: Engi
         finished(shard, pa.Table.from_pylist(rows, schema=RESULT_SCHEMA))
 
 
-def _summarize(out: _Output, config: ExtractConfig, num_shards: int, written: int,
-               num_rows: int) -> ExtractSummary:
+def summarize(out: Output, config: ExtractConfig, shards: Iterable[int | str], written: int,
+              num_rows: int | None) -> ExtractSummary:
+    """The accounting over the done markers of `shards` (all must be there), checked
+    against `num_rows` input captions (None: known only from the markers), logged to
+    MLflow when tracking is on."""
+    shards = list(shards)
     done = out.done_shards()
-    missing = [k for k in range(num_shards) if k not in done]
+    missing = [k for k in shards if k not in done]
     if missing:
         raise RuntimeError(f"extract: shards {missing} have no done marker after the run")
+    done = {k: done[k] for k in shards}
     by_reason: Counter[str] = Counter()
     items: Counter[str] = Counter()
     for counts in done.values():
@@ -393,13 +442,13 @@ def _summarize(out: _Output, config: ExtractConfig, num_shards: int, written: in
     read = sum(c["read"] for c in done.values())
     with_units = sum(c["with_units"] for c in done.values())
     rejected = sum(c["rejected"] for c in done.values())
-    if not read == with_units + rejected == num_rows:
+    if not read == with_units + rejected == (read if num_rows is None else num_rows):
         raise RuntimeError(f"extract: accounting broken: read {read} != with units {with_units}"
                            f" + rejected {rejected}, or != {num_rows} captions in the input")
     summary = ExtractSummary(
         read=read, with_units=with_units, rejected=rejected,
         rejected_by_reason=dict(by_reason), items_rejected_by_reason=dict(items),
-        num_shards=num_shards, shards_written=written, shards_skipped=num_shards - written,
+        num_shards=len(shards), shards_written=written, shards_skipped=len(shards) - written,
         units_uri=out.uri_of("units"), rejects_uri=out.uri_of("rejects"))
     if config.tracking.enabled:
         run_id = log_to_mlflow(summary, config, out)
@@ -407,7 +456,15 @@ def _summarize(out: _Output, config: ExtractConfig, num_shards: int, written: in
     return summary
 
 
-def log_to_mlflow(summary: ExtractSummary, config: ExtractConfig, out: _Output) -> str:
+def write_complete(out: Output, summary: ExtractSummary) -> None:
+    """The output's last file: readers of the output (csclip.units.check_extraction_complete)
+    refuse it until this marker is there."""
+    complete = {k: v for k, v in asdict(summary).items() if k != "mlflow_run_id"}
+    storage.write_bytes_atomic(out.fs, out.path(EXTRACTION_COMPLETE),
+                               json.dumps(complete, indent=1).encode())
+
+
+def log_to_mlflow(summary: ExtractSummary, config: ExtractConfig, out: Output) -> str:
     """Params (the resolved config), accounting metrics and the rejects table artifact, in
     one run of the tracking store csclip.tracking.resolve_uri picks."""
     client = tracking.client(tracking.resolve_uri(config.tracking.uri))
