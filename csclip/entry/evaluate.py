@@ -109,7 +109,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                                 "with its scorers; docs/evaluation.md): suites.names")
     shortcuts.add_argument("--data-root", metavar="DIR|URI",
                            help="folder (or s3:// prefix) with one sub-folder per suite in its "
-                                "published layout: suites.data_root")
+                                "published layout (zeroshot_paper/ and zeroshot/ also take "
+                                "CLIP_benchmark's webdataset folders, e.g. "
+                                "zeroshot_paper/wds_vtab-caltech101/): suites.data_root")
     shortcuts.add_argument("--allow-partial", action="store_const", const=True, default=None,
                            help="score a benchmark whose images are partly missing, counting "
                                 "those records as skipped: suites.allow_partial")

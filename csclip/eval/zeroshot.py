@@ -1,8 +1,9 @@
 """Zero-shot classification: class embeddings from templates (CLIP's prompt ensembling),
 top-1 accuracy and mean per-class recall; on ImageFolder-style dataset roots (local or
-s3://), and on the synthetic world (each scene's objects by shape, by color, by shape +
-color, and each scene's object count). The paper's ZS column (Tables 16-17, CLIP_benchmark's
-seven datasets) is csclip.eval.zeroshot_paper, on the same ZeroShotTask / evaluate_task."""
+s3://) or CLIP_benchmark's webdataset folders (csclip.eval.shards), and on the synthetic
+world (each scene's objects by shape, by color, by shape + color, and each scene's object
+count). The paper's ZS column (Tables 16-17, CLIP_benchmark's seven datasets) is
+csclip.eval.zeroshot_paper, on the same ZeroShotTask / evaluate_task."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES, OPENAI_IMAGENET_TE
 
 from csclip.errors import DataError
 from csclip.eval.encoder import Encoder, FeatureTables, ImageSource, l2_normalize
+from csclip.eval.shards import ShardAccounting, is_wds_folder, read_wds_classification
 from csclip.storage import exists, filesystem_for, is_dir, read_bytes
 from csclip.units import UnitsRecord
 from csclip.world.render import render_png
@@ -137,17 +139,34 @@ def load_image_folder(root: str, name: str | None = None) -> ZeroShotTask:
     return ZeroShotTask(name, images, labels, tuple(classnames), class_texts(classnames, templates))
 
 
+def load_wds_folder(root: str, name: str) -> tuple[ZeroShotTask, ShardAccounting]:
+    """CLIP_benchmark's webdataset folder `root` (test split; its classnames.txt and
+    zeroshot_classification_templates.txt) as a task, with the shards' accounting."""
+    read = read_wds_classification(root, "test", key_prefix=f"{name}/")
+    read.accounting.log(f"zero-shot {name}, webdataset {root}")
+    task = ZeroShotTask(name, dict(read.images), read.labels, read.classnames,
+                        class_texts(read.classnames, read.templates))
+    return task, read.accounting
+
+
 def evaluate_zeroshot_datasets(encoder: Encoder, root: str) -> dict[str, float]:
     """Every dataset folder under `root` (<data-root>/zeroshot): `zs_<name>` (top-1),
     `zs_<name>_recall` (mean per-class recall), `zs_<name>_num_images` and `zs_avg` (mean
-    top-1 over the datasets, the paper's ZS column)."""
+    top-1 over the datasets, the paper's ZS column). A CLIP_benchmark webdataset folder
+    (test/nshards.txt) is read from its shards, adding their accounting
+    (`zs_<name>_num_read`, `_num_rejected`, `_rejected_<reason>`)."""
 
     filesystem, path = filesystem_for(root)
     infos = filesystem.get_file_info(pafs.FileSelector(path, recursive=False, allow_not_found=True))
     names = sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
     metrics: dict[str, float] = {}
     for name in names:
-        task = load_image_folder(f"{root.rstrip('/')}/{name}", name)
+        folder = f"{root.rstrip('/')}/{name}"
+        if is_wds_folder(folder):
+            task, accounting = load_wds_folder(folder, name)
+            metrics.update(accounting.metrics(f"zs_{name}"))
+        else:
+            task = load_image_folder(folder, name)
         top1, recall = evaluate_task(encoder, task)
         metrics.update({f"zs_{name}": top1, f"zs_{name}_recall": recall,
                         f"zs_{name}_num_images": float(len(task.labels))})

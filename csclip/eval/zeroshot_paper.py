@@ -3,11 +3,14 @@ CLIP_benchmark datasets the CS-CLIP authors ran (imagenet1k, imagenetv2, imagene
 imagenet-o, sun397, caltech101, cifar10), each with CLIP_benchmark's own class names and
 templates, read from the installed `clip_benchmark` package (never copied here).
 
-Each dataset is read from `<data_root>/zeroshot_paper/<name>/` in the on-disk layout that
-CLIP_benchmark's `build_dataset(name, root=that folder, download=False)` (and the
-torchvision class behind it) reads, by our own readers, because a data root may be
-s3:// (they list through csclip.storage; torchvision reads a local disk) and nothing here
-may download or shell out (CLIP_benchmark's builder calls wget, gdown or requests when a
+Each dataset is read from CLIP_benchmark's webdataset copy, the authors' exact images, when
+`<data_root>/zeroshot_paper/` holds it (`wds_<name>/` as the HuggingFace hub names it, e.g.
+`wds_vtab-caltech101`, or `<name>/` in that layout: csclip.eval.shards), with the class
+names and templates its files give; else from `<data_root>/zeroshot_paper/<name>/` in the
+on-disk layout that CLIP_benchmark's `build_dataset(name, root=that folder,
+download=False)` (and the torchvision class behind it) reads, by our own readers, because
+a data root may be s3:// (they list through csclip.storage; torchvision reads a local
+disk) and nothing here may download or shell out (CLIP_benchmark's builder calls wget, gdown or requests when a
 root is missing or a count is off); tests/test_zeroshot_paper.py checks the listing equals
 build_dataset's. CIFAR-10's pickles are read by an unpickler that finds numpy's array
 reconstructors and nothing else, so a crafted file runs no code. Labels are CLIP_benchmark's class indices: for the ImageNet
@@ -35,6 +38,13 @@ from PIL import Image
 
 from csclip.errors import DataError
 from csclip.eval.encoder import Encoder, ImageSource
+from csclip.eval.shards import (
+    WDS_LAYOUT,
+    ShardAccounting,
+    is_wds_folder,
+    open_wds_folder,
+    read_wds_classification,
+)
 from csclip.eval.zeroshot import ZeroShotTask, evaluate_task
 from csclip.storage import exists, filesystem_for, is_dir, join, read_bytes
 
@@ -65,7 +75,18 @@ LAYOUTS: dict[str, tuple[str, str]] = {
 }
 
 
-LAYOUT = ("one folder per CLIP_benchmark dataset, as build_dataset(name, root=<folder>) "
+# The webdataset copies the authors ran (CLIP_benchmark's `wds/<name>`, its folder
+# `wds_<name with / as ->` on the HuggingFace hub, clip-benchmark/wds_*): their images,
+# split, class names and templates. Caltech101 and CIFAR-10 are VTAB's copies (vtab/...).
+WDS_FOLDERS: dict[str, str] = {
+    "imagenet1k": "wds_imagenet1k", "imagenetv2": "wds_imagenetv2",
+    "imagenet_sketch": "wds_imagenet_sketch", "imagenet-o": "wds_imagenet-o",
+    "cifar10": "wds_vtab-cifar10", "caltech101": "wds_vtab-caltech101", "sun397": "wds_sun397",
+}
+
+
+LAYOUT = ("one folder per CLIP_benchmark dataset: its webdataset copy wds_<name>/ (the "
+          f"authors' images; {WDS_LAYOUT}), else as build_dataset(name, root=<folder>) "
           "reads it: " + "; ".join(f"{n}/{layout}" for n, (_, layout) in LAYOUTS.items()))
 
 
@@ -144,12 +165,16 @@ def imagenet_o_classes() -> tuple[list[str], list[str]]:
 
 @dataclass(frozen=True)
 class PaperDataset:
-    """One dataset as read: image key -> source (a URI, or PNG bytes for CIFAR-10's
-    arrays), image key -> class index, and the class names."""
+    """One dataset as read: image key -> source (a URI, or encoded bytes for CIFAR-10's
+    arrays and a webdataset copy's images), image key -> class index, the class names, and
+    for a webdataset copy its own templates and the shards' accounting (None: the package's
+    templates, a folder read)."""
 
     images: dict[str, ImageSource]
     labels: dict[str, int]
     classnames: tuple[str, ...]
+    templates: tuple[str, ...] | None = None
+    accounting: ShardAccounting | None = None
 
 
 def _files(root: str) -> list[str]:
@@ -346,8 +371,20 @@ def read_cifar10(root: str) -> PaperDataset:
     return PaperDataset(images, labels, classnames)
 
 
+def read_wds_dataset(name: str, root: str) -> PaperDataset:
+    """A webdataset copy (csclip.eval.shards.read_wds_classification): its test split's
+    images as encoded bytes, labels from .cls, the class names and templates of its
+    files, as build_dataset("wds/...", root) reads them."""
+    read = read_wds_classification(root, "test", key_prefix=f"{SUITE}/{name}/")
+    return PaperDataset(dict(read.images), read.labels, read.classnames, read.templates,
+                        read.accounting)
+
+
 def read_paper_dataset(name: str, root: str) -> PaperDataset:
-    """One of PAPER_DATASETS from its folder `root`."""
+    """One of PAPER_DATASETS from its folder `root`: a webdataset copy when `root` holds
+    test/nshards.txt, else the dataset's own layout (LAYOUTS)."""
+    if name in PAPER_DATASETS and is_wds_folder(root):
+        return read_wds_dataset(name, root)
     if name in ("imagenet1k", "imagenet_sketch", "imagenet-o"):
         return read_imagenet_family(name, root)
     readers = {"imagenetv2": read_imagenetv2, "caltech101": read_caltech101,
@@ -361,10 +398,16 @@ def read_paper_dataset(name: str, root: str) -> PaperDataset:
 def paper_task(name: str, root: str) -> ZeroShotTask:
     """The dataset as a ZeroShotTask with CLIP_benchmark's class names and templates
     (each template's {c} filled, as its zeroshot_classifier does)."""
-    dataset = read_paper_dataset(name, root)
+    return task_of(name, root, read_paper_dataset(name, root))
+
+
+def task_of(name: str, root: str, dataset: PaperDataset) -> ZeroShotTask:
+    """`dataset` (read from `root`) as a ZeroShotTask: its own templates (a webdataset
+    copy's), else the package's for `name`."""
     if not dataset.labels:
-        raise DataError(f"{root}: no images of {name} (expects {LAYOUTS[name][1]})")
-    templates = templates_for(name)
+        layout = WDS_LAYOUT if dataset.accounting is not None else LAYOUTS[name][1]
+        raise DataError(f"{root}: no images of {name} (expects {layout})")
+    templates = dataset.templates or templates_for(name)
     texts = tuple(tuple(t.format(c=c) for t in templates) for c in dataset.classnames)
     return ZeroShotTask(name, dataset.images, dataset.labels, dataset.classnames, texts)
 
@@ -375,16 +418,26 @@ def paper_task(name: str, root: str) -> ZeroShotTask:
 
 def find_paper_datasets(suite_root: str) -> tuple[dict[str, str], dict[str, str]]:
     """({dataset: folder} found, {dataset: "<folder> (expects <layout>)"} missing) under
-    `suite_root` (<data_root>/zeroshot_paper)."""
+    `suite_root` (<data_root>/zeroshot_paper): a webdataset copy first (WDS_FOLDERS[name],
+    then <name>/ holding test/nshards.txt), else <name>/ in the dataset's own layout. A
+    webdataset copy whose count of shards is wrong or (local) whose shards are not all
+    there is a DataError here, before any model loads."""
     found: dict[str, str] = {}
     missing: dict[str, str] = {}
     for name in PAPER_DATASETS:
         folder = join(suite_root, name)
+        copy = next((f for f in (join(suite_root, WDS_FOLDERS[name]), folder)
+                     if is_wds_folder(f)), None)
         marker, layout = LAYOUTS[name]
-        if exists(*filesystem_for(join(folder, marker))) if marker else _has_class_folders(folder):
+        if copy is not None:
+            open_wds_folder(copy)
+            found[name] = copy
+        elif (exists(*filesystem_for(join(folder, marker))) if marker
+              else _has_class_folders(folder)):
             found[name] = folder
         else:
-            missing[name] = f"{name} ({folder}: expects {layout})"
+            missing[name] = (f"{name} ({folder}: expects {layout}; or its webdataset copy "
+                             f"{WDS_FOLDERS[name]}/)")
     return found, missing
 
 
@@ -401,14 +454,21 @@ def evaluate_paper_zeroshot(encoder: Encoder, datasets: dict[str, str]) -> dict[
     """Each dataset of `datasets` ({name: folder}): `zs_paper_<name>` (top-1, CLIP_benchmark's
     acc1), `zs_paper_<name>_recall` (its mean_per_class_recall), `zs_paper_<name>_num_images`;
     `zs_paper_avg`, the mean top-1 over the datasets run (the authors' ZS_Avg averages
-    acc1); `zs_paper_datasets_found` / `_asked` (k of the paper's seven)."""
+    acc1); `zs_paper_datasets_found` / `_asked` (k of the paper's seven). A webdataset
+    copy adds `zs_paper_<name>_webdataset` (1) and its shards' accounting:
+    `_num_read`, `_num_rejected`, `_rejected_<reason>` (logged, a warning when any)."""
     metrics: dict[str, float] = {}
     for name in [n for n in PAPER_DATASETS if n in datasets]:
-        task = paper_task(name, datasets[name])
+        dataset = read_paper_dataset(name, datasets[name])
+        task = task_of(name, datasets[name], dataset)
         top1, recall = evaluate_task(encoder, task)
         slug = metric_slug(name)
         metrics.update({f"zs_paper_{slug}": top1, f"zs_paper_{slug}_recall": recall,
                         f"zs_paper_{slug}_num_images": float(len(task.labels))})
+        if dataset.accounting is not None:
+            dataset.accounting.log(f"zero-shot (paper) {name}, webdataset {datasets[name]}")
+            metrics[f"zs_paper_{slug}_webdataset"] = 1.0
+            metrics.update(dataset.accounting.metrics(f"zs_paper_{slug}"))
         log.info("zero-shot (paper) %s: %d images, %d classes, %d templates: top-1 %.1f, "
                  "mean recall %.1f", name, len(task.labels), len(task.classnames),
                  len(task.class_texts[0]), top1, recall)
