@@ -17,7 +17,8 @@ __all__ = ["OWN_ENGINE_KWARGS", "BackendConfig", "BackendName", "ExtractConfig",
            "VllmConfig"]
 
 
-InputFormat = Literal["karpathy", "coco", "sugarcrepe", "csv", "jsonl", "txt", "world"]
+InputFormat = Literal["karpathy", "coco", "sugarcrepe", "csv", "jsonl", "txt", "world",
+                      "webdataset"]
 
 
 class InputConfig(StrictModel):
@@ -26,7 +27,9 @@ class InputConfig(StrictModel):
     # None: the synthetic world without input.uri, else the file's format, from its name
     # (.txt, .csv/.tsv, .jsonl; a .json by name or content: resolve_format).
     format: InputFormat | None = None
-    uri: str | None = None  # file or directory (SugarCrepe: a directory of *.json); s3:// ok
+    # file or directory (SugarCrepe: a directory of *.json); s3:// ok. webdataset: a shard
+    # pattern, `DIR/{00000..00009}.tar`, several joined by `::` (csclip.shards.expand_shards).
+    uri: str | None = None
     # The split written for formats that carry none (COCO captions_*.json is inferred from
     # its file name, SugarCrepe defaults to "test", CSV/JSONL to "train" unless a column has it).
     split: str | None = None
@@ -217,6 +220,11 @@ class OutputConfig(StrictModel):
     # A JSON Lines file (local or s3://) of every request sent, rebuilt after the run from
     # the stored answers (csclip.extract.answers.prompt_requests).
     dump_prompts: str | None = None
+    # webdataset input: shards whose captions the driver reads and sends through the
+    # backend at once (LAION: ~10k captions, ~2 MB a shard). The driver holds one window's
+    # captions; with vllm each window starts the engines once (minutes), so a window
+    # should take far longer than that on the engines.
+    shards_per_window: int = Field(64, ge=1)
 
 
 class SwapNegativesConfig(StrictModel):
@@ -248,9 +256,13 @@ class ExtractConfig(StrictModel):
 
     @model_validator(mode="after")
     def _gold_needs_world(self) -> ExtractConfig:
-        if self.backend.name == "gold" and not self.input.is_world:
-            raise ValueError("backend.name=gold needs input.format=world (only the synthetic "
-                             "world has gold units); use backend.name=rules or vllm")
+        if self.backend.name == "gold" and not (self.input.is_world
+                                                or self.input.format == "webdataset"):
+            raise ValueError("backend.name=gold needs input.format=world, or webdataset shards "
+                             "of the world (only the synthetic world has gold units); use "
+                             "backend.name=rules or vllm")
+        if self.input.format == "webdataset":
+            self._check_shard_input()
         if self.output.format == "authors" and self.backend.prompts != "authors":
             raise ValueError("output.format=authors writes the entries of the authors' prompt "
                              "set: it needs backend.prompts=authors")
@@ -265,3 +277,17 @@ class ExtractConfig(StrictModel):
             raise ValueError("backend.name=authors needs input.uri: the authors' unit files "
                              "(a JSON/JSONL file, a directory of them or a glob, local or s3://)")
         return self
+
+    def _check_shard_input(self) -> None:
+        """What webdataset input cannot honour, refused rather than ignored."""
+        if self.backend.name in ("authors", "replay"):
+            raise ValueError(f"backend.name={self.backend.name} reads caption files, not "
+                             "webdataset shards; use gold, rules or vllm")
+        unsupported = {"input.limit": self.input.limit, "input.splits": self.input.splits,
+                       "input.image_root": self.input.image_root,
+                       "output.dump_prompts": self.output.dump_prompts}
+        given = [name for name, value in unsupported.items() if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: not for input.format=webdataset (each shard "
+                             "is extracted whole, its images stay in the shard); choose the "
+                             "shards in input.uri instead")

@@ -30,7 +30,9 @@ raw answers a vllm run stored, no LLM). Prompt sets of vllm and replay: csclip (
 call per caption) or authors (the authors' three calls, as they ran them): `--backend vllm
 --prompts authors --out-format authors` also writes the authors' unit format; every raw
 answer lands in answers/, and `--backend replay --answers OUT/answers` re-derives the units
-from them. A rerun with the same config skips finished shards. Prints the accounting (read = with units +
+from them. `--format webdataset --input 'DIR/{000..009}.tar'` reads the captions of
+webdataset shards (local or s3://) and writes units per input shard. A rerun with the same
+config skips finished shards. Prints the accounting (read = with units +
 rejected, by reason) and logs it to MLflow (`--no-tracking` to skip). Fields:
 csclip.config.extract.ExtractConfig."""
 
@@ -63,7 +65,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                            help="captions file, folder or glob (local or s3://): input.uri; "
                                 "its format follows its name (.txt: a caption a line, .csv / "
                                 ".tsv, .jsonl, .json: Karpathy, COCO or SugarCrepe) unless "
-                                "--format says")
+                                "--format says; with --format webdataset a shard pattern, "
+                                "'DIR/{000..009}.tar' (units per input shard)")
     shortcuts.add_argument("--out", metavar="URI",
                            help="output folder for units/ and rejects/ (local or s3://): "
                                 "output.uri")
@@ -117,11 +120,17 @@ def _extract(args: argparse.Namespace) -> int:
     refuse_file_as_folder(config.output.uri, "--out (output.uri)")
     prepare_ray_env(args.address)  # before the pipeline imports ray
     from csclip.extract.pipeline import read_input, run_extraction, with_input_format  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
+    from csclip.extract.shards import run_shard_extraction, shard_uris  # noqa: PLC0415  as above
 
     config = with_input_format(config)  # --input's format, from its name or content
-    captions = read_input(config)  # a bad input file fails here, before Ray starts
-    init_ray(args.address)
-    summary = run_extraction(config, captions=captions)
+    if config.input.format == "webdataset":
+        shard_uris(config.input)  # a bad pattern or a missing shard fails before Ray starts
+        init_ray(args.address)
+        summary = run_shard_extraction(config)
+    else:
+        captions = read_input(config)  # a bad input file fails here, before Ray starts
+        init_ray(args.address)
+        summary = run_extraction(config, captions=captions)
     print(summary.format())
     if summary.mlflow_run_id:
         print(mlflow_line(summary.mlflow_run_id, config.tracking))
