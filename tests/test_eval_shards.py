@@ -3,12 +3,16 @@ folders, written here by clip_benchmark's own convert_dataset / convert_retrieva
 and read back by its build_dataset("wds/...") as the outside reference, give the same
 (image, label) and (image, captions) pairs, class names and templates through our reader;
 the paper's zero-shot suite prefers the webdataset copies; retrieval over a shard pattern
-groups captions by the JSON's image_id; every bad sample is a counted rejection with its
-reason, and a shard that cannot be opened is one DataError line."""
+groups captions by the JSON's image_id, and `csclip evaluate --retrieval-shards` reports it
+as that dataset's retrieval suite; every bad sample is a counted rejection with its reason,
+and a shard that cannot be opened is one DataError line. Every shard is read through
+csclip.shards.read.iter_shard, whose grouping is checked against webdataset's own."""
 
 from __future__ import annotations
 
+import csv
 import io
+import json
 import logging
 import re
 import tarfile
@@ -23,6 +27,7 @@ from csclip.config.eval import SuitesConfig
 from csclip.errors import DataError
 from csclip.eval.encoder import Encoder, decode_image
 from csclip.eval.shards import (
+    WDS_IMAGE_SUFFIXES,
     evaluate_shard_retrieval,
     read_shard_retrieval,
     read_wds_classification,
@@ -30,6 +35,7 @@ from csclip.eval.shards import (
 from csclip.eval.suites import evaluate_named_suites
 from csclip.eval.zeroshot import evaluate_zeroshot_datasets
 from csclip.eval.zeroshot_paper import find_paper_datasets, paper_task
+from csclip.shards.read import NO_CAPTION, iter_shard
 
 pytest.importorskip("webdataset")  # clip_benchmark's wds reader and writer need it
 
@@ -170,6 +176,33 @@ def write_wds_folder(folder: Path, shards: list[bytes], kind: str | None = None)
     if kind:
         (folder / "dataset_type.txt").write_text(f"{kind}\n")
     return folder
+
+
+def test_samples_are_grouped_as_webdatasets_group_by_keys(tmp_path):
+    from webdataset.tariterators import group_by_keys, tar_file_iterator
+
+    members = [("0001.webp", b"w1"), ("0001.cls", b"0"), ("0002.jpg", b"j2"),
+               ("0002.CLS", b"1"), ("0002.txt", b"a caption"), ("README", b"no key"),
+               ("dir.v1/0003.png", b"p3"), ("dir.v1/0003.cls", b"2"),
+               ("dir.v1/0003.seg.png", b"s3"), ("0004.cls", b"0")]
+    shard = tmp_path / "0.tar"
+    shard.write_bytes(tar_bytes(members))
+    with shard.open("rb") as handle:
+        files = [{**f, "__url__": str(shard)} for f in tar_file_iterator(handle)]
+        theirs = [{k: v for k, v in sample.items() if not k.startswith("__")} | {
+            "__key__": sample["__key__"]} for sample in group_by_keys(files)]
+    suffixes = ("webp", "jpg", "png", "cls", "txt", "seg.png")
+    ours = list(iter_shard(str(shard), members=suffixes, require_caption=False,
+                           image_suffixes=WDS_IMAGE_SUFFIXES))
+    assert [s.reject for s in ours] == [None, None, None, "no_image"]
+    assert [{**s.members, "__key__": s.key} for s in ours] == theirs
+    assert [(s.image, s.caption) for s in ours[:3]] == [
+        (b"w1", None), (b"j2", "a caption"), (b"p3", None)]
+    # By default a sample without a caption is rejected, and asked-for members come back
+    # only when asked for.
+    default = list(iter_shard(str(shard)))
+    assert [s.reject for s in default] == [NO_CAPTION, None, NO_CAPTION, NO_CAPTION]
+    assert default[1].members == {} and default[1].image == b"j2"
 
 
 def test_bad_samples_are_counted_rejections_with_their_reason(tmp_path, caplog):
@@ -363,3 +396,98 @@ def test_retrieval_input_errors_are_one_line(tmp_path):
     (tmp_path / "00003.tar").write_bytes(pixels_only)
     with pytest.raises(DataError, match="transformed pixels"):
         read_shard_retrieval(str(tmp_path / "00003.tar"))
+
+
+# ---------------------------------------------------------------------------------------
+# Retrieval over shards from `csclip evaluate`
+# ---------------------------------------------------------------------------------------
+
+# csclip-tiny with random weights on the tiny world (4 images), half-truth without
+# bootstrap, no world suites: what remains is retrieval.
+TINY_EVALUATE = ["--model", "csclip-tiny", "--set", "model.image_size=32",
+                 "--set", "data.world.num_val=4", "--set", "data.world.image_size=32",
+                 "--set", "benchmark.num_bootstrap=0", "--set", "benchmark.image_side=false",
+                 "--set", "suites.world_pairs=false", "--set", "suites.world_zeroshot=false",
+                 "--set", "tracking.enabled=false"]
+
+
+def write_coco_shards(folder: Path) -> str:
+    """Two shards: red with two captions (one image_id), green, blue, and one sample
+    without a caption (rejected); their pattern."""
+    red, green, blue = (encoded(c) for c in COLORS[:3])
+    folder.mkdir()
+    (folder / "00000.tar").write_bytes(tar_bytes([
+        ("a1.png", red), ("a1.txt", b"a red square"), ("a1.json", b'{"image_id": 7}'),
+        ("a2.png", red), ("a2.txt", b"a red box"), ("a2.json", b'{"image_id": 7}'),
+        ("b.png", green), ("b.txt", b"a green square")]))
+    (folder / "00001.tar").write_bytes(tar_bytes([
+        ("c.png", blue), ("c.txt", b"a blue square"), ("d.png", blue)]))
+    return f"{folder}/{{00000..00001}}.tar"
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_evaluate_reports_retrieval_over_shards_as_the_datasets_suite(
+        tmp_path, clip_benchmark, capsys):
+    from csclip.entry.evaluate import main
+
+    _, writer = clip_benchmark
+    pattern = write_coco_shards(tmp_path / "coco")
+    flickr = tmp_path / "wds_flickr8k"
+    writer.convert_retrieval_dataset(
+        [(encoded(COLORS[i], "WEBP"), [f"caption {i}", f"another {i}"]) for i in range(3)],
+        "test", str(flickr), image_format="webp", max_count=2, verbose=False)
+    out = tmp_path / "eval"
+    assert main([*TINY_EVALUATE, "--out", str(out), "--retrieval-shards", f"coco={pattern}",
+                 "--retrieval-shards", f"flickr8k={flickr}"]) == 0
+    printed = capsys.readouterr().out
+    assert "COCO I2T R@1" in printed  # the suites table, as --suite coco_retrieval fills it
+    with (out / "suites.csv").open() as handle:
+        (row,) = list(csv.DictReader(handle))
+    assert 0 <= float(row["coco_ret_i2t"]) <= 100 and 0 <= float(row["coco_ret_t2i"]) <= 100
+    # One CLIP_benchmark result per dataset, under its names, with the shards' accounting.
+    coco = json.loads((out / "mscoco_captions_random_csclip-tiny_zeroshot_retrieval.json")
+                      .read_text())["metrics"]
+    assert {f"{kind}_retrieval_recall@{k}" for kind in ("image", "text")
+            for k in (1, 5, 10)} <= set(coco)
+    assert (coco["num_images"], coco["num_queries_t2i"]) == (3, 4)
+    assert (coco["num_read"], coco["num_rejected"], coco["rejected_no_caption"]) == (5, 1, 1)
+    assert coco["text_retrieval_recall@1"] == pytest.approx(float(row["coco_ret_i2t"]) / 100)
+    flickr8k = json.loads((out / "flickr8k_random_csclip-tiny_zeroshot_retrieval.json")
+                          .read_text())["metrics"]
+    assert (flickr8k["num_images"], flickr8k["num_queries_t2i"], flickr8k["num_read"]) == (
+        3, 6, 3)
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["--retrieval-shards", "coco"], "--retrieval-shards 'coco' is not NAME=PATTERN"),
+    (["--retrieval-shards", "cc3m=x.tar"], "no retrieval dataset ['cc3m']"),
+    (["--retrieval-shards", "coco=a.tar", "--retrieval-shards", "coco=b.tar"],
+     "--retrieval-shards names coco twice"),
+    (["--retrieval-shards", "coco=x.tar", "--suite", "coco_retrieval", "--data-root", "r"],
+     "both measure coco_retrieval and retrieval_shards.coco"),
+    # --data-root is read only for --suite: still refused next to --retrieval-shards.
+    (["--retrieval-shards", "coco=x.tar", "--data-root", "r"], "suites.data_root='r'"),
+])
+def test_retrieval_shards_flags_that_cannot_run_are_one_line(argv, line, capsys):
+    from csclip.entry.evaluate import main
+
+    assert main([*argv, "--print-config"]) == 2
+    lines = [x for x in capsys.readouterr().err.splitlines() if not LOG_LINE.match(x)]
+    assert len(lines) == 1 and line in lines[0], lines
+
+
+def test_missing_retrieval_shards_are_refused_before_a_model_loads(tmp_path, capsys,
+                                                                   monkeypatch):
+    import csclip.eval.pipeline  # the module that loads the models, patched where it looks
+    from csclip.entry.evaluate import main
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the input was checked")
+
+    monkeypatch.setattr(csclip.eval.pipeline, "bundle_from_config", refuse)
+    pattern = write_coco_shards(tmp_path / "coco").replace("00001}", "00002}")
+    code = main([*TINY_EVALUATE, "--out", str(tmp_path / "eval"),
+                 "--retrieval-shards", f"coco={pattern}"])
+    lines = [x for x in capsys.readouterr().err.splitlines() if not LOG_LINE.match(x)]
+    assert code == 2 and lines == [f"error: retrieval shards coco: 1 of 3 shards do not "
+                                   f"exist, e.g. {tmp_path}/coco/00002.tar"], lines

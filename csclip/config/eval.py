@@ -178,6 +178,12 @@ class SuitesConfig(StrictModel):
     # caption instance, ties as torch.topk) or strict (ours). Unset: clip_benchmark; strict
     # on request.
     retrieval_counting: RetrievalCounting | None = None
+    # Retrieval over webdataset shards (csclip.eval.shards): dataset -> a shard pattern
+    # (DIR/{00000..00009}.tar, local or s3://; captions grouped by the JSON's image_id) or a
+    # CLIP_benchmark retrieval folder (wds_mscoco_captions/). The dataset is one of the
+    # retrieval suites' (RETRIEVAL_SUITES: coco, flickr30k, flickr8k), whose columns and
+    # result files report it, as if its --suite had run.
+    retrieval_shards: dict[str, str] = {}
 
     @property
     def scoring_protocol(self) -> str:
@@ -201,6 +207,20 @@ class SuitesConfig(StrictModel):
             value = [v.strip() for v in value.split(",") if v.strip()]
         return value
 
+    @field_validator("retrieval_shards")
+    @classmethod
+    def _retrieval_datasets(cls, value: dict[str, str]) -> dict[str, str]:
+        datasets = tuple(RETRIEVAL_SUITES.values())
+        unknown = [name for name in value if name not in datasets]
+        if unknown:
+            raise ValueError(f"no retrieval dataset {unknown}; name each source "
+                             f"{', '.join(datasets)} (its metrics are that retrieval suite's)")
+        empty = [name for name, source in value.items() if not source.strip()]
+        if empty:
+            raise ValueError(f"{empty[0]} has no source; give a shard pattern or a "
+                             "CLIP_benchmark retrieval folder")
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> SuitesConfig:
         if self.sugarcrepe_dir and not self.coco_images:
@@ -212,6 +232,11 @@ class SuitesConfig(StrictModel):
         if unknown:
             raise ValueError(f"unknown suites {unknown}; choose from {', '.join(SUITE_NAMES)} "
                              "or paper (the paper's sixteen)")
+        both = [f"{suite} and retrieval_shards.{dataset}" for suite, dataset
+                in RETRIEVAL_SUITES.items() if suite in self.names and dataset in self.retrieval_shards]
+        if both:
+            raise ValueError(f"suites.names and suites.retrieval_shards both measure "
+                             f"{both[0]}, under the same keys; give one")
         if self.names and not self.data_root:
             raise ValueError("suites.names needs suites.data_root (--data-root): the folder "
                              "holding one sub-folder per suite")

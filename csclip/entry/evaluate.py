@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -112,6 +113,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                                 "published layout (zeroshot_paper/ and zeroshot/ also take "
                                 "CLIP_benchmark's webdataset folders, e.g. "
                                 "zeroshot_paper/wds_vtab-caltech101/): suites.data_root")
+    shortcuts.add_argument("--retrieval-shards", metavar="NAME=PATTERN", action="append",
+                           help="Recall@k over webdataset shards, reported as NAME's retrieval "
+                                "suite (coco, flickr30k, flickr8k): PATTERN a shard pattern "
+                                "(DIR/{00000..00009}.tar, local or s3://; captions of one "
+                                "image share the JSON's image_id) or a CLIP_benchmark "
+                                "retrieval folder (wds_mscoco_captions/); repeat for several: "
+                                "suites.retrieval_shards.NAME")
     shortcuts.add_argument("--allow-partial", action="store_const", const=True, default=None,
                            help="score a benchmark whose images are partly missing, counting "
                                 "those records as skipped: suites.allow_partial")
@@ -175,6 +183,28 @@ def model_pairs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
             for pretrained in args.pretrained or [None]]
 
 
+# A --retrieval-shards NAME becomes a key of a dotted --set path: no dots, no spaces.
+RETRIEVAL_SHARDS_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def retrieval_shard_overrides(values: list[str] | None) -> dict[str, str]:
+    """--retrieval-shards NAME=PATTERN (repeated) as suites.retrieval_shards.NAME fields.
+    A value without NAME= or PATTERN, or a NAME given twice, is a ConfigError."""
+    out: dict[str, str] = {}
+    for value in values or []:
+        name, equals, pattern = value.partition("=")
+        name, pattern = name.strip(), pattern.strip()
+        if not equals or not RETRIEVAL_SHARDS_NAME.fullmatch(name) or not pattern:
+            raise ConfigError(f"--retrieval-shards {value!r} is not NAME=PATTERN (e.g. "
+                              "coco=s3://bucket/coco/{00000..00004}.tar)")
+        key = f"suites.retrieval_shards.{name}"
+        if key in out:
+            raise ConfigError(f"--retrieval-shards names {name} twice ({out[key]} and "
+                              f"{pattern}); give each dataset once")
+        out[key] = pattern
+    return out
+
+
 def overrides_from_args(args: argparse.Namespace) -> list[str]:
     """The shortcut flags as `--set` overrides, placed before the user's own. One model
     named sets model.name / model.pretrained; several go to run_evaluation apart
@@ -196,6 +226,7 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
         "suites.names": args.suite, "suites.data_root": args.data_root,
         "suites.allow_partial": args.allow_partial, "suites.allow_missing": args.allow_missing,
         "seed": args.seed, "results_template": args.output,
+        **retrieval_shard_overrides(args.retrieval_shards),
     }, args.overrides)
 
 
@@ -334,6 +365,10 @@ def _evaluate_into(config, args: argparse.Namespace) -> int:
     from csclip.eval.pipeline import run_evaluation  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
 
     models = several_models(args, config)
+    if config.suites.retrieval_shards:  # their shards are there, before any model loads
+        from csclip.eval.shards import check_retrieval_shards  # noqa: PLC0415  the program (and torch) loads once the config is checked
+
+        check_retrieval_shards(config.suites.retrieval_shards)
     if args.select == "paper":  # csclip.eval.selection: every saved step, the authors' pick
         from csclip.eval.selection import run_selected_evaluation  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
 

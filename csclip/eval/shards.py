@@ -1,7 +1,8 @@
 """Evaluation sets read from webdataset shards: CLIP_benchmark's webdataset folders (its
 `wds_<name>` copies on the HuggingFace hub) for zero-shot classification, and retrieval
-over a shard pattern or a CLIP_benchmark retrieval folder; every bad sample a counted
-rejection with its reason.
+over a shard pattern or a CLIP_benchmark retrieval folder (`csclip evaluate
+--retrieval-shards`); every shard read by csclip.shards.read.iter_shard, every bad sample a
+counted rejection with its reason.
 
 A CLIP_benchmark folder is what clip_benchmark.datasets.builder.build_wds_dataset reads and
 clip_benchmark.webdataset_builder.convert_dataset writes: `classnames.txt` and
@@ -18,27 +19,16 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import posixpath
-import tarfile
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 from csclip.config.eval import RetrievalCounting
 from csclip.errors import DataError
 from csclip.eval.encoder import Encoder
 from csclip.eval.retrieval import RetrievalSet, retrieval_metrics, retrieval_set
 from csclip.shards.layout import PIXELS_SUFFIX, shard_stem
-from csclip.shards.read import (
-    END_OF_ARCHIVE,
-    NO_IMAGE,
-    REPEATED_KEY,
-    REPEATED_MEMBER,
-    TRUNCATED_SHARD,
-    UNREADABLE_SHARD,
-    iter_shard,
-    split_member,
-)
+from csclip.shards.read import UNREADABLE_SHARD, ShardSample, iter_shard
 from csclip.shards.uris import expand_shards
 from csclip.storage import exists, filesystem_for, join, read_bytes
 from csclip.units import UnitsRecord
@@ -167,70 +157,21 @@ def open_wds_folder(root: str, split: str = "test") -> WdsFolder:
 # Classification: {key}.<image> + {key}.cls
 # ---------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class MemberGroup:
-    """One sample's members (suffix -> bytes), grouped by key as webdataset groups them,
-    or a rejection (`reject` set, members empty)."""
-
-    shard: str
-    key: str
-    members: dict[str, bytes] = field(default_factory=dict)
-    reject: str | None = None
-    detail: str = ""
+def _samples(shard: str, **options) -> Iterator[ShardSample]:
+    """csclip.shards.read.iter_shard(shard, **options), a shard of which nothing reads as
+    a tar being a DataError (one shard of an evaluation set, not a bad sample)."""
+    for sample in iter_shard(shard, **options):
+        if sample.reject == UNREADABLE_SHARD:
+            raise DataError(f"shard {shard} is not a readable tar ({sample.detail})")
+        yield sample
 
 
-def iter_member_groups(uri: str) -> Iterator[MemberGroup]:
-    """Every sample of the shard at `uri` with all its members, in the tar's order: the
-    rules of csclip.shards.read.iter_shard (a member or key that repeats, a shard cut
-    short: rejections) for samples that are not image + caption. A shard that cannot be
-    opened, or holds no readable tar at all, is a DataError."""
-    fs, path = filesystem_for(uri)
-    try:
-        size = fs.get_file_info(path).size
-        stream = fs.open_input_stream(path)
-    except (FileNotFoundError, OSError) as err:
-        raise DataError(f"cannot open shard {uri}: {err}") from err
-    seen: set[str] = set()
-    key: str | None = None
-    members: dict[str, bytes] = {}
-    repeated: str | None = None
-
-    def finish() -> MemberGroup:
-        if key in seen:
-            return MemberGroup(uri, key, reject=REPEATED_KEY,
-                               detail=f"{uri}: {key}: its members are not together in the tar")
-        seen.add(key)
-        if repeated is not None:
-            return MemberGroup(uri, key, reject=REPEATED_MEMBER,
-                               detail=f"{uri}: {key}.{repeated} appears twice")
-        return MemberGroup(uri, key, members)
-
-    with stream:
-        try:
-            tar = tarfile.open(fileobj=stream, mode="r|*")
-            for info in tar:
-                parts = split_member(info.name) if info.isreg() else None
-                if parts is None or posixpath.basename(info.name).startswith("__"):
-                    continue
-                if parts[0] != key:
-                    if key is not None:
-                        yield finish()
-                    key, members, repeated = parts[0], {}, None
-                if parts[1] in members:
-                    repeated = parts[1]
-                members[parts[1]] = tar.extractfile(info).read()
-        except (tarfile.TarError, EOFError, OSError) as err:
-            if key is None and not seen:
-                raise DataError(f"shard {uri} is not a readable tar ({err})") from err
-            yield MemberGroup(uri, key or "", reject=TRUNCATED_SHARD, detail=f"{uri}: {err}")
-            return
-        # tarfile ends a stream quietly at a header cut in two (see csclip.shards.read).
-        compressed = path.endswith((".gz", ".bz2", ".xz", ".zst"))
-        if not compressed and size is not None and size - tar.offset < END_OF_ARCHIVE:
-            yield MemberGroup(uri, key or "", reject=TRUNCATED_SHARD,
-                              detail=f"{uri}: ends without the end-of-archive blocks: cut short")
-        elif key is not None:
-            yield finish()
+def _rejection(sample: ShardSample) -> Rejection:
+    """A rejected sample as counted here, its detail naming the shard."""
+    detail = sample.detail or sample.key
+    if not detail.startswith(sample.shard):
+        detail = f"{sample.shard}: {detail}"
+    return Rejection(sample.shard, sample.key, sample.reject or "", detail)
 
 
 @dataclass(frozen=True)
@@ -245,25 +186,21 @@ class ClassifiedImages:
     accounting: ShardAccounting
 
 
-def _labelled(group: MemberGroup, num_classes: int) -> tuple[bytes, int] | Rejection:
-    """(image bytes, class index) of a sample, or why it is rejected."""
-    where = f"{group.shard}: {group.key}"
-    suffix = next((s for s in WDS_IMAGE_SUFFIXES if s in group.members), None)
-    if suffix is None:
-        return Rejection(group.shard, group.key, NO_IMAGE,
-                         f"{where}: none of {', '.join(WDS_IMAGE_SUFFIXES)}")
-    if CLASS_SUFFIX not in group.members:
-        return Rejection(group.shard, group.key, NO_CLASS, f"{where}: no .{CLASS_SUFFIX}")
-    raw = group.members[CLASS_SUFFIX]
+def _labelled(sample: ShardSample, num_classes: int) -> tuple[bytes, int] | Rejection:
+    """(image bytes, class index) of a sample with an image, or why it is rejected."""
+    where = f"{sample.shard}: {sample.key}"
+    if CLASS_SUFFIX not in sample.members:
+        return Rejection(sample.shard, sample.key, NO_CLASS, f"{where}: no .{CLASS_SUFFIX}")
+    raw = sample.members[CLASS_SUFFIX]
     try:
         label = int(raw)  # webdataset's decoder: int() of the member's bytes
     except ValueError:
         label = None
     if label is None or not 0 <= label < num_classes:
-        return Rejection(group.shard, group.key, BAD_CLASS,
+        return Rejection(sample.shard, sample.key, BAD_CLASS,
                          f"{where}: .{CLASS_SUFFIX} {raw[:20]!r} is no class index of "
                          f"0..{num_classes - 1}")
-    return group.members[suffix], label
+    return sample.image, label
 
 
 def read_wds_classification(root: str, split: str = "test", key_prefix: str = ""
@@ -285,14 +222,17 @@ def read_wds_classification(root: str, split: str = "test", key_prefix: str = ""
     rejected: list[Rejection] = []
     num_read = 0
     for shard in folder.shards:
-        for group in iter_member_groups(shard):
+        # No caption: the class is the sample's text. A sample's image is the first of
+        # WDS_IMAGE_SUFFIXES it has, as CLIP_benchmark's to_tuple takes it.
+        for sample in _samples(shard, members=(CLASS_SUFFIX,), require_caption=False,
+                               image_suffixes=WDS_IMAGE_SUFFIXES):
             num_read += 1
-            found = (Rejection(group.shard, group.key, group.reject, group.detail)
-                     if group.reject else _labelled(group, len(folder.classnames)))
+            found = _rejection(sample) if sample.reject else _labelled(
+                sample, len(folder.classnames))
             if isinstance(found, Rejection):
                 rejected.append(found)
                 continue
-            key = f"{key_prefix}{split}/{shard_stem(shard)}/{group.key}"
+            key = f"{key_prefix}{split}/{shard_stem(shard)}/{sample.key}"
             images[key], labels[key] = found
     accounting = ShardAccounting(num_read, len(labels), tuple(rejected))
     return ClassifiedImages(images, labels, folder.classnames, folder.templates, accounting)
@@ -312,11 +252,21 @@ class ShardRetrieval:
     accounting: ShardAccounting
 
 
-def _retrieval_shards(source: str, split: str) -> tuple[list[str], bool]:
-    """(shard URIs, whether each .txt holds one caption a line) of a CLIP_benchmark
-    retrieval folder or a shard pattern."""
+@dataclass(frozen=True)
+class RetrievalShards:
+    """The shards of a retrieval source, and whether each `.txt` holds one caption a line
+    (a CLIP_benchmark folder) rather than one caption (a shard pattern)."""
+
+    shards: tuple[str, ...]
+    by_lines: bool
+
+
+def retrieval_shards(source: str, split: str = "test") -> RetrievalShards:
+    """The shards of a shard pattern or of a CLIP_benchmark retrieval folder's `split`.
+    Raises DataError when a shard of the pattern (local) does not exist, or `source` is
+    neither a pattern nor a retrieval folder."""
     if "{" in source or "*" in source or "::" in source or source.endswith(".tar"):
-        return expand_shards(source), False
+        return RetrievalShards(tuple(expand_shards(source)), False)
     if not is_wds_folder(source, split):
         raise DataError(f"{source}: neither a shard pattern (DIR/{{00000..00009}}.tar) nor "
                         f"a CLIP_benchmark retrieval folder ({split}/{NSHARDS_FILE})")
@@ -324,7 +274,17 @@ def _retrieval_shards(source: str, split: str) -> tuple[list[str], bool]:
     if folder.dataset_type != "retrieval":
         raise DataError(f"{source}: {DATASET_TYPE_FILE} says {folder.dataset_type!r}, not "
                         "'retrieval': a classification folder (the zero-shot suites read it)")
-    return list(folder.shards), True
+    return RetrievalShards(folder.shards, True)
+
+
+def check_retrieval_shards(sources: Mapping[str, str], split: str = "test") -> None:
+    """Refuse, before any model loads, a source of suites.retrieval_shards (dataset ->
+    source) whose shards are not there: DataError naming the dataset."""
+    for dataset, source in sources.items():
+        try:
+            retrieval_shards(source, split)
+        except DataError as err:
+            raise DataError(f"retrieval shards {dataset}: {err}") from err
 
 
 def read_shard_retrieval(source: str, split: str = "test") -> ShardRetrieval:
@@ -340,23 +300,21 @@ def read_shard_retrieval(source: str, split: str = "test") -> ShardRetrieval:
     JSON, or whose image_id another sample shows with a different image, is rejected.
     Raises DataError for a shard that cannot be opened or read at all, none kept, or
     shards of transformed pixels (`csclip shards --encoding pixels`)."""
-    shards, by_lines = _retrieval_shards(source, split)
+    found = retrieval_shards(source, split)
+    shards, by_lines = found.shards, found.by_lines
     records: list[UnitsRecord] = []
     images: dict[str, bytes] = {}
     digests: dict[str, str] = {}
     rejected: list[Rejection] = []
     num_read = 0
     for shard in shards:
-        for sample in iter_shard(shard):
+        for sample in _samples(shard):
             num_read += 1
-            if sample.reject == UNREADABLE_SHARD:
-                raise DataError(f"shard {shard} is not a readable tar ({sample.detail})")
             if sample.image_suffix == PIXELS_SUFFIX:
                 raise DataError(f"{shard}: {sample.key} holds transformed pixels (csclip shards "
                                 "--encoding pixels); evaluate shards of encoded images")
             if sample.reject:
-                rejected.append(Rejection(shard, sample.key, sample.reject,
-                                          sample.detail or f"{shard}: {sample.key}"))
+                rejected.append(_rejection(sample))
                 continue
             own_id = sample.meta.get("image_id")
             image_id = str(own_id) if own_id is not None and not by_lines \

@@ -1,8 +1,8 @@
 """Compositional suites (SPEC §5) next to the half-truth benchmark: the world's suites
 (world.py), the real-data benchmarks by name (registry.py: one module per benchmark
 family, found under --data-root in their published layouts), shared scoring (core.py,
-rules.py), and `evaluate_suites`, which adds them, retrieval and zero-shot to an
-evaluation's metrics."""
+rules.py), and `evaluate_suites`, which adds them, retrieval (Karpathy splits, webdataset
+shards) and zero-shot to an evaluation's metrics."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from csclip.config.eval import (
 from csclip.errors import DataError
 from csclip.eval.encoder import Encoder
 from csclip.eval.retrieval import KARPATHY_LAYOUT, evaluate_karpathy, evaluate_retrieval
+from csclip.eval.shards import evaluate_shard_retrieval
 from csclip.eval.suites.core import SuiteData, first_existing, join, listing
 from csclip.eval.suites.registry import BENCHMARKS, evaluate_benchmarks, load_present_benchmarks
 from csclip.eval.suites.sugarcrepe import evaluate_sugarcrepe
@@ -49,9 +50,10 @@ def evaluate_suites(
     found: NamedSuites | None = None,
 ) -> dict[str, float]:
     """Retrieval (when the records have images), the world suites and world zero-shot
-    (world records), SugarCrepe (sugarcrepe_dir) and the named real-data suites (`found`:
-    find_named_suites' result, read once before the models), encoded through `encoder`
-    (its cache is shared with the half-truth benchmark). Only measured metrics get a key."""
+    (world records), SugarCrepe (sugarcrepe_dir), the named real-data suites (`found`:
+    find_named_suites' result, read once before the models) and retrieval over shards
+    (retrieval_shards), encoded through `encoder` (its cache is shared with the half-truth
+    benchmark). Only measured metrics get a key."""
     config = config or SuitesConfig()
     metrics: dict[str, float] = {}
     has_images = bool(records) and all(r.image_bytes is not None or r.image_path for r in records)
@@ -66,7 +68,7 @@ def evaluate_suites(
     if config.sugarcrepe_dir:
         metrics.update(evaluate_sugarcrepe(encoder, config.sugarcrepe_dir, config.coco_images,
                                            config.max_items_per_subset, config.allow_partial))
-    if config.names:
+    if config.names or config.retrieval_shards:
         metrics.update(evaluate_named_suites(encoder, config, found))
     return metrics
 
@@ -151,8 +153,11 @@ def _missing_line(missing: dict[str, str], num_asked: int, root: str) -> str:
 def evaluate_named_suites(encoder: Encoder, config: SuitesConfig,
                           found: NamedSuites | None = None) -> dict[str, float]:
     """The suites of config.names under config.data_root (`found`, or find_named_suites
-    now: a missing one is one warning). With benchmarks named: `suite_benchmarks_asked`
-    and `suite_benchmarks_found`, the k of n the suite average is over."""
+    now: a missing one is one warning) and retrieval over the shards of
+    config.retrieval_shards, under the keys of that dataset's retrieval suite
+    (`coco_ret_*`; the paper's Retr mean over COCO and Flickr8k from either). With
+    benchmarks named: `suite_benchmarks_asked` and `suite_benchmarks_found`, the k of n
+    the suite average is over."""
     found = found or find_named_suites(config)
     asked = [n for n in config.names if n in BENCHMARKS]
     metrics = evaluate_benchmarks(encoder, asked, config.data_root or "",
@@ -165,6 +170,9 @@ def evaluate_named_suites(encoder: Encoder, config: SuitesConfig,
     for name, (json_uri, images) in found.retrieval.items():
         metrics.update(evaluate_karpathy(encoder, RETRIEVAL_SUITES[name], json_uri, images,
                                          counting=config.retrieval_rule))
+    for dataset, source in config.retrieval_shards.items():
+        metrics.update(evaluate_shard_retrieval(encoder, source, dataset,
+                                                counting=config.retrieval_rule))
     metrics.update(paper_retrieval(metrics))
     if found.zeroshot is not None:
         metrics.update(evaluate_zeroshot_datasets(encoder, found.zeroshot))
