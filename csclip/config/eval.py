@@ -4,6 +4,7 @@ against (suite names, protocols, the paper's benchmark size)."""
 
 from __future__ import annotations
 
+import re
 from typing import Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
@@ -30,6 +31,11 @@ BENCHMARK_NAMES: tuple[str, ...] = (
 # Suites that are not compositional benchmarks but are run by name the same way.
 RETRIEVAL_SUITES = {"coco_retrieval": "coco", "flickr30k_retrieval": "flickr30k",
                     "flickr8k_retrieval": "flickr8k"}
+# A retrieval dataset's name (suites.retrieval_shards), the prefix of its `<name>_ret_*`
+# keys; not one that other keys start with.
+SHARD_DATASET_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
+RESERVED_DATASET_NAMES = frozenset({"ret", "paper", "zs", "comp", "suite", "cap", "world",
+                                    "ht", "halftruth"})
 ZEROSHOT_SUITE = "zeroshot"
 # The paper's ZS column: seven CLIP_benchmark datasets (csclip.eval.zeroshot_paper).
 ZEROSHOT_PAPER_SUITE = "zeroshot_paper"
@@ -182,7 +188,8 @@ class SuitesConfig(StrictModel):
     # (DIR/{00000..00009}.tar, local or s3://; captions grouped by the JSON's image_id) or a
     # CLIP_benchmark retrieval folder (wds_mscoco_captions/). The dataset is one of the
     # retrieval suites' (RETRIEVAL_SUITES: coco, flickr30k, flickr8k), whose columns and
-    # result files report it, as if its --suite had run.
+    # result files report it, as if its --suite had run, or a name of its own
+    # (laion_heldout: `<name>_ret_*` keys, a `<name>_retrieval` result file).
     retrieval_shards: dict[str, str] = {}
 
     @property
@@ -210,11 +217,12 @@ class SuitesConfig(StrictModel):
     @field_validator("retrieval_shards")
     @classmethod
     def _retrieval_datasets(cls, value: dict[str, str]) -> dict[str, str]:
-        datasets = tuple(RETRIEVAL_SUITES.values())
-        unknown = [name for name in value if name not in datasets]
-        if unknown:
-            raise ValueError(f"no retrieval dataset {unknown}; name each source "
-                             f"{', '.join(datasets)} (its metrics are that retrieval suite's)")
+        bad = [name for name in value if not SHARD_DATASET_NAME.fullmatch(name)
+               or name in RESERVED_DATASET_NAMES]
+        if bad:
+            raise ValueError(f"retrieval dataset name {bad[0]!r}: give lowercase letters, digits "
+                             f"and _ (not {', '.join(sorted(RESERVED_DATASET_NAMES))}); "
+                             f"{', '.join(RETRIEVAL_SUITES.values())} report as their suite")
         empty = [name for name, source in value.items() if not source.strip()]
         if empty:
             raise ValueError(f"{empty[0]} has no source; give a shard pattern or a "

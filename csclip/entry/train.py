@@ -36,8 +36,8 @@ KEPT = ("the checkpoints saved so far are kept; rerun the same command to resume
 
 EXAMPLES = (
     "%(prog)s --method clip --max-steps 200        # CLIP-FT on the synthetic world",
-    "%(prog)s --config configs/coco.yaml --units s3://bucket/units --out s3://bucket/runs",
-    "%(prog)s --shards 's3://bucket/laion/{00000..25599}.tar' --units s3://bucket/laion-units",
+    "%(prog)s --config configs/laion.yaml --shards 's3://bucket/laion/{00000..41407}.tar' "
+    "--units s3://bucket/laion-units --out s3://bucket/runs",
 )
 
 

@@ -8,6 +8,7 @@ import csv
 import json
 import logging
 import math
+import re
 import shutil
 import textwrap
 import uuid
@@ -408,8 +409,16 @@ def benchmark_results(metrics: Mapping[str, float]) -> dict[str, tuple[str, dict
             if prefix is not None:
                 dataset, task, plain = name, group_task, key[len(prefix):]
                 break
+        else:  # retrieval over shards under a name of its own (suites.retrieval_shards)
+            named = SHARD_RETRIEVAL_KEY.match(key)
+            if named is not None:
+                dataset, task = f"{named['name']}_retrieval", "zeroshot_retrieval"
+                plain = key[named.end():]
         out.setdefault(dataset, (task, {}))[1][plain] = value
     return dict(sorted(out.items()))
+
+
+SHARD_RETRIEVAL_KEY = re.compile(r"(?P<name>[a-z][a-z0-9_]*?)_ret_")
 
 
 def result_name(template: str, identity: ModelIdentity, dataset: str, task: str) -> str:
