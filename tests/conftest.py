@@ -44,7 +44,8 @@ def pytest_configure(config) -> None:
 # Measured in a serial run (`--durations`); a module missing here only runs later.
 LONGEST_FIRST = ("test_job_submit.py", "test_vllm_engine.py", "test_cluster.py",
                  "test_demo.py", "test_quickstart.py", "test_ablation.py",
-                 "test_train.py", "test_global_batch.py", "test_eval_periodic.py",
+                 "test_train.py", "test_train_shards.py", "test_global_batch.py",
+                 "test_eval_periodic.py", "test_laion_walkthrough.py", "test_extract_shards.py",
                  "test_cluster_head_env.py", "test_holdout.py")
 
 
