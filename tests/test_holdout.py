@@ -60,9 +60,11 @@ def test_contrastive_accuracy_on_hand_computed_features():
 
 
 def test_evaluation_due_every_n_steps_or_per_epoch():
-    assert [s for s in range(1, 11) if evaluation_due(s, 10, 4, 3)] == [4, 8, 10]
+    # The evaluations are the candidates, as the authors': not the last step besides.
+    assert [s for s in range(1, 11) if evaluation_due(s, 10, 4, 3)] == [4, 8]
+    assert [s for s in range(1, 4) if evaluation_due(s, 3, 4, 3)] == [3]  # none else
     # Without run.eval_every: at the end of each epoch, as the authors (eval_n 1).
-    assert [s for s in range(1, 11) if evaluation_due(s, 10, None, 3)] == [3, 6, 9, 10]
+    assert [s for s in range(1, 11) if evaluation_due(s, 10, None, 3)] == [3, 6, 9]
 
 
 def test_best_state_is_the_step_with_the_highest_held_out_accuracy(tmp_path):

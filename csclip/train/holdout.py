@@ -176,6 +176,9 @@ def load_held_out(refs: Sequence, config) -> HeldOut | None:
 
 def evaluation_due(step: int, total: int, eval_every: int | None, steps_per_epoch: int) -> bool:
     """When rank 0 evaluates: every run.eval_every steps, or without it at the end of each
-    epoch (the authors' eval_n 1: learning_alignment.py:426,751), and at the last step."""
+    epoch (the authors' eval_n 1: learning_alignment.py:426,751). These are the only
+    checkpoint candidates, as the authors' (their last candidate is their last evaluation,
+    not the last step); a run too short for any evaluation evaluates its last step, so
+    that it has one."""
     every = eval_every if eval_every is not None else steps_per_epoch
-    return step % every == 0 or step == total
+    return step % every == 0 or (step == total and total < every)
