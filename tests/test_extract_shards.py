@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -23,11 +24,13 @@ from csclip.config.world import WorldConfig
 from csclip.errors import DataError
 from csclip.extract.backends import gold_outcome, rules_outcome
 from csclip.extract.captions import iter_world_captions
+from csclip.extract.pipeline import run_extraction
 from csclip.extract.shards import run_shard_extraction
 from csclip.units import read_units
 from tests.conftest import REPO_ROOT
 from tests.s3_helpers import fresh_bucket
 from tests.test_crash_safety import _kill_when
+from tests.test_extract_pipeline import recorded_engine
 
 CAPTIONS = ["a red cube on a blue table", "two dogs running on the grass", "a man holding a cup",
             "a small cat under a wooden chair", "a woman riding a brown horse",
@@ -145,9 +148,7 @@ def world_shards(root: Path, num_shards: int) -> tuple[str, list[dict]]:
 def test_gold_over_the_worlds_shards_passes_its_units_through(ray_session, tmp_path):
     pattern, rows = world_shards(tmp_path / "shards", 3)
     out = tmp_path / "out"
-    # A window per shard: three reads, each checked against the keys written before.
-    summary = run_shard_extraction(_config(pattern, out, "backend.name=gold",
-                                           "output.shards_per_window=1"))
+    summary = run_shard_extraction(_config(pattern, out, "backend.name=gold"))
     assert (summary.read, summary.with_units, summary.num_shards) == (8, 8, 3)
     units = {r.sample_id: r for r in read_units(str(out / "units"))}
     for row in rows:
@@ -155,15 +156,49 @@ def test_gold_over_the_worlds_shards_passes_its_units_through(ray_session, tmp_p
         assert (units[gold.sample_id].units, units[gold.sample_id].split) == (gold.units, gold.split)
 
 
-@pytest.mark.parametrize("window", [1, 64])
-def test_a_key_in_two_shards_is_refused_naming_both(ray_session, tmp_path, window):
+@pytest.mark.parametrize("backend", ["rules", "vllm"])
+def test_a_key_in_two_shards_is_refused_naming_both(ray_session, tmp_path, backend):
     root = tmp_path / "shards"
     root.mkdir()
     write_tar(root / "000.tar", [good("a", CAPTIONS[0]), good("twice", CAPTIONS[1])])
     write_tar(root / "001.tar", [good("twice", CAPTIONS[2])])
-    with pytest.raises(DataError, match=r"key 'twice' is in shard 000 and in shard 001"):
+    write_tar(root / "002.tar", [good("twice", CAPTIONS[3])])
+    # rules: whichever shard's task ends first is the one written first. vllm: a window of
+    # two, then the third shard against the two written.
+    with pytest.raises(DataError, match=r"key 'twice' is in shard 00\d and in shard 00\d"):
         run_shard_extraction(_config(f"{root}/{{000..001}}.tar", tmp_path / "out",
-                                     f"output.shards_per_window={window}"))
+                                     f"backend.name={backend}", "output.shards_per_window=2"),
+                             engine=recorded_engine())
+    with pytest.raises(DataError, match=r"key 'twice' is in shard 000 and in shard 002"):
+        run_shard_extraction(_config(f"{root}/{{000,002}}.tar", tmp_path / "out2",
+                                     f"backend.name={backend}", "output.shards_per_window=1"),
+                             engine=recorded_engine())
+
+
+def test_vllm_over_shards_in_windows_equals_the_caption_file_run(ray_session, sugarcrepe_dir,
+                                                                 tmp_path):
+    """The engine stage over windows of shards (recorded answers, with repairs and an
+    engine error) gives each caption the units the caption-file pipeline gives it."""
+    captions = json.loads((sugarcrepe_dir / "add_att.json").read_text())
+    ids = [f"sugarcrepe-add_att-{int(k):06d}" for k in list(captions)[:10]]
+    root = tmp_path / "shards"
+    root.mkdir()
+    for k in range(4):  # 3, 3, 3, 1 captions; shard 003 also a sample without caption
+        samples = [good(i, captions[str(int(i[-6:]))]["caption"], split="test")
+                   for i in ids[3 * k:3 * k + 3]]
+        write_tar(root / f"{k:03d}.tar", samples + ([("nocap", {"jpg": JPEG})] if k == 3 else []))
+    summary = run_shard_extraction(_config(f"{root}/{{000..003}}.tar", tmp_path / "out",
+                                           "backend.name=vllm", "output.shards_per_window=2"),
+                                   engine=recorded_engine())
+    files = run_extraction(load_config(ExtractConfig, None, [
+        "input.format=sugarcrepe", f"input.uri={sugarcrepe_dir}/add_att.json", "input.limit=10",
+        "backend.name=vllm", f"output.uri={tmp_path / 'files'}", "tracking.enabled=false"]),
+        engine=recorded_engine())
+    assert (summary.read, summary.with_units) == (files.read + 1, files.with_units)
+    assert summary.rejected_by_reason == {**files.rejected_by_reason, "no_caption": 1}
+    from_shards = {r.sample_id: r.units for r in read_units(str(tmp_path / "out" / "units"))}
+    from_files = {r.sample_id: r.units for r in read_units(str(tmp_path / "files" / "units"))}
+    assert from_shards == from_files and len(from_files) == files.with_units
 
 
 # The extraction driver, joined to the test session's Ray; a pause after each shard's
@@ -231,13 +266,14 @@ def test_the_cli_extracts_a_shard_pattern(ray_session, tmp_path, capsys):
     assert "2 of 5 shards do not exist" in capsys.readouterr().err
 
 
-# The driver joined to the session's Ray with S3 credentials for its job's workers (on a
-# cluster they come from the instance profile): the shards are opened in the read tasks.
-_S3_EXTRACTOR = textwrap.dedent("""
+# A driver joined to the session's Ray whose job's workers get its S3 credentials and
+# NLTK_DATA (on a cluster: the instance profile, and the image's NLTK data): the shard
+# tasks open the shards and run the caption shuffles. Prints the summary's counts.
+_JOINED_EXTRACTOR = textwrap.dedent("""
     import json, os, sys
     import ray
-    aws = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
-    ray.init(address=sys.argv[1], runtime_env={"env_vars": aws}, log_to_driver=False,
+    env = {k: v for k, v in os.environ.items() if k.startswith("AWS_") or k == "NLTK_DATA"}
+    ray.init(address=sys.argv[1], runtime_env={"env_vars": env}, log_to_driver=False,
              configure_logging=False)
     from csclip.config import load_config
     from csclip.config.extract import ExtractConfig
@@ -245,6 +281,13 @@ _S3_EXTRACTOR = textwrap.dedent("""
     summary = run_shard_extraction(load_config(ExtractConfig, None, sys.argv[2:]))
     print(json.dumps([summary.read, summary.with_units, summary.rejected_by_reason]))
 """)
+
+
+def _joined(ray_session, overrides: list[str], **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _JOINED_EXTRACTOR,
+                           ray_session.get_runtime_context().gcs_address, *overrides],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, **env})
 
 
 def test_s3_shards_are_read_by_the_tasks(ray_session, s3_endpoint, monkeypatch, tmp_path):
@@ -257,44 +300,41 @@ def test_s3_shards_are_read_by_the_tasks(ray_session, s3_endpoint, monkeypatch, 
         overrides = ["input.format=webdataset", "input.uri=s3://csclip-shards/laion/{000..002}.tar",
                      "backend.name=rules", "tracking.enabled=false",
                      "output.uri=s3://csclip-shards/units"]
-        done = subprocess.run([sys.executable, "-c", _S3_EXTRACTOR,
-                               ray_session.get_runtime_context().gcs_address, *overrides],
-                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
+        done = _joined(ray_session, overrides)
         assert done.returncode == 0, done.stderr[-3000:]
         marker = json.loads(s3.get_object(Bucket="csclip-shards", Key="units/_done/001.json")[
             "Body"].read())
         # A shard the bucket lacks stops the run in one line: no marker says it was read.
-        missing = subprocess.run([sys.executable, "-c", _S3_EXTRACTOR,
-                                  ray_session.get_runtime_context().gcs_address,
-                                  *overrides[:1], "input.uri=s3://csclip-shards/laion/{002..003}.tar",
-                                  *overrides[2:4], "output.uri=s3://csclip-shards/other"],
-                                 cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
-        others = s3.list_objects_v2(Bucket="csclip-shards", Prefix="other/_done/").get("Contents", [])
+        missing = _joined(ray_session, [
+            *overrides[:1], "input.uri=s3://csclip-shards/laion/{002..003}.tar",
+            *overrides[2:4], "output.uri=s3://csclip-shards/other"])
+        others = {o["Key"] for o in s3.list_objects_v2(
+            Bucket="csclip-shards", Prefix="other/_done/").get("Contents", [])}
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [
         local.read, local.with_units, local.rejected_by_reason]
     assert marker["uri"] == "s3://csclip-shards/laion/001.tar" and marker["read"] == 4
     assert missing.returncode != 0
     assert "DataError: cannot open shard s3://csclip-shards/laion/003.tar" in missing.stderr
-    assert others == []
+    assert "other/_done/003.json" not in others  # 002 may have finished before
 
 
-def test_swap_negatives_go_into_each_shards_units(ray_session, tmp_path, monkeypatch):
+def test_swap_negatives_go_into_each_shards_units(ray_session, tmp_path):
     pytest.importorskip("spacy")
-    nltk = pytest.importorskip("nltk")
+    pytest.importorskip("nltk")
     from swap_negatives_helpers import tagged_pipeline, untrained_punkt
 
     from csclip.config.world import PALETTE, SHAPES, SIZES
     from csclip.units import stored_shuffles
 
-    monkeypatch.setattr(nltk.data, "path", [str(untrained_punkt(tmp_path / "nltk_data"))])
-    nltk.tokenize._get_punkt_tokenizer.cache_clear()  # NLTK keeps the tables it loaded
     model = tmp_path / "tagger"
     tagged_pipeline({"NOUN": list(SHAPES), "ADJ": [*PALETTE, *SIZES]}).to_disk(model)
     pattern, _ = world_shards(tmp_path / "shards", 2)
-    run_shard_extraction(_config(pattern, tmp_path / "out", "backend.name=gold",
-                                 "swap_negatives.enabled=true",
-                                 f"swap_negatives.spacy_model={model}"))
-    nltk.tokenize._get_punkt_tokenizer.cache_clear()
+    done = _joined(ray_session, [
+        "input.format=webdataset", f"input.uri={pattern}", "backend.name=gold",
+        f"output.uri={tmp_path / 'out'}", "tracking.enabled=false",
+        "swap_negatives.enabled=true", f"swap_negatives.spacy_model={model}"],
+        NLTK_DATA=str(untrained_punkt(tmp_path / "nltk_data")))
+    assert done.returncode == 0, done.stderr[-3000:]
     records = read_units(str(tmp_path / "out" / "units"))
     assert len(records) == 8 and all(stored_shuffles(r) for r in records)
     assert {r.meta["shard"] for r in records} == {"00000", "00001"}

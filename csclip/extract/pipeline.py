@@ -21,6 +21,7 @@ import logging
 import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -168,11 +169,14 @@ class Output:
         return pq.read_table(io.BytesIO(storage.read_bytes(self.fs, self.path(*parts))))
 
     def done_shards(self) -> dict[int | str, dict]:
-        """The done markers' counts by shard: its number (`part-K`) or its stem."""
+        """The done markers' counts by shard: its number (`part-K`) or its stem. Read 32 at
+        a time: on S3 each is a GET, and a LAION-sized run has ~41k shards."""
         markers = storage.list_files(self.fs, self.path(EXTRACTION_DONE_DIR), ".json")
         names = [p.rsplit("/", 1)[-1][: -len(".json")] for p in markers]
-        return {int(name[5:]) if name.startswith("part-") else name:
-                json.loads(storage.read_bytes(self.fs, p)) for name, p in zip(names, markers, strict=True)}
+        with ThreadPoolExecutor(max_workers=32) as pool:
+            counts = pool.map(lambda p: json.loads(storage.read_bytes(self.fs, p)), markers)
+            return {int(name[5:]) if name.startswith("part-") else name: c
+                    for name, c in zip(names, counts, strict=True)}
 
     def has(self, *parts: str) -> bool:
         return storage.exists(self.fs, self.path(*parts))
@@ -211,13 +215,13 @@ def check_manifest(out: Output, config: ExtractConfig, shards: dict) -> None:
     storage.write_bytes_atomic(out.fs, out.path(MANIFEST), json.dumps(manifest, indent=1).encode())
 
 
-def finish_shard(out: Output, shard: int | str, results: pa.Table, expected: int,
-                 authors_format: bool = False,
-                 shuffles: Callable[[list[UnitsRecord]], list[UnitsRecord]] | None = None,
-                 extra: dict | None = None) -> dict:
-    """Write units, rejects (the raw answers, the authors' format), then the done marker
-    of one shard (its number or stem: _part); return its counts. shuffles: adds the
-    records' caption shuffles (swap_negatives.enabled). extra: more fields of the marker."""
+def write_shard(out: Output, shard: int | str, results: pa.Table, expected: int,
+                authors_format: bool = False,
+                shuffles: Callable[[list[UnitsRecord]], list[UnitsRecord]] | None = None,
+                extra: dict | None = None) -> dict:
+    """Write units, rejects (the raw answers, the authors' format) of one shard (its number
+    or stem: _part); return the counts of its done marker. shuffles: adds the records'
+    caption shuffles (swap_negatives.enabled). extra: more fields of the marker."""
     rows = results.to_pylist()
     ids = [r["sample_id"] for r in rows]
     # Every caption of the shard comes back exactly once, or the accounting is wrong.
@@ -250,11 +254,15 @@ def finish_shard(out: Output, shard: int | str, results: pa.Table, expected: int
         "items_rejected_by_reason": dict(Counter(r["reason"] for r in rejects if r["level"] == "item")),
         **(extra or {}),
     }
+    return counts
+
+
+def mark_done(out: Output, shard: int | str, counts: dict) -> None:
+    """The shard's done marker, after its files: a rerun skips it from now on."""
     storage.write_bytes_atomic(out.fs, out.path(EXTRACTION_DONE_DIR, _part(shard, ".json")),
                                json.dumps(counts).encode())
     if out.has("_stage1", _part(shard, ".parquet")):
         storage.delete_file(out.fs, out.path("_stage1", _part(shard, ".parquet")))
-    return counts
 
 
 # ---------------------------------------------------------------------------------------
@@ -344,8 +352,9 @@ def _extract(config: ExtractConfig, engine: Engine | None = None,
 
     def finished(shard: int, results: pa.Table) -> None:
         nonlocal written
-        done[shard] = finish_shard(out, shard, results, expected[shard],
-                                   config.output.format == "authors", shuffles)
+        done[shard] = write_shard(out, shard, results, expected[shard],
+                                  config.output.format == "authors", shuffles)
+        mark_done(out, shard, done[shard])
         written += 1
         log.info("extract: shard %d/%d written (%d/%d shards done)", shard + 1, num_shards,
                  len(done), num_shards)

@@ -7,16 +7,21 @@ csclip.shards.read.iter_shard with images=False), not `ray.data.read_webdataset`
 2.60's reader fails the whole read on a repeated key or member, a shard cut short or bad
 JSON, passes a sample without caption on as a row without `txt`, and reads every member's
 bytes before its `fileselect` filter. iter_shard yields each bad sample as a rejection with
-its reason (stage "read") and never keeps an image's bytes. The driver takes the shards in
-windows of output.shards_per_window: it reads a window's captions (so it knows each
-shard's row count), sends them through the backend (pipeline.run_backend: rules on CPU
-tasks, vllm on its GPU actor stage) and writes each shard when its last row is back. It
-holds two windows' captions at most (the next one is read while the backend runs), never
-all of them.
+its reason (stage "read") and never keeps an image's bytes; a task reads its whole shard,
+so it knows the shard's row count.
+
+gold, rules: the task that reads a shard also runs the backend (pipeline.backend_stage)
+and writes the shard's units and rejects; the driver gets a row per shard (counts, 64-bit
+key hashes), checks the keys and writes the marker. It never holds captions or units:
+writing them in the driver capped a run at ~3,900 captions per driver CPU-second
+(docs/performance.md). vllm: windows of output.shards_per_window shards; the driver reads
+a window's captions (the next window's while the engines work), sends them through the
+engine stage (pipeline.run_backend) and writes each shard when its last row is back.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -44,15 +49,17 @@ from csclip.extract.pipeline import (
     ExtractSummary,
     Output,
     ShardCallback,
+    backend_stage,
     check_manifest,
     checked_output,
     collect_shards,
-    finish_shard,
+    mark_done,
     repair_parked,
     run_backend,
     shuffles_for,
     summarize,
     write_complete,
+    write_shard,
 )
 from csclip.extract.vllm import Engine
 from csclip.ownership import output_lease
@@ -100,11 +107,11 @@ def sample_rows(uri: str, shard: int, split: str, endpoint_url: str | None) -> I
     """SAMPLE_SCHEMA rows of one shard, in the tar's order. sample_id is the sample's key;
     image_id and split are its JSON's when it has them (else the key, `split`); the world's
     shards carry their gold units in the JSON's gold_json. A shard that cannot be opened is
-    one rejected row (unreadable_shard)."""
+    one row marked CANNOT_OPEN, on which the driver stops the run."""
     stem = shard_stem(uri)
     try:
         samples = list(iter_shard(uri, images=False, endpoint_url=endpoint_url))
-    except DataError as err:  # the driver stops the run (read_window): no marker is written
+    except DataError as err:  # raised by the driver, where it ends the run with one line
         samples = [ShardSample(uri, "", reject=CANNOT_OPEN, detail=str(err))]
     seen: dict[str, int] = {}
     for index, sample in enumerate(samples):
@@ -135,30 +142,10 @@ def _gold_json(text: object, sample_id: str) -> tuple[str | None, str | None, st
     return json.dumps({**gold, "sample_id": sample_id}, sort_keys=True), None, None
 
 
-def read_shards_stage(batch: pa.Table, *, split: str, endpoint_url: str | None) -> pa.Table:
-    """Ray Data stage: rows (`shard`, `uri`) -> the samples of those shards (SAMPLE_SCHEMA)."""
-    rows = [row for shard, uri in zip(batch.column("shard").to_pylist(),
-                                      batch.column("uri").to_pylist(), strict=True)
-            for row in sample_rows(uri, shard, split, endpoint_url)]
-    return pa.Table.from_pylist(rows, schema=SAMPLE_SCHEMA)
-
-
-def read_window(shards: Sequence[int], uris: Sequence[str], cfg: InputConfig) -> pa.Table:
-    """The samples of `shards` (indices into `uris`), one Ray Data task per shard."""
-    items = [{"shard": k, "uri": uris[k]} for k in shards]
-    ds = ray.data.from_items(items, override_num_blocks=len(items))
-    ds = ds.map_batches(partial(read_shards_stage, split=cfg.split or "train",
-                                endpoint_url=cfg.endpoint_url),
-                        batch_format="pyarrow", batch_size=1)
-    tables = list(ds.iter_batches(batch_format="pyarrow", batch_size=None))
-    samples = pa.concat_tables(tables) if tables else SAMPLE_SCHEMA.empty_table()
-    unopened = samples.filter(pc.equal(samples.column("reject"), CANNOT_OPEN))
-    if unopened.num_rows:
-        raise DataError(f"{unopened.column('detail')[0].as_py()} ({unopened.num_rows} of "
-                        f"{len(shards)} shards of this window); check the credentials and "
-                        "input.endpoint_url, or leave missing shards out of input.uri (then "
-                        "into a new output.uri)")
-    return samples
+def read_shard(uri: str, shard: int, cfg: InputConfig) -> pa.Table:
+    """The samples of one shard (SAMPLE_SCHEMA)."""
+    return pa.Table.from_pylist(list(sample_rows(uri, shard, cfg.split or "train",
+                                                 cfg.endpoint_url)), schema=SAMPLE_SCHEMA)
 
 
 def read_rejects(samples: pa.Table) -> pa.Table:
@@ -176,77 +163,103 @@ def read_rejects(samples: pa.Table) -> pa.Table:
 # ---------------------------------------------------------------------------------------
 
 class KeyIndex:
-    """The 64-bit hashes of every sample_id of the output (8 bytes a sample, sorted), so a
+    """The 64-bit hashes of the sample_ids of every shard written (8 bytes a sample), so a
     key that another shard holds too is found without keeping the ids; a hash that comes
     back is checked against the written ids before it is called a repeat."""
 
+    # Hashes of new shards wait in `recent` (sorted, each searched) until this many keys or
+    # shards, then join `merged`: a linear merge per ~million keys, not one per shard.
+    MERGE_AT, MERGE_SHARDS = 1 << 20, 64
+
     def __init__(self, out: Output):
         self.out = out
-        self.hashes = np.empty(0, np.uint64)
+        self.merged = np.empty(0, np.uint64)
+        self.recent: list[np.ndarray] = []
+        self.stems: set[str] = set()
 
     def seed(self, stems: set[str]) -> None:
-        """Add the ids of shards already written (a resumed run)."""
-        for folder, where in self._record_rows():
+        """Add the shards written by an earlier run (read back from their files)."""
+        for folder, where in RECORD_ROWS:
             files = [f for f in self._files(folder) if _stem_of(f) in stems]
             if files:
-                ids = pads.dataset(files, filesystem=self.out.fs, format="parquet").to_table(
-                    columns=["sample_id"], filter=where).column("sample_id").to_pylist()
-                self._merge(np.array([key_hash(i) for i in ids], np.uint64))
+                dataset = pads.dataset(files, filesystem=self.out.fs, format="parquet")
+                for batch in dataset.to_batches(columns=["sample_id"], filter=where):
+                    self.recent.append(np.sort(np.array(
+                        [key_hash(i) for i in batch.column(0).to_pylist()], np.uint64)))
+        self.stems |= stems
+        self._merge()
 
-    def add(self, samples: pa.Table, stems: Sequence[str]) -> None:
-        """Add a window's samples. Raises DataError naming a sample_id that two of its shards
-        hold, or that it shares with a shard written before."""
+    def add(self, stem: str, hashes: np.ndarray, ids: Callable[[], list[str]]) -> None:
+        """Add one shard's hashes (`ids`: its ids, asked for only when a hash is known).
+        Raises DataError naming a key that a shard added before holds too."""
+        hits = np.zeros(len(hashes), bool)
+        for known in (self.merged, *self.recent):
+            at = np.minimum(np.searchsorted(known, hashes), max(len(known) - 1, 0))
+            hits |= known[at] == hashes if len(known) else False
+        if hits.any():
+            wanted = set(hashes[hits].tolist())
+            found = self._written([i for i in ids() if key_hash(i) in wanted])
+            if found is not None:
+                raise _repeat(found[0], found[1], stem)
+        self.recent.append(np.sort(hashes))
+        self.stems.add(stem)
+        if (len(self.recent) >= self.MERGE_SHARDS
+                or sum(len(r) for r in self.recent) >= self.MERGE_AT):
+            self._merge()
+
+    def check_window(self, samples: pa.Table, stems: Sequence[str]) -> None:
+        """Refuse (DataError) a sample_id that two shards of a window read but not yet
+        written hold (`add` checks against written shards only)."""
         ids = samples.column("sample_id")
         counts = pc.value_counts(ids)
         repeated = counts.filter(pc.greater(counts.field("counts"), 1))
         if len(repeated):
             key = repeated[0]["values"].as_py()
-            where = samples.filter(pc.equal(ids, key)).column("shard").to_pylist()
-            raise self._repeat(key, stems[where[0]], stems[where[1]])
-        hashes = samples.column("key_hash").to_numpy()
-        at = np.minimum(np.searchsorted(self.hashes, hashes), max(len(self.hashes) - 1, 0))
-        hits = self.hashes[at] == hashes if len(self.hashes) else np.zeros(len(hashes), bool)
-        if hits.any():
-            candidates = pc.filter(ids, pa.array(hits)).to_pylist()
-            found = self._written(candidates)
-            if found is not None:
-                key, stem = found
-                shard = samples.filter(pc.equal(ids, key)).column("shard")[0].as_py()
-                raise self._repeat(key, stem, stems[shard])
-        self._merge(hashes)
+            first, second = samples.filter(pc.equal(ids, key)).column("shard").to_pylist()[:2]
+            raise _repeat(key, stems[first], stems[second])
 
-    def _merge(self, hashes: np.ndarray) -> None:
-        # Two sorted runs: the stable sort (timsort) merges them in linear time.
-        self.hashes = np.sort(np.concatenate([self.hashes, np.sort(hashes)]), kind="stable")
-
-    @staticmethod
-    def _record_rows() -> list[tuple[str, pc.Expression | None]]:
-        """The files that hold a sample's row, and which of their rows those are."""
-        return [("units", None), ("rejects", pc.field("level") == "record")]
+    def _merge(self) -> None:
+        # Sorted runs: the stable sort (timsort) merges them in about linear time.
+        self.merged = np.sort(np.concatenate([self.merged, *self.recent]), kind="stable")
+        self.recent = []
 
     def _written(self, candidates: list[str]) -> tuple[str, str] | None:
-        """(sample_id, stem) of a written row with one of the `candidates` ids, or None
-        (their hashes only collided). Rare, so one file after the other."""
-        for folder, where in self._record_rows():
-            chosen = pc.field("sample_id").isin(candidates)
+        """(sample_id, stem) of a row of an added shard with one of the `candidates` ids,
+        or None (their hashes only collided). Rare, so one file after the other."""
+        chosen = pc.field("sample_id").isin(candidates)
+        for folder, where in RECORD_ROWS:
             for file in self._files(folder):
-                table = pq.read_table(file, filesystem=self.out.fs, columns=["sample_id"],
-                                      filters=chosen if where is None else where & chosen)
-                if table.num_rows:
-                    return table.column("sample_id")[0].as_py(), _stem_of(file)
+                if _stem_of(file) in self.stems:
+                    table = pq.read_table(file, filesystem=self.out.fs, columns=["sample_id"],
+                                          filters=chosen if where is None else where & chosen)
+                    if table.num_rows:
+                        return table.column("sample_id")[0].as_py(), _stem_of(file)
         return None
 
     def _files(self, folder: str) -> list[str]:
         return storage.list_files(self.out.fs, self.out.path(folder), ".parquet")
 
-    def _repeat(self, key: str, first: str, second: str) -> DataError:
-        return DataError(f"sample key {key!r} is in shard {first} and in shard {second}: samples "
-                         "need keys unique across shards (csclip shards makes them from the "
-                         "sample ids); fix the shards and extract into a new output.uri")
+
+def _repeat(key: str, first: str, second: str) -> DataError:
+    return DataError(f"sample key {key!r} is in shard {first} and in shard {second}: samples "
+                     "need keys unique across shards (csclip shards makes them from the "
+                     "sample ids); fix the shards and extract into a new output.uri")
+
+
+# The files that hold a sample's row, and which of their rows those are.
+RECORD_ROWS = (("units", None), ("rejects", pc.field("level") == "record"))
 
 
 def _stem_of(path: str) -> str:
     return path.rsplit("/", 1)[-1][: -len(".parquet")]
+
+
+def written_ids(out: Output, stem: str) -> list[str]:
+    """The sample_ids a shard's written units and rejects hold."""
+    return [i for folder, where in RECORD_ROWS if out.has(folder, f"{stem}.parquet")
+            for i in pq.read_table(out.path(folder, f"{stem}.parquet"), filesystem=out.fs,
+                                   columns=["sample_id"], filters=where
+                                   ).column("sample_id").to_pylist()]
 
 
 # ---------------------------------------------------------------------------------------
@@ -278,7 +291,8 @@ def run_shard_extraction(config: ExtractConfig, engine: Engine | None = None,
 
     engine: the LLM stage for backend vllm (tests pass a CPU stand-in). on_shard_written:
     called with a shard's stem after its marker. Raises DataError for shards that cannot be
-    listed, a sample key in two shards, or an output written from other input or backend.
+    listed or opened, a sample key in two shards, or an output written from other input or
+    backend.
     """
     output = checked_output(config)
     uris = shard_uris(config.input)  # a bad pattern fails before the lease
@@ -289,42 +303,38 @@ def run_shard_extraction(config: ExtractConfig, engine: Engine | None = None,
 def _extract_shards(config: ExtractConfig, uris: list[str], engine: Engine | None,
                     on_shard_written: ShardCallback | None) -> ExtractSummary:
     stems = [shard_stem(uri) for uri in uris]
-    shuffles = shuffles_for(config)
+    shuffles = shuffles_for(config)  # a missing spaCy model fails before any work
     out = Output(config.output)
     check_manifest(out, config, {"num_shards": len(uris)})
     done = out.done_shards()
     pending = [k for k, stem in enumerate(stems) if stem not in done]
-    parked = [k for k in pending if out.has("_stage1", f"{stems[k]}.parquet")]
-    fresh = [k for k in pending if k not in parked]
+    waiting = {_stem_of(f) for f in storage.list_files(out.fs, out.path("_stage1"), ".parquet")}
+    parked = [k for k in pending if stems[k] in waiting]
+    fresh = sorted(set(pending) - set(parked))
     log.info("extract: %d shards; %d done, %d to run, %d parked for repair", len(uris),
              len(uris) - len(pending), len(fresh), len(parked))
     progress = Progress(len(uris), len(uris) - len(pending))
 
-    def finished(shard: int, results: pa.Table) -> None:
-        stem = stems[shard]
-        counts = finish_shard(out, stem, results, results.num_rows,
-                              config.output.format == "authors", partial(
-                                  _tagged, stem=stem, shuffles=shuffles), {"uri": uris[shard]})
-        progress.shard_written(stem, counts["read"])
+    def mark(shard: int, counts: dict) -> None:
+        mark_done(out, stems[shard], counts)
+        progress.shard_written(stems[shard], counts["read"])
         if on_shard_written is not None:
-            on_shard_written(stem)
+            on_shard_written(stems[shard])
+
+    def finished(shard: int, results: pa.Table) -> None:
+        mark(shard, write_shard(out, stems[shard], results, results.num_rows,
+                                config.output.format == "authors",
+                                partial(_tagged, stem=stems[shard], shuffles=shuffles),
+                                {"uri": uris[shard]}))
 
     if parked:  # a killed run's first pass, waiting for its repair
         repair_parked(out, parked, config, engine, finished, stems.__getitem__)
     keys = KeyIndex(out)
-    keys.seed({stems[k] for k in range(len(stems)) if k not in fresh})
-    windows = [fresh[i:i + config.output.shards_per_window]
-               for i in range(0, len(fresh), config.output.shards_per_window)]
-    with ThreadPoolExecutor(max_workers=1) as reader:
-        # The next window is read while this one is in the backend.
-        reads: Iterator[Future] = (reader.submit(read_window, window, uris, config.input)
-                                   for window in windows)
-        ahead = list(itertools.islice(reads, 1))
-        for window in windows:
-            ahead.extend(itertools.islice(reads, 1))
-            samples = ahead.pop(0).result()
-            keys.add(samples, stems)
-            _run_window(out, window, samples, config, engine, finished, stems.__getitem__)
+    keys.seed(set(stems) - {stems[k] for k in fresh})
+    if config.backend.name == "vllm":
+        _run_windows(out, fresh, uris, config, engine, keys, finished)
+    else:
+        _run_tasks(out, fresh, uris, config, keys, mark)
     summary = summarize(out, config, stems, progress.written, None)
     write_complete(out, summary)
     return summary
@@ -336,6 +346,120 @@ def _tagged(records: list[UnitsRecord], *, stem: str,
     """The records with their shard in meta (and their caption shuffles, when on)."""
     records = [replace(r, meta={**r.meta, SHARD_META_KEY: stem}) for r in records]
     return shuffles(records) if shuffles is not None else records
+
+
+# ---------------------------------------------------------------------------------------
+# gold, rules: a Ray Data task per shard reads, extracts and writes it
+# ---------------------------------------------------------------------------------------
+
+TASK_SCHEMA = pa.schema([("shard", pa.int64()), ("counts_json", pa.string()),
+                         ("error", pa.string()), ("key_hashes", pa.list_(pa.uint64()))])
+
+
+@functools.lru_cache(maxsize=1)
+def _worker_config(config_json: str) -> tuple[ExtractConfig, Callable | None]:
+    """The config a task was sent (validated again) and its shuffles, once per worker."""
+    config = ExtractConfig.model_validate_json(config_json)
+    return config, shuffles_for(config)
+
+
+def extract_shard_stage(batch: pa.Table, *, config_json: str) -> pa.Table:
+    """Ray Data stage: rows (`shard`, `uri`) -> each shard read, extracted (backend_stage)
+    and its units and rejects written; its marker's counts and its keys' hashes go back to
+    the driver, which checks the keys and then writes the marker."""
+    config, shuffles = _worker_config(config_json)
+    out = Output(config.output)
+    rows = []
+    for shard, uri in zip(batch.column("shard").to_pylist(), batch.column("uri").to_pylist(),
+                          strict=True):
+        samples = read_shard(uri, shard, config.input)
+        if pc.any(pc.equal(samples.column("reject"), CANNOT_OPEN)).as_py():
+            rows.append({"shard": shard, "error": samples.column("detail")[0].as_py()})
+            continue
+        rejected = pc.is_valid(samples.column("reject"))
+        kept = samples.filter(pc.invert(rejected)).drop_columns(["reject", "detail", "key_hash"])
+        results = pa.concat_tables([read_rejects(samples.filter(rejected)),
+                                    backend_stage(kept, backend=config.backend.name)])
+        counts = write_shard(out, shard_stem(uri), results, results.num_rows, False,
+                             partial(_tagged, stem=shard_stem(uri), shuffles=shuffles),
+                             {"uri": uri})
+        rows.append({"shard": shard, "counts_json": json.dumps(counts),
+                     "key_hashes": samples.column("key_hash").combine_chunks()})
+    return pa.Table.from_pylist(rows, schema=TASK_SCHEMA)
+
+
+def _run_tasks(out: Output, shards: list[int], uris: list[str], config: ExtractConfig,
+               keys: KeyIndex, mark: Callable[[int, dict], None]) -> None:
+    """One Ray Data execution over every shard to run: the driver gets a row per shard
+    (counts and key hashes), never the captions or units."""
+    if not shards:
+        return
+    items = [{"shard": k, "uri": uris[k]} for k in shards]
+    ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
+        partial(extract_shard_stage, config_json=config.model_dump_json()),
+        batch_format="pyarrow", batch_size=1)
+    for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
+        hashes = batch.column("key_hashes")
+        for index, row in enumerate(batch.select(["shard", "counts_json", "error"]).to_pylist()):
+            if row["error"] is not None:
+                raise _cannot_open(row["error"])
+            stem = shard_stem(uris[row["shard"]])
+            keys.add(stem, hashes[index].values.to_numpy(zero_copy_only=False),
+                     partial(written_ids, out, stem))
+            mark(row["shard"], json.loads(row["counts_json"]))
+
+
+def _cannot_open(detail: str) -> DataError:
+    return DataError(f"{detail}; check the credentials and input.endpoint_url, or leave the "
+                     "shard out of input.uri (and extract into a new output.uri)")
+
+
+# ---------------------------------------------------------------------------------------
+# vllm: windows of shards through the engine stage
+# ---------------------------------------------------------------------------------------
+
+def read_window(shards: Sequence[int], uris: Sequence[str], cfg: InputConfig) -> pa.Table:
+    """The samples of `shards` (indices into `uris`), one Ray Data task per shard."""
+    items = [{"shard": k, "uri": uris[k]} for k in shards]
+    ds = ray.data.from_items(items, override_num_blocks=len(items))
+    ds = ds.map_batches(partial(read_shards_stage, input_json=cfg.model_dump_json()),
+                        batch_format="pyarrow", batch_size=1)
+    tables = list(ds.iter_batches(batch_format="pyarrow", batch_size=None))
+    samples = pa.concat_tables(tables) if tables else SAMPLE_SCHEMA.empty_table()
+    unopened = samples.filter(pc.equal(samples.column("reject"), CANNOT_OPEN))
+    if unopened.num_rows:
+        raise _cannot_open(unopened.column("detail")[0].as_py())
+    return samples
+
+
+def read_shards_stage(batch: pa.Table, *, input_json: str) -> pa.Table:
+    """Ray Data stage: rows (`shard`, `uri`) -> the samples of those shards (SAMPLE_SCHEMA)."""
+    cfg = InputConfig.model_validate_json(input_json)
+    return pa.concat_tables([read_shard(uri, shard, cfg) for shard, uri in zip(
+        batch.column("shard").to_pylist(), batch.column("uri").to_pylist(), strict=True)])
+
+
+def _run_windows(out: Output, fresh: list[int], uris: list[str], config: ExtractConfig,
+                 engine: Engine | None, keys: KeyIndex,
+                 finished: Callable[[int, pa.Table], None]) -> None:
+    """The engine over windows of output.shards_per_window shards (the next one read while
+    the engine works on this one): each window's captions go to the engine stage at once."""
+    size = config.output.shards_per_window
+    windows = [fresh[i:i + size] for i in range(0, len(fresh), size)]
+    with ThreadPoolExecutor(max_workers=1) as reader:
+        reads: Iterator[Future] = (reader.submit(read_window, window, uris, config.input)
+                                   for window in windows)
+        ahead = list(itertools.islice(reads, 1))
+        for window in windows:
+            ahead.extend(itertools.islice(reads, 1))
+            samples = ahead.pop(0).result()
+            keys.check_window(samples, [shard_stem(uri) for uri in uris])
+            for shard in window:  # before any of the window is written
+                mine = samples.filter(pc.equal(samples.column("shard"), shard))
+                keys.add(shard_stem(uris[shard]), mine.column("key_hash").to_numpy(),
+                         mine.column("sample_id").to_pylist)
+            _run_window(out, window, samples, config, engine, finished,
+                        lambda k: shard_stem(uris[k]))
 
 
 def _run_window(out: Output, window: list[int], samples: pa.Table, config: ExtractConfig,
