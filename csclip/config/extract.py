@@ -220,10 +220,10 @@ class OutputConfig(StrictModel):
     # A JSON Lines file (local or s3://) of every request sent, rebuilt after the run from
     # the stored answers (csclip.extract.answers.prompt_requests).
     dump_prompts: str | None = None
-    # webdataset input: shards whose captions the driver reads and sends through the
-    # backend at once (LAION: ~10k captions, ~2 MB a shard). The driver holds one window's
-    # captions; with vllm each window starts the engines once (minutes), so a window
-    # should take far longer than that on the engines.
+    # webdataset input with backend vllm: shards whose captions the driver reads and sends
+    # to the engines at once (LAION: ~10k captions, ~2 MB a shard; it holds two windows).
+    # Each window starts the engines once (minutes): make a window take far longer than
+    # that. gold and rules run a task per shard and need no window.
     shards_per_window: int = Field(64, ge=1)
 
 
