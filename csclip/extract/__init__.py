@@ -5,4 +5,5 @@ Importing the package imports none of its modules; `__all__` names the public on
 """
 
 __all__ = ["answers", "authors", "authors_prompts", "backends", "captions", "lexicon",
-           "pipeline", "prompt_sets", "prompts", "quality", "rules", "swap_negatives", "vllm"]
+           "pipeline", "prompt_sets", "prompts", "quality", "rules", "shards", "swap_negatives",
+           "vllm"]

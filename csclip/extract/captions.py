@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 
 # A file's format from its suffix (resolve_format); .json is told apart by name, else content.
 SUFFIX_FORMATS: dict[str, InputFormat] = {".txt": "txt", ".csv": "csv", ".tsv": "csv",
-                                          ".jsonl": "jsonl"}
+                                          ".jsonl": "jsonl",
+                                          ".tar": "webdataset"}
 
 # One row per caption. `image_path` is the image reference (URI or path relative to
 # input.image_root); world rows carry the rendered PNG in `image_bytes` and their gold
@@ -227,7 +228,8 @@ _FILE_READERS = {"karpathy": iter_karpathy, "coco": iter_coco, "sugarcrepe": ite
 
 def resolve_format(cfg: InputConfig) -> InputConfig:
     """`cfg` with input.format decided: as given; "world" without input.uri; else from the
-    file's name: .txt, .csv / .tsv, .jsonl by suffix; a .json by name (Karpathy's
+    file's name: .txt, .csv / .tsv, .jsonl, .tar (a webdataset shard pattern) by suffix; a
+    .json by name (Karpathy's
     `dataset_*.json`, COCO's `captions_*.json`), else by its content (read once more).
 
     Raises DataError for a directory or a suffix that names no format.
@@ -249,7 +251,7 @@ def resolve_format(cfg: InputConfig) -> InputConfig:
                         "a directory of SugarCrepe subsets; input.format)")
     else:
         raise DataError(f"{cfg.uri}: the suffix {suffix or '(none)'!r} names no caption format "
-                        f"(.txt, .csv, .tsv, .jsonl, .json); give --format (input.format)")
+                        f"(.txt, .csv, .tsv, .jsonl, .json, .tar); give --format (input.format)")
     log.info("input %s read as format %s (from its name or content; --format to override)",
              cfg.uri, fmt)
     return cfg.model_copy(update={"format": fmt})
