@@ -28,8 +28,10 @@ import urllib.request
 from pathlib import Path
 
 import cluster_harness as harness
+import pyarrow.parquet as pq
 import pytest
 from paper_fixtures import write_flickr8k, write_zeroshot_paper
+from swap_negatives_helpers import tagged_pipeline, untrained_punkt
 from test_quickstart import parse_blocks
 from walkthrough_fixtures import (
     complete_suites,
@@ -37,7 +39,9 @@ from walkthrough_fixtures import (
     write_negclip_checkpoint,
 )
 
+from csclip.config.world import PALETTE, SHAPES, SIZES
 from csclip.eval.report import EVALUATION_COMPLETE
+from csclip.units import SWAP_NEGATIVES_META
 
 CLUSTER_DOC = harness.REPO_ROOT / "docs" / "cluster.md"
 WALKTHROUGH = ("## The run, stage by stage", "## Time and cost")
@@ -52,6 +56,8 @@ CLUSTER_ONLY: dict[str, str] = {
     "aws s3 ": "the fixtures, written into a local folder that stands for the bucket",
     "ray rsync-up ": "a NegCLIP-format file of csclip-tiny in the head's home folder",
     "ray down ": "the head stopped at the end",
+    "ray exec ": "a stand-in spaCy pipeline and NLTK Punkt tables this test writes "
+                 "(en_core_web_sm cannot be downloaded here: tests/swap_negatives_helpers.py)",
 }
 SUITES = "paper,zeroshot_paper,coco_retrieval,flickr8k_retrieval"
 # What the rehearsal changes in the doc's commands: (the doc's text, the rehearsal's).
@@ -61,6 +67,10 @@ REHEARSAL_CHANGES: tuple[tuple[str, str], ...] = (
     # The LLM stage: the rules backend on CPU (the authors' prompt set on the real engine
     # is tests/test_vllm_engine.py's; their outputs, tests/test_authors_extraction.py's).
     ("--prompts authors --out-format authors", "--set backend.name=rules"),
+    # The authors' caption shuffles on a stand-in tagger (shapes as nouns, colours and
+    # sizes as adjectives) and untrained Punkt tables: the stage runs whole, on CPU.
+    ("--set swap_negatives.enabled=true",
+     "--set swap_negatives.enabled=true --set swap_negatives.spacy_model=<spacy-standin>"),
     # The jobs one after another on two cores.
     (" --no-wait", ""),
     # OpenAI's weights cannot be downloaded here: csclip-tiny, random weights.
@@ -199,6 +209,10 @@ def test_the_walkthrough_against_a_real_ray_head(tmp_path, monkeypatch):
     # Without the venv's bin first on PATH the job's `python` is the system one.
     env = harness.isolated_env(ray_tmp, CSCLIP_CACHE_DIR=str(tmp_path / "cache"),
                                **cluster_vars)
+    # What the walk-through's `ray exec` installs on the head, as stand-ins.
+    env["NLTK_DATA"] = str(untrained_punkt(tmp_path / "nltk_data"))
+    standin = tmp_path / "spacy-standin"
+    tagged_pipeline({"NOUN": list(SHAPES), "ADJ": [*PALETTE, *SIZES]}).to_disk(standin)
     env.pop("MLFLOW_TRACKING_URI", None)
     # Clients that know nothing of the token, or have a wrong one.
     without = {k: v for k, v in env.items() if k not in cluster_vars}
@@ -252,7 +266,8 @@ def test_the_walkthrough_against_a_real_ray_head(tmp_path, monkeypatch):
         write_flickr8k(bucket / "bench")
         complete_suites(bucket / "bench", tuple(SUITES.split(",")))
         write_negclip_checkpoint(home / "negclip.pth")                # ray rsync-up
-        places = {"s3://MY-BUCKET": str(bucket), "/home/ray": str(home)}
+        places = {"s3://MY-BUCKET": str(bucket), "/home/ray": str(home),
+                  "<spacy-standin>": str(standin)}
         used: set[str] = set()
         outputs: dict[str, str] = {}
         for command in walkthrough_commands(CLUSTER_DOC.read_text()):
@@ -273,6 +288,10 @@ def test_the_walkthrough_against_a_real_ray_head(tmp_path, monkeypatch):
                     places["<sweep>"] = sweep.group(1)
                     assert sweep.group(2) == f"{bucket}/runs/tune/{sweep.group(1)}-report"
         assert used == {doc for doc, _ in REHEARSAL_CHANGES}
+        # The extraction wrote the authors' caption shuffles, which paper.yaml trains on.
+        units = pq.read_table(bucket / "units" / "coco-qwen3-8b" / "units").to_pylist()
+        shuffled = [r for r in units if any(k == SWAP_NEGATIVES_META for k, _ in r["meta"] or ())]
+        assert len(shuffled) >= len(units) // 2, (len(shuffled), len(units))
         assert set(places) >= {"<csclip-run>", "<clip-run>", "<sweep>"}
         for run in (places["<csclip-run>"], places["<clip-run>"]):
             checkpoint = bucket / "runs" / "train" / run
