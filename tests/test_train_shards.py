@@ -165,7 +165,7 @@ def test_no_epoch_of_a_run_on_shards_shuffles_or_sorts(world_shards, tmp_path, r
             with contextlib.redirect_stdout(printed):
                 dataset.explain()  # Ray Data's logical and physical plans
             operators = printed.getvalue()
-            assert "MapBatches(read_group)" in operators, operators
+            assert "MapBatches(group_task)" in operators, operators
             for all_to_all in ("Shuffle", "Sort", "Repartition", "Aggregate", "Join", "Zip"):
                 assert all_to_all not in operators, operators
 
@@ -202,3 +202,16 @@ def test_one_and_two_workers_train_the_same_steps_on_shards_and_a_kill_resumes_m
     [before, after] = read_loss_log(losses)[0]
     assert before == one[:4]
     assert after == one[resumed:]  # to the last bit
+
+
+def test_a_task_reads_consecutive_groups_until_it_holds_enough_rows(world_shards):
+    from csclip.train.shards import task_spans
+
+    pattern, units = world_shards
+    shards = plan_shards(DataConfig(shards=pattern, units_uri=units))
+    groups = epoch_groups(shards, 0, 0, 1)  # a group per shard: 8, 8, 8, 6 rows in some order
+    assert task_spans(groups, 1) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    spans = task_spans(groups, 16)
+    assert spans[0] == (0, 2) and spans[-1][1] == 4  # every group once, in order
+    assert [g for a, b in spans for g in range(a, b)] == [0, 1, 2, 3]
+    assert task_spans(groups, 1000) == [(0, 4)]

@@ -332,14 +332,74 @@ def group_items(groups: Sequence[ShardGroup]) -> list[dict]:
                          "held": list(s.held)} for s in g.shards]} for g in groups]
 
 
+# Each process's last epoch orders (group_task): a task recomputes its epoch's groups from
+# the shard list rather than the driver holding every epoch's groups.
+_GROUPS: dict[tuple, tuple[list[ShardGroup], list[tuple[int, int]]]] = {}
+# A task reads consecutive groups until it holds this many rows: a task costs Ray Data a few
+# ms, which small shards would pay per sample (a LAION shard of 10k is one task alone).
+MIN_ROWS_PER_TASK = 1024
+
+
+def task_spans(groups: Sequence[ShardGroup], min_rows: int = MIN_ROWS_PER_TASK
+               ) -> list[tuple[int, int]]:
+    """[start, end) of the groups each task reads: consecutive groups, at least
+    `min_rows` rows a task (the last may hold fewer)."""
+    spans, start, rows = [], 0, 0
+    for index, group in enumerate(groups):
+        rows += group.rows
+        if rows >= min_rows:
+            spans.append((start, index + 1))
+            start, rows = index + 1, 0
+    if start < len(groups):
+        spans.append((start, len(groups)))
+    return spans
+
+
+def _epoch_plan(shards: list, seed: int, epoch: int, buffer_rows: int
+                ) -> tuple[list[ShardGroup], list[tuple[int, int]]]:
+    ref = shards[0]
+    key = (ref.hex() if hasattr(ref, "hex") else id(ref), seed, epoch, buffer_rows)
+    if key not in _GROUPS:
+        import ray  # noqa: PLC0415  a training step runs without Ray (tests/test_layout.py)
+
+        while _GROUPS:
+            _GROUPS.pop(next(iter(_GROUPS)))
+        groups = epoch_groups(ray.get(ref) if hasattr(ref, "hex") else ref, seed, epoch,
+                              buffer_rows)
+        _GROUPS[key] = groups, task_spans(groups)
+    return _GROUPS[key]
+
+
+def group_task(batch: pa.Table, *, shards: list, seed: int, epoch: int, buffer_rows: int,
+               read_kwargs: dict, sample_kwargs: dict) -> dict[str, np.ndarray]:
+    """Map function over one task index of `epoch` (a one-row batch of ray.data.range):
+    the rows of its span of groups read (read_group, group after group: position order)
+    and their text slots drawn for the epoch (csclip.train.stream.sample_batch), in one
+    task. shards: a one-element list holding the ObjectRef of the run's TrainShard list
+    (put once, shared by every epoch)."""
+    [index] = batch.column("id").to_pylist()
+    groups, spans = _epoch_plan(shards, seed, epoch, buffer_rows)
+    start, end = spans[index]
+    tables = [read_group(pa.Table.from_pylist(group_items([group])), seed=seed, epoch=epoch,
+                         **read_kwargs) for group in groups[start:end]]
+    rows = tables[0] if len(tables) == 1 else pa.concat_tables(
+        [t for t in tables if t.num_rows] or tables[:1])
+    return sample_batch(rows, seed=seed, epoch=epoch, **sample_kwargs)
+
+
 def shard_datasets(shards: Sequence[TrainShard], *, data: DataConfig, sampling: SamplingConfig,
                    preprocess_cfg: dict, model_name: str, seed: int, num_epochs: int,
-                   steps_per_epoch: int, num_workers: int, objective, dataset_name,
-                   rows_per_block: int = 128) -> dict:
+                   steps_per_epoch: int, num_workers: int, objective, dataset_name) -> dict:
     """Ray Train's datasets of a run on shards, by name: one per epoch (batch_scope
     "worker", split over the workers) or one per epoch and worker ("global"). Lazy: an
-    epoch no worker asks for never reads a shard. dataset_name(epoch, rank)."""
-    import ray.data  # noqa: PLC0415  a training step runs without Ray (tests/test_layout.py)
+    epoch no worker asks for never reads a shard. dataset_name(epoch, rank).
+
+    One task reads and samples a span of groups of at least MIN_ROWS_PER_TASK rows
+    (group_task): as two map_batches, Ray Data fused them into tasks of 128 groups (the
+    larger batch size of the two), which made the first batch wait for 128 groups. The
+    driver holds the shard list once (an ObjectRef) and, per epoch, a ray.data.range over
+    the task indices: no per-group item."""
+    import ray  # noqa: PLC0415  a training step runs without Ray (tests/test_layout.py)
 
     worker_batch = worker_batch_size(data.batch_size, data.batch_scope, num_workers)
     kept_rows = steps_per_epoch * worker_batch * num_workers
@@ -347,21 +407,23 @@ def shard_datasets(shards: Sequence[TrainShard], *, data: DataConfig, sampling: 
                                else [None])
     preprocess = preprocess_key(preprocess_cfg)
     sample_kwargs = {"sampling": sampling.model_dump(mode="json"), "model_name": model_name,
-                     "seed": seed, "columns": list(objective.columns),
+                     "columns": list(objective.columns),
                      "image_shape": image_shape(preprocess_cfg), "preprocess": preprocess,
                      "normalize": False}
+    shards_ref = [ray.put(list(shards))]
     datasets = {}
     for epoch in range(num_epochs):
-        items = group_items(epoch_groups(shards, seed, epoch, data.shard_buffer))
+        num_tasks = len(task_spans(epoch_groups(shards, seed, epoch, data.shard_buffer)))
         for rank in ranks:
-            groups = deterministic(ray.data.from_items(items, override_num_blocks=len(items)))
-            rows = groups.map_batches(read_group, batch_size=1, batch_format="pyarrow", fn_kwargs={
-                "seed": seed, "epoch": epoch, "rank": rank, "worker_batch": worker_batch,
-                "num_workers": num_workers, "kept_rows": kept_rows, "preprocess": preprocess,
-                "model_name": model_name, "augment": data.augment,
-                "image_foils": "image_foil" in objective.image_columns,
-                "layout": objective.layout})
-            datasets[dataset_name(epoch, rank or 0)] = rows.map_batches(
-                sample_batch, batch_format="pyarrow", batch_size=rows_per_block,
-                fn_kwargs={**sample_kwargs, "epoch": epoch})
+            read_kwargs = {"rank": rank, "worker_batch": worker_batch, "num_workers": num_workers,
+                           "kept_rows": kept_rows, "preprocess": preprocess,
+                           "model_name": model_name, "augment": data.augment,
+                           "image_foils": "image_foil" in objective.image_columns,
+                           "layout": objective.layout}
+            groups = deterministic(ray.data.range(num_tasks, override_num_blocks=num_tasks))
+            datasets[dataset_name(epoch, rank or 0)] = groups.map_batches(
+                group_task, batch_size=1, batch_format="pyarrow", fn_kwargs={
+                    "shards": shards_ref, "seed": seed, "epoch": epoch,
+                    "buffer_rows": data.shard_buffer, "read_kwargs": read_kwargs,
+                    "sample_kwargs": sample_kwargs})
     return datasets
