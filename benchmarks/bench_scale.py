@@ -7,7 +7,7 @@ webdataset pipeline over the same shards.
 
 The synthetic world (csclip-tiny at 32 px: tiny PNGs, so that the per-sample and per-shard
 overheads show, not the decoding) is written as 10, 100 and 1000 shards of the same
-number of samples each (--quick: 16; --samples-per-shard), with the units output
+number of samples each (--quick: 32; --samples-per-shard), with the units output
 `csclip extract --format webdataset` writes (tests/shard_helpers.write_world_shards, the
 webdataset package's TarWriter). data.shard_buffer is --group-shards shards' samples:
 by default a group is one shard, as LAION's 10,000-sample shards are under the default
@@ -119,7 +119,7 @@ BATCH = 32
 OPEN_CLIP_WORKERS = (0, 1, 2)
 SUGARCREPE = ROOT.parent / "shared" / "data" / "sugarcrepe"
 # Ray Data's summary line of the read operator (fused with sample_batch): its task count.
-READ_TASKS = re.compile(r"MapBatches\(read_group\)\S*: (\d+) tasks executed")
+READ_TASKS = re.compile(r"MapBatches\(group_task\)\S*: (\d+) tasks executed")
 
 
 @dataclass(frozen=True)
@@ -461,7 +461,7 @@ def stage_costs(limit: int = 1000) -> dict[str, float]:
 
 def group_costs(root: Path, per_shard: int) -> dict[str, float]:
     """CPU ms per sample of csclip's read task alone, on one core in this process
-    (read_group, then sample_batch in blocks of 128 as the fused Ray Data task runs them;
+    (read_group, then sample_batch, as csclip.train.shards.group_task runs them;
     no Ray, no consumer), over 100 x per_shard world samples laid out three ways: shards
     of per_shard samples a shard a group, ten a group, and shards ten times larger a
     shard a group. Also the fixed CPU ms of a group of one shard that the first and the
@@ -704,7 +704,7 @@ def doc_section(args, results: Results) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="16 samples per shard, 2 repeats (the docs' setting, ~4-5 min)")
+                        help="32 samples per shard, 2 repeats (the docs' setting, ~6-8 min)")
     parser.add_argument("--samples-per-shard", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--counts", type=int, nargs="+", default=[10, 100, 1000])
@@ -726,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
         serve_open_clip()
         return 0
     if args.quick:
-        args.samples_per_shard, args.repeats = 16, 2
+        args.samples_per_shard, args.repeats = 32, 2
     if min(args.counts) < 2 or min(args.counts) * args.samples_per_shard < 2 * BATCH:
         parser.error(f"every set needs 2 shards and 2 batches ({2 * BATCH} samples): "
                      "open_clip's two DataLoader workers each drop their last partial batch")

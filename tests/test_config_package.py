@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 # DemoConfig's defaults, validated through DemoConfig()).
 CONFIG_FILES = {
     "coco.yaml": "train", "coco_authors.yaml": "train", "default.yaml": "train",
-    "paper.yaml": "train", "world_gpu.yaml": "demo", "extract_coco.yaml": "extract",
+    "paper.yaml": "train", "laion.yaml": "train", "world_gpu.yaml": "demo",
+    "extract_coco.yaml": "extract",
     "demo.yaml": "demo-deltas",
 }
 

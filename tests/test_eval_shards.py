@@ -460,7 +460,8 @@ def test_evaluate_reports_retrieval_over_shards_as_the_datasets_suite(
 
 @pytest.mark.parametrize(("argv", "line"), [
     (["--retrieval-shards", "coco"], "--retrieval-shards 'coco' is not NAME=PATTERN"),
-    (["--retrieval-shards", "cc3m=x.tar"], "no retrieval dataset ['cc3m']"),
+    (["--retrieval-shards", "CC-3M=x.tar"], "retrieval dataset name 'CC-3M'"),
+    (["--retrieval-shards", "ret=x.tar"], "retrieval dataset name 'ret'"),
     (["--retrieval-shards", "coco=a.tar", "--retrieval-shards", "coco=b.tar"],
      "--retrieval-shards names coco twice"),
     (["--retrieval-shards", "coco=x.tar", "--suite", "coco_retrieval", "--data-root", "r"],

@@ -25,7 +25,6 @@ from csclip.shards.read import iter_shard
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_DOC = REPO / "docs" / "cluster.md"
 SECTION = ("## A LAION-style run on shards", "## Watching it")
-SUGARCREPE = REPO.parent / "shared" / "data" / "sugarcrepe" / "add_att.json"
 NUM_CAPTIONS = 64
 # The doc's text and the rehearsal's: each must occur in the walk-through.
 REHEARSAL_CHANGES: tuple[tuple[str, str], ...] = (
@@ -75,9 +74,10 @@ def test_the_walkthrough_is_four_jobs_of_the_pipelines():
     assert [argv[0] for argv in argvs] == ["shards", "extract", "train", "evaluate"]
 
 
-def _write_csv_input(bucket: Path) -> None:
-    """64 real COCO captions, each with a small image of its own colour."""
-    captions = [item["caption"] for item in json.loads(SUGARCREPE.read_text()).values()]
+def _write_csv_input(bucket: Path, sugarcrepe: Path) -> None:
+    """64 real COCO captions, each with a small image of random pixels."""
+    captions = [item["caption"] for item in
+                json.loads((sugarcrepe / "add_att.json").read_text()).values()]
     images = bucket / "cc" / "images"
     images.mkdir(parents=True)
     rng = np.random.default_rng(0)
@@ -91,9 +91,10 @@ def _write_csv_input(bucket: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_laion_style_walkthrough_on_local_shards(ray_session, tmp_path, monkeypatch):
+def test_the_laion_style_walkthrough_on_local_shards(ray_session, tmp_path, monkeypatch,
+                                                     sugarcrepe_dir):
     bucket = tmp_path / "bucket"
-    _write_csv_input(bucket)
+    _write_csv_input(bucket, sugarcrepe_dir)
     monkeypatch.chdir(REPO)  # the jobs run from the project root (configs/laion.yaml)
     shards_argv, extract_argv, train_argv, evaluate_argv = rehearsal(bucket)
 
