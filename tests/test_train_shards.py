@@ -6,19 +6,26 @@ losses of an uninterrupted one."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import io
+import json
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from PIL import Image
 from shard_helpers import write_world_shards
 from train_helpers import read_loss_log
 
 from csclip.config import load_config
+from csclip.config.shards import ShardsOutputConfig
 from csclip.config.train import DataConfig, TrainConfig
 from csclip.config.world import WorldConfig
 from csclip.errors import ConfigError, DataError
 from csclip.model import spec_from_config
+from csclip.shards.read import iter_shard
 from csclip.train import finished_result, run
 from csclip.train.loop import WorkerHooks
 from csclip.train.shards import (
@@ -30,6 +37,7 @@ from csclip.train.shards import (
     shard_order,
 )
 from csclip.train.stream import preprocess_key
+from csclip.units import EXTRACTION_COMPLETE, EXTRACTION_DONE_DIR, records_to_table
 
 WORLD = WorldConfig(num_train=30, image_size=32)
 
@@ -215,3 +223,56 @@ def test_a_task_reads_consecutive_groups_until_it_holds_enough_rows(world_shards
     assert spans[0] == (0, 2) and spans[-1][1] == 4  # every group once, in order
     assert [g for a, b in spans for g in range(a, b)] == [0, 1, 2, 3]
     assert task_spans(groups, 1000) == [(0, 4)]
+
+
+def _same_image_pairs(image_ids: list[str], batch: int) -> int:
+    """Pairs of rows of one image inside a global batch, over every whole batch."""
+    pairs = 0
+    for start in range(0, len(image_ids) - batch + 1, batch):
+        counts = collections.Counter(image_ids[start:start + batch])
+        pairs += sum(n * (n - 1) // 2 for n in counts.values())
+    return pairs
+
+
+def test_an_epoch_holds_no_more_same_image_pairs_than_a_global_shuffle(tmp_path):
+    # COCO's layout: five captions an image, side by side in the source (sorted by id).
+    # `csclip shards` permutes them once when it writes; an epoch then permutes shards and
+    # groups of them only, and its batches hold about the pairs of a global shuffle, which
+    # is what today's per-epoch global shuffle exists for (false negatives of each other).
+    from csclip.shards.write import write_shards
+    from csclip.units import UnitsRecord
+
+    png = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 30, 30)).save(png, format="PNG")
+    rows = [{"sample_id": f"coco_{image:03d}_{k}", "image_id": str(image), "image_path": None,
+             "caption": f"photo {image} caption {k}", "split": "train",
+             "image_bytes": png.getvalue(), "gold_json": None}
+            for image in range(40) for k in range(5)]
+    out = tmp_path / "shards"
+    write_shards(rows, ShardsOutputConfig(uri=str(out), samples_per_shard=25, seed=3,
+                                          encoding="original"))
+    units = tmp_path / "units"
+    (units / "units").mkdir(parents=True)
+    (units / EXTRACTION_DONE_DIR).mkdir()
+    for tar in sorted(out.glob("*.tar")):
+        ids = [sample.key for sample in iter_shard(str(tar), images=False)]
+        records = [UnitsRecord(i, i.split("_")[1].lstrip("0") or "0", f"caption of {i}", "train")
+                   for i in ids]
+        pq.write_table(records_to_table(records), units / "units" / f"{tar.stem}.parquet")
+        (units / EXTRACTION_DONE_DIR / f"{tar.stem}.json").write_text(
+            json.dumps({"with_units": len(ids)}))
+    (units / EXTRACTION_COMPLETE).write_text("{}")
+    shards = plan_shards(DataConfig(shards=f"{out}/{{00000..00007}}.tar", units_uri=str(units)))
+    batch = 20
+    ours = []
+    for epoch in range(3):
+        read = _read(group_items(epoch_groups(shards, 0, epoch, 50)), rank=0, workers=1,
+                     worker_batch=batch, kept_rows=200, epoch=epoch)
+        assert read.num_rows == 200
+        ours.append(_same_image_pairs(read.column("image_id").to_pylist(), batch))
+    image_ids = [row["image_id"] for row in rows]
+    shuffled = [_same_image_pairs([image_ids[i] for i in np.random.default_rng(s).permutation(200)],
+                                  batch) for s in range(50)]
+    # A global shuffle: 10 batches x 190 pairs x 4/199 ~ 38 pairs; the source order: 400.
+    assert _same_image_pairs(image_ids, batch) == 400
+    assert np.mean(ours) <= 1.5 * np.mean(shuffled), (ours, np.mean(shuffled))
