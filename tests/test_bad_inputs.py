@@ -289,3 +289,18 @@ def test_an_overlong_caption_is_a_counted_rejection_of_the_rules_backend():
     assert outcome.detail == f"caption of {len(caption)} characters > {MAX_RULES_CAPTION_CHARS}"
     assert rules_outcome({"sample_id": "s", "image_id": "i", "caption": caption[:200],
                           "split": "val", "image_path": None, "image_bytes": None}).record
+
+
+def test_a_suites_image_path_that_leaves_its_folder_is_never_read(tmp_path):
+    # A benchmark file naming an absolute path, a URI or a path above its image folder:
+    # a counted skip (missing_image), not a file read from elsewhere and scored.
+    from csclip.eval.suites.core import MISSING_IMAGE, ImageFolder
+
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "a.jpg").write_bytes(b"jpeg")
+    (tmp_path / "secret.jpg").write_bytes(b"jpeg")
+    folder = ImageFolder(str(tmp_path / "images"))
+    assert folder.lookup("a.jpg") == (str(tmp_path / "images" / "a.jpg"), None)
+    for outside in ("../secret.jpg", str(tmp_path / "secret.jpg"), "images/../../secret.jpg",
+                    "s3://bucket/secret.jpg", "..\\secret.jpg"):
+        assert folder.lookup(outside) == (None, MISSING_IMAGE), outside

@@ -432,8 +432,10 @@ class ImageFolder:
 
     def lookup(self, relative: str) -> tuple[str | None, str | None]:
         """(URI, None) for an image that is there; (URI, "unreadable_image") for an
-        empty file; (None, "missing_image") when no root has it."""
-        variants = [relative] + [relative[len(p):] for p in self.strip if relative.startswith(p)]
+        empty file; (None, "missing_image") when no root has it. A path that leaves the
+        folder (absolute, a URI, or `..` above it) is never read: no root has it."""
+        variants = [v for v in [relative] + [relative[len(p):] for p in self.strip
+                                             if relative.startswith(p)] if _inside_folder(v)]
         for root in self.roots:
             for variant in variants:
                 uri = join(root, variant)
@@ -447,6 +449,13 @@ class ImageFolder:
         """The URI of a readable image, or None."""
         uri, reason = self.lookup(relative)
         return uri if reason is None else None
+
+
+def _inside_folder(relative: str) -> bool:
+    """Whether a record's relative image path stays inside the folder it is joined to."""
+    if not relative or "://" in relative or relative.startswith(("/", "\\")):
+        return False
+    return not posixpath.normpath(relative.replace("\\", "/")).startswith("..")
 
 
 def listing(root: str, limit: int = 8) -> str:
