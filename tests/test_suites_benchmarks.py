@@ -256,3 +256,30 @@ def test_a_malformed_record_is_a_counted_rejection_not_a_failed_file(tmp_path):
     assert data.skip_counts[("vg_relation", "malformed_record")] == 1
     assert data.read()["vg_relation"] == len(rows) + 1
     assert data.scored()["vg_relation"] == len(rows)
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    (b"ANNO_PATH: [unclosed\n", "not a YAML corpus config"),
+    (b"\xff\xfe bad bytes", "not a YAML corpus config|not in the published format"),
+    (b'ANNO_PATH: "../../secret.json"\nIMG_ROOT: "vg"\n', "inside it"),
+    (b'ANNO_PATH: "data/Attribute/vg/color.json"\nIMG_ROOT: "/etc"\n', "inside it"),
+])
+def test_a_bad_vl_checklist_corpus_config_is_one_line(tmp_path, config, message):
+    import shutil
+
+    root = tmp_path / "vl_checklist"
+    shutil.copytree(FIXTURES / "vl_checklist", root)
+    (root / "corpus" / "v1" / "Attribute" / "color" / "vg.yaml").write_bytes(config)
+    with pytest.raises(DataError, match=message):
+        BENCHMARKS["vl_checklist"](str(tmp_path))
+
+
+def test_classnames_that_are_not_text_are_one_line(tmp_path):
+    from csclip.eval.zeroshot import load_image_folder
+
+    for name in ("cat", "dog"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "a.jpg").write_bytes(b"jpeg")
+    (tmp_path / "classnames.txt").write_bytes(b"cat\n\xff\xfedog\n")
+    with pytest.raises(DataError, match="classnames.txt: not UTF-8 text"):
+        load_image_folder(str(tmp_path))

@@ -97,8 +97,11 @@ def _read_lines(uri: str) -> list[str] | None:
     filesystem, path = filesystem_for(uri)
     if not exists(filesystem, path):
         return None
-    return [line.strip() for line in read_bytes(filesystem, path).decode().splitlines()
-            if line.strip()]
+    try:
+        text = read_bytes(filesystem, path).decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{uri}: not UTF-8 text (byte {err.start}); one name a line") from err
+    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 def load_image_folder(root: str, name: str | None = None) -> ZeroShotTask:

@@ -435,7 +435,7 @@ class ImageFolder:
         empty file; (None, "missing_image") when no root has it. A path that leaves the
         folder (absolute, a URI, or `..` above it) is never read: no root has it."""
         variants = [v for v in [relative] + [relative[len(p):] for p in self.strip
-                                             if relative.startswith(p)] if _inside_folder(v)]
+                                             if relative.startswith(p)] if inside_folder(v)]
         for root in self.roots:
             for variant in variants:
                 uri = join(root, variant)
@@ -451,7 +451,7 @@ class ImageFolder:
         return uri if reason is None else None
 
 
-def _inside_folder(relative: str) -> bool:
+def inside_folder(relative: str) -> bool:
     """Whether a record's relative image path stays inside the folder it is joined to."""
     if not relative or "://" in relative or relative.startswith(("/", "\\")):
         return False

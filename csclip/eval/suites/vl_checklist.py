@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow.fs as pafs
 import yaml
 
+from csclip.errors import DataError
 from csclip.eval.encoder import FeatureTables
 from csclip.eval.suites.core import (
     MALFORMED_RECORD,
@@ -20,6 +21,7 @@ from csclip.eval.suites.core import (
     TextChoice,
     exists,
     expect,
+    inside_folder,
     join,
     read_json,
 )
@@ -66,9 +68,17 @@ def load_vl_checklist(data_root: str, protocol: str = "official") -> SuiteData:
     for uri, parts in configs:
         subset = f"{parts[0].lower()}_{parts[1].lower()}" if len(parts) > 2 else parts[0].lower()
         filesystem, path = filesystem_for(uri)
-        config = yaml.safe_load(read_bytes(filesystem, path))
+        try:
+            config = yaml.safe_load(read_bytes(filesystem, path))
+        except (yaml.YAMLError, UnicodeDecodeError) as err:
+            raise DataError(f"{uri}: not a YAML corpus config "
+                            f"({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+                            ) from err
         expect(isinstance(config, dict) and {"ANNO_PATH", "IMG_ROOT"} <= set(config), uri,
                "a corpus config with ANNO_PATH and IMG_ROOT")
+        expect(all(isinstance(config[k], str) and inside_folder(config[k])
+                   for k in ("ANNO_PATH", "IMG_ROOT")), uri,
+               "ANNO_PATH and IMG_ROOT relative to the benchmark's folder, inside it")
         annotation = join(root, config["ANNO_PATH"])
         if not exists(annotation):
             continue  # a corpus whose annotation file is not here: not part of this copy
