@@ -86,6 +86,14 @@ def resolve_output(uri: str, field: str) -> str:
     return str(path.resolve())
 
 
+def inside_folder(relative: str) -> bool:
+    """Whether a relative path from a data file stays inside the folder it is joined to
+    (not absolute, not a URI, no `..` above it)."""
+    if not relative or "://" in relative or relative.startswith(("/", "\\")):
+        return False
+    return not posixpath.normpath(relative.replace("\\", "/")).startswith("..")
+
+
 def join(base: str, *parts: str) -> str:
     """Join path parts with "/" (valid for both local paths and S3 keys)."""
     return posixpath.join(base, *parts)

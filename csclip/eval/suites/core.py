@@ -20,7 +20,7 @@ import pyarrow.fs as pafs
 from csclip import storage
 from csclip.errors import DataError
 from csclip.eval.encoder import Encoder, FeatureTables, ImageSource
-from csclip.storage import filesystem_for, read_bytes
+from csclip.storage import filesystem_for, inside_folder, read_bytes
 
 log = logging.getLogger(__name__)
 
@@ -449,13 +449,6 @@ class ImageFolder:
         """The URI of a readable image, or None."""
         uri, reason = self.lookup(relative)
         return uri if reason is None else None
-
-
-def inside_folder(relative: str) -> bool:
-    """Whether a record's relative image path stays inside the folder it is joined to."""
-    if not relative or "://" in relative or relative.startswith(("/", "\\")):
-        return False
-    return not posixpath.normpath(relative.replace("\\", "/")).startswith("..")
 
 
 def listing(root: str, limit: int = 8) -> str:

@@ -21,11 +21,10 @@ from csclip.eval.suites.core import (
     TextChoice,
     exists,
     expect,
-    inside_folder,
     join,
     read_json,
 )
-from csclip.storage import filesystem_for, read_bytes
+from csclip.storage import filesystem_for, inside_folder, read_bytes
 
 LAYOUT = ("the repository's corpus/v1/<Attribute|Object|Relation>/.../<name>.yaml (ANNO_PATH, "
           "IMG_ROOT) and the data/ JSON files they name, with the image folders (vg/, swig/, "
