@@ -451,3 +451,18 @@ def test_two_preparations_at_once_write_the_table_once(ray_session, photos, tmp_
     assert both[0].uri == both[1].uri
     rows = pq.read_table(both[0].rows_uri)
     assert rows.num_rows == 6 and len(set(rows.column("sample_id").to_pylist())) == 6
+
+
+def test_a_units_table_of_relative_paths_reads_its_images_under_data_image_root(
+        ray_session, photos, tmp_path):
+    # train --image-root: the relative paths joined to it; one that leaves the folder is
+    # not read, and the check pass counts it with the images that do not decode.
+    from csclip.train.stream import plan_data, source_dataset
+
+    relative = [Path(p).name for p in photos[:3]] + ["../outside.jpg"]
+    (tmp_path / "outside.jpg").write_bytes(Path(photos[3]).read_bytes())
+    units = _units(relative, tmp_path / "coco" / "units" / "part-0.parquet")
+    data = DataConfig(units_uri=units, image_root=str(tmp_path / "images"), batch_size=2)
+    plan = plan_data(source_dataset(data), data, 1, 1, None)
+    assert (plan.num_rows, plan.num_decode_failures) == (6, 2)
+    assert set(plan.failed_ids) == {"s03-0", "s03-1"}

@@ -124,6 +124,9 @@ class DataConfig(StrictModel):
     # A units table (Parquet, local or s3://) with image_bytes or image_path; None trains
     # on the synthetic world generated from `world`.
     units_uri: str | None = None
+    # The folder (local or s3://) a units table's relative image paths are in; a path that
+    # leaves it is not read (counted with the images that do not decode). None: as written.
+    image_root: str | None = None
     # Webdataset shards to train on (a brace pattern, local or s3://:
     # 's3://bucket/laion/{00000..25599}.tar'); units_uri is then the output of `csclip
     # extract --format webdataset` over them (csclip.train.shards). None: units_uri's table.
@@ -170,6 +173,9 @@ class DataConfig(StrictModel):
         if self.prepare_images and self.augment:
             raise ValueError("data.prepare_images keeps one transformed image per sample, and "
                              "data.augment draws a new crop every epoch: turn one of them off")
+        if self.image_root is not None and (self.units_uri is None or self.shards is not None):
+            raise ValueError("data.image_root is the folder of a units table's relative image "
+                             "paths: give data.units_uri (the world and shards hold their images)")
         if self.shards is not None and self.units_uri is None:
             raise ValueError("data.shards needs data.units_uri: the output of `csclip extract "
                              "--format webdataset` over the same shards")

@@ -55,6 +55,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                            help="units table (Parquet, local or s3://) to train on instead of "
                                 "the synthetic world: data.units_uri (with --shards: the "
                                 "output of csclip extract --format webdataset over them)")
+    shortcuts.add_argument("--image-root", metavar="DIR|URI",
+                           help="folder of the units table's relative image paths: "
+                                "data.image_root")
     shortcuts.add_argument("--shards", metavar="PATTERN",
                            help="webdataset shards to train on, a brace pattern, local or "
                                 "s3:// ('DIR/{00000..00099}.tar'): data.shards")
@@ -80,7 +83,7 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
     return shortcut_overrides({
         "loss.method": args.method, "model.name": args.model,
         "model.pretrained": args.pretrained, "data.units_uri": args.units,
-        "data.shards": args.shards,
+        "data.shards": args.shards, "data.image_root": args.image_root,
         "run.storage_path": args.out, "optim.max_steps": args.max_steps, "optim.lr": args.lr,
         "data.batch_size": args.batch_size, "run.num_workers": args.workers,
         "run.use_gpu": args.gpu, "run.name": args.name,

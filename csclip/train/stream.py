@@ -27,6 +27,7 @@ import hashlib
 import io
 import logging
 import math
+import posixpath
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ from PIL import Image, UnidentifiedImageError
 from csclip.config.train import DataConfig, SamplingConfig
 from csclip.errors import DataError
 from csclip.preprocess import image_normalize, image_pixels, image_transform, tokenizer
-from csclip.storage import filesystem_for, read_bytes
+from csclip.storage import filesystem_for, inside_folder, read_bytes
 from csclip.train.image_foils import draw_foil_index, draw_image_foil, image_foil_candidates
 from csclip.train.sampling import sample_rng, sample_text_columns
 from csclip.units import (
@@ -87,7 +88,23 @@ def source_dataset(data: DataConfig):
         raise DataError(f"data.units_uri: cannot read {units_uri} ({err}); "
                         "point it at a units Parquet file or directory") from err
     split = data.split
-    return ds.filter(lambda row: row["split"] == split)
+    ds = ds.filter(lambda row: row["split"] == split)
+    if data.image_root is None:
+        return ds
+    return ds.map_batches(rooted_image_paths, batch_format="pyarrow",
+                          fn_kwargs={"root": data.image_root})
+
+
+def rooted_image_paths(batch: pa.Table, *, root: str) -> pa.Table:
+    """`batch` with each relative image_path joined to `root` (data.image_root); a path
+    that leaves it (absolute, a URI, `..` above it) becomes null: that row's image does
+    not decode, and the check pass counts and names it."""
+    if "image_path" not in batch.column_names:
+        return batch
+    paths = [posixpath.join(root, path) if path is not None and inside_folder(path) else None
+             for path in batch.column("image_path").to_pylist()]
+    index = batch.schema.get_field_index("image_path")
+    return batch.set_column(index, "image_path", pa.array(paths, pa.string()))
 
 
 def read_units_parquet(path: str, filesystem, columns: list[str] | None = None,
@@ -168,7 +185,8 @@ def read_image_bytes(uri: str, attempts: int = READ_ATTEMPTS,
         try:
             return read_bytes(fs, path)
         except DataError as err:  # not found: another try finds nothing either
-            raise DataError(f"image {uri} not found ({err}); check the units table's image_path "
+            raise DataError(f"image {uri} not found ({err}); check the units table's image_path, "
+                            "data.image_root (train --image-root) "
                             "or input.image_root") from err
         except OSError as err:
             if attempt >= attempts:
