@@ -122,11 +122,14 @@ def is_dir(fs: pafs.FileSystem, path: str) -> bool:
 
 
 def list_files(fs: pafs.FileSystem, path: str, suffix: str = "") -> list[str]:
-    """Sorted paths of the files directly under `path` ending in `suffix` ([] if none)."""
+    """Sorted paths of the files directly under `path` ending in `suffix` ([] if none).
+    Hidden files are left out: a write_bytes_atomic that a kill cut short leaves its
+    `.tmp-...` file, empty or partial, beside the finished ones."""
     if not exists(fs, path):
         return []
     infos = fs.get_file_info(pafs.FileSelector(path, recursive=False, allow_not_found=True))
-    return sorted(i.path for i in infos if i.type == pafs.FileType.File and i.path.endswith(suffix))
+    return sorted(i.path for i in infos if i.type == pafs.FileType.File
+                  and i.path.endswith(suffix) and not posixpath.basename(i.path).startswith("."))
 
 
 def write_bytes_atomic(fs: pafs.FileSystem, path: str, data: bytes) -> None:

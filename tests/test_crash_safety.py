@@ -373,3 +373,17 @@ def test_evaluation_killed_mid_way_reads_as_unfinished_then_the_rerun_finishes(t
     assert not list(out.glob(".partial-*"))
     listed = json.loads((out / EVALUATION_COMPLETE).read_text())["files"]
     assert set(listed) == {p.name for p in out.iterdir() if p.name != EVALUATION_COMPLETE}
+
+
+def test_a_write_cut_short_leaves_no_file_that_readers_list(tmp_path):
+    # write_bytes_atomic writes `.tmp-<hex>-<name>` and renames it; a SIGKILL between the
+    # two leaves that file, empty or partial, ending in the same suffix. Readers listing
+    # the finished files (extraction's done markers) must not see it.
+    import pyarrow.fs as pafs
+
+    from csclip.storage import list_files, write_bytes_atomic
+
+    fs = pafs.LocalFileSystem()
+    write_bytes_atomic(fs, str(tmp_path / "00000.json"), b'{"with_units": 3}')
+    (tmp_path / ".tmp-0123abcd-00001.json").write_bytes(b"")  # what a kill leaves
+    assert list_files(fs, str(tmp_path), ".json") == [str(tmp_path / "00000.json")]
