@@ -132,25 +132,32 @@ def make_data(folder: Path, num_images: int) -> tuple[str, str]:
     return str(units.parent), str(csv)
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_table() -> tuple[dict[int, int], dict[int, float]]:
+    """Every live process's parent and CPU seconds (user + system), from /proc."""
+    parent, times = {}, {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended while listed
+            continue
+        pid = int(entry.name)
+        parent[pid] = int(fields[1])
+        times[pid] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return parent, times
+
+
 class ProcessTreeCpu:
     """CPU seconds (user + system) of this process and every descendant: live ones read
     from /proc (Ray's workers are the raylet's children), reaped children through
     getrusage (DataLoader workers that ended)."""
 
-    _TICK = os.sysconf("SC_CLK_TCK")
-
     def _live(self) -> dict[int, float]:
-        parent, times = {}, {}
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:  # ended while listed
-                continue
-            pid = int(entry.name)
-            parent[pid] = int(fields[1])
-            times[pid] = (int(fields[11]) + int(fields[12])) / self._TICK
+        parent, times = process_table()
         tree, frontier = {os.getpid()}, [os.getpid()]
         while frontier:
             current = frontier.pop()

@@ -87,6 +87,7 @@ import pyarrow as pa  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
 import webdataset as wds  # noqa: E402
+from bench_datapath import process_table  # noqa: E402
 from open_clip.transform import PreprocessCfg, image_transform_v2  # noqa: E402
 from perfdoc import publish  # noqa: E402
 from PIL import Image  # noqa: E402
@@ -157,24 +158,12 @@ class TreeCpu:
     subtrees of `exclude` left out. A process that ends between two snapshots loses its
     share (none does here: Ray's workers and the DataLoader's live through a pass)."""
 
-    _TICK = os.sysconf("SC_CLK_TCK")
-
     def __init__(self, root: int | None = None, exclude: tuple[int, ...] = ()) -> None:
         self.root = root or os.getpid()
         self.exclude = set(exclude)
 
     def snapshot(self) -> dict[int, float]:
-        parent, times = {}, {}
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:  # ended while listed
-                continue
-            pid = int(entry.name)
-            parent[pid] = int(fields[1])
-            times[pid] = (int(fields[11]) + int(fields[12])) / self._TICK
+        parent, times = process_table()
         children: dict[int, list[int]] = {}
         for pid, ppid in parent.items():
             children.setdefault(ppid, []).append(pid)
