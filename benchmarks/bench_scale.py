@@ -83,7 +83,6 @@ os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 import numpy as np  # noqa: E402
 import open_clip  # noqa: E402
 import open_clip_train.data as open_clip_data  # noqa: E402
-import pyarrow as pa  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
 import webdataset as wds  # noqa: E402
@@ -475,7 +474,7 @@ def group_costs(root: Path, per_shard: int) -> dict[str, float]:
                          "normalize": False}
         started, samples = time.process_time(), 0
         for item in items:
-            rows = read_group(pa.Table.from_pylist([item]), seed=0, epoch=0, rank=None,
+            rows = read_group(item, seed=0, epoch=0, rank=None,
                               worker_batch=BATCH, num_workers=1, kept_rows=100 * per_shard,
                               preprocess=key, model_name=MODEL)
             for start in range(0, rows.num_rows, 128):

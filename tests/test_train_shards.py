@@ -63,7 +63,7 @@ def test_each_epoch_permutes_the_shards_and_groups_them_into_buffers(world_shard
 def _read(items, *, rank, workers, worker_batch, kept_rows, epoch=0, seed=0) -> pa.Table:
     cfg = spec_from_config(load_config(TrainConfig, None, [
         "model.name=csclip-tiny", "model.image_size=32"]).model).preprocess_cfg
-    tables = [read_group(pa.Table.from_pylist([item]), seed=seed, epoch=epoch, rank=rank,
+    tables = [read_group(item, seed=seed, epoch=epoch, rank=rank,
                          worker_batch=worker_batch, num_workers=workers, kept_rows=kept_rows,
                          preprocess=preprocess_key(cfg), model_name="csclip-tiny")
               for item in items]

@@ -268,14 +268,12 @@ def _pixels(key: str, data: bytes, shape: tuple[int, int, int], uri: str) -> np.
     return array
 
 
-def read_group(batch: pa.Table, *, seed: int, epoch: int, rank: int | None, worker_batch: int,
+def read_group(group: dict, *, seed: int, epoch: int, rank: int | None, worker_batch: int,
                num_workers: int, kept_rows: int, preprocess: tuple, model_name: str,
                augment: bool = False, image_foils: bool = False, layout=None) -> pa.Table:
-    """Map function over one ShardGroup (a one-row batch, as group_items makes it): the
-    rows this dataset serves, in position order, as TEXT_COLUMNS (+ meta), PIXELS,
-    CAPTION_TOKENS and POSITION (and the image-foil candidates / layout targets when the
+    """One ShardGroup (an item of group_items) read: the rows this dataset serves, in
+    position order, as TEXT_COLUMNS (+ meta), PIXELS, CAPTION_TOKENS and POSITION (and the image-foil candidates / layout targets when the
     objective needs them: csclip.train.stream.decode_batch)."""
-    [group] = batch.to_pylist()
     units = [_units(shard) for shard in group["shards"]]
     table = pa.concat_tables(units) if len(units) > 1 else units[0]
     positions = group_positions(table.num_rows, group["offset"], seed, epoch, group["index"])
@@ -380,8 +378,8 @@ def group_task(batch: pa.Table, *, shards: list, seed: int, epoch: int, buffer_r
     [index] = batch.column("id").to_pylist()
     groups, spans = _epoch_plan(shards, seed, epoch, buffer_rows)
     start, end = spans[index]
-    tables = [read_group(pa.Table.from_pylist(group_items([group])), seed=seed, epoch=epoch,
-                         **read_kwargs) for group in groups[start:end]]
+    tables = [read_group(item, seed=seed, epoch=epoch, **read_kwargs)
+              for item in group_items(groups[start:end])]
     rows = tables[0] if len(tables) == 1 else pa.concat_tables(
         [t for t in tables if t.num_rows] or tables[:1])
     return sample_batch(rows, seed=seed, epoch=epoch, **sample_kwargs)
