@@ -23,8 +23,8 @@ workers, raylet and GCS) and the wall time of one pass over every image:
 - open_clip 1w / 2w: open_clip_train's CsvDataset in a torch DataLoader (batch 64,
   shuffled, 1 or 2 workers); the class itself when open_clip_train.data imports (it needs
   webdataset and braceexpand), otherwise the same four lines here;
-- prepared: data.prepare_images's epochs (csclip.train.prepared), reading the uint8 pixels
-  prepared once and shipping them to the consumer, which normalises them (on the CPU here,
+- prepared: a units table's shards of uint8 pixels (csclip.train.table_shards, what training
+  on a units table reads), written once, read by every epoch and shipping them to the consumer, which normalises them (on the CPU here,
   on the GPU in training), four epochs in a row per timed sample (its epoch is short and
   Ray's background ticks would make one epoch's figure a coin toss); the preparation's own
   cost is reported apart.
@@ -256,23 +256,43 @@ def open_clip_loader(csv: str, workers: int):
 
 def csclip_pass(units: str, prepared: bool, method: str = "csclip") -> Callable[[], int]:
     """One epoch of csclip's training data, consumed as a worker does; `method` clip makes
-    only the caption's tokens (open_clip's CsvDataset's work), csclip all of CS-CLIP's."""
+    only the caption's tokens (open_clip's CsvDataset's work), csclip all of CS-CLIP's.
+    prepared: the table's shards of uint8 pixels (csclip.train.table_shards, what training
+    on a units table reads); otherwise the units decoded in every epoch (the world's
+    streamed path, csclip.train.stream.epoch_datasets)."""
     from csclip.config.loss import LossConfig
     from csclip.config.train import DataConfig, SamplingConfig
     from csclip.loss import objective_for
-    from csclip.train.prepared import ImageNormalizer, training_source
-    from csclip.train.stream import epoch_datasets
+    from csclip.train.prepared import ImageNormalizer
+    from csclip.train.shards import plan_shards, shard_datasets
+    from csclip.train.stream import deterministic, epoch_datasets, source_dataset
+    from csclip.train.table_shards import table_shards
 
-    data = DataConfig(units_uri=units, batch_size=BATCH, prepare_images=prepared)
+    data = DataConfig(units_uri=units, batch_size=BATCH)
     objective = objective_for(LossConfig(method=method), 2)
-    rows, _ = training_source(data, PREPROCESS, MODEL, objective)
     epoch = {"count": 0}
     worker = ImageNormalizer(PREPROCESS, "cpu")  # the epochs' uint8 pixels, as loop.py does
+    if prepared:
+        sharded = table_shards(data, seed=0, preprocess_cfg=PREPROCESS, model_name=MODEL).data(data)
+        shards = plan_shards(sharded)
+        num_rows = sum(shard.rows for shard in shards)
+
+        def epoch_dataset(seed: int):
+            return shard_datasets(shards, data=sharded, sampling=SamplingConfig(),
+                                  preprocess_cfg=PREPROCESS, model_name=MODEL, seed=seed,
+                                  num_epochs=1, steps_per_epoch=num_rows // BATCH,
+                                  num_workers=1, objective=objective,
+                                  dataset_name=lambda epoch, rank: "epoch")["epoch"]
+    else:
+        rows = deterministic(source_dataset(data))
+
+        def epoch_dataset(seed: int):
+            return epoch_datasets(rows, sampling=SamplingConfig(), preprocess_cfg=PREPROCESS,
+                                  model_name=MODEL, seed=seed, num_epochs=1,
+                                  objective=objective)[0]
 
     def run() -> int:
-        (dataset,) = epoch_datasets(rows, sampling=SamplingConfig(), preprocess_cfg=PREPROCESS,
-                                    model_name=MODEL, seed=epoch["count"], num_epochs=1,
-                                    objective=objective, prepared=prepared)
+        dataset = epoch_dataset(epoch["count"])
         epoch["count"] += 1
         return sum(len(worker(batch)["image"]) for batch in dataset.iter_torch_batches(
             batch_size=BATCH, local_shuffle_buffer_size=512))
@@ -320,13 +340,12 @@ def main(argv: list[str] | None = None) -> int:
     mark = cpu.snapshot()
     wall = time.perf_counter()
     from csclip.config.train import DataConfig
-    from csclip.train.prepared import prepare_images
+    from csclip.train.table_shards import table_shards
 
-    preparation = prepare_images(DataConfig(units_uri=units, prepare_images=True), PREPROCESS,
-                                 MODEL)
+    table_shards(DataConfig(units_uri=units), seed=0, preprocess_cfg=PREPROCESS, model_name=MODEL)
     prep_cpu, prep_wall = cpu.since(mark), time.perf_counter() - wall
-    print(f"prepared once: {prep_cpu:.1f} CPU-s, {prep_wall:.1f} s wall "
-          f"({preparation.seconds:.1f} s in prepare_images)", flush=True)
+    print(f"written once as shards of pixels: {prep_cpu:.1f} CPU-s, {prep_wall:.1f} s wall",
+          flush=True)
     open_clip_1, loader_source = open_clip_loader(csv, 1)
     open_clip_2, _ = open_clip_loader(csv, 2)
     variants: dict[str, Callable[[], int]] = {
@@ -399,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         f"cost is spread over every image, csclip/open_clip is {at_scale_ratio:.2f}. "
         f"open_clip: {loader_source}. Draft mode changes the tensor (up to "
         f"{draft_difference(paths):.2f} after normalisation), so csclip does not use it. "
-        f"Preparing the images once (data.prepare_images) took {prep_cpu:.1f} CPU-s "
+        f"Writing the table once as shards of pixels (csclip.train.table_shards) took {prep_cpu:.1f} CPU-s "
         f"({1000 * prep_cpu / args.images:.1f} CPU ms per image), {prep_wall:.1f} s wall; "
         "every epoch after it reads the prepared pixels.\n\n"
         f"csclip/open_clip CPU ratio {csclip_ratio:.2f}, prepared/full ratio "

@@ -17,7 +17,6 @@ from csclip.authors import read_authors_units
 from csclip.config.train import SamplingConfig
 from csclip.config.world import WorldConfig
 from csclip.model import create_bundle, spec_of
-from csclip.train.prepared import pixels_batch
 from csclip.train.sampling import NegativeKind, draw_caption_negative, sample_rng
 from csclip.train.stream import (
     decode_batch,
@@ -91,10 +90,7 @@ def test_every_training_path_carries_the_shuffles_and_nothing_else_of_meta():
     streamed = prepare_batch(table, preprocess=preprocess, **common)
     cached = sample_batch(decode_batch(table, preprocess=preprocess, model_name="csclip-tiny"),
                           image_shape=image_shape(spec.preprocess_cfg), **common)
-    prepared_rows = pixels_batch(table, preprocess=preprocess, model_name="csclip-tiny")
-    prepared = sample_batch(prepared_rows, image_shape=image_shape(spec.preprocess_cfg),
-                            preprocess=preprocess, **common)
-    for columns in (streamed, cached, prepared):
+    for columns in (streamed, cached):
         assert (columns["caption_negative"][1] == expected).all()
         assert not (columns["caption_negative"][0] == expected).all()
 

@@ -142,7 +142,7 @@ def test_shards_need_a_finished_extraction_and_refuse_what_they_cannot_do(tmp_pa
         plan_shards(DataConfig(shards=pattern, units_uri=str(tmp_path)))
     for overrides, message in [([f"data.shards={pattern}"], "needs data.units_uri"),
                                ([f"data.shards={pattern}", f"data.units_uri={units}",
-                                 "data.prepare_images=true"], "pixels encoding")]:
+                                 "data.prepare_images=true"], "written once as shards")]:
         with pytest.raises(ConfigError, match=message):
             load_config(TrainConfig, None, overrides)
 

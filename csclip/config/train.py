@@ -121,8 +121,9 @@ class DataConfig(StrictModel):
     """The `data` section of a training config."""
 
     world: WorldConfig = WorldConfig()
-    # A units table (Parquet, local or s3://) with image_bytes or image_path; None trains
-    # on the synthetic world generated from `world`.
+    # A units table (Parquet, local or s3://) with image_bytes or image_path, written once
+    # as webdataset shards beside it and trained on as shards (csclip.train.table_shards);
+    # None trains on the synthetic world generated from `world`.
     units_uri: str | None = None
     # The folder (local or s3://) a units table's relative image paths are in; a path that
     # leaves it is not read (counted with the images that do not decode). None: as written.
@@ -142,13 +143,14 @@ class DataConfig(StrictModel):
     # worker taking batch_size / W, the same rows in each step on any run.num_workers
     # (csclip.train.global_batch; the paper's run, configs/paper.yaml).
     batch_scope: Literal["worker", "global"] = "worker"
-    # Rows of the local shuffle buffer in each worker, on top of the global shuffle of every
-    # epoch (csclip.train.stream.epoch_order); 0 = none.
+    # Rows of the local shuffle buffer in each worker, on top of the epoch's order (the
+    # world's global shuffle, the shards' seeded order and buffer); 0 = none.
     shuffle_buffer: int = Field(512, ge=0)
     # Decode + transform every image once and keep its uint8 pixels (the transform before
     # normalisation, which the worker applies) in Ray's object store when they take at most
-    # this many MB (the world: 4000 images of 64 px = 47 MB); larger data (COCO), and any
-    # run with `augment`, decodes again in every epoch. 0: never cache.
+    # this many MB (the world: 4000 images of 64 px = 47 MB; a units table's are decoded
+    # once into its shards instead); a run with `augment` decodes again in every epoch.
+    # 0: never cache.
     image_cache_mb: int = Field(1024, ge=0)
     # open_clip's training transform (RandomResizedCrop, scale 0.9-1) instead of the eval
     # transform. The paper trains with the eval transform, hence off; seeded per sample.
@@ -158,33 +160,18 @@ class DataConfig(StrictModel):
     # only when the worker has a CUDA device).
     prefetch_batches: int = Field(2, ge=0)
     pin_memory: bool = True
-    # Decode once per run (csclip.train.prepared): a Ray Data pass writes every image's
-    # transformed uint8 pixels (the eval transform before normalisation, lossless) to a
-    # Parquet table in prepared_images/ beside the units table, keyed by the table's content
-    # and the transform; every epoch reads that instead of decoding the JPEGs again. The
-    # tensors are the same bit for bit. Needs a units table and the eval transform.
-    prepare_images: bool = False
     # Held out of training: this fraction of the rows (by sample_id, seeded by run.seed),
     # scored at each evaluation as val_contrastive_accuracy (csclip.train.holdout). 0: off.
     val_ratio: float = Field(0.0, ge=0.0, lt=1.0)
 
     @model_validator(mode="after")
-    def _prepared_images_need_units_and_eval_transform(self) -> DataConfig:
-        if self.prepare_images and self.augment:
-            raise ValueError("data.prepare_images keeps one transformed image per sample, and "
-                             "data.augment draws a new crop every epoch: turn one of them off")
+    def _sources_consistent(self) -> DataConfig:
         if self.image_root is not None and (self.units_uri is None or self.shards is not None):
             raise ValueError("data.image_root is the folder of a units table's relative image "
                              "paths: give data.units_uri (the world and shards hold their images)")
         if self.shards is not None and self.units_uri is None:
             raise ValueError("data.shards needs data.units_uri: the output of `csclip extract "
                              "--format webdataset` over the same shards")
-        if self.shards is not None and self.prepare_images:
-            raise ValueError("data.shards reads each epoch from the shards: data.prepare_images "
-                             "is their pixels encoding (csclip shards --encoding pixels)")
-        if self.prepare_images and self.units_uri is None:
-            raise ValueError("data.prepare_images needs data.units_uri (the synthetic world's "
-                             "images are decoded once already: data.image_cache_mb)")
         return self
 
 

@@ -15,7 +15,6 @@ import hashlib
 import io
 import json
 import logging
-import math
 import posixpath
 import re
 import tempfile
@@ -40,7 +39,7 @@ from csclip.shards.layout import PIXELS_SUFFIX, SHARDS_MANIFEST, stats_name
 
 __all__ = ["EMPTY_CAPTION", "MISSING_IMAGE", "NO_IMAGE", "OUTSIDE_IMAGE_ROOT", "REJECTS_FILE",
            "UNDECODABLE_IMAGE", "UNREADABLE_IMAGE", "PixelEncoding", "ShardsSummary",
-           "read_manifest", "sample_key", "shard_name", "write_shards"]
+           "read_manifest", "sample_key", "shard_name", "shard_samples", "write_shards"]
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +123,22 @@ def sample_key(sample_id: str) -> str:
 def shard_name(index: int) -> str:
     """The shard file of index `index`: `00042.tar`."""
     return f"{index:05d}.tar"
+
+
+def shard_chunks(num_read: int, output: ShardsOutputConfig) -> list[list[int]]:
+    """The positions (in sample_id order) each shard holds before rejections: the samples
+    permuted once by output.seed, cut into runs of output.samples_per_shard."""
+    order = np.random.default_rng(output.seed).permutation(num_read).tolist()
+    size = output.samples_per_shard
+    return [order[start:start + size] for start in range(0, num_read, size)]
+
+
+def shard_samples(sample_ids: Sequence[str], output: ShardsOutputConfig) -> dict[str, list[str]]:
+    """The sample ids write_shards puts in each shard (by stem, `00042`) before its
+    rejections, in the order written."""
+    ids = sorted(sample_ids)
+    return {posixpath.splitext(shard_name(index))[0]: [ids[i] for i in chunk]
+            for index, chunk in enumerate(shard_chunks(len(ids), output))}
 
 
 def read_manifest(uri: str, endpoint_url: str | None = None) -> dict | None:
@@ -248,16 +263,15 @@ def _refuse_foreign(fs: pafs.FileSystem, path: str, uri: str) -> None:
 def _write(uri: str, num_read: int, prepare: Callable[[int], dict | _Rejected],
            sample_ids: list[str], output: ShardsOutputConfig, settings: dict) -> ShardsSummary:
     fs, path = storage.filesystem_for(uri, output.endpoint_url)
-    order = np.random.default_rng(output.seed).permutation(num_read)
-    size = output.samples_per_shard
-    num_shards = math.ceil(num_read / size)
+    chunks = shard_chunks(num_read, output)
+    num_shards = len(chunks)
     shards, rejects, rejected = [], [], Counter()
     tar_writer = _tar_writer()  # its import (torch's) out of the first shard's time
     started = time.monotonic()
     with ThreadPoolExecutor(output.num_threads) as pool:
         for index in range(num_shards):
             name = shard_name(index)
-            chunk = order[index * size:(index + 1) * size].tolist()
+            chunk = chunks[index]
             samples, shard_rejected = [], Counter()
             for position, prepared in zip(chunk, pool.map(prepare, chunk), strict=True):
                 if isinstance(prepared, _Rejected):
@@ -274,7 +288,7 @@ def _write(uri: str, num_read: int, prepare: Callable[[int], dict | _Rejected],
             shards.append({"name": name, "count": len(samples)})
             rejected.update(shard_rejected)
             _log_progress(name, len(samples), shard_rejected, index + 1, num_shards,
-                          min(num_read, (index + 1) * size), num_read, started)
+                          sum(map(len, chunks[:index + 1])), num_read, started)
     table = pa.Table.from_pylist(rejects, schema=REJECTS_SCHEMA)
     sink = io.BytesIO()
     pq.write_table(table, sink)

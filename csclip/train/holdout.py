@@ -25,7 +25,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from csclip.errors import ConfigError
-from csclip.train.stream import deterministic, prepare_batch, preprocess_key, source_dataset
+from csclip.train.stream import (
+    PIXELS,
+    image_shape,
+    prepare_batch,
+    preprocess_key,
+    sample_batch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +76,7 @@ def split_source(data, seed: int, source, checked) -> tuple[Any, Any, list, int]
     if not held:
         raise ConfigError(f"data.val_ratio {data.val_ratio}: {len(ids)} training rows hold "
                           "no held-out row; raise it or set it to 0")
-    # The prepared table has pixels, not the units row: the held-out rows come from units.
-    rows = source if not data.prepare_images else deterministic(source_dataset(data))
-    held_rows = rows.map_batches(keep_rows, fn_kwargs={"ids": held}, batch_format="pyarrow")
+    held_rows = source.map_batches(keep_rows, fn_kwargs={"ids": held}, batch_format="pyarrow")
     refs = held_rows.materialize().to_arrow_refs()
     kw = {"fn_kwargs": {"ids": held}, "batch_format": "pyarrow"}
     log.info("data.val_ratio %g: %d of %d training rows held out (seed %d), never trained on",
@@ -111,8 +115,14 @@ class HeldOut:
         slots = int(sampling.get("num_unit_slots", 0))
         columns = ["caption", "caption_negative",
                    *[f"unit_{k}" for k in range(slots)], *[f"foil_{k}" for k in range(slots)]]
-        out = prepare_batch(table, sampling=sampling, preprocess=preprocess_key(preprocess_cfg),
-                            model_name=model_name, seed=seed, epoch=0, columns=columns)
+        preprocess = preprocess_key(preprocess_cfg)
+        if PIXELS in table.column_names:  # from shards of uint8 pixels, tokens made
+            out = sample_batch(table, sampling=sampling, model_name=model_name, seed=seed,
+                               epoch=0, image_shape=image_shape(preprocess_cfg),
+                               columns=columns, preprocess=preprocess)
+        else:
+            out = prepare_batch(table, sampling=sampling, preprocess=preprocess,
+                                model_name=model_name, seed=seed, epoch=0, columns=columns)
         if not out:
             raise ConfigError("data.val_ratio: no held-out image decodes")
         self.image = out["image"]
@@ -161,7 +171,8 @@ class HeldOut:
 
 
 def load_held_out(refs: Sequence, config) -> HeldOut | None:
-    """Rank 0's HeldOut from the driver's refs (None when there are none)."""
+    """Rank 0's HeldOut from the driver's refs (None when there are none): units rows
+    with their images' bytes, or rows of uint8 pixels (csclip.train.shards.held_out_rows)."""
     if not refs:
         return None
     import ray  # noqa: PLC0415  a training step runs without Ray (tests/test_layout.py)

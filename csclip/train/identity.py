@@ -31,7 +31,7 @@ IDENTITY_FIELDS: tuple[str, ...] = (
 # Identity fields added after runs were named: part of the hash only when not at their
 # default, so the runs named before them keep their names (and resume).
 IDENTITY_FIELDS_WHEN_SET: tuple[str, ...] = ("model.lock", "data.augment", "data.batch_scope",
-                                              "data.prepare_images", "data.shards", "data.shard_buffer",
+                                              "data.shards", "data.shard_buffer",
                                               "data.image_root",
                                               "run.resume_from",
                                               "loss.ranking_loss_weight", "loss.ranking_margin",

@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -78,7 +78,7 @@ from csclip.train.identity import (  # noqa: F401  (re-exported)
 )
 from csclip.train.lookahead import NextEpoch, epochs_ahead
 from csclip.train.optim import lr_at
-from csclip.train.prepared import ImageNormalizer, training_source
+from csclip.train.prepared import ImageNormalizer, world_rows
 from csclip.train.shards import held_out_rows, plan_shards, shard_datasets
 from csclip.train.step import (
     StepMetrics,
@@ -93,7 +93,9 @@ from csclip.train.stream import (
     local_shuffle_seed,
     plan_data,
     plan_steps,
+    preprocess_key,
 )
+from csclip.train.table_shards import table_shards
 from csclip.train.warm_start import add_layout_head, layout_question
 
 logger = logging.getLogger(__name__)
@@ -586,7 +588,10 @@ def _train(config: TrainConfig, callbacks: Sequence = (), *, hooks: WorkerHooks 
     # instance, and Ray Data then warns that a dataset will hang.
     with _DRIVER_DATA_PASSES:
         if config.data.shards is not None:
-            plan, datasets, heldout, num_held = _shard_training(config, spec, objective)
+            plan, datasets, heldout, num_held = _shard_training(config, config.data, spec,
+                                                                objective)
+        elif config.data.units_uri is not None:
+            plan, datasets, heldout, num_held = _table_training(config, spec, objective)
         else:
             plan, datasets, heldout, num_held = _source_training(config, spec, objective)
         logger.info("run %s: %d rows (%d undecodable), %d epochs, %d steps", name, plan.num_rows,
@@ -617,11 +622,12 @@ def _train(config: TrainConfig, callbacks: Sequence = (), *, hooks: WorkerHooks 
 
 
 def _source_training(config: TrainConfig, spec, objective) -> tuple:
-    """(plan, datasets, held-out refs, held-out count) of a run on the world or a units
-    table: a check pass decodes every image once, each epoch is a seeded global order."""
-    source, checked = training_source(config.data, spec.preprocess_cfg, config.model.name,
-                                      objective)
-    source, checked, heldout, num_held = split_source(config.data, config.run.seed, source, checked)
+    """(plan, datasets, held-out refs, held-out count) of a run on the synthetic world:
+    its rows rendered once, a check pass decodes every image once, each epoch is a seeded
+    global order."""
+    source = world_rows(config.data)
+    source, checked, heldout, num_held = split_source(config.data, config.run.seed, source,
+                                                      source)
     plan = plan_data(checked, config.data, config.run.num_workers, config.optim.epochs,
                      config.optim.max_steps)
     check_data_cpus(config.run)
@@ -630,28 +636,42 @@ def _source_training(config: TrainConfig, spec, objective) -> tuple:
     build = partial(epoch_datasets, source, sampling=config.sampling,
                     preprocess_cfg=spec.preprocess_cfg, model_name=config.model.name,
                     seed=config.run.seed, num_epochs=plan.num_epochs,
-                    augment=config.data.augment, objective=objective, cache_images=cache_images,
-                    prepared=config.data.prepare_images)
+                    augment=config.data.augment, objective=objective, cache_images=cache_images)
     datasets = training_datasets(build, plan, config.data.batch_scope, config.run.seed,
                                  config.run.num_workers, config.data.batch_size)
     return plan, datasets, heldout, num_held
 
 
-def _shard_training(config: TrainConfig, spec, objective) -> tuple:
+def _table_training(config: TrainConfig, spec, objective) -> tuple:
+    """(plan, datasets, held-out refs, held-out count) of a run on a units table: the
+    table written once as shards (csclip.train.table_shards), trained on as shards."""
+    written = table_shards(config.data, seed=config.run.seed, preprocess_cfg=spec.preprocess_cfg,
+                           model_name=config.model.name,
+                           needs_decoded_image=objective.layout is not None
+                           or "image_foil" in objective.image_columns)
+    plan, datasets, heldout, num_held = _shard_training(config, written.data(config.data), spec,
+                                                        objective)
+    plan = replace(plan, num_decode_failures=sum(written.rejected.values()))
+    return plan, datasets, heldout, num_held
+
+
+def _shard_training(config: TrainConfig, data: DataConfig, spec, objective) -> tuple:
     """(plan, datasets, held-out refs, held-out count) of a run on webdataset shards
-    (csclip.train.shards): planned from the per-shard counts, no pass over the data."""
-    shards = plan_shards(config.data, config.run.seed)
-    plan = plan_steps(sum(shard.rows for shard in shards), 0, config.data,
+    (csclip.train.shards; `data`, config.data or a units table's shards): planned from
+    the per-shard counts, no pass over the data."""
+    shards = plan_shards(data, config.run.seed)
+    plan = plan_steps(sum(shard.rows for shard in shards), 0, data,
                       config.run.num_workers, config.optim.epochs, config.optim.max_steps)
     logger.info("%d shards, %d rows with units", len(shards), plan.num_rows)
     check_data_cpus(config.run)
     datasets = shard_datasets(
-        shards, data=config.data, sampling=config.sampling, preprocess_cfg=spec.preprocess_cfg,
+        shards, data=data, sampling=config.sampling, preprocess_cfg=spec.preprocess_cfg,
         model_name=config.model.name, seed=config.run.seed, num_epochs=plan.num_epochs,
         steps_per_epoch=plan.steps_per_epoch, num_workers=config.run.num_workers,
         objective=objective,
         dataset_name=lambda epoch, rank: shard_name(epoch, rank, config.data.batch_scope))
-    held = held_out_rows(shards) if config.data.val_ratio else []
+    held = (held_out_rows(shards, preprocess_key(spec.preprocess_cfg), config.model.name)
+            if data.val_ratio else [])
     return plan, datasets, held, sum(len(shard.held) for shard in shards)
 
 

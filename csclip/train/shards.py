@@ -50,6 +50,7 @@ from csclip.errors import ConfigError, DataError
 from csclip.preprocess import tokenizer
 from csclip.shards import PIXELS_SUFFIX, expand_shards, shard_stem
 from csclip.shards.read import iter_shard
+from csclip.shards.write import sample_key
 from csclip.storage import exists, filesystem_for, read_bytes
 from csclip.train.holdout import held_out_ids
 from csclip.train.stream import (
@@ -156,14 +157,16 @@ def _held_out(shards: list[TrainShard], ids: list[list[str]], ratio: float, seed
     return out
 
 
-def held_out_rows(shards: Sequence[TrainShard]) -> list:
-    """The held-out rows (units columns and the encoded image's bytes) as Arrow
-    ObjectRefs for rank 0's evaluator (csclip.train.holdout.load_held_out): one Ray Data
-    task per shard that holds some."""
+def held_out_rows(shards: Sequence[TrainShard], preprocess: tuple, model_name: str) -> list:
+    """The held-out rows (units columns and the encoded image's bytes, or from shards of
+    uint8 pixels those pixels and the caption's tokens: csclip.train.holdout.HeldOut reads
+    either) as Arrow ObjectRefs for rank 0's evaluator (load_held_out): one Ray Data task
+    per shard that holds some."""
     import ray.data  # noqa: PLC0415  a training step runs without Ray (tests/test_layout.py)
 
     items = [{"uri": s.uri, "units_uri": s.units_uri, "rows": s.rows + len(s.held),
-              "held": list(s.held)} for s in shards if s.held]
+              "held": list(s.held), "preprocess": [list(item) for item in preprocess],
+              "model_name": model_name} for s in shards if s.held]
     rows = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
         _read_held, batch_size=1, batch_format="pyarrow")
     return rows.materialize().to_arrow_refs()
@@ -171,16 +174,17 @@ def held_out_rows(shards: Sequence[TrainShard]) -> list:
 
 def _read_held(batch: pa.Table) -> pa.Table:
     [shard] = batch.to_pylist()
-    units = _units(shard)
+    units = _units({**shard, "held": []})  # every row, the held-out ones among them
     held = set(shard["held"])
     table = units.filter(pa.array([i in held for i in units.column("sample_id").to_pylist()]))
     images = _images(shard, held)
-    if any(suffix == PIXELS_SUFFIX for suffix, _ in images.values()):
-        raise DataError(f"shard {shard['uri']} holds uint8 pixels: data.val_ratio scores the "
-                        "held-out rows from their encoded images (csclip shards --encoding "
-                        "original)")
-    return table.append_column("image_bytes", pa.array(
-        [images[i][1] for i in table.column("sample_id").to_pylist()], pa.binary()))
+    ids = table.column("sample_id").to_pylist()
+    if all(images[i][0] == PIXELS_SUFFIX for i in ids):
+        preprocess = tuple(tuple(item) if isinstance(item, list) else item
+                           for item in shard["preprocess"])
+        return pixel_rows(table, [images[i][1] for i in ids], preprocess, shard["model_name"],
+                           shard["uri"])
+    return table.append_column("image_bytes", pa.array([images[i][1] for i in ids], pa.binary()))
 
 
 def shard_order(num_shards: int, seed: int, epoch: int) -> np.ndarray:
@@ -241,14 +245,18 @@ def _units(shard: dict) -> pa.Table:
 
 
 def _images(shard: dict, wanted: set[str]) -> dict[str, tuple[str, bytes]]:
-    """The image members (suffix, bytes) of the `wanted` keys of one shard."""
+    """The image members (suffix, bytes) of the `wanted` sample ids of one shard. A
+    sample's key is its id (an extraction over shards) or, in shards `csclip shards`
+    wrote, the id made key-safe (csclip.shards.write.sample_key)."""
+    id_of = {sample_key(i): i for i in wanted}
+    id_of.update((i, i) for i in wanted)
     found: dict[str, tuple[str, bytes]] = {}
-    for sample in iter_shard(shard["uri"], keys=wanted):
+    for sample in iter_shard(shard["uri"], keys=set(id_of)):
         if sample.reject is not None:
             raise DataError(f"shard {shard['uri']}: sample {sample.key!r} has units but "
                             f"{sample.reject} ({sample.detail}); the shard changed after "
                             "its extraction")
-        found[sample.key] = (sample.image_suffix, sample.image)
+        found[id_of[sample.key]] = (sample.image_suffix, sample.image)
     missing = wanted - found.keys()
     if missing:
         raise DataError(f"shard {shard['uri']} lacks {len(missing)} samples its units name, "
@@ -291,17 +299,13 @@ def read_group(group: dict, *, seed: int, epoch: int, rank: int | None, worker_b
     kept_ids = rows.column("sample_id").to_pylist()
     if not kept_ids:
         return _empty(rows, preprocess)
-    shape = image_shape(dict(preprocess))
     if all(images[key][0] == PIXELS_SUFFIX for key in kept_ids):
         if augment or image_foils or layout is not None:
             raise DataError("shards of uint8 pixels hold the eval transform's image only; "
                             "data.augment, loss.image_foils and the layout warm start need "
                             "the encoded images (csclip shards --encoding original)")
-        uri = group["shards"][0]["uri"]
-        pixels = np.stack([_pixels(key, images[key][1], shape, uri) for key in kept_ids])
-        tokens = tokenizer(model_name)(rows.column("caption").to_pylist()).numpy()
-        out = (text_rows(rows).append_column(PIXELS, pixel_column(pixels))
-               .append_column(CAPTION_TOKENS, fixed_size_list(tokens.astype(np.int64))))
+        out = pixel_rows(rows, [images[key][1] for key in kept_ids], preprocess, model_name,
+                          group["shards"][0]["uri"])
     else:
         rows = rows.append_column("image_bytes", pa.array([images[key][1] for key in kept_ids],
                                                           pa.binary()))
@@ -314,6 +318,19 @@ def read_group(group: dict, *, seed: int, epoch: int, rank: int | None, worker_b
                             f"do not decode, e.g. {failed[0]!r}: write the shards with "
                             "`csclip shards`, which checks every image and rejects those")
     return out.append_column(POSITION, pa.array(np.sort(positions[mine]), pa.int64()))
+
+
+def pixel_rows(rows: pa.Table, arrays: Sequence[bytes], preprocess: tuple, model_name: str,
+                uri: str) -> pa.Table:
+    """`rows` (units columns) with their images' uint8 pixels (the `.pixels.npy` members'
+    bytes, `arrays`) and their captions' tokens: the rows sample_batch reads."""
+    shape = image_shape(dict(preprocess))
+    ids = rows.column("sample_id").to_pylist()
+    pixels = np.stack([_pixels(key, data, shape, uri) for key, data in zip(ids, arrays,
+                                                                          strict=True)])
+    tokens = tokenizer(model_name)(rows.column("caption").to_pylist()).numpy()
+    return (text_rows(rows).append_column(PIXELS, pixel_column(pixels))
+            .append_column(CAPTION_TOKENS, fixed_size_list(tokens.astype(np.int64))))
 
 
 def _empty(rows: pa.Table, preprocess: tuple) -> pa.Table:

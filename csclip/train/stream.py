@@ -228,11 +228,7 @@ def decode_image(row: dict):
 
 
 def image_status(batch: pa.Table) -> dict[str, np.ndarray]:
-    """Map function of the check pass: which rows decode (a prepared table, from
-    csclip.train.prepared, says so in its DECODED column)."""
-    if DECODED in batch.column_names:
-        return {"sample_id": np.array(batch.column("sample_id").to_pylist(), dtype=object),
-                "ok": np.array(batch.column(DECODED).to_pylist(), dtype=bool)}
+    """Map function of the check pass: which rows decode."""
     rows = batch.to_pylist()
     ok = [decode_image(row) is not None for row in rows]
     return {"sample_id": np.array([r["sample_id"] for r in rows], dtype=object),
@@ -255,11 +251,9 @@ def text_rows(batch: pa.Table) -> pa.Table:
     return out.append_column("meta", pa.array(kept, type=pa.map_(pa.string(), pa.string())))
 CAPTION_TOKENS = "caption_tokens"
 LAYOUT_TARGET = "layout_target"  # loss.method layout's targets (decode_batch's `layout`)
-# A prepared row's image (csclip.train.prepared): the transformed (3, H, W) uint8 pixels
-# before normalisation, one fixed-size binary value; null, and DECODED False, where the
-# image does not decode.
+# A row's image as the transform's (3, H, W) uint8 pixels before normalisation, one
+# fixed-size binary value (the image cache's rows, a shard's pixels encoding).
 PIXELS = "pixels"
-DECODED = "decoded"
 # The image cache's image foils (decode_batch's `image_foils`): each row's candidate foils
 # (csclip.train.image_foils.image_foil_candidates), transformed once: their uint8 pixels
 # (null where a candidate has none), the relation unit each belongs to and the text true
@@ -378,7 +372,7 @@ def pixel_column(pixels: np.ndarray) -> pa.FixedSizeBinaryArray:
 
 def fixed_size_list(array: np.ndarray) -> pa.FixedSizeListArray:
     """(n, ...) -> one fixed-size list per row (sample_batch reshapes it back). Plain Arrow,
-    so the cached blocks and the prepared table need no Ray tensor extension."""
+    so the cached blocks need no Ray tensor extension."""
     flat = np.ascontiguousarray(array).reshape(len(array), -1)
     return pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), flat.shape[1])
 
@@ -393,8 +387,8 @@ def sample_batch(batch: pa.Table, *, sampling: dict, model_name: str, seed: int,
                  image_shape: Sequence[int], columns: Sequence[str] | None = None,
                  preprocess: tuple | None = None, normalize: bool = True
                  ) -> dict[str, np.ndarray]:
-    """The per-epoch half of preparation, on decode_batch's rows or on prepared rows
-    (csclip.train.prepared: their uint8 PIXELS, normalised here by `preprocess`'s
+    """The per-epoch half of preparation, on decode_batch's rows or on rows of uint8
+    pixels (the image cache's, a shard's: their PIXELS, normalised here by `preprocess`'s
     transform, or with `normalize` False passed on as uint8 for the worker to normalise;
     rows whose image did not decode are dropped): sample the text slots (SPEC §3) for
     `epoch` and tokenize them.
@@ -452,7 +446,7 @@ def _images(batch: pa.Table, image_shape: Sequence[int], preprocess: tuple | Non
     if PIXELS not in batch.column_names:
         return _unflatten(batch.column("image"), image_shape).astype(np.float32, copy=False)
     if preprocess is None:
-        raise ValueError("prepared rows need the preprocess key to normalise their pixels")
+        raise ValueError("rows of pixels need the preprocess key to normalise them")
     return image_normalize(preprocess)(pixel_array(batch.column(PIXELS), image_shape))
 
 
@@ -664,18 +658,14 @@ def _checked(source):
 
 def image_cache_fits(data: DataConfig, num_rows: int, preprocess_cfg: dict,
                      image_foils: bool = False) -> bool:
-    """Whether the decoded training images fit in `data.image_cache_mb` (uint8 pixels);
-    never with `data.augment`, whose images differ per epoch, nor with
-    `data.prepare_images` (the prepared table is that cache, on storage). With
-    `image_foils` (loss.image_foils) the cache keeps every candidate foil too
-    (decode_batch): only the world's rows, whose candidates its captions bound (one per
-    relation, data.world.max_relations); a units table's decode in every epoch."""
-    if data.augment or data.prepare_images:
+    """Whether the world's decoded training images fit in `data.image_cache_mb` (uint8
+    pixels); never with `data.augment`, whose images differ per epoch. With `image_foils`
+    (loss.image_foils) the cache keeps every candidate foil too (decode_batch), one per
+    relation (data.world.max_relations)."""
+    if data.augment:
         return False
     images_per_row = 1
     if image_foils:
-        if data.units_uri is not None:
-            return False
         images_per_row += data.world.max_relations
     channels, height, width = image_shape(preprocess_cfg)
     megabytes = num_rows * images_per_row * channels * height * width / 2**20
@@ -724,7 +714,7 @@ def local_shuffle_seed(seed: int, epoch: int, rank: int) -> int:
 
 def epoch_datasets(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
                    model_name: str, seed: int, num_epochs: int, objective: Objective,
-                   cache_images: bool = False, augment: bool = False, prepared: bool = False,
+                   cache_images: bool = False, augment: bool = False,
                    rows_per_block: int = 128, order=None) -> list:
     """One dataset per epoch: `source` prepared for training, with the token columns
     `objective` needs, in that epoch's seeded global order (epoch_order). Lazy: an epoch
@@ -735,8 +725,7 @@ def epoch_datasets(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
     it fits; never with augment); with image foils (loss.image_foils) also every row's
     candidate foils, rendered once, of which each epoch draws one as the streamed path
     does (cached_image_foils). Without it each epoch decodes its rows again
-    (prepare_batch), streaming, unless `prepared`: `source` is a prepared table
-    (csclip.train.prepared). All three ship `image` (and `image_foil`) as the transform's
+    (prepare_batch), streaming. Both ship `image` (and `image_foil`) as the transform's
     uint8 pixels, which the worker normalises (ImageNormalizer) to the transform's float32
     tensors bit for bit: a quarter of the bytes through each epoch's shuffle, the object
     store and the worker's batching. Either way each epoch draws its own text slots, and
@@ -746,10 +735,8 @@ def epoch_datasets(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
     epoch_order (csclip.train.global_batch passes one worker's share of each global batch).
     """
     preprocess = preprocess_key(preprocess_cfg)
-    if (cache_images or prepared) and augment:
+    if cache_images and augment:
         raise ValueError("augmented images differ per epoch; they cannot be cached")
-    if prepared and cache_images:
-        raise ValueError("a prepared table is decoded already; there is nothing to cache")
     if cache_images:
         rows = source.map_batches(decode_batch, batch_format="pyarrow", batch_size=rows_per_block,
                                   fn_kwargs={"preprocess": preprocess, "model_name": model_name,
@@ -765,15 +752,9 @@ def epoch_datasets(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
         prepare = sample_batch
         fn_kwargs = {"image_shape": image_shape(preprocess_cfg), "preprocess": preprocess,
                      "normalize": False}
-    elif prepared:  # csclip.train.prepared.training_source's rows: pixels, caption tokens
-        # The uint8 pixels go to the workers (a quarter of the bytes through the object
-        # store and to the device), normalised there: csclip.train.prepared.ImageNormalizer.
-        rows, prepare = source, sample_batch
-        fn_kwargs = {"image_shape": image_shape(preprocess_cfg), "preprocess": preprocess,
-                     "normalize": False}
     else:
-        # Decoded in every epoch; the uint8 pixels go to the workers, as the prepared
-        # path's do (ImageNormalizer), a quarter of float32's bytes.
+        # Decoded in every epoch; the uint8 pixels go to the workers (ImageNormalizer), a
+        # quarter of float32's bytes.
         rows, prepare = source, prepare_batch
         fn_kwargs = {"preprocess": preprocess, "augment": augment, "layout": objective.layout,
                      "normalize": False}
