@@ -19,11 +19,24 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from csclip.errors import ConfigError
 
-__all__ = ["StrictModel", "add_config_arguments", "apply_overrides", "deep_merge", "flatten",
+__all__ = ["REMOVED_FIELDS", "StrictModel", "add_config_arguments", "apply_overrides", "deep_merge", "flatten",
            "load_config", "parse_override", "read_yaml", "refuse_given", "refuse_renamed",
            "to_yaml", "unknown_setting_text", "validate_config", "with_section_defaults"]
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
+
+
+# Fields taken out of the configs, by "<section>.<field>" (the last two parts of where an
+# old config gives one, in any config that has the section): what to set instead. An old
+# YAML or --set that gives one fails with this line rather than only "unknown setting".
+REMOVED_FIELDS: dict[str, str] = {
+    "run.best_mode": "leave it out: run.best_metric keeps the highest value (every report "
+                     "key, gaps included, is better higher)",
+    "run.compile_mode": "give the mode as run.compile (run.compile=max-autotune; true is "
+                        "\"default\")",
+    "run.ray_train_log_level": "leave it out: Ray Train's console shows warnings, its log "
+                               "files under /tmp/ray/session_latest/logs every level",
+}
 
 
 class StrictModel(BaseModel):
@@ -165,6 +178,10 @@ def validate_config(model: type[ConfigT], data: dict, origin: str = "config",
         problems = []
         for item in err.errors():
             where = (prefix + ".".join(str(p) for p in item["loc"])).rstrip(".") or "(top level)"
+            removed = ".".join(str(p) for p in item["loc"][-2:])
+            if item["type"] == "extra_forbidden" and removed in REMOVED_FIELDS:
+                problems.append(f"{where} is no longer a field: {REMOVED_FIELDS[removed]}")
+                continue
             if item["type"] == "extra_forbidden":
                 fields = _fields_at(model, item["loc"][:-1])
                 near = difflib.get_close_matches(str(item["loc"][-1]), fields, n=3, cutoff=0.6)
