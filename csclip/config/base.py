@@ -36,6 +36,12 @@ REMOVED_FIELDS: dict[str, str] = {
                         "\"default\")",
     "run.ray_train_log_level": "leave it out: Ray Train's console shows warnings, its log "
                                "files under /tmp/ray/session_latest/logs every level",
+    "suites.world_pairs": "suites.num_world_pairs=0 turns the world's pairs and replace "
+                          "items off",
+    "suites.num_replace_items": "suites.num_world_pairs counts both the mirrored pairs and "
+                                "the replace items",
+    "suites.world_zeroshot": "suites.num_zeroshot_items=0 turns the world's zero-shot off",
+    "suites.seed": "benchmark.seed seeds the world suites' draws too",
 }
 
 

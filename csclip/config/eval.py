@@ -156,12 +156,11 @@ class SuitesConfig(StrictModel):
     """Which suites run next to the half-truth benchmark, and how large they are."""
 
     retrieval: bool = True  # Recall@k over the records' images and captions
-    world_pairs: bool = True  # mirrored pairs + replace items (world records only)
-    num_world_pairs: int = Field(200, ge=0)  # mirrored pairs, at most one per record
-    num_replace_items: int = Field(200, ge=0)  # replace items, at most one per record
-    world_zeroshot: bool = True  # zs_world_*: classify world objects (world records only)
-    num_zeroshot_items: int = Field(500, ge=0)  # world zero-shot items, one per record
-    seed: int = 0
+    # World records only, their draws seeded by benchmark.seed: at most this many mirrored
+    # pairs and as many replace items, one of each per record; 0: neither.
+    num_world_pairs: int = Field(200, ge=0)
+    # zs_world_*: classify world objects, at most this many items, one per record; 0: none.
+    num_zeroshot_items: int = Field(500, ge=0)
     sugarcrepe_dir: str | None = None  # the SugarCrepe JSON files; None: not run
     coco_images: str | None = None  # COCO val2017 images (local dir or s3:// URI)
     # Real-data suites by name (SUITE_NAMES, or "paper": the paper's sixteen,

@@ -75,7 +75,7 @@ class PeriodicEvaluator:
         self.benchmark = BenchmarkConfig(seed=seed, num_bootstrap=0, image_side=False)
         # No records (allowed with held-out captions only): nothing but their score.
         self.prepared = prepare_benchmark(self.records, self.benchmark) if self.records else None
-        self.suites = SuitesConfig(world_pairs=False, world_zeroshot=False)
+        self.suites = SuitesConfig(num_world_pairs=0, num_zeroshot_items=0)
         self.best_metric, self.best_uri = best_metric, best_uri
         self.best_value = self._saved_best()
 
