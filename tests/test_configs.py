@@ -208,7 +208,7 @@ def _config_class_of(section: str):
     from csclip.config.extract import ExtractConfig
     from csclip.config.shards import ShardsConfig
 
-    for model in (TrainConfig, EvalConfig, ExtractConfig, ShardsConfig):
+    for model in (TrainConfig, EvalConfig, ShardsConfig, ExtractConfig):
         if section in model.model_fields:
             return model
     raise AssertionError(f"no config has a {section} section")

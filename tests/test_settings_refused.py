@@ -83,7 +83,7 @@ def test_evaluate_refuses_a_model_section_next_to_a_checkpoint_in_the_yaml(tmp_p
 
 
 @pytest.mark.parametrize("override", [
-    "benchmark.image_side=false", "benchmark.min_distractors=3", "benchmark.max_distractors=3",
+    "benchmark.image_side=false",
     "benchmark.paper_seed=7", "benchmark.num_samples=10",
 ])
 def test_evaluate_refuses_builder_fields_with_a_benchmark_file(override, tmp_path, capsys):

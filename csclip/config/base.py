@@ -42,6 +42,16 @@ REMOVED_FIELDS: dict[str, str] = {
                                 "the replace items",
     "suites.world_zeroshot": "suites.num_zeroshot_items=0 turns the world's zero-shot off",
     "suites.seed": "benchmark.seed seeds the world suites' draws too",
+    "benchmark.min_distractors": "leave it out: image-side items take 2-5 distractor images "
+                                 "(SPEC §4)",
+    "benchmark.max_distractors": "leave it out: image-side items take 2-5 distractor images "
+                                 "(SPEC §4)",
+    "scoring.ray_min_images": "leave it out: sets over 5000 new images encode on Ray Data "
+                              "(csclip.eval.encoder.RAY_MIN_IMAGES); scoring.ray_concurrency "
+                              "sets its actors",
+    "swap_negatives.batch_size": "leave it out: spaCy parses 1000 captions a batch, as the "
+                                 "authors' script (the shuffles are the same at any size)",
+    "output.num_threads": "leave it out: csclip shards prepares 8 images at once",
 }
 
 
