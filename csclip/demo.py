@@ -394,9 +394,9 @@ def evaluate(demo: DemoConfig, pretrained: TrainResult, finetuned: dict[str, Tra
     bundles.update({label: load_bundle(result.checkpoint_uri) for label, result in finetuned.items()})
     uri = resolve_uri(demo.train.tracking.uri) if demo.train.tracking.enabled else None
     report = compare_models(bundles, records, demo.out_dir, uri,
-                            benchmark=BenchmarkConfig(seed=demo.eval_seed),
                             # the world suites' draws (mirrored pairs, zero-shot) too
-                            suites=SuitesConfig(seed=demo.eval_seed),
+                            benchmark=BenchmarkConfig(seed=demo.eval_seed),
+                            suites=SuitesConfig(),
                             experiment=demo.train.tracking.experiment + "-eval")
     _write_text_atomic(Path(demo.out_dir, "results.md"), report.markdown)
     return report.markdown

@@ -22,7 +22,7 @@ from csclip.eval.report import EVALUATION_COMPLETE, check_evaluation
 ARGS = ["--model", "csclip-tiny", "--set", "model.image_size=32",
         "--set", "data.world.num_val=4", "--set", "data.world.image_size=32",
         "--set", "benchmark.num_bootstrap=0", "--set", "benchmark.image_side=false",
-        "--set", "suites.world_pairs=false", "--set", "tracking.enabled=false",
+        "--set", "suites.num_world_pairs=0", "--set", "tracking.enabled=false",
         "--suite", "sugarcrepe,zeroshot,coco_retrieval", "--data-root", str(FIXTURES),
         "--allow-partial"]
 RETRIEVAL = {f"{kind}_retrieval_recall@{k}" for kind in ("image", "text") for k in (1, 5, 10)}

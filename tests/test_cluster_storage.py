@@ -237,7 +237,7 @@ def test_evaluate_entry_point_and_ablation_trial_evaluate_an_s3_checkpoint(
     assert evaluate_entry.main([
         "--checkpoint", uri, "--out", str(tmp_path / "eval"), "--set", "data.world.num_val=8",
         "--set", "data.world.image_size=32", "--set", "benchmark.num_bootstrap=10",
-        "--set", "suites.num_world_pairs=4", "--set", "suites.num_replace_items=4",
+        "--set", "suites.num_world_pairs=4",
         "--set", f"tracking.uri={mlflow_uri}"]) == 0
     assert (tmp_path / "eval" / "table1.md").is_file()
     config = load_config(TrainConfig, None, ["data.world.num_val=8", "data.world.image_size=32"])

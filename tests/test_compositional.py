@@ -286,7 +286,7 @@ def test_evaluate_bundle_adds_suite_metrics(world_val, tiny_bundle):
     assert report.metrics["ret_num_images"] == len(world_val)
     assert report.metrics["comp_num_pairs"] == len(world_val)
     assert "ht_all" in report.metrics
-    off = SuitesConfig(retrieval=False, world_pairs=False)
+    off = SuitesConfig(retrieval=False, num_world_pairs=0)
     plain = evaluate_bundle(tiny_bundle, world_val, benchmark=FAST, suites=off)
     assert not any(k.startswith(("comp_", "ret_")) for k in plain.metrics)
     assert plain.metrics["ht_all"] == report.metrics["ht_all"]
@@ -298,7 +298,7 @@ def test_compare_models_writes_the_suites_table(world_val, tiny_bundle, tmp_path
         world_val[:12],
         tmp_path,
         benchmark=FAST,
-        suites=SuitesConfig(num_world_pairs=8, num_replace_items=8),
+        suites=SuitesConfig(num_world_pairs=8),
     )
     assert "Retrieval and compositional suites" in result.markdown
     with open(result.files["suites.csv"]) as handle:

@@ -200,3 +200,38 @@ def test_evaluation_refuses_training_options_it_would_ignore(override, field):
     with pytest.raises(ConfigError, match=field):
         load_config(EvalConfig, None, [override])
     assert load_config(EvalConfig, None, ["model.quick_gelu=true"]).model.quick_gelu
+
+
+def _config_class_of(section: str):
+    """The config whose YAML has `section` at its top level (the removed fields' sections)."""
+    from csclip.config.eval import EvalConfig
+    from csclip.config.extract import ExtractConfig
+    from csclip.config.shards import ShardsConfig
+
+    for model in (TrainConfig, EvalConfig, ShardsConfig, ExtractConfig):
+        if section in model.model_fields:
+            return model
+    raise AssertionError(f"no config has a {section} section")
+
+
+def test_a_removed_field_says_what_replaced_it():
+    from csclip.config.base import REMOVED_FIELDS
+
+    for path, advice in REMOVED_FIELDS.items():
+        section, field = path.split(".")
+        model = _config_class_of(section)
+        with pytest.raises(ConfigError) as caught:
+            load_config(model, None, [f"{path}=1"])
+        message = str(caught.value)
+        assert len(message.splitlines()) == 1 and f"{path} is no longer a field: {advice}" in message
+    # A demo's sections name it with their prefix.
+    from csclip.config.demo import DemoConfig
+
+    with pytest.raises(ConfigError, match=r"pretrain\.run\.best_mode is no longer a field"):
+        load_config(DemoConfig, None, ["pretrain.run.best_mode=max"])
+
+
+@pytest.mark.parametrize("value, mode", [("true", "default"), ("false", None), ("null", None),
+                                         ("max-autotune", "max-autotune")])
+def test_run_compile_takes_a_flag_or_a_mode(value, mode):
+    assert load_config(TrainConfig, None, [f"run.compile={value}"]).run.compile == mode

@@ -32,7 +32,7 @@ def test_evaluator_scores_keeps_best_and_restores_train_mode(tmp_path, val_recor
     bundle = create_bundle("csclip-tiny")
     bundle.model.train()
     best_uri = str(tmp_path / "run" / "best")
-    evaluator = PeriodicEvaluator(val_records, "ht_all", "max", best_uri)
+    evaluator = PeriodicEvaluator(val_records, "ht_all", best_uri)
     metrics = evaluator.evaluate(bundle, "cpu")
     assert bundle.model.training  # back in train mode for the next step
     assert {"ht_all", "ht_entity", "ht_relation", "ret_i2t", "ret_t2i"} <= set(metrics)
@@ -47,12 +47,12 @@ def test_evaluator_scores_keeps_best_and_restores_train_mode(tmp_path, val_recor
     assert not evaluator.is_better(metrics)  # equal is not better
     assert evaluator.is_better({"ht_all": metrics["ht_all"] + 1})
     # A resumed run reads the bar from best/ and does not overwrite a better checkpoint.
-    again = PeriodicEvaluator(val_records, "ht_all", "max", best_uri)
+    again = PeriodicEvaluator(val_records, "ht_all", best_uri)
     assert again.best_value == metrics["ht_all"] and not again.is_better(metrics)
-    lower = PeriodicEvaluator(val_records, "ret_i2t", "min", str(tmp_path / "other"))
-    lower.best_value = 50.0
-    assert lower.is_better({"ret_i2t": 40.0}) and not lower.is_better({"ret_i2t": 60.0})
-    assert not lower.is_better({"ht_all": 1.0})  # metric not measured: never best
+    other = PeriodicEvaluator(val_records, "ret_i2t", str(tmp_path / "other"))
+    other.best_value = 50.0
+    assert other.is_better({"ret_i2t": 60.0}) and not other.is_better({"ret_i2t": 40.0})
+    assert not other.is_better({"ht_all": 99.0})  # metric not measured: never best
 
 
 @pytest.mark.slow

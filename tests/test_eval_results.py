@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 # The tiny world (4 images), half-truth and retrieval over its records only.
 TINY = ["--set", "model.image_size=32", "--set", "data.world.num_val=4",
         "--set", "data.world.image_size=32", "--set", "benchmark.num_bootstrap=0",
-        "--set", "benchmark.image_side=false", "--set", "suites.world_pairs=false",
-        "--set", "suites.world_zeroshot=false"]
+        "--set", "benchmark.image_side=false", "--set", "suites.num_world_pairs=0",
+        "--set", "suites.num_zeroshot_items=0"]
 # CLIP_benchmark's dump (tests/test_clip_benchmark_build.py runs its build over one)
 RESULT_KEYS = {"dataset", "model", "pretrained", "task", "metrics", "language"}
 SNAKE = re.compile(r"[a-z0-9_]+")

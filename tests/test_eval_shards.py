@@ -407,7 +407,7 @@ def test_retrieval_input_errors_are_one_line(tmp_path):
 TINY_EVALUATE = ["--model", "csclip-tiny", "--set", "model.image_size=32",
                  "--set", "data.world.num_val=4", "--set", "data.world.image_size=32",
                  "--set", "benchmark.num_bootstrap=0", "--set", "benchmark.image_side=false",
-                 "--set", "suites.world_pairs=false", "--set", "suites.world_zeroshot=false",
+                 "--set", "suites.num_world_pairs=0", "--set", "suites.num_zeroshot_items=0",
                  "--set", "tracking.enabled=false"]
 
 

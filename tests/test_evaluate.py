@@ -250,12 +250,12 @@ def test_pipeline_user_errors_are_one_line_and_exit_2(tmp_path, capsys):
     assert (
         main(["--units", str(tmp_path / "missing.parquet"), "--set", "tracking.enabled=false"]) == 2
     )
-    assert main(["--set", "benchmark.max_distractors=1", "--set", "tracking.enabled=false"]) == 2
+    assert main(["--set", "benchmark.num_bootstrap=-1", "--set", "tracking.enabled=false"]) == 2
     assert main(["--set", "data.world.num_val=0", "--set", "tracking.enabled=false"]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 3 and all(line.startswith("error: ") for line in errors)
     assert (
         "missing.parquet" in errors[0]
-        and "max_distractors" in errors[1]
+        and "num_bootstrap" in errors[1]
         and "no records" in errors[2]
     )

@@ -23,8 +23,8 @@ LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ ")  # csclip.entry.c
 SMALL = ["--model", "csclip-tiny", "--set", "model.image_size=32",
          "--set", "data.world.num_val=4", "--set", "data.world.image_size=32",
          "--set", "benchmark.num_bootstrap=0", "--set", "benchmark.image_side=false",
-         "--set", "suites.retrieval=false", "--set", "suites.world_pairs=false",
-         "--set", "suites.world_zeroshot=false", "--set", "tracking.enabled=false"]
+         "--set", "suites.retrieval=false", "--set", "suites.num_world_pairs=0",
+         "--set", "suites.num_zeroshot_items=0", "--set", "tracking.enabled=false"]
 
 
 def _error_line(code: int, capsys) -> str:

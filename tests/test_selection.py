@@ -140,7 +140,7 @@ def test_evaluate_select_paper_takes_half_truth_from_the_held_out_best(run_dir, 
     shutil.rmtree(run_dir / "best")
     _save(run_dir / "best", step=2, seed=0, zero=True)
     (run_dir / "best" / "metrics.json").write_text(json.dumps(
-        {"step": 2, "metric": "contrastive_accuracy", "value": 61.0, "mode": "max"}))
+        {"step": 2, "metric": "contrastive_accuracy", "value": 61.0}))
     plain = tmp_path / "plain"  # step 4 alone: what half-truth would be without the rule
     assert main(["--checkpoint", str(run_dir / "checkpoint_000001"), "--out", str(plain),
                  *WORLD]) == 0

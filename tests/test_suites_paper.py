@@ -539,9 +539,8 @@ def test_suite_paper_through_the_evaluate_config_and_a_dumped_copy():
 
 
 def test_suite_paper_runs_the_sixteen_with_the_papers_aggregation():
-    config = SuitesConfig(names="paper", data_root=ROOT, retrieval=False, world_pairs=False,
-                          allow_partial=True,
-                          world_zeroshot=False)
+    config = SuitesConfig(names="paper", data_root=ROOT, retrieval=False, num_world_pairs=0,
+                          allow_partial=True, num_zeroshot_items=0)
     metrics = evaluate_suites(Encoder(ColorScorer()), [], config)
     assert metrics["suite_protocol_paper"] == 1.0
     measured = [b for b in PAPER_SUITE if f"{b}_i2t" in metrics]

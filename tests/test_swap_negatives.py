@@ -70,8 +70,8 @@ def test_shuffles_equal_the_authors_code_on_the_same_captions(punkt, nlp):
 
 
 def test_stage_writes_them_into_the_units_meta_for_the_sampler(punkt, nlp):
-    config = SwapNegativesConfig(enabled=True, seed=FIXTURE["seed"], batch_size=7)
-    records = with_swap_negatives([_record(c) for c in FIXTURE["cases"]], config, nlp)
+    config = SwapNegativesConfig(enabled=True, seed=FIXTURE["seed"])
+    records = with_swap_negatives([_record(c) for c in FIXTURE["cases"]], config, nlp, batch_size=7)
     for record, case in zip(records, FIXTURE["cases"], strict=True):
         assert stored_shuffles(record) == [n["negative"] for n in case["swap_negatives"]]
 
@@ -86,8 +86,8 @@ def test_records_that_carry_the_authors_swap_negatives_keep_them(punkt, nlp):
 
 def test_shuffles_are_seeded_by_seed_and_sample_not_by_batch(punkt, nlp):
     records = [_record(c) for c in FIXTURE["cases"]]
-    one = with_swap_negatives(records, SwapNegativesConfig(batch_size=1), nlp)
-    reversed_ = with_swap_negatives(records[::-1], SwapNegativesConfig(batch_size=1000), nlp)
+    one = with_swap_negatives(records, SwapNegativesConfig(), nlp, batch_size=1)
+    reversed_ = with_swap_negatives(records[::-1], SwapNegativesConfig(), nlp, batch_size=1000)
     assert [r.meta for r in one] == [r.meta for r in reversed_[::-1]]
     other_seed = with_swap_negatives(records, SwapNegativesConfig(seed=1), nlp)
     assert [r.meta for r in one] != [r.meta for r in other_seed]

@@ -136,9 +136,9 @@ def evaluate_trial(config: TrainConfig, checkpoint_uri: str, seed: int, suites: 
     or `suites`, a SuitesConfig as a dict, e.g. real-data suites under a data root) of a
     trained checkpoint on the validation split."""
     bundle = load_bundle(checkpoint_uri)
-    # One seed for the trial's evaluation: the benchmark's and the world suites' draws.
+    # One seed for the trial's evaluation: the benchmark's, which the world suites' draws take.
     return evaluate_bundle(bundle, validation_records(config), benchmark=BenchmarkConfig(seed=seed),
-                           suites=SuitesConfig.model_validate({**(suites or {}), "seed": seed}))
+                           suites=SuitesConfig.model_validate(suites or {}))
 
 
 def evaluate_selected(config: TrainConfig, checkpoint_uri: str, seed: int, evaluate: Callable,

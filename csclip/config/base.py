@@ -19,11 +19,40 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from csclip.errors import ConfigError
 
-__all__ = ["StrictModel", "add_config_arguments", "apply_overrides", "deep_merge", "flatten",
+__all__ = ["REMOVED_FIELDS", "StrictModel", "add_config_arguments", "apply_overrides", "deep_merge", "flatten",
            "load_config", "parse_override", "read_yaml", "refuse_given", "refuse_renamed",
            "to_yaml", "unknown_setting_text", "validate_config", "with_section_defaults"]
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
+
+
+# Fields taken out of the configs, by "<section>.<field>" (the last two parts of where an
+# old config gives one, in any config that has the section): what to set instead. An old
+# YAML or --set that gives one fails with this line rather than only "unknown setting".
+REMOVED_FIELDS: dict[str, str] = {
+    "run.best_mode": "leave it out: run.best_metric keeps the highest value (every report "
+                     "key, gaps included, is better higher)",
+    "run.compile_mode": "give the mode as run.compile (run.compile=max-autotune; true is "
+                        "\"default\")",
+    "run.ray_train_log_level": "leave it out: Ray Train's console shows warnings, its log "
+                               "files under /tmp/ray/session_latest/logs every level",
+    "suites.world_pairs": "suites.num_world_pairs=0 turns the world's pairs and replace "
+                          "items off",
+    "suites.num_replace_items": "suites.num_world_pairs counts both the mirrored pairs and "
+                                "the replace items",
+    "suites.world_zeroshot": "suites.num_zeroshot_items=0 turns the world's zero-shot off",
+    "suites.seed": "benchmark.seed seeds the world suites' draws too",
+    "benchmark.min_distractors": "leave it out: image-side items take 2-5 distractor images "
+                                 "(SPEC §4)",
+    "benchmark.max_distractors": "leave it out: image-side items take 2-5 distractor images "
+                                 "(SPEC §4)",
+    "scoring.ray_min_images": "leave it out: sets over 5000 new images encode on Ray Data "
+                              "(csclip.eval.encoder.RAY_MIN_IMAGES); scoring.ray_concurrency "
+                              "sets its actors",
+    "swap_negatives.batch_size": "leave it out: spaCy parses 1000 captions a batch, as the "
+                                 "authors' script (the shuffles are the same at any size)",
+    "output.num_threads": "leave it out: csclip shards prepares 8 images at once",
+}
 
 
 class StrictModel(BaseModel):
@@ -165,6 +194,10 @@ def validate_config(model: type[ConfigT], data: dict, origin: str = "config",
         problems = []
         for item in err.errors():
             where = (prefix + ".".join(str(p) for p in item["loc"])).rstrip(".") or "(top level)"
+            removed = ".".join(str(p) for p in item["loc"][-2:])
+            if item["type"] == "extra_forbidden" and removed in REMOVED_FIELDS:
+                problems.append(f"{where} is no longer a field: {REMOVED_FIELDS[removed]}")
+                continue
             if item["type"] == "extra_forbidden":
                 fields = _fields_at(model, item["loc"][:-1])
                 near = difflib.get_close_matches(str(item["loc"][-1]), fields, n=3, cutoff=0.6)

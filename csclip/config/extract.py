@@ -234,7 +234,6 @@ class SwapNegativesConfig(StrictModel):
     enabled: bool = False
     spacy_model: str = "en_core_web_sm"  # theirs: TextShuffler's spacy.load("en_core_web_sm")
     seed: int = 0  # with the sample_id, seeds each caption's shuffles
-    batch_size: int = Field(1000, ge=1)  # captions per nlp.pipe batch (theirs: 1000)
 
 
 class ExtractTrackingConfig(TrackingConfig):

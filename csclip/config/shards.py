@@ -30,7 +30,6 @@ class ShardsOutputConfig(StrictModel):
     seed: int = 0
     encoding: ShardEncoding = "jpeg"
     jpeg_quality: int = Field(95, ge=1, le=100)  # encoding jpeg (img2dataset's default: 95)
-    num_threads: int = Field(8, ge=1)  # images decoded and encoded at once
     endpoint_url: str | None = None  # S3 endpoint override (else AWS_ENDPOINT_URL)
 
 

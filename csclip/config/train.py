@@ -193,15 +193,14 @@ class RunSection(StrictModel):
     # torch intra-op threads per worker; None: Ray's default, one per CPU of cpus_per_worker.
     # More than the CPUs Ray reserves lets a worker use cores the data stage leaves idle.
     torch_threads: int | None = Field(None, ge=1)
-    # Level of Ray Train's own console lines; the step lines are ours and always shown.
-    ray_train_log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
     use_gpu: bool = False
     # auto: bf16 autocast on GPU, fp32 on CPU. fp16 adds a gradient scaler. bf16_pure:
     # the model runs in bf16 (no autocast casts), AdamW steps fp32 master weights, the
     # loss stays fp32 (csclip.train.step.Bf16Shadow).
     precision: Precision = "auto"
-    compile: bool = False  # torch.compile the model (the DDP-wrapped one, as open_clip_train)
-    compile_mode: CompileMode = "default"
+    # torch.compile the model (the DDP-wrapped one, as open_clip_train) in this mode; true
+    # is "default" (torch.compile's own), null or false: eager.
+    compile: CompileMode | None = None
     channels_last: bool = False  # images and the patch convolution in NHWC
     # The text tower runs each row only up to its end-of-text token (the same features to
     # float rounding, ~2x less text work on short units; csclip.train.trimmed_text). It
@@ -228,12 +227,20 @@ class RunSection(StrictModel):
     worker_resources: dict[str, float] = Field(default_factory=dict)
     # Evaluation during training (csclip.train.periodic), rank 0: every eval_every steps the
     # half-truth and retrieval metrics of the first eval_max_images validation images are
-    # logged as val_<key>, and the weights with the best `best_metric` (a report key such
-    # as ht_all, ret_i2t; best_mode max or min) are kept in <storage>/<run>/best/.
+    # logged as val_<key>, and the weights with the highest `best_metric` (a report key such
+    # as ht_all, ret_i2t; every one of them, gaps and accuracies alike, is better higher)
+    # are kept in <storage>/<run>/best/.
     eval_every: int | None = Field(None, ge=1)
     eval_max_images: int = Field(200, ge=1)
     best_metric: str = "ht_all"
-    best_mode: Literal["max", "min"] = "max"
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile_flag(cls, value: object) -> object:
+        # run.compile=true / false, as open_clip_train's --torchcompile is on or off.
+        if value is True:
+            return "default"
+        return None if value is False else value
 
     @field_validator("name")
     @classmethod

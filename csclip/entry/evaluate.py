@@ -266,9 +266,7 @@ UNUSED_WITH_CHECKPOINT = {
 UNUSED_WITH_BENCHMARK_FILE = {
     **{f"benchmark.{field}": "benchmark.file (--benchmark) fixes the items; the builder's "
                              "fields are unused" for field in ("num_samples", "paper_seed")},
-    **{f"benchmark.{field}": "benchmark.file (--benchmark) holds no image-side items; "
-                             "image-side fields are unused"
-       for field in ("image_side", "min_distractors", "max_distractors")},
+    "benchmark.image_side": "benchmark.file (--benchmark) holds no image-side items",
 }
 
 

@@ -276,6 +276,12 @@ def image_key(source: ImageSource) -> str:
     return "uri:" + str(Path(source.removeprefix("file://")).expanduser().absolute())
 
 
+# Above this many new images an Encoder with a bundle encodes on Ray Data actors
+# (scoring.ray_concurrency of them); below, in process: starting Ray and shipping the
+# model costs seconds, which a smaller set never wins back.
+RAY_MIN_IMAGES = 5000
+
+
 class Encoder:
     """One model's encoder with its feature cache: `features(texts, images)` encodes only
     what the cache lacks, so the half-truth benchmark, retrieval and every suite of one
@@ -284,7 +290,7 @@ class Encoder:
     id, which two suites may use for two different images.
 
     scorer: any Scorer; bundle: the ClipBundle behind it, which lets large image sets
-    (more than scoring.ray_min_images new images) go to Ray Data actors.
+    (more than RAY_MIN_IMAGES new images) go to Ray Data actors.
     """
 
     def __init__(self, scorer: Scorer, *, bundle: ClipBundle | None = None,
@@ -331,7 +337,7 @@ class Encoder:
 
     def _encode(self, texts: Sequence[str], images: Mapping[str, ImageSource]) -> FeatureTables:
         scoring = self.scoring
-        if self.bundle is not None and len(images) > scoring.ray_min_images:
+        if self.bundle is not None and len(images) > RAY_MIN_IMAGES:
             return encode_features_with_ray(
                 self.bundle, texts, images, batch_size=scoring.batch_size,
                 concurrency=scoring.ray_concurrency, device=scoring.device)

@@ -84,7 +84,7 @@ def evaluate_encoder(
     for condition in CONDITIONS:
         metrics[f"num_skipped_{condition.slug}"] = float(bench.num_skipped(condition.slug))
     if suites is not None:
-        metrics.update(evaluate_suites(encoder, records, suites, found))
+        metrics.update(evaluate_suites(encoder, records, suites, found, seed=benchmark.seed))
     return HalfTruthReport(name, metrics, bench.items, scores, bench.skipped)
 
 

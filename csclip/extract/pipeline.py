@@ -204,7 +204,7 @@ def check_manifest(out: Output, config: ExtractConfig, shards: dict) -> None:
     if config.backend.prompts != DEFAULT_PROMPT_SET:  # absent: older outputs still resume
         manifest["prompts"] = config.backend.prompts
     if config.swap_negatives.enabled:  # likewise: shards with and without them never mix
-        manifest["swap_negatives"] = config.swap_negatives.model_dump(exclude={"batch_size"})
+        manifest["swap_negatives"] = config.swap_negatives.model_dump()
     if out.has(MANIFEST):
         saved = json.loads(storage.read_bytes(out.fs, out.path(MANIFEST)))
         if saved != manifest:

@@ -22,6 +22,9 @@ SWAP_TYPES = ("shuffle_nouns_and_adj", "shuffle_allbut_nouns_and_adj",
 # Their batch path, which made their files, tests token.pos_ (TextShuffler's own methods,
 # their fallback, test the Penn tags NN*/JJ* instead).
 CONTENT_POS = frozenset({"NOUN", "ADJ", "PROPN"})
+# Captions per nlp.pipe batch, theirs (generate_swap_negatives_batch's 1000): it sets the
+# memory and speed of the parse, never the shuffles (each is seeded by its caption).
+NLP_BATCH_SIZE = 1000
 
 
 @dataclass(frozen=True)
@@ -114,13 +117,13 @@ def shuffles_of(caption: str, doc: Iterable[Any], rng: random.Random) -> list[Sw
 
 
 def with_swap_negatives(records: Sequence[UnitsRecord], config: SwapNegativesConfig,
-                        nlp: Any) -> list[UnitsRecord]:
+                        nlp: Any, batch_size: int = NLP_BATCH_SIZE) -> list[UnitsRecord]:
     """`records` with their shuffles in meta[SWAP_NEGATIVES_META] (a JSON list of texts, as
     csclip.authors reads theirs). A record that carries some already (the authors' files)
     keeps them; one with none that differ from its caption gets no entry. nlp:
     load_pipeline(config.spacy_model)."""
     todo = [r for r in records if SWAP_NEGATIVES_META not in r.meta]
-    docs = nlp.pipe([r.caption for r in todo], batch_size=config.batch_size)
+    docs = nlp.pipe([r.caption for r in todo], batch_size=batch_size)
     made = {}
     for record, doc in zip(todo, docs, strict=True):
         shuffles = shuffles_of(record.caption, doc, caption_rng(config.seed, record.sample_id))

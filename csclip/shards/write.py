@@ -45,6 +45,11 @@ log = logging.getLogger(__name__)
 
 REJECTS_FILE = "rejects.parquet"
 
+# Samples prepared at once (read, decoded, encoded): a read waits on storage and PIL
+# decodes and encodes outside the GIL, so threads overlap them; 8 holds at most 8 images
+# (a few MB each decoded) in memory, and the shard's own tar is written in order anyway.
+NUM_THREADS = 8
+
 # Why a sample is not written (rejects.parquet's `reason`).
 EMPTY_CAPTION = "empty_caption"
 NO_IMAGE = "no_image"  # the row names no image (a caption-only .txt input)
@@ -268,7 +273,7 @@ def _write(uri: str, num_read: int, prepare: Callable[[int], dict | _Rejected],
     shards, rejects, rejected = [], [], Counter()
     tar_writer = _tar_writer()  # its import (torch's) out of the first shard's time
     started = time.monotonic()
-    with ThreadPoolExecutor(output.num_threads) as pool:
+    with ThreadPoolExecutor(NUM_THREADS) as pool:
         for index in range(num_shards):
             name = shard_name(index)
             chunk = chunks[index]

@@ -44,10 +44,10 @@ HOW_IT_RUNS_FIELDS: tuple[str, ...] = (
     "data.image_cache_mb", "data.prefetch_batches", "data.pin_memory",
     "optim.accum_freq", "optim.fused",
     "run.name", "run.storage_path", "run.checkpoint_every", "run.num_to_keep",
-    "run.cpus_per_worker", "run.torch_threads", "run.ray_train_log_level", "run.compile",
-    "run.trim_text", "run.locked_image_cache_mb", "run.data_loop_period_s", "run.compile_mode", "run.channels_last", "run.log_every", "run.max_failures",
-    "run.worker_resources", "run.eval_every", "run.eval_max_images", "run.best_metric",
-    "run.best_mode",
+    "run.cpus_per_worker", "run.torch_threads", "run.compile", "run.trim_text",
+    "run.locked_image_cache_mb", "run.data_loop_period_s", "run.channels_last",
+    "run.log_every", "run.max_failures", "run.worker_resources", "run.eval_every",
+    "run.eval_max_images", "run.best_metric",
     "tracking",
 )
 

@@ -106,6 +106,10 @@ logger = logging.getLogger(__name__)
 
 _DRIVER_DATA_PASSES = threading.Lock()  # _train: one run's driver-side data passes at a time
 
+# Ray Train's own console lines: warnings only, so that the step lines (ours) stay
+# readable; every level is in the session's log files (/tmp/ray/session_latest/logs).
+RAY_TRAIN_CONSOLE_LEVEL = "WARNING"
+
 
 
 
@@ -123,7 +127,8 @@ def step_options(config: TrainConfig) -> StepOptions:
                        grad_clip=config.optim.grad_clip,
                        logit_scale_max=config.optim.logit_scale_max,
                        channels_last=config.run.channels_last,
-                       compile=config.run.compile, compile_mode=config.run.compile_mode,
+                       compile=config.run.compile is not None,
+                       compile_mode=config.run.compile or "default",
                        trim_text=config.run.trim_text,
                        locked_image_cache_mb=config.run.locked_image_cache_mb)
 
@@ -455,9 +460,8 @@ def _periodic_evaluator(config: TrainConfig, plan: WorkerPlan):
 
     records = validation_records(config.data.units_uri, config.data.world,
                                  config.run.eval_max_images, required=not plan.heldout)
-    return PeriodicEvaluator(records, config.run.best_metric, config.run.best_mode,
-                             plan.best_uri, seed=config.run.seed,
-                             heldout=load_held_out(plan.heldout, config))
+    return PeriodicEvaluator(records, config.run.best_metric, plan.best_uri,
+                             seed=config.run.seed, heldout=load_held_out(plan.heldout, config))
 
 
 def _evaluate_during_training(evaluator, setup: WorkerSetup, config: TrainConfig, step: int,
@@ -721,7 +725,7 @@ def _trainer(config: TrainConfig, name: str, root: str, loop_config: dict, datas
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=config.run.num_to_keep),
             # Ray Train's own console lines (worker group start, each report and checkpoint)
             # at INFO drown the step lines; its log files under the session keep them.
-            logging_config=ray.train.LoggingConfig(log_level=config.run.ray_train_log_level),
+            logging_config=ray.train.LoggingConfig(log_level=RAY_TRAIN_CONSOLE_LEVEL),
             callbacks=list(callbacks)),
         datasets=datasets,
         # One worker needs no split: it runs each epoch's pipeline itself. Several share

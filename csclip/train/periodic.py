@@ -59,24 +59,24 @@ def validation_records(units_uri: str | None, world, max_images: int,
 class PeriodicEvaluator:
     """Scores a training model on a fixed validation benchmark and keeps the best weights.
 
-    records: the validation split (already capped); best_metric / mode: which report key
-    decides the best checkpoint and whether larger is better; best_uri: where `best/` goes
+    records: the validation split (already capped); best_metric: the report key that
+    decides the best checkpoint (larger is better: every report key is an accuracy, a
+    recall or a gap Δ = s(A) - s(A-)); best_uri: where `best/` goes
     (local or s3://). A best/ left by an earlier attempt of the same run sets the bar, so a
     resumed run does not overwrite a better checkpoint. heldout: data.val_ratio's rows,
     whose contrastive_accuracy joins the metrics (best_metric contrastive_accuracy: the
     authors' rule, best/ their last_checkpoint.pt).
     """
 
-    def __init__(self, records: Sequence[UnitsRecord], best_metric: str, mode: str,
-                 best_uri: str, seed: int = 0, heldout: HeldOut | None = None) -> None:
+    def __init__(self, records: Sequence[UnitsRecord], best_metric: str, best_uri: str, seed: int = 0, heldout: HeldOut | None = None) -> None:
         self.records = list(records)
         self.heldout = heldout
         # No bootstrap and no image-side items: only what is logged, as cheaply as possible.
         self.benchmark = BenchmarkConfig(seed=seed, num_bootstrap=0, image_side=False)
         # No records (allowed with held-out captions only): nothing but their score.
         self.prepared = prepare_benchmark(self.records, self.benchmark) if self.records else None
-        self.suites = SuitesConfig(world_pairs=False, world_zeroshot=False)
-        self.best_metric, self.mode, self.best_uri = best_metric, mode, best_uri
+        self.suites = SuitesConfig(num_world_pairs=0, num_zeroshot_items=0)
+        self.best_metric, self.best_uri = best_metric, best_uri
         self.best_value = self._saved_best()
 
     def _saved_best(self) -> float | None:
@@ -111,7 +111,7 @@ class PeriodicEvaluator:
             return False
         if self.best_value is None:
             return True
-        return value > self.best_value if self.mode == "max" else value < self.best_value
+        return value > self.best_value
 
     def save_best(self, model: torch.nn.Module, spec: ModelSpec, config: dict, step: int,
                   metrics: dict[str, float]) -> str:
@@ -122,7 +122,7 @@ class PeriodicEvaluator:
             save_checkpoint(model, spec, tmp, None, config)
             Path(tmp, BEST_METRICS_FILE).write_text(json.dumps(
                 {"step": step, "metric": self.best_metric, "value": value,
-                 "mode": self.mode, **{k: metrics[k] for k in LOGGED_KEYS + HELD_OUT_KEYS if k in metrics}}))
+                 **{k: metrics[k] for k in LOGGED_KEYS + HELD_OUT_KEYS if k in metrics}}))
             upload_dir(tmp, self.best_uri)
         self.best_value = value
         log.info("step %d: new best %s = %.2f -> %s", step, self.best_metric, value,

@@ -63,9 +63,8 @@ def prepare_benchmark(
         )
     side: list[ImageSideItem] = []
     if config.image_side:
-        side = build_image_side_benchmark(
-            records, seed, config.min_distractors, config.max_distractors
-        )
+        # 2-5 distractor images per item (SPEC §4), the builder's defaults.
+        side = build_image_side_benchmark(records, seed)
     image_ids = [i.image_id for i in benchmark.items]
     image_ids += [image_id for item in side for image_id in (item.image_id, *item.distractors)]
     images = image_sources(records, image_ids)

@@ -47,10 +47,10 @@ RETRIEVAL_FILES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 
 def evaluate_suites(
     encoder: Encoder, records: Sequence[UnitsRecord], config: SuitesConfig | None = None,
-    found: NamedSuites | None = None,
+    found: NamedSuites | None = None, seed: int = 0,
 ) -> dict[str, float]:
     """Retrieval (when the records have images), the world suites and world zero-shot
-    (world records), SugarCrepe (sugarcrepe_dir), the named real-data suites (`found`:
+    (world records; their draws seeded by `seed`, the evaluation's benchmark.seed), SugarCrepe (sugarcrepe_dir), the named real-data suites (`found`:
     find_named_suites' result, read once before the models) and retrieval over shards
     (retrieval_shards), encoded through `encoder` (its cache is shared with the half-truth
     benchmark). Only measured metrics get a key."""
@@ -59,11 +59,11 @@ def evaluate_suites(
     has_images = bool(records) and all(r.image_bytes is not None or r.image_path for r in records)
     if config.retrieval and has_images:
         metrics.update(evaluate_retrieval(encoder, records, counting=config.retrieval_rule))
-    if config.world_pairs:
-        metrics.update(evaluate_world_suites(encoder, records, config.seed, config.num_world_pairs,
-                                             config.num_replace_items))
-    if config.world_zeroshot and config.num_zeroshot_items:
-        metrics.update(evaluate_world_zeroshot(encoder, records, config.seed,
+    if config.num_world_pairs:
+        metrics.update(evaluate_world_suites(encoder, records, seed, config.num_world_pairs,
+                                             config.num_world_pairs))
+    if config.num_zeroshot_items:
+        metrics.update(evaluate_world_zeroshot(encoder, records, seed,
                                                config.num_zeroshot_items))
     if config.sugarcrepe_dir:
         metrics.update(evaluate_sugarcrepe(encoder, config.sugarcrepe_dir, config.coco_images,
