@@ -78,7 +78,7 @@ def test_best_state_is_the_step_with_the_highest_held_out_accuracy(tmp_path):
                           splits=("val",)))
     bundle = create_bundle("csclip-tiny", image_size=32)
     run = tmp_path / "run"
-    evaluator = PeriodicEvaluator(val, "contrastive_accuracy", "max", str(run / "best"))
+    evaluator = PeriodicEvaluator(val, "contrastive_accuracy", str(run / "best"))
     for step, value in ((100, 40.0), (200, 60.0), (300, 50.0), (400, math.nan)):
         metrics = {"contrastive_accuracy": value, "ht_all": 99.0 - step / 100}
         if evaluator.is_better(metrics):
@@ -89,7 +89,7 @@ def test_best_state_is_the_step_with_the_highest_held_out_accuracy(tmp_path):
     best = held_out_best(str(run))
     assert best is not None and best.step == 200 and best.uri.endswith("best")
     other = tmp_path / "other"  # best/ chosen by another metric: not the authors' state
-    PeriodicEvaluator(val, "ht_all", "max", str(other / "best")).save_best(
+    PeriodicEvaluator(val, "ht_all", str(other / "best")).save_best(
         bundle.model, spec_of(bundle.model, "csclip-tiny"), {}, 5, {"ht_all": 1.0})
     assert held_out_best(str(other)) is None and held_out_best(str(tmp_path / "none")) is None
 
@@ -134,7 +134,7 @@ def test_held_out_rows_scored_alone_without_a_validation_split(tmp_path):
     with pytest.raises(Exception, match="no records in split"):
         validation_records(None, world, 4)
     assert validation_records(None, world, 4, required=False) == []
-    evaluator = PeriodicEvaluator([], "contrastive_accuracy", "max", str(tmp_path / "best"),
+    evaluator = PeriodicEvaluator([], "contrastive_accuracy", str(tmp_path / "best"),
                                   heldout=held)
     assert evaluator.evaluate(bundle, "cpu") == {"contrastive_accuracy": pytest.approx(value)}
 

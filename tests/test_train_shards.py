@@ -165,7 +165,8 @@ def test_no_epoch_of_a_run_on_shards_shuffles_or_sorts(world_shards, tmp_path, r
     for scope in ("global", "worker"):
         config = _config(tmp_path, mlflow_uri, world_shards, f"data.batch_scope={scope}",
                          "run.num_workers=2", "data.batch_size=4")
-        plan, datasets, _, _ = _shard_training(config, spec_from_config(config.model),
+        plan, datasets, _, _ = _shard_training(config, config.data,
+                                               spec_from_config(config.model),
                                                step_options(config).objective)
         assert len(datasets) == plan.num_epochs * (2 if scope == "global" else 1)
         for dataset in datasets.values():

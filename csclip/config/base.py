@@ -52,6 +52,9 @@ REMOVED_FIELDS: dict[str, str] = {
     "swap_negatives.batch_size": "leave it out: spaCy parses 1000 captions a batch, as the "
                                  "authors' script (the shuffles are the same at any size)",
     "output.num_threads": "leave it out: csclip shards prepares 8 images at once",
+    "data.prepare_images": "leave it out: a units table is written once as shards of its "
+                           "images' uint8 pixels and every run on it reads those "
+                           "(csclip.train.table_shards)",
 }
 
 

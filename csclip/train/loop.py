@@ -585,7 +585,7 @@ def _train(config: TrainConfig, callbacks: Sequence = (), *, hooks: WorkerHooks 
     DataContext.get_current().use_ray_tqdm = False
     # Every dataset of the run keeps its blocks in order: the batches are a function of
     # the config, so a resumed run skips exactly what it trained on (epoch_datasets).
-    # The world's rows, a units table's, or its images prepared once (data.prepare_images).
+    # The world's rows, or a units table's or webdataset shards (csclip.train.shards).
     objective = step_options(config).objective
     # Runs started from threads of one driver (the demo's two fine-tunings) check and
     # cache their data one at a time: two such passes at once take every CPU of a small
