@@ -682,12 +682,14 @@ def _publish_outputs(staging: Path, out: Path) -> dict[str, Path]:
 
 
 def write_outputs(
-    reports: Mapping[str, HalfTruthReport], prepared: PreparedBenchmark, out_dir: str | Path,
+    reports: Mapping[str, HalfTruthReport], prepared: PreparedBenchmark | None,
+    out_dir: str | Path,
     extra_files: Mapping[str, str] | None = None, results_template: str | None = None,
 ) -> tuple[str, dict[str, Path]]:
     """Write the tables, Figure 3, the benchmark table, per-item scores, `extra_files`
     (name -> text) and, with `results_template`, one CLIP_benchmark-shaped JSON per model
-    and benchmark (result_files); return (markdown, files). The files are written to a
+    and benchmark (result_files); return (markdown, files). Without `prepared` (--no-world:
+    no half-truth benchmark) only the suites' tables and results. The files are written to a
     staging folder, moved into `out_dir`, and the marker (EVALUATION_COMPLETE) is written
     last: a reader never takes a half-written evaluation for a finished one
     (check_evaluation)."""
@@ -705,12 +707,22 @@ def write_outputs(
     return markdown, _publish_outputs(staging, out)
 
 
+# The tables of the half-truth benchmark (paper_tables), absent without one (--no-world).
+HALF_TRUTH_TABLES = ("table1", "table6", "table7", "table7_ci", "image_side")
+
+
 def _write_staged(
-    reports: Mapping[str, HalfTruthReport], prepared: PreparedBenchmark, out: Path
+    reports: Mapping[str, HalfTruthReport], prepared: PreparedBenchmark | None, out: Path
 ) -> str:
     """Write every file of write_outputs into `out` (the staging folder); return the
     markdown."""
     tables = paper_tables(reports)
+    if prepared is None:
+        identities = {name: r.identity for name, r in reports.items() if r.identity is not None}
+        kept = {stem: table for stem, table in tables.items() if stem not in HALF_TRUTH_TABLES}
+        for stem, table in kept.items():
+            table.write(out, stem, identities)
+        return "\n".join(table.to_markdown() for table in kept.values())
     bench = prepared.benchmark
     # Every half-truth table names the protocol and the benchmark's hash (docs/evaluation.md).
     tag = f" (protocol {bench.protocol}, benchmark {bench.content_hash[:19]})"
