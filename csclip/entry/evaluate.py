@@ -14,6 +14,7 @@ from csclip.config import apply_overrides, read_yaml, refuse_given, validate_con
 from csclip.config.eval import CHECKPOINT_SELECTIONS, EvalConfig
 from csclip.config.model import ModelSource
 from csclip.entry.common import (
+    announce,
     make_parser,
     mlflow_line,
     printed_config,
@@ -370,9 +371,40 @@ def _evaluate(args: argparse.Namespace) -> int:
     if printed_config(args, config):
         return 0
     refuse_file_as_folder(config.out_dir, "--out (out_dir)")
+    announce("evaluate", f"{evaluated_models(args, config)} on {evaluated_data(config)} into "
+             f"{config.out_dir}", "torch and the model")
     # One evaluation per --out at a time: a second one's tables would replace the first's.
     with output_lease(resolve_output(config.out_dir, "out_dir"), "csclip evaluate"):
         return _evaluate_into(config, args)
+
+
+def evaluated_models(args: argparse.Namespace, config: EvalConfig) -> str:
+    """The model(s) a run evaluates, as the first line names them."""
+    if config.checkpoint:
+        return f"checkpoint {config.checkpoint}"
+    pairs = model_pairs(args)
+    if len(pairs) > 1:
+        return f"{len(pairs)} models"
+    model = config.model
+    return f"{model.name} ({model.pretrained or 'random weights'})"
+
+
+def evaluated_data(config: EvalConfig) -> str:
+    """What a run scores, as the first line names it: the half-truth benchmark's source
+    and the suites asked by name."""
+    if config.benchmark.file:
+        parts = [f"benchmark file {config.benchmark.file}"]
+    elif config.data.units_uri:
+        parts = [f"the half-truth benchmark of {config.data.units_uri}"]
+    elif config.data.use_world:
+        parts = [f"the world's {config.data.world.num_val} validation scenes"]
+    else:
+        parts = []
+    suites = config.suites
+    parts += [f"suites {','.join(suites.names)}"] if suites.names else []
+    parts += ["SugarCrepe"] if suites.sugarcrepe_dir else []
+    parts += [f"shards {','.join(suites.retrieval_shards)}"] if suites.retrieval_shards else []
+    return " + ".join(parts)
 
 
 def _evaluate_into(config, args: argparse.Namespace) -> int:
