@@ -181,7 +181,9 @@ def test_load_records_names_the_missing_split(tmp_path, world_val):
         ],
         str(path),
     )
-    with pytest.raises(DataError, match="splits present: \\['train'\\]"):
+    # The line says how evaluate chooses a split (it has no --split flag; a field).
+    with pytest.raises(DataError, match="splits present: \\['train'\\]\\); choose one with "
+                                        "--set data.split=NAME"):
         load_records(EvalDataConfig(units_uri=str(path)))
     assert len(load_records(EvalDataConfig(units_uri=str(path), split="train"))) == 2
     with pytest.raises(ConfigError):
