@@ -99,12 +99,13 @@ def test_two_models_write_one_result_per_model_and_benchmark_and_two_mlflow_runs
     runs = client.search_runs([client.get_experiment_by_name("csclip-eval").experiment_id])
     models = {r.data.tags["csclip_label"]: r for r in runs
               if r.data.tags.get("csclip_role") == "model"}
-    assert sorted(models) == ["csclip-tiny:checkpoint_000005", "csclip-tiny:final"]
+    # Each labelled by its run's folder and checkpoint, not "final" alone nor a full path.
+    assert sorted(models) == ["csclip-tiny:a/checkpoint_000005", "csclip-tiny:b/final"]
     first_run, second_run = models.values()
     assert set(first_run.data.metrics) == set(second_run.data.metrics)
     assert "ht_all" in first_run.data.metrics
-    final = models["csclip-tiny:final"]
-    assert final.info.run_name == "csclip-tiny:final on halftruth, retrieval"
+    final = models["csclip-tiny:b/final"]
+    assert final.info.run_name == "csclip-tiny:b/final on halftruth, retrieval"
     assert (final.data.tags["model"], final.data.tags["pretrained"], final.data.tags["step"]) \
         == ("csclip-tiny", str(second), "7")
     assert final.data.metrics["ht_all"] == pytest.approx(halftruth["ht_all"])

@@ -110,11 +110,21 @@ def evaluate_bundle(
                             records, benchmark, suites or SuitesConfig())
 
 
+# The directory names every run's checkpoints share (csclip.train): a label of one names
+# its run too, as "final" alone says nothing of which model it is.
+RUN_CHECKPOINT_NAME = re.compile(r"final|best|checkpoint_\d+")
+
+
 def model_label(bundle: ClipBundle | ModelSource) -> str:
-    """ "ViT-B-32:openai", "csclip-tiny" or, for a checkpoint, "csclip-tiny:<directory name>"."""
+    """ "ViT-B-32:openai", "csclip-tiny", "csclip-tiny:weights.pt" or, for a run's
+    checkpoint, "csclip-tiny:<run>/final" (or <run>/checkpoint_000123)."""
     if not bundle.pretrained:
         return bundle.name
-    return f"{bundle.name}:{Path(bundle.pretrained).name or bundle.pretrained}"
+    parts = [part for part in bundle.pretrained.replace("\\", "/").split("/") if part]
+    if not parts:
+        return f"{bundle.name}:{bundle.pretrained}"
+    keep = 2 if len(parts) > 1 and RUN_CHECKPOINT_NAME.fullmatch(parts[-1]) else 1
+    return f"{bundle.name}:{'/'.join(parts[-keep:])}"
 
 
 _CHECKPOINT_DIR = re.compile(r"checkpoint_0*(\d+)")
