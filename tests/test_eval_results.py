@@ -214,3 +214,21 @@ def test_an_evaluate_setting_typo_is_refused_with_its_near_miss_before_torch():
     assert done.stderr.strip().splitlines()[-1].endswith(
         "unknown setting benchmark.sed (did you mean benchmark.seed?)"), done.stderr
     assert done.stdout.strip() == "no torch"
+
+
+def test_an_evaluation_leaves_none_of_the_previous_ones_files_in_out(tmp_path, capsys):
+    from csclip.entry.evaluate import main
+
+    out = tmp_path / "eval"
+    base = ["--model", "csclip-tiny", *TINY, "--set", "tracking.enabled=false", "--out", str(out)]
+    assert main([*base, "--output", "{dataset}_before_{task}.json"]) == 0
+    assert list(out.glob("*_before_*.json"))
+    (out / "mine.txt").write_text("a file of the user's, not listed by the evaluation")
+    assert main(base) == 0
+    capsys.readouterr()
+    # CLIP_benchmark's build reads every JSON of the folder: only this evaluation's remain.
+    assert not list(out.glob("*_before_*.json"))
+    assert {p.name for p in out.glob("*.json")} == {
+        "halftruth_random_csclip-tiny_half_truth.json",
+        "retrieval_random_csclip-tiny_zeroshot_retrieval.json"}
+    assert (out / "mine.txt").exists()

@@ -644,11 +644,26 @@ def begin_outputs(out_dir: str | Path) -> Path:
     evaluation's marker goes, and so do the staging folders of evaluations killed there."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # The previous evaluation's files go with its marker: a result JSON of a model not
+    # evaluated now would otherwise sit beside the new ones, read by CLIP_benchmark's build.
+    _remove_listed(out)
     (out / EVALUATION_COMPLETE).unlink(missing_ok=True)
     (out / _OLD_EVALUATION_COMPLETE).unlink(missing_ok=True)
     for stale in out.glob(f"{_STAGING_PREFIX}*"):  # one writer per folder: output_lease
         shutil.rmtree(stale, ignore_errors=True)
     return out
+
+
+def _remove_listed(out: Path) -> None:
+    """Remove the files a finished evaluation in `out` listed in its marker (only names
+    that stay inside `out`); nothing without a readable marker."""
+    try:
+        listed = json.loads((out / EVALUATION_COMPLETE).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # none, or not ours
+        return
+    for name in listed if isinstance(listed, dict) else ():
+        if isinstance(name, str) and storage.inside_folder(name) and (out / name).is_file():
+            (out / name).unlink()
 
 
 def evaluation_problem(out_dir: str | Path) -> str | None:
