@@ -232,3 +232,14 @@ def test_an_evaluation_leaves_none_of_the_previous_ones_files_in_out(tmp_path, c
         "halftruth_random_csclip-tiny_half_truth.json",
         "retrieval_random_csclip-tiny_zeroshot_retrieval.json"}
     assert (out / "mine.txt").exists()
+
+
+def test_a_value_not_measured_is_n_a_in_markdown_and_empty_in_csv_never_nan(tmp_path):
+    from csclip.eval.report import Table
+
+    # A CI without bootstrap (benchmark.num_bootstrap=0) is NaN in the metrics.
+    table = Table("t", ("Model", "Overall", "CI low", "Items"), (("m", 50.0, float("nan"), 4.0),),
+                  ("", "acc", "acc", "int"), ("label", "ht_all", "ht_all_ci_low", "num_items"))
+    files = table.write(tmp_path, "t")
+    assert "| m | 50.0 | n/a | 4 |" in files["t.md"].read_text()
+    assert files["t.csv"].read_text().splitlines()[1] == "m,,,,50.0,,4"

@@ -123,15 +123,23 @@ class Table:
 IDENTITY_KEYS = ("model", "pretrained", "step")  # the CSV columns after `label`
 
 
+def _not_measured(value: object) -> bool:
+    # None, or NaN: what a metric not measured holds (a CI with benchmark.num_bootstrap=0).
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def _csv_value(value, kind: str):
-    # A count is an integer in the CSV (4000, not 4000.0); the rest as measured.
-    if kind == "int" and value is not None:
+    # A count is an integer in the CSV (4000, not 4000.0); the rest as measured; a value
+    # not measured an empty cell, as in the JSON results (null), not "nan".
+    if _not_measured(value):
+        return None
+    if kind == "int":
         return int(round(value))
     return value
 
 
 def _fmt(value, kind: str) -> str:
-    if value is None:
+    if _not_measured(value):
         return "n/a"
     if kind == "acc":
         return f"{value:.1f}"
