@@ -273,3 +273,14 @@ def test_pipeline_user_errors_are_one_line_and_exit_2(tmp_path, capsys):
 ])
 def test_a_checkpoint_is_labelled_by_its_run_not_final_alone(pretrained, label):
     assert model_label(ModelSource(name="csclip-tiny", pretrained=pretrained)) == label
+
+
+def test_a_missing_image_at_a_relative_path_hints_at_image_root(tmp_path, monkeypatch):
+    from csclip.eval.encoder import load_image
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match="give --image-root DIR"):
+        load_image("images/missing.jpg")
+    with pytest.raises(DataError) as absolute:  # a path given in full: nothing to hint
+        load_image(str(tmp_path / "missing.jpg"))
+    assert "--image-root" not in str(absolute.value)
