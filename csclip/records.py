@@ -19,12 +19,14 @@ from csclip.units import (
 from csclip.world import iter_world
 
 
-def load_split(units_uri: str | None, split: str, world: WorldConfig) -> list[UnitsRecord]:
+def load_split(units_uri: str | None, split: str, world: WorldConfig, *,
+               split_setting: str = "--set data.split=NAME") -> list[UnitsRecord]:
     """The records of one split: read from a units table (local or s3://; only that
     split's rows are read) or, when units_uri is None, generated from the synthetic world.
 
     Raises ConfigError for a split the world does not have, DataError for a missing table
-    or an empty split (naming the splits that are present).
+    or an empty split (naming the splits that are present and `split_setting`, how the
+    caller's command chooses another: evaluate's field, benchmark build's --split).
     """
     if units_uri is None:
         if split not in ("train", "val", "test"):
@@ -48,5 +50,6 @@ def load_split(units_uri: str | None, split: str, world: WorldConfig) -> list[Un
         present = sorted(set(pq.read_table(path, filesystem=fs, columns=["split"])
                              .column("split").to_pylist()))
         raise DataError(f"{units_uri}: no records in split {split!r} (splits present: "
-                        f"{present or 'none'}); set the split or add data")
+                        f"{present or 'none'}); choose one with {split_setting} or add "
+                        f"{split!r} rows")
     return table_to_records(table)

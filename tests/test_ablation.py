@@ -493,3 +493,15 @@ def test_trial_selection_paper_candidates_are_the_evaluations(tmp_path):
     picked = evaluate_selected(None, str(run / "final"), 0, evaluate, "paper")
     assert seen == ["checkpoint_000000", "checkpoint_000001"]
     assert picked.metrics["selected_step"] == 4
+
+
+def test_a_trial_line_counts_the_whole_sweep_though_tune_made_only_its_first_trial():
+    from types import SimpleNamespace
+
+    from csclip.ablation.console import TrialLines
+
+    # With one trial at a time Tune passes only the trials it made so far: one of two.
+    lines: list[str] = []
+    first = SimpleNamespace(config={"setting": "lr=1e-05"}, status="RUNNING", last_result={})
+    TrialLines(lines.append, num_trials=2).on_trial_complete(1, [first], first)
+    assert lines == ["ablate: trial 1/2 done: lr=1e-05: no evaluation metrics"]

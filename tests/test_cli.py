@@ -160,3 +160,37 @@ def test_help_needs_neither_torch_nor_ray():
             "heavy = [m for m in ('torch', 'ray') if m in sys.modules]\n"
             "assert not heavy, heavy\n")
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
+
+
+# Stops the command at its first import of torch or Ray (exit 99): what it printed by then
+# it printed before the seconds those imports, and Ray's start, take.
+STOP_AT_HEAVY_IMPORT = """\
+import sys
+class StopAtHeavyImport:
+    def find_spec(self, name, path=None, target=None):
+        if name in ("torch", "ray"):
+            print(f"importing {name}", file=sys.stderr, flush=True)
+            raise SystemExit(99)
+sys.meta_path.insert(0, StopAtHeavyImport())
+from csclip.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["train", "--max-steps", "1"], "train: csclip on csclip-tiny, 1 steps, runs under "),
+    (["extract", "--backend", "rules", "--input", "captions.txt"],
+     "extract: backend rules on captions.txt into "),
+    (["evaluate"], "evaluate: csclip-tiny (random weights) on the world's 500 validation "
+                   "scenes into "),
+], ids=["train", "extract", "evaluate"])
+def test_each_command_says_what_it_does_before_torch_or_ray_is_imported(argv, said, tmp_path):
+    (tmp_path / "captions.txt").write_text("a dog on a mat\n")
+    done = subprocess.run([sys.executable, "-c", STOP_AT_HEAVY_IMPORT, *argv, "--out",
+                           str(tmp_path / "out"), "--no-tracking"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    lines = done.stderr.splitlines()
+    assert done.returncode == 99 and len(lines) == 2, done.stderr
+    assert said in lines[0] and "; loading " in lines[0], lines[0]
+    assert lines[1].startswith("importing ")

@@ -116,3 +116,11 @@ def test_the_jobs_user_script_fails_at_once_without_a_server(tmp_path):
                            str(tmp_path / "jobs-password"), str(tmp_path / "server.pid")],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "not running" in done.stderr and "csclip-jobs" in done.stderr
+
+
+def test_the_docs_give_mlflows_default_permission_as_the_ini_sets_it():
+    ini = (harness.REPO_ROOT / "cluster" / "mlflow_auth.ini").read_text()
+    (set_to,) = re.findall(r"^default_permission = (\w+)$", ini, flags=re.MULTILINE)
+    said = re.findall(r"default_permission = (\w+)",
+                      (harness.REPO_ROOT / "docs" / "cluster.md").read_text())
+    assert said and set(said) == {set_to}, said

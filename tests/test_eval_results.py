@@ -99,12 +99,13 @@ def test_two_models_write_one_result_per_model_and_benchmark_and_two_mlflow_runs
     runs = client.search_runs([client.get_experiment_by_name("csclip-eval").experiment_id])
     models = {r.data.tags["csclip_label"]: r for r in runs
               if r.data.tags.get("csclip_role") == "model"}
-    assert sorted(models) == ["csclip-tiny:checkpoint_000005", "csclip-tiny:final"]
+    # Each labelled by its run's folder and checkpoint, not "final" alone nor a full path.
+    assert sorted(models) == ["csclip-tiny:a/checkpoint_000005", "csclip-tiny:b/final"]
     first_run, second_run = models.values()
     assert set(first_run.data.metrics) == set(second_run.data.metrics)
     assert "ht_all" in first_run.data.metrics
-    final = models["csclip-tiny:final"]
-    assert final.info.run_name == "csclip-tiny:final on halftruth, retrieval"
+    final = models["csclip-tiny:b/final"]
+    assert final.info.run_name == "csclip-tiny:b/final on halftruth, retrieval"
     assert (final.data.tags["model"], final.data.tags["pretrained"], final.data.tags["step"]) \
         == ("csclip-tiny", str(second), "7")
     assert final.data.metrics["ht_all"] == pytest.approx(halftruth["ht_all"])
@@ -213,3 +214,32 @@ def test_an_evaluate_setting_typo_is_refused_with_its_near_miss_before_torch():
     assert done.stderr.strip().splitlines()[-1].endswith(
         "unknown setting benchmark.sed (did you mean benchmark.seed?)"), done.stderr
     assert done.stdout.strip() == "no torch"
+
+
+def test_an_evaluation_leaves_none_of_the_previous_ones_files_in_out(tmp_path, capsys):
+    from csclip.entry.evaluate import main
+
+    out = tmp_path / "eval"
+    base = ["--model", "csclip-tiny", *TINY, "--set", "tracking.enabled=false", "--out", str(out)]
+    assert main([*base, "--output", "{dataset}_before_{task}.json"]) == 0
+    assert list(out.glob("*_before_*.json"))
+    (out / "mine.txt").write_text("a file of the user's, not listed by the evaluation")
+    assert main(base) == 0
+    capsys.readouterr()
+    # CLIP_benchmark's build reads every JSON of the folder: only this evaluation's remain.
+    assert not list(out.glob("*_before_*.json"))
+    assert {p.name for p in out.glob("*.json")} == {
+        "halftruth_random_csclip-tiny_half_truth.json",
+        "retrieval_random_csclip-tiny_zeroshot_retrieval.json"}
+    assert (out / "mine.txt").exists()
+
+
+def test_a_value_not_measured_is_n_a_in_markdown_and_empty_in_csv_never_nan(tmp_path):
+    from csclip.eval.report import Table
+
+    # A CI without bootstrap (benchmark.num_bootstrap=0) is NaN in the metrics.
+    table = Table("t", ("Model", "Overall", "CI low", "Items"), (("m", 50.0, float("nan"), 4.0),),
+                  ("", "acc", "acc", "int"), ("label", "ht_all", "ht_all_ci_low", "num_items"))
+    files = table.write(tmp_path, "t")
+    assert "| m | 50.0 | n/a | 4 |" in files["t.md"].read_text()
+    assert files["t.csv"].read_text().splitlines()[1] == "m,,,,50.0,,4"

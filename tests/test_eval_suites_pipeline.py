@@ -95,3 +95,29 @@ def test_ablate_checks_suites_before_starting_ray(capsys):
     assert module.main(["--grid", "lr=1e-3", "--suite", "aro,imagenet", "--data-root", "x"]) == 2
     error = capsys.readouterr().err
     assert "unknown suites ['imagenet']" in error and error.count("\n") == 1
+
+
+def test_no_world_evaluates_the_named_suite_alone(tmp_path, capsys):
+    # As CLIP_benchmark evaluates one dataset: the suite's table and results, no synthetic
+    # world generated and no half-truth benchmark built or written.
+    out = tmp_path / "eval"
+    assert _main()(["--model", "csclip-tiny", "--set", "model.image_size=32",
+                    "--set", "tracking.enabled=false", "--no-world", "--suite", "sugarcrepe",
+                    "--data-root", str(FIXTURES), "--allow-partial", "--out", str(out)]) == 0
+    assert "Compositional benchmarks" in capsys.readouterr().out
+    written = {p.name for p in out.iterdir() if not p.name.startswith(".")}
+    assert "benchmarks.csv" in written
+    assert not {"table1.csv", "figure3.png", "benchmark.parquet", "scores.parquet"} & written
+    results = sorted(p.name for p in out.glob("*.json"))
+    assert results and all(name.startswith("sugar_crepe_") for name in results), results
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    ([], "leaves nothing to evaluate"),
+    (["--units", "u.parquet"], "data.units_uri (--units)"),
+    (["--suite", "aro", "--data-root", "x", "--protocol", "paper"], "benchmark.protocol"),
+])
+def test_no_world_without_a_suite_or_with_records_is_one_line(extra, says, capsys):
+    assert _main()(["--no-world", "--set", "tracking.enabled=false", *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and says in err[0], err

@@ -12,6 +12,7 @@ import pytest
 
 from csclip.config import load_config
 from csclip.config.eval import EvalConfig, EvalDataConfig
+from csclip.config.model import ModelSource
 from csclip.config.world import WorldConfig
 from csclip.errors import ConfigError, DataError
 from csclip.eval.halftruth import (
@@ -22,7 +23,7 @@ from csclip.eval.halftruth import (
     prepare_benchmark,
     save_benchmark,
 )
-from csclip.eval.pipeline import compare_models, evaluate_bundle, load_records
+from csclip.eval.pipeline import compare_models, evaluate_bundle, load_records, model_label
 from csclip.model import create_bundle, save_checkpoint, spec_of
 from csclip.units import UnitsRecord, write_units
 from csclip.world import iter_world, scene_from_record
@@ -181,7 +182,9 @@ def test_load_records_names_the_missing_split(tmp_path, world_val):
         ],
         str(path),
     )
-    with pytest.raises(DataError, match="splits present: \\['train'\\]"):
+    # The line says how evaluate chooses a split (it has no --split flag; a field).
+    with pytest.raises(DataError, match="splits present: \\['train'\\]\\); choose one with "
+                                        "--set data.split=NAME"):
         load_records(EvalDataConfig(units_uri=str(path)))
     assert len(load_records(EvalDataConfig(units_uri=str(path), split="train"))) == 2
     with pytest.raises(ConfigError):
@@ -259,3 +262,25 @@ def test_pipeline_user_errors_are_one_line_and_exit_2(tmp_path, capsys):
         and "num_bootstrap" in errors[1]
         and "no records" in errors[2]
     )
+
+
+@pytest.mark.parametrize(("pretrained", "label"), [
+    ("runs/train/quick/final", "csclip-tiny:quick/final"),
+    ("s3://bucket/runs/x/checkpoint_000010/", "csclip-tiny:x/checkpoint_000010"),
+    ("/weights/tiny.pt", "csclip-tiny:tiny.pt"),
+    ("openai", "csclip-tiny:openai"),
+    (None, "csclip-tiny"),
+])
+def test_a_checkpoint_is_labelled_by_its_run_not_final_alone(pretrained, label):
+    assert model_label(ModelSource(name="csclip-tiny", pretrained=pretrained)) == label
+
+
+def test_a_missing_image_at_a_relative_path_hints_at_image_root(tmp_path, monkeypatch):
+    from csclip.eval.encoder import load_image
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match="give --image-root DIR"):
+        load_image("images/missing.jpg")
+    with pytest.raises(DataError) as absolute:  # a path given in full: nothing to hint
+        load_image(str(tmp_path / "missing.jpg"))
+    assert "--image-root" not in str(absolute.value)

@@ -235,6 +235,26 @@ def test_a_typo_is_refused_with_its_near_miss_before_torch_is_imported(argv, lin
     assert done.stdout.strip() == "no torch"
 
 
+# The command, a value out of its field's range, and what its one line names.
+BAD_VALUES = [
+    (["train", "--set", "optim.warmup_steps=-3"], "optim.warmup_steps"),
+    (["evaluate", "--set", "benchmark.num_bootstrap=-1"], "benchmark.num_bootstrap"),
+    (["extract", "--set", "output.shard_size=0"], "output.shard_size"),
+]
+
+
+@pytest.mark.parametrize(("argv", "field"), BAD_VALUES, ids=[v[0][0] for v in BAD_VALUES])
+def test_a_bad_value_is_refused_in_one_line_before_torch_is_imported(argv, field):
+    code = ("import sys\nfrom csclip.cli import main\ncode = main(sys.argv[1:])\n"
+            "print('torch imported' if 'torch' in sys.modules else 'no torch')\nsys.exit(code)")
+    done = subprocess.run([sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and field in lines[0], lines
+    assert done.stdout.strip() == "no torch"
+
+
 def test_unknown_yaml_keys_get_their_near_miss_and_renamed_keys_their_replacement(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("input:\n  uri: c.txt\noutput:\n  shard_sise: 10\n")

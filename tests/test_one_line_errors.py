@@ -22,7 +22,7 @@ from csclip.config.extract import BackendConfig
 from csclip.entry import benchmark, evaluate, extract, train
 from csclip.errors import CheckpointMismatch, DataError
 from csclip.eval.zeroshot_paper import read_sun397
-from csclip.extract import answers
+from csclip.extract import answers, authors_prompts, backends
 from csclip.model import SPEC_FILE, create_bundle, read_spec
 from csclip.report.paper import read_evaluation
 from csclip.units import RejectReason
@@ -177,6 +177,26 @@ def test_a_replay_answers_line_nested_past_the_parser_is_one_error(tmp_path):
                                           + b"[" * 200_000 + b"]" * 200_000 + b"\n")
     with pytest.raises(DataError, match=r"part-0\.jsonl:2: not an answer record"):
         _replayed(folder, ["good"])
+
+
+# A live engine's answer (vllm) nested past the JSON parser: the caption's rejection with its
+# reason, read by the same functions the engine's answers go through.
+DEEP_ANSWER = "[" * 200_000 + "]" * 200_000
+
+
+def test_a_live_answer_nested_past_the_parser_is_a_malformed_json_rejection():
+    row = {"sample_id": "s-0", "image_id": "img", "caption": "A dog on a mat.", "shard": 0,
+           "caption_index": 0, "split": "train", "image_path": None}
+    outcome = backends.llm_outcome(row, DEEP_ANSWER, None)
+    assert outcome.record is None and outcome.reason == RejectReason.MALFORMED_JSON
+    assert "deeper than the JSON parser" in outcome.detail
+
+
+@pytest.mark.parametrize("answer", [DEEP_ANSWER, "{" + '"a": [' * 100_000])
+def test_an_authors_prompt_answer_nested_past_the_parser_gives_nothing_with_its_reason(answer):
+    extraction = authors_prompts.read_extraction(answer)
+    assert extraction.entities == [] and extraction.relations == []
+    assert extraction.error_reason == RejectReason.MALFORMED_JSON and extraction.error
 
 
 # ---------------------------------------------------------------------------------------

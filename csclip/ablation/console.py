@@ -37,15 +37,19 @@ class TrialLines:
     """Tune callback methods that log one line per finished trial (on_trial_complete,
     on_trial_error). `emit` takes the line (default: this module's logger, at INFO)."""
 
-    def __init__(self, emit: Callable[[str], None] | None = None) -> None:
+    def __init__(self, emit: Callable[[str], None] | None = None,
+                 num_trials: int | None = None) -> None:
         self.emit = emit  # None: resolved per line (the callback is pickled with the Tuner)
+        # The sweep's size: Tune makes a grid's trials as slots free up, so the trials it
+        # passes may be fewer than the sweep's (1 of 1 done in a sweep of 2).
+        self.num_trials = num_trials
 
     def on_trial_complete(self, iteration: int, trials: Sequence, trial, **info) -> None:
-        finished, total = _counts(trials, trial)
+        finished, total = _counts(trials, trial, self.num_trials)
         self._emit(trial_line(_setting(trial), trial.last_result, finished, total))
 
     def on_trial_error(self, iteration: int, trials: Sequence, trial, **info) -> None:
-        finished, total = _counts(trials, trial)
+        finished, total = _counts(trials, trial, self.num_trials)
         self._emit(failed_line(_setting(trial), _error(trial), finished, total))
 
     def _emit(self, line: str) -> None:
@@ -56,10 +60,11 @@ def _setting(trial) -> str:
     return str((trial.config or {}).get("setting", trial))
 
 
-def _counts(trials: Sequence, trial) -> tuple[int, int]:
-    """Trials over (this one counted whether Tune set its status yet or not), of all."""
+def _counts(trials: Sequence, trial, num_trials: int | None = None) -> tuple[int, int]:
+    """Trials over (this one counted whether Tune set its status yet or not), of all
+    (`num_trials`, the sweep's size, where known)."""
     finished = sum(1 for t in trials if t is trial or t.status in FINISHED_STATUSES)
-    return finished, max(len(trials), finished)
+    return finished, max(num_trials or 0, len(trials), finished)
 
 
 def _error(trial) -> str:

@@ -191,7 +191,7 @@ def run_sweep(base: TrainConfig, grid: Grid, *, max_concurrent: int | None = Non
                                         trial_dirname_creator=trial_dirname),
             # A line per finished trial as it lands; Tune's box only says RUNNING.
             run_config=tune.RunConfig(name=name, storage_path=storage, verbose=1,
-                                      callbacks=[TrialLinesCallback()]),
+                                      callbacks=[TrialLinesCallback(num_trials=len(grid.settings))]),
         )
     metrics, status, errors = collect_results(tuner.fit())
     report_uri = f"{storage}/{name}-report"

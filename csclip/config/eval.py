@@ -248,6 +248,10 @@ class EvalDataConfig(StrictModel):
     units_uri: str | None = None  # None: generate the synthetic world's split on the fly
     split: str = "val"  # SPEC §4: the benchmark is built from validation units
     world: WorldConfig = WorldConfig()
+    # false (--no-world): no records at all, so no half-truth benchmark and no suite over
+    # the records; only the suites asked by name run, as CLIP_benchmark evaluates one
+    # dataset (EvalConfig checks that some are).
+    use_world: bool = True
 
 
 class EvalTrackingConfig(TrackingConfig):
@@ -276,3 +280,22 @@ class EvalConfig(StrictModel):
     # them), named by this template (relative to out_dir; its --output with {model},
     # {pretrained}, {pretrained_full_path}, {dataset}, {task}: csclip.eval.report.result_name).
     results_template: str = DEFAULT_RESULTS_TEMPLATE
+
+    @model_validator(mode="after")
+    def _something_without_the_world(self) -> EvalConfig:
+        if self.data.use_world:
+            return self
+        given = next((name for name, value in (
+            ("data.units_uri (--units)", self.data.units_uri),
+            ("benchmark.file (--benchmark)", self.benchmark.file),
+            ("benchmark.table_uri", self.benchmark.table_uri)) if value), None)
+        if given:
+            raise ValueError(f"data.use_world=false (--no-world) drops the records, but "
+                             f"{given} gives records to build the half-truth benchmark "
+                             "from; drop one")
+        suites = self.suites
+        if not (suites.names or suites.sugarcrepe_dir or suites.retrieval_shards):
+            raise ValueError("data.use_world=false (--no-world) leaves nothing to evaluate: "
+                             "name a suite (--suite NAMES --data-root DIR, --sugarcrepe DIR "
+                             "or --retrieval-shards NAME=PATTERN)")
+        return self

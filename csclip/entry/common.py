@@ -80,6 +80,13 @@ def setup_logging() -> None:
     logging.getLogger("csclip").setLevel(logging.INFO)
 
 
+def announce(command: str, what: str, loading: str) -> None:
+    """Log `<command>: <what>; loading <loading>...` once the config is checked, before
+    the heavy imports (torch, Ray) and Ray's start take their seconds, so a command says
+    what it is about to do before anything else."""
+    logging.getLogger(f"csclip.{command}").info("%s: %s; loading %s...", command, what, loading)
+
+
 # Exit code of a command stopped by Ctrl-C, as a shell reports a process killed by SIGINT.
 INTERRUPTED_EXIT_CODE = 130
 # What an interrupted command keeps, said on its one line (each entry point says its own).

@@ -14,6 +14,7 @@ from csclip.config import apply_overrides, read_yaml, refuse_given, validate_con
 from csclip.config.eval import CHECKPOINT_SELECTIONS, EvalConfig
 from csclip.config.model import ModelSource
 from csclip.entry.common import (
+    announce,
     make_parser,
     mlflow_line,
     printed_config,
@@ -108,6 +109,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                                 "..., coco_retrieval, flickr8k_retrieval, zeroshot, "
                                 "zeroshot_paper: the paper's ZS column; paper: the paper's 16 "
                                 "with its scorers; docs/evaluation.md): suites.names")
+    shortcuts.add_argument("--no-world", dest="use_world", action="store_const", const=False,
+                           default=None,
+                           help="only the suites named (--suite, --sugarcrepe, "
+                                "--retrieval-shards), as CLIP_benchmark evaluates one dataset: "
+                                "no synthetic world, so no half-truth benchmark: "
+                                "data.use_world=false")
     shortcuts.add_argument("--data-root", metavar="DIR|URI",
                            help="folder (or s3:// prefix) with one sub-folder per suite in its "
                                 "published layout (zeroshot_paper/ and zeroshot/ also take "
@@ -218,7 +225,8 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
         model, checkpoint = None, model
     return shortcut_overrides({
         "model.name": model, "model.pretrained": pretrained,
-        "checkpoint": checkpoint, "data.units_uri": args.units, "out_dir": args.out,
+        "checkpoint": checkpoint, "data.units_uri": args.units, "data.use_world": args.use_world,
+        "out_dir": args.out,
         "benchmark.file": args.benchmark, "benchmark.image_root": args.image_root,
         "benchmark.allow_outside_image_root": args.allow_outside_image_root,
         "benchmark.protocol": args.protocol,
@@ -279,6 +287,10 @@ UNUSED_WITHOUT_SUGARCREPE = {
     "suites.coco_images": "suites.coco_images (--coco-images) holds the images of SugarCrepe "
                           "(--sugarcrepe DIR); give --sugarcrepe too",
 }
+UNUSED_WITHOUT_WORLD = {
+    **{path: f"data.use_world=false (--no-world) builds no half-truth benchmark, so {path} is "
+             "unused" for path in ("data.world", "data.split", "benchmark")},
+}
 UNUSED_ON_THE_WORLD = {
     "benchmark.image_root": "benchmark.image_root (--image-root) roots the relative image "
                             "paths of a units table (--units) or a benchmark file "
@@ -299,7 +311,8 @@ def _given(data: object, path: str) -> object:
 def refuse_unused(data: dict) -> None:
     """Refuse the fields the run described by `data` would not read: those of
     UNUSED_WITH_CHECKPOINT, UNUSED_WITH_BENCHMARK_FILE, UNUSED_WITHOUT_SUITE,
-    UNUSED_WITHOUT_SUGARCREPE and UNUSED_ON_THE_WORLD, when they apply."""
+    UNUSED_WITHOUT_SUGARCREPE, UNUSED_WITHOUT_WORLD and UNUSED_ON_THE_WORLD, when they
+    apply."""
     if data.get("checkpoint"):
         refuse_given(data, UNUSED_WITH_CHECKPOINT)
     if _given(data, "benchmark.file"):
@@ -308,6 +321,8 @@ def refuse_unused(data: dict) -> None:
         refuse_given(data, UNUSED_WITHOUT_SUITE, accepted={"suites.data_root": None})
     if not _given(data, "suites.sugarcrepe_dir"):
         refuse_given(data, UNUSED_WITHOUT_SUGARCREPE, accepted={"suites.coco_images": None})
+    if _given(data, "data.use_world") is False:
+        refuse_given(data, UNUSED_WITHOUT_WORLD)
     if not _given(data, "data.units_uri") and not _given(data, "benchmark.file"):
         refuse_given(data, UNUSED_ON_THE_WORLD, accepted={"benchmark.image_root": None})
 
@@ -354,9 +369,40 @@ def _evaluate(args: argparse.Namespace) -> int:
     if printed_config(args, config):
         return 0
     refuse_file_as_folder(config.out_dir, "--out (out_dir)")
+    announce("evaluate", f"{evaluated_models(args, config)} on {evaluated_data(config)} into "
+             f"{config.out_dir}", "torch and the model")
     # One evaluation per --out at a time: a second one's tables would replace the first's.
     with output_lease(resolve_output(config.out_dir, "out_dir"), "csclip evaluate"):
         return _evaluate_into(config, args)
+
+
+def evaluated_models(args: argparse.Namespace, config: EvalConfig) -> str:
+    """The model(s) a run evaluates, as the first line names them."""
+    if config.checkpoint:
+        return f"checkpoint {config.checkpoint}"
+    pairs = model_pairs(args)
+    if len(pairs) > 1:
+        return f"{len(pairs)} models"
+    model = config.model
+    return f"{model.name} ({model.pretrained or 'random weights'})"
+
+
+def evaluated_data(config: EvalConfig) -> str:
+    """What a run scores, as the first line names it: the half-truth benchmark's source
+    and the suites asked by name."""
+    if config.benchmark.file:
+        parts = [f"benchmark file {config.benchmark.file}"]
+    elif config.data.units_uri:
+        parts = [f"the half-truth benchmark of {config.data.units_uri}"]
+    elif config.data.use_world:
+        parts = [f"the world's {config.data.world.num_val} validation scenes"]
+    else:
+        parts = []
+    suites = config.suites
+    parts += [f"suites {','.join(suites.names)}"] if suites.names else []
+    parts += ["SugarCrepe"] if suites.sugarcrepe_dir else []
+    parts += [f"shards {','.join(suites.retrieval_shards)}"] if suites.retrieval_shards else []
+    return " + ".join(parts)
 
 
 def _evaluate_into(config, args: argparse.Namespace) -> int:
@@ -368,6 +414,9 @@ def _evaluate_into(config, args: argparse.Namespace) -> int:
 
         check_retrieval_shards(config.suites.retrieval_shards)
     if args.select == "paper":  # csclip.eval.selection: every saved step, the authors' pick
+        if not config.data.use_world:  # its pick is read off the half-truth benchmark too
+            raise ConfigError("--select paper scores every saved step on the half-truth "
+                              "benchmark too; drop --no-world")
         from csclip.eval.selection import run_selected_evaluation  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
 
         selected = run_selected_evaluation(config)

@@ -10,6 +10,7 @@ from csclip.config import load_config
 from csclip.config.extract import BackendName, ExtractConfig, InputFormat
 from csclip.entry.common import (
     add_address_argument,
+    announce,
     make_parser,
     mlflow_line,
     printed_config,
@@ -118,6 +119,9 @@ def _extract(args: argparse.Namespace) -> int:
     if printed_config(args, config):
         return 0
     refuse_file_as_folder(config.output.uri, "--out (output.uri)")
+    source = "the synthetic world" if config.input.is_world else config.input.uri
+    announce("extract", f"backend {config.backend.name} on {source} into {config.output.uri}",
+             "Ray")
     prepare_ray_env(args.address)  # before the pipeline imports ray
     from csclip.extract.pipeline import read_input, run_extraction, with_input_format  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
     from csclip.extract.shards import run_shard_extraction, shard_uris  # noqa: PLC0415  as above

@@ -10,6 +10,7 @@ from csclip.config import load_config
 from csclip.config.train import TrainConfig
 from csclip.entry.common import (
     add_address_argument,
+    announce,
     default_config_path,
     make_parser,
     mlflow_line,
@@ -109,6 +110,11 @@ def _train(args: argparse.Namespace) -> int:
     if printed_config(args, config):
         return 0
     refuse_file_as_folder(config.run.storage_path, "--out (run.storage_path)")
+    steps = (f"{config.optim.max_steps} steps" if config.optim.max_steps
+             else f"{config.optim.epochs} epochs")
+    announce("train", f"{config.loss.method} on {config.model.name}, {steps}, runs under "
+             f"{config.run.storage_path}", "torch and Ray (a finished run is answered "
+             "without starting Ray)")
     prepare_ray_env(args.address)  # before the training imports ray
     from csclip.train import finished_result, run, run_name  # noqa: PLC0415  the program (and torch, ray) loads once the config is checked
 

@@ -128,7 +128,8 @@ def build_frozen_benchmark(
             return _frozen(benchmark, images, built_from, config, sources, image_root)
         records = _authors_records(units_uri, image_root)
     else:
-        records = records_under_root(load_split(units_uri, split, WorldConfig()), image_root)
+        records = records_under_root(load_split(units_uri, split, WorldConfig(),
+                                                split_setting="--split NAME"), image_root)
     benchmark = build_for_protocol(records, config)
     images = {r.image_id: r.image_path for r in records}
     sources = image_sources(records, sorted({item.image_id for item in benchmark.items}))

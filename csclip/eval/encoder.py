@@ -173,7 +173,15 @@ def load_image(source: ImageSource) -> bytes:
         source, "", "")
     uri, _, box = source.partition(CROP_MARK)
     filesystem, path = filesystem_for(uri)
-    data = read_bytes(filesystem, path)
+    try:
+        data = read_bytes(filesystem, path)
+    except DataError as err:
+        if uri.startswith(("/", "~")) or "://" in uri:
+            raise
+        # A relative path not joined to any root: a units table's paths are often relative
+        # to an image folder the command was not given.
+        raise DataError(f"{err}; a relative image path is read from the current directory: "
+                        "give --image-root DIR, the folder its paths are under") from err
     if mark and hashlib.sha256(data).hexdigest() != digest:
         raise DataError(f"image {uri}: its bytes differ from those the benchmark file was "
                         f"built with (sha256 {hashlib.sha256(data).hexdigest()[:16]}..., the "

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import open_clip
 import torch
 
@@ -33,6 +34,7 @@ from csclip.eval.encoder import Encoder
 from csclip.eval.halftruth import (
     CONDITIONS,
     BenchmarkConfig,
+    ItemScores,
     PreparedBenchmark,
     half_truth_metrics,
     image_side_metrics,
@@ -64,15 +66,19 @@ log = logging.getLogger(__name__)
 def evaluate_encoder(
     name: str,
     encoder: Encoder,
-    prepared: PreparedBenchmark,
+    prepared: PreparedBenchmark | None,
     records: Sequence[UnitsRecord],
     benchmark: BenchmarkConfig,
     suites: SuitesConfig | None = None,
     found: NamedSuites | None = None,
 ) -> HalfTruthReport:
-    """One model's report: the half-truth (and image-side) metrics of `prepared`, plus the
-    suites on `records` (the named ones as `found` before any model loaded), all from
-    `encoder` (each text and image encoded once)."""
+    """One model's report: the half-truth (and image-side) metrics of `prepared` (None: no
+    half-truth benchmark, --no-world), plus the suites on `records` (the named ones as
+    `found` before any model loaded), all from `encoder` (each text and image encoded
+    once)."""
+    if prepared is None:
+        metrics = evaluate_suites(encoder, records, suites or SuitesConfig(), found)
+        return HalfTruthReport(name, metrics, (), ItemScores(*[np.zeros(0)] * 3))
     features = encoder.features(prepared.texts, prepared.images)
     bench = prepared.benchmark
     scores = score_items(features, bench.items)
@@ -104,11 +110,21 @@ def evaluate_bundle(
                             records, benchmark, suites or SuitesConfig())
 
 
+# The directory names every run's checkpoints share (csclip.train): a label of one names
+# its run too, as "final" alone says nothing of which model it is.
+RUN_CHECKPOINT_NAME = re.compile(r"final|best|checkpoint_\d+")
+
+
 def model_label(bundle: ClipBundle | ModelSource) -> str:
-    """ "ViT-B-32:openai", "csclip-tiny" or, for a checkpoint, "csclip-tiny:<directory name>"."""
+    """ "ViT-B-32:openai", "csclip-tiny", "csclip-tiny:weights.pt" or, for a run's
+    checkpoint, "csclip-tiny:<run>/final" (or <run>/checkpoint_000123)."""
     if not bundle.pretrained:
         return bundle.name
-    return f"{bundle.name}:{Path(bundle.pretrained).name or bundle.pretrained}"
+    parts = [part for part in bundle.pretrained.replace("\\", "/").split("/") if part]
+    if not parts:
+        return f"{bundle.name}:{bundle.pretrained}"
+    keep = 2 if len(parts) > 1 and RUN_CHECKPOINT_NAME.fullmatch(parts[-1]) else 1
+    return f"{bundle.name}:{'/'.join(parts[-keep:])}"
 
 
 _CHECKPOINT_DIR = re.compile(r"checkpoint_0*(\d+)")
@@ -170,6 +186,7 @@ def compare_models(
     prepared: PreparedBenchmark | None = None,
     found: NamedSuites | None = None,
     results_template: str | None = None,
+    half_truth: bool = True,
 ) -> ComparisonReport:
     """Evaluate several models on one benchmark built from `records` (or on `prepared`,
     e.g. a frozen benchmark file), plus the `suites` (retrieval, compositional); write
@@ -178,11 +195,13 @@ def compare_models(
     JSON per model and benchmark (named by results_template, e.g.
     DEFAULT_RESULTS_TEMPLATE; None: none) to out_dir; log
     them to MLflow when tracking_uri is given (csclip.eval.report.log_comparison).
-    `bundles` may be a LazyBundles: each model is built when its turn comes."""
+    `bundles` may be a LazyBundles: each model is built when its turn comes. half_truth
+    False: no half-truth benchmark (--no-world), only the suites and their tables."""
     if not bundles:
         raise ConfigError("compare_models: no models given; pass at least one ClipBundle")
     benchmark = benchmark or BenchmarkConfig()
-    prepared = prepared or prepare_benchmark(records, benchmark)
+    if half_truth:
+        prepared = prepared or prepare_benchmark(records, benchmark)
     # The folder stops reading as finished now, not when the new tables land.
     begin_outputs(out_dir)
     reports = {}
@@ -196,8 +215,10 @@ def compare_models(
                                     results_template=results_template)
     run_id = None
     if tracking_uri:
-        run_params = {"seed": benchmark.seed, "benchmark_protocol": prepared.benchmark.protocol,
-                      "benchmark_hash": prepared.benchmark.content_hash, **(params or {})}
+        run_params = {"seed": benchmark.seed, **({
+            "benchmark_protocol": prepared.benchmark.protocol,
+            "benchmark_hash": prepared.benchmark.content_hash} if prepared else {}),
+            **(params or {})}
         run_id = log_comparison(reports, files, tracking_uri, experiment, run_params)
     return ComparisonReport(reports, markdown, files, run_id)
 
@@ -250,8 +271,11 @@ def run_evaluation(config: EvalConfig, models: Sequence[ModelSource] = ()) -> Co
         records = load_records(config.data, config.benchmark.image_root) if needs_units else []
         prepared = prepare_frozen(frozen, records, config.benchmark.image_root,
                                   config.benchmark.allow_outside_image_root)
-    else:
+    elif config.data.use_world:
         records = load_records(config.data, config.benchmark.image_root)
+    else:  # --no-world: the named suites only
+        records = []
+
     def seeded(make: Callable[[], ClipBundle]) -> Callable[[], ClipBundle]:
         def build() -> ClipBundle:
             # open_clip draws random initial weights from torch's RNG: each model from the
@@ -288,6 +312,7 @@ def run_evaluation(config: EvalConfig, models: Sequence[ModelSource] = ()) -> Co
         prepared=prepared,
         found=found,
         results_template=config.results_template,
+        half_truth=config.data.use_world,
     )
 
 

@@ -123,15 +123,23 @@ class Table:
 IDENTITY_KEYS = ("model", "pretrained", "step")  # the CSV columns after `label`
 
 
+def _not_measured(value: object) -> bool:
+    # None, or NaN: what a metric not measured holds (a CI with benchmark.num_bootstrap=0).
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def _csv_value(value, kind: str):
-    # A count is an integer in the CSV (4000, not 4000.0); the rest as measured.
-    if kind == "int" and value is not None:
+    # A count is an integer in the CSV (4000, not 4000.0); the rest as measured; a value
+    # not measured an empty cell, as in the JSON results (null), not "nan".
+    if _not_measured(value):
+        return None
+    if kind == "int":
         return int(round(value))
     return value
 
 
 def _fmt(value, kind: str) -> str:
-    if value is None:
+    if _not_measured(value):
         return "n/a"
     if kind == "acc":
         return f"{value:.1f}"
@@ -644,11 +652,26 @@ def begin_outputs(out_dir: str | Path) -> Path:
     evaluation's marker goes, and so do the staging folders of evaluations killed there."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # The previous evaluation's files go with its marker: a result JSON of a model not
+    # evaluated now would otherwise sit beside the new ones, read by CLIP_benchmark's build.
+    _remove_listed(out)
     (out / EVALUATION_COMPLETE).unlink(missing_ok=True)
     (out / _OLD_EVALUATION_COMPLETE).unlink(missing_ok=True)
     for stale in out.glob(f"{_STAGING_PREFIX}*"):  # one writer per folder: output_lease
         shutil.rmtree(stale, ignore_errors=True)
     return out
+
+
+def _remove_listed(out: Path) -> None:
+    """Remove the files a finished evaluation in `out` listed in its marker (only names
+    that stay inside `out`); nothing without a readable marker."""
+    try:
+        listed = json.loads((out / EVALUATION_COMPLETE).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # none, or not ours
+        return
+    for name in listed if isinstance(listed, dict) else ():
+        if isinstance(name, str) and storage.inside_folder(name) and (out / name).is_file():
+            (out / name).unlink()
 
 
 def evaluation_problem(out_dir: str | Path) -> str | None:
@@ -682,12 +705,14 @@ def _publish_outputs(staging: Path, out: Path) -> dict[str, Path]:
 
 
 def write_outputs(
-    reports: Mapping[str, HalfTruthReport], prepared: PreparedBenchmark, out_dir: str | Path,
+    reports: Mapping[str, HalfTruthReport], prepared: PreparedBenchmark | None,
+    out_dir: str | Path,
     extra_files: Mapping[str, str] | None = None, results_template: str | None = None,
 ) -> tuple[str, dict[str, Path]]:
     """Write the tables, Figure 3, the benchmark table, per-item scores, `extra_files`
     (name -> text) and, with `results_template`, one CLIP_benchmark-shaped JSON per model
-    and benchmark (result_files); return (markdown, files). The files are written to a
+    and benchmark (result_files); return (markdown, files). Without `prepared` (--no-world:
+    no half-truth benchmark) only the suites' tables and results. The files are written to a
     staging folder, moved into `out_dir`, and the marker (EVALUATION_COMPLETE) is written
     last: a reader never takes a half-written evaluation for a finished one
     (check_evaluation)."""
@@ -705,12 +730,22 @@ def write_outputs(
     return markdown, _publish_outputs(staging, out)
 
 
+# The tables of the half-truth benchmark (paper_tables), absent without one (--no-world).
+HALF_TRUTH_TABLES = ("table1", "table6", "table7", "table7_ci", "image_side")
+
+
 def _write_staged(
-    reports: Mapping[str, HalfTruthReport], prepared: PreparedBenchmark, out: Path
+    reports: Mapping[str, HalfTruthReport], prepared: PreparedBenchmark | None, out: Path
 ) -> str:
     """Write every file of write_outputs into `out` (the staging folder); return the
     markdown."""
     tables = paper_tables(reports)
+    if prepared is None:
+        identities = {name: r.identity for name, r in reports.items() if r.identity is not None}
+        kept = {stem: table for stem, table in tables.items() if stem not in HALF_TRUTH_TABLES}
+        for stem, table in kept.items():
+            table.write(out, stem, identities)
+        return "\n".join(table.to_markdown() for table in kept.values())
     bench = prepared.benchmark
     # Every half-truth table names the protocol and the benchmark's hash (docs/evaluation.md).
     tag = f" (protocol {bench.protocol}, benchmark {bench.content_hash[:19]})"

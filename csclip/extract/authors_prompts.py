@@ -168,6 +168,10 @@ def read_json(answer: str) -> Parsed:
         return Parsed(json.loads(raw))
     except json.JSONDecodeError as err:
         error = f"not JSON: {err}"
+    except RecursionError:
+        # Nested deeper than Python's JSON parser recurses: no value, as any unreadable
+        # answer, and bracket repair would only nest it deeper.
+        return Parsed(None, error="not JSON: nested deeper than the JSON parser reads")
     if raw.endswith("}"):
         return Parsed(None, error=error)
     missing_brackets = raw.count("[") - raw.count("]")

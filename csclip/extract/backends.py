@@ -175,8 +175,17 @@ def parse_answer(text: str) -> dict:
         answer = json.loads(cleaned)
     except json.JSONDecodeError as err:
         raise AnswerError(RejectReason.MALFORMED_JSON, "parse", f"not JSON: {err}") from err
-    error = jsonschema.exceptions.best_match(
-        jsonschema.Draft202012Validator(UNITS_ANSWER_SCHEMA).iter_errors(answer))
+    except RecursionError as err:
+        # A live engine's answer nested deeper than Python's JSON parser recurses: this
+        # caption's rejection, not the extraction's end (the replay backend says the same).
+        raise AnswerError(RejectReason.MALFORMED_JSON, "parse",
+                          "an answer nests deeper than the JSON parser reads") from err
+    try:
+        error = jsonschema.exceptions.best_match(
+            jsonschema.Draft202012Validator(UNITS_ANSWER_SCHEMA).iter_errors(answer))
+    except RecursionError as err:  # parsed, but nested past what the validator recurses
+        raise AnswerError(RejectReason.SCHEMA_VIOLATION, "schema",
+                          "an answer nests deeper than the schema check reads") from err
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
         raise AnswerError(RejectReason.SCHEMA_VIOLATION, "schema", f"{where}: {error.message}")
