@@ -23,7 +23,7 @@ workers, raylet and GCS) and the wall time of one pass over every image:
 - open_clip 1w / 2w: open_clip_train's CsvDataset in a torch DataLoader (batch 64,
   shuffled, 1 or 2 workers); the class itself when open_clip_train.data imports (it needs
   webdataset and braceexpand), otherwise the same four lines here;
-- prepared: a units table's shards of uint8 pixels (csclip.train.table_shards, what training
+- prepared: a units table's shards of uint8 pixels (csclip.train.source_shards, what training
   on a units table reads), written once, read by every epoch and shipping them to the consumer, which normalises them (on the CPU here,
   on the GPU in training), four epochs in a row per timed sample (its epoch is short and
   Ray's background ticks would make one epoch's figure a coin toss); the preparation's own
@@ -257,7 +257,7 @@ def open_clip_loader(csv: str, workers: int):
 def csclip_pass(units: str, prepared: bool, method: str = "csclip") -> Callable[[], int]:
     """One epoch of csclip's training data, consumed as a worker does; `method` clip makes
     only the caption's tokens (open_clip's CsvDataset's work), csclip all of CS-CLIP's.
-    prepared: the table's shards of uint8 pixels (csclip.train.table_shards, what training
+    prepared: the table's shards of uint8 pixels (csclip.train.source_shards, what training
     on a units table reads); otherwise the units decoded in every epoch (the world's
     streamed path, csclip.train.stream.epoch_datasets)."""
     from csclip.config.loss import LossConfig
@@ -266,7 +266,7 @@ def csclip_pass(units: str, prepared: bool, method: str = "csclip") -> Callable[
     from csclip.train.prepared import ImageNormalizer
     from csclip.train.shards import plan_shards, shard_datasets
     from csclip.train.stream import deterministic, epoch_datasets, source_dataset
-    from csclip.train.table_shards import table_shards
+    from csclip.train.source_shards import table_shards
 
     data = DataConfig(units_uri=units, batch_size=BATCH)
     objective = objective_for(LossConfig(method=method), 2)
@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     mark = cpu.snapshot()
     wall = time.perf_counter()
     from csclip.config.train import DataConfig
-    from csclip.train.table_shards import table_shards
+    from csclip.train.source_shards import table_shards
 
     table_shards(DataConfig(units_uri=units), seed=0, preprocess_cfg=PREPROCESS, model_name=MODEL)
     prep_cpu, prep_wall = cpu.since(mark), time.perf_counter() - wall
@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         f"cost is spread over every image, csclip/open_clip is {at_scale_ratio:.2f}. "
         f"open_clip: {loader_source}. Draft mode changes the tensor (up to "
         f"{draft_difference(paths):.2f} after normalisation), so csclip does not use it. "
-        f"Writing the table once as shards of pixels (csclip.train.table_shards) took {prep_cpu:.1f} CPU-s "
+        f"Writing the table once as shards of pixels (csclip.train.source_shards) took {prep_cpu:.1f} CPU-s "
         f"({1000 * prep_cpu / args.images:.1f} CPU ms per image), {prep_wall:.1f} s wall; "
         "every epoch after it reads the prepared pixels.\n\n"
         f"csclip/open_clip CPU ratio {csclip_ratio:.2f}, prepared/full ratio "

@@ -54,7 +54,10 @@ REMOVED_FIELDS: dict[str, str] = {
     "output.num_threads": "leave it out: csclip shards prepares 8 images at once",
     "data.prepare_images": "leave it out: a units table is written once as shards of its "
                            "images' uint8 pixels and every run on it reads those "
-                           "(csclip.train.table_shards)",
+                           "(csclip.train.source_shards)",
+    "data.image_cache_mb": "leave it out: the world and units tables are written once as "
+                           "shards of uint8 pixels (csclip.train.source_shards), which every "
+                           "epoch reads",
 }
 
 

@@ -122,8 +122,8 @@ class DataConfig(StrictModel):
 
     world: WorldConfig = WorldConfig()
     # A units table (Parquet, local or s3://) with image_bytes or image_path, written once
-    # as webdataset shards beside it and trained on as shards (csclip.train.table_shards);
-    # None trains on the synthetic world generated from `world`.
+    # as webdataset shards beside it and trained on as shards (csclip.train.source_shards);
+    # None trains on the synthetic world generated from `world` (written as shards once too).
     units_uri: str | None = None
     # The folder (local or s3://) a units table's relative image paths are in; a path that
     # leaves it is not read (counted with the images that do not decode). None: as written.
@@ -144,14 +144,8 @@ class DataConfig(StrictModel):
     # (csclip.train.global_batch; the paper's run, configs/paper.yaml).
     batch_scope: Literal["worker", "global"] = "worker"
     # Rows of the local shuffle buffer in each worker, on top of the epoch's order (the
-    # world's global shuffle, the shards' seeded order and buffer); 0 = none.
+    # shards' seeded order and buffer); 0 = none.
     shuffle_buffer: int = Field(512, ge=0)
-    # Decode + transform every image once and keep its uint8 pixels (the transform before
-    # normalisation, which the worker applies) in Ray's object store when they take at most
-    # this many MB (the world: 4000 images of 64 px = 47 MB; a units table's are decoded
-    # once into its shards instead); a run with `augment` decodes again in every epoch.
-    # 0: never cache.
-    image_cache_mb: int = Field(1024, ge=0)
     # open_clip's training transform (RandomResizedCrop, scale 0.9-1) instead of the eval
     # transform. The paper trains with the eval transform, hence off; seeded per sample.
     augment: bool = False

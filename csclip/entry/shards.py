@@ -124,7 +124,7 @@ def _shards(args: argparse.Namespace) -> int:
 
 
 def pixel_encoding(model: ModelSource) -> PixelEncoding:
-    """The eval transform's uint8 pixels of `model` (as training's image cache stores
+    """The eval transform's uint8 pixels of `model` (as training's shards of pixels store
     them: csclip.train.stream.decode_batch with pixels)."""
     from csclip.model import spec_from_config  # noqa: PLC0415  builds the model (torch, open_clip); only encoding pixels needs it
 

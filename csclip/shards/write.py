@@ -37,7 +37,7 @@ from csclip.errors import DataError
 from csclip.ownership import CONFIG_FILE, output_lease
 from csclip.shards.layout import PIXELS_SUFFIX, SHARDS_MANIFEST, stats_name
 
-__all__ = ["EMPTY_CAPTION", "MISSING_IMAGE", "NO_IMAGE", "OUTSIDE_IMAGE_ROOT", "REJECTS_FILE",
+__all__ = ["EMPTY_CAPTION", "ExtraMembers", "MISSING_IMAGE", "NO_IMAGE", "OUTSIDE_IMAGE_ROOT", "REJECTS_FILE",
            "UNDECODABLE_IMAGE", "UNREADABLE_IMAGE", "PixelEncoding", "ShardsSummary",
            "read_manifest", "sample_key", "shard_name", "shard_samples", "write_shards"]
 
@@ -87,6 +87,10 @@ class PixelEncoding:
     shape: tuple[int, int, int]
     preprocess: dict
     transform: Callable[[Image.Image], np.ndarray]
+
+
+# More members of a sample from its row and decoded RGB image (write_shards).
+ExtraMembers = Callable[[dict, Image.Image], dict[str, bytes]]
 
 
 @dataclass(frozen=True)
@@ -168,14 +172,17 @@ def read_manifest(uri: str, endpoint_url: str | None = None) -> dict | None:
 def write_shards(rows: Sequence[dict], output: ShardsOutputConfig, *,
                  image_root: str | None = None, image_endpoint_url: str | None = None,
                  pixels: PixelEncoding | None = None,
-                 config: BaseModel | None = None) -> ShardsSummary:
+                 config: BaseModel | None = None,
+                 extra_members: ExtraMembers | None = None) -> ShardsSummary:
     """Write `rows` (csclip.extract.captions.CAPTION_SCHEMA dicts) as shards into
     `output.uri`, holding its lease (one writer per folder; `config`, the run's resolved
     config, is stored beside as config.yaml).
 
     image_root: relative image paths were joined to it; a path that leads outside it is
     a rejection. image_endpoint_url: the S3 endpoint of the images. pixels: for encoding
-    `pixels`, the model's transform.
+    `pixels`, the model's transform. extra_members(row, image): more members of a sample
+    (suffix -> bytes) made from its row and decoded RGB image (training's image-foil
+    candidates, csclip.train.source_shards).
     Raises DataError for no rows, two samples with one key, a finished folder written
     with other settings, or a folder of shards csclip did not write.
     """
@@ -199,7 +206,7 @@ def write_shards(rows: Sequence[dict], output: ShardsOutputConfig, *,
 
         def prepare(index: int) -> dict | _Rejected:
             return _prepare(rows[index], keys[index], output, pixels, image_root,
-                            image_endpoint_url)
+                            image_endpoint_url, extra_members)
 
         return _write(uri, len(rows), prepare, [row["sample_id"] for row in rows], output,
                       settings)
@@ -358,7 +365,8 @@ def _remove_stale(fs: pafs.FileSystem, path: str, num_shards: int) -> None:
 # -- one sample: read, decode once, encode -------------------------------------------------
 
 def _prepare(row: dict, key: str, output: ShardsOutputConfig, pixels: PixelEncoding | None,
-             image_root: str | None, endpoint_url: str | None) -> dict | _Rejected:
+             image_root: str | None, endpoint_url: str | None,
+             extra_members: ExtraMembers | None = None) -> dict | _Rejected:
     """A sample's members ({"__key__", image suffix, "txt", "json"}), or why it is rejected."""
     caption = row.get("caption") or ""
     if not caption.strip():
@@ -379,8 +387,10 @@ def _prepare(row: dict, key: str, output: ShardsOutputConfig, pixels: PixelEncod
             "width": image.width, "height": image.height}
     if row.get("gold_json") is not None:
         meta["gold_json"] = row["gold_json"]
+    extra = extra_members(row, _rgb(image)) if extra_members is not None else {}
     return {"__key__": key, suffix: encoded, "txt": caption.encode("utf-8"),
-            "json": json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8")}
+            "json": json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8"),
+            **extra}
 
 
 def _image_bytes(row: dict, image_root: str | None,

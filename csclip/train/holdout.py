@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from csclip.errors import ConfigError
 from csclip.train.stream import (
@@ -47,42 +46,6 @@ def held_out_ids(sample_ids: Iterable[str], ratio: float, seed: int) -> frozense
     ids = sorted({str(s) for s in sample_ids})
     random.Random(seed).shuffle(ids)
     return frozenset(ids[:int(len(ids) * ratio)])
-
-
-def _mask(batch: pa.Table, ids: frozenset[str]) -> pa.ChunkedArray:
-    return pc.is_in(batch.column("sample_id").cast(pa.string()),
-                    value_set=pa.array(sorted(ids), type=pa.string()))
-
-
-def drop_rows(batch: pa.Table, ids: frozenset[str]) -> pa.Table:
-    """`batch` without the rows whose sample_id is in `ids` (Ray Data map_batches)."""
-    return batch.filter(pc.invert(_mask(batch, ids)))
-
-
-def keep_rows(batch: pa.Table, ids: frozenset[str]) -> pa.Table:
-    """Only the rows of `batch` whose sample_id is in `ids` (Ray Data map_batches)."""
-    return batch.filter(_mask(batch, ids))
-
-
-def split_source(data, seed: int, source, checked) -> tuple[Any, Any, list, int]:
-    """(source, checked, refs, n): the training datasets without the held-out rows, the
-    held-out rows (units rows, undecoded) as Arrow ObjectRefs for rank 0 and how many
-    sample ids were held out; refs is empty and n 0 when data.val_ratio is 0. Raises
-    ConfigError when the fraction holds no row."""
-    if data.val_ratio == 0:
-        return source, checked, [], 0
-    ids = checked.select_columns(["sample_id"]).to_pandas()["sample_id"].astype(str)
-    held = held_out_ids(ids, data.val_ratio, seed)
-    if not held:
-        raise ConfigError(f"data.val_ratio {data.val_ratio}: {len(ids)} training rows hold "
-                          "no held-out row; raise it or set it to 0")
-    held_rows = source.map_batches(keep_rows, fn_kwargs={"ids": held}, batch_format="pyarrow")
-    refs = held_rows.materialize().to_arrow_refs()
-    kw = {"fn_kwargs": {"ids": held}, "batch_format": "pyarrow"}
-    log.info("data.val_ratio %g: %d of %d training rows held out (seed %d), never trained on",
-             data.val_ratio, len(held), len(ids), seed)
-    return (source.map_batches(drop_rows, **kw), checked.map_batches(drop_rows, **kw), refs,
-            len(held))
 
 
 def contrastive_accuracy(image: Any, caption: Any, negatives: Any, valid: Any) -> float:

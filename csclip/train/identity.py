@@ -41,7 +41,7 @@ IDENTITY_FIELDS_WHEN_SET: tuple[str, ...] = ("model.lock", "data.augment", "data
 # field is in exactly one of these three lists (tests/test_run_identity.py).
 HOW_IT_RUNS_FIELDS: tuple[str, ...] = (
     "model.grad_checkpointing",
-    "data.image_cache_mb", "data.prefetch_batches", "data.pin_memory",
+    "data.prefetch_batches", "data.pin_memory",
     "optim.accum_freq", "optim.fused",
     "run.name", "run.storage_path", "run.checkpoint_every", "run.num_to_keep",
     "run.cpus_per_worker", "run.torch_threads", "run.compile", "run.trim_text",

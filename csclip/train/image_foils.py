@@ -75,13 +75,13 @@ def draw_image_foil(record: UnitsRecord, image: Image.Image,
 
 def draw_foil_index(count: int, rng: random.Random) -> int:
     """Which of `count` (> 0) candidates an epoch's draw takes: draw_image_foil's draw, and
-    the image cache's among the foils it rendered once (image_foil_candidates)."""
+    a shard's among the foils rendered once when it was written (image_foil_candidates)."""
     return rng.randrange(count)
 
 
 def image_foil_candidates(record: UnitsRecord, image: Image.Image) -> list[ImageFoil | None]:
-    """Every foil draw_image_foil can give `record`, in foil_units' order (the image cache
-    renders them once and each epoch draws one index, csclip.train.stream)."""
+    """Every foil draw_image_foil can give `record`, in foil_units' order (the shards of
+    pixels hold them, rendered once and each epoch draws one index, csclip.train.stream)."""
     return [image_foil(record, unit, image) for unit in foil_units(record)]
 
 

@@ -1,6 +1,6 @@
 """Ray Train ingest with one dataset per epoch: the split of an epoch ends with the epoch.
 
-Each epoch is its own Ray Train dataset (csclip.train.stream.epoch_datasets), so a
+Each epoch is its own Ray Train dataset (csclip.train.shards.shard_datasets), so a
 resumed run never executes the epochs before the one it resumes in. With several workers
 Ray Data splits each with a SplitCoordinator actor (a process, ~200 MB), and Ray Train's
 DatasetManager keeps every coordinator until the worker group ends: 65 of them in the

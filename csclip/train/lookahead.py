@@ -1,7 +1,7 @@
 """The next epoch's stream started before the current epoch ends.
 
-Each epoch is its own Ray Data execution (csclip.train.stream.epoch_datasets), and its
-global shuffle is a barrier: no row comes out before every row went in. Opened when the
+Each epoch is its own Ray Data execution (csclip.train.shards.shard_datasets), whose
+first rows wait for a group of shards to be read and sampled. Opened when the
 last batch of the epoch before is taken, an epoch's first batch waits for the shuffle,
 the first map task and the iterator's start: in the demo's warm start every report
 interval that holds an epoch boundary waited for data, and the intervals without one

@@ -23,7 +23,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -67,8 +66,8 @@ from csclip.train.finished import (  # noqa: F401  (TrainResult, storage_root: r
     read_metrics,
     storage_root,
 )
-from csclip.train.global_batch import shard_name, training_datasets
-from csclip.train.holdout import evaluation_due, load_held_out, split_source
+from csclip.train.global_batch import shard_name
+from csclip.train.holdout import evaluation_due, load_held_out
 from csclip.train.identity import (  # noqa: F401  (re-exported)
     HOW_IT_RUNS_FIELDS,
     IDENTITY_FIELDS,
@@ -78,8 +77,9 @@ from csclip.train.identity import (  # noqa: F401  (re-exported)
 )
 from csclip.train.lookahead import NextEpoch, epochs_ahead
 from csclip.train.optim import lr_at
-from csclip.train.prepared import ImageNormalizer, world_rows
+from csclip.train.prepared import ImageNormalizer
 from csclip.train.shards import held_out_rows, plan_shards, shard_datasets
+from csclip.train.source_shards import source_shards
 from csclip.train.step import (
     StepMetrics,
     StepOptions,
@@ -88,14 +88,10 @@ from csclip.train.step import (
     train_step,
 )
 from csclip.train.stream import (
-    epoch_datasets,
-    image_cache_fits,
     local_shuffle_seed,
-    plan_data,
     plan_steps,
     preprocess_key,
 )
-from csclip.train.table_shards import table_shards
 from csclip.train.warm_start import add_layout_head, layout_question
 
 logger = logging.getLogger(__name__)
@@ -357,7 +353,7 @@ def _epoch_batches(open_epoch: Callable[[int], tuple[object, Iterator[dict]]], p
     """(epoch, this worker's batches of it) from the epoch of `step` on, with the batches
     of that epoch before `step` (trained on before a restart) already skipped.
 
-    Each epoch is its own Ray Train dataset (csclip.train.stream.epoch_datasets), split
+    Each epoch is its own Ray Train dataset (csclip.train.shards.shard_datasets), split
     equally over the workers (one worker iterates it whole, without a split), and each
     gets its own iterator and local shuffle buffer
     (seeded by seed, epoch and rank). Ray Train configures a dataset only when the workers
@@ -584,7 +580,7 @@ def _train(config: TrainConfig, callbacks: Sequence = (), *, hooks: WorkerHooks 
     # ray-data.log keeps the rest. (enable_progress_bars=False would itself warn.)
     DataContext.get_current().use_ray_tqdm = False
     # Every dataset of the run keeps its blocks in order: the batches are a function of
-    # the config, so a resumed run skips exactly what it trained on (epoch_datasets).
+    # the config, so a resumed run skips exactly what it trained on (csclip.train.shards).
     # The world's rows, or a units table's or webdataset shards (csclip.train.shards).
     objective = step_options(config).objective
     # Runs started from threads of one driver (the demo's two fine-tunings) check and
@@ -594,8 +590,6 @@ def _train(config: TrainConfig, callbacks: Sequence = (), *, hooks: WorkerHooks 
         if config.data.shards is not None:
             plan, datasets, heldout, num_held = _shard_training(config, config.data, spec,
                                                                 objective)
-        elif config.data.units_uri is not None:
-            plan, datasets, heldout, num_held = _table_training(config, spec, objective)
         else:
             plan, datasets, heldout, num_held = _source_training(config, spec, objective)
         logger.info("run %s: %d rows (%d undecodable), %d epochs, %d steps", name, plan.num_rows,
@@ -626,33 +620,13 @@ def _train(config: TrainConfig, callbacks: Sequence = (), *, hooks: WorkerHooks 
 
 
 def _source_training(config: TrainConfig, spec, objective) -> tuple:
-    """(plan, datasets, held-out refs, held-out count) of a run on the synthetic world:
-    its rows rendered once, a check pass decodes every image once, each epoch is a seeded
-    global order."""
-    source = world_rows(config.data)
-    source, checked, heldout, num_held = split_source(config.data, config.run.seed, source,
-                                                      source)
-    plan = plan_data(checked, config.data, config.run.num_workers, config.optim.epochs,
-                     config.optim.max_steps)
-    check_data_cpus(config.run)
-    cache_images = image_cache_fits(config.data, plan.num_rows, spec.preprocess_cfg,
-                                    image_foils="image_foil" in objective.image_columns)
-    build = partial(epoch_datasets, source, sampling=config.sampling,
-                    preprocess_cfg=spec.preprocess_cfg, model_name=config.model.name,
-                    seed=config.run.seed, num_epochs=plan.num_epochs,
-                    augment=config.data.augment, objective=objective, cache_images=cache_images)
-    datasets = training_datasets(build, plan, config.data.batch_scope, config.run.seed,
-                                 config.run.num_workers, config.data.batch_size)
-    return plan, datasets, heldout, num_held
-
-
-def _table_training(config: TrainConfig, spec, objective) -> tuple:
-    """(plan, datasets, held-out refs, held-out count) of a run on a units table: the
-    table written once as shards (csclip.train.table_shards), trained on as shards."""
-    written = table_shards(config.data, seed=config.run.seed, preprocess_cfg=spec.preprocess_cfg,
-                           model_name=config.model.name,
-                           needs_decoded_image=objective.layout is not None
-                           or "image_foil" in objective.image_columns)
+    """(plan, datasets, held-out refs, held-out count) of a run on a units table or the
+    world: the source written once as shards (csclip.train.source_shards), trained on as
+    shards."""
+    written = source_shards(config.data, seed=config.run.seed,
+                            preprocess_cfg=spec.preprocess_cfg, model_name=config.model.name,
+                            image_foils="image_foil" in objective.image_columns,
+                            storage_root=storage_root(config))
     plan, datasets, heldout, num_held = _shard_training(config, written.data(config.data), spec,
                                                         objective)
     plan = replace(plan, num_decode_failures=sum(written.rejected.values()))

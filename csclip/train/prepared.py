@@ -1,6 +1,5 @@
-"""Training images as uint8 pixels: the world's rows kept per driver, and the worker's
-normalisation of the uint8 pixels every data path ships (the image cache's, the
-streamed epochs', a shard's `pixels` encoding) to the transform's float32 tensors.
+"""The worker's normalisation of the uint8 pixels training ships (a shard's `pixels`
+encoding, or an encoded image decoded in its task) to the transform's float32 tensors.
 
 Without augmentation the image a step sees is the same in every epoch, and the eval
 transform quantises to uint8 before normalising (open_clip's ToTensor of a PIL image), so
@@ -10,41 +9,12 @@ float32 tensors bit for bit (tests/test_train_shards.py).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from csclip.config.train import DataConfig
 from csclip.preprocess import image_normalize
 from csclip.train.stream import (
-    deterministic,
-    keep_last,
     preprocess_key,
-    source_dataset,
-    wait_for_a_free_cpu,
 )
-
-# The world's rows, materialized, per (Ray node and job, world, split): the demo's warm
-# start and pretraining read one world and its two fine-tunings another, and each run
-# rendered its world again (a good part of a run's start, with the check of
-# csclip.train.stream.plan_data, which keeps its answer for these datasets). The two last.
-_WORLD_ROWS: dict[tuple, Any] = {}
-
-
-def world_rows(data: DataConfig):
-    """The synthetic world's rows of `data` (PNG bytes, a few KB each) as a materialized
-    Ray Dataset: kept, rather than every scene rendered again in every epoch, and the
-    same dataset for the next run of this driver on the same world."""
-    import ray  # noqa: PLC0415  a training step runs without Ray (tests/test_layout.py)
-
-    context = ray.get_runtime_context()
-    key = (context.get_node_id(), context.get_job_id(), data.world.model_dump_json(), data.split)
-
-    def render():
-        wait_for_a_free_cpu()
-        return deterministic(source_dataset(data)).materialize()
-
-    return keep_last(_WORLD_ROWS, key, render)
 
 
 def channel_lookup(preprocess_cfg: dict) -> np.ndarray:
@@ -55,8 +25,8 @@ def channel_lookup(preprocess_cfg: dict) -> np.ndarray:
 
 
 class ImageNormalizer:
-    """A batch's uint8 `image` and `image_foil` (B, 3, H, W), as the prepared, the
-    cached and the streamed epochs ship them, normalised on the worker's device to the
+    """A batch's uint8 `image` and `image_foil` (B, 3, H, W), as every epoch ships them,
+    normalised on the worker's device to the
     float32 tensors of the eval or training transform, bit for bit: on a CPU by
     csclip.preprocess.image_normalize itself, on an accelerator by looking each value up
     in channel_lookup's table (a copy, exact on any device; the device's own division may

@@ -37,13 +37,14 @@ import io
 import json
 import logging
 import posixpath
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from PIL import Image
 
 from csclip.config.train import DataConfig, SamplingConfig, worker_batch_size
 from csclip.errors import ConfigError, DataError
@@ -53,8 +54,13 @@ from csclip.shards.read import iter_shard
 from csclip.shards.write import sample_key
 from csclip.storage import exists, filesystem_for, read_bytes
 from csclip.train.holdout import held_out_ids
+from csclip.train.image_foils import image_foil_candidates
 from csclip.train.stream import (
     CAPTION_TOKENS,
+    FOIL_CANDIDATE_PIXELS,
+    FOIL_CANDIDATE_TEXTS,
+    FOIL_CANDIDATE_UNITS,
+    LAYOUT_TARGET,
     PIXELS,
     decode_batch,
     deterministic,
@@ -65,11 +71,15 @@ from csclip.train.stream import (
     sample_batch,
     text_rows,
 )
-from csclip.units import EXTRACTION_COMPLETE, EXTRACTION_DONE_DIR, UNITS_SCHEMA
+from csclip.units import EXTRACTION_COMPLETE, EXTRACTION_DONE_DIR, UNITS_SCHEMA, UnitsRecord
 
 logger = logging.getLogger(__name__)
 
 POSITION = "_position"
+# A sample's image-foil candidates in shards of pixels (foil_candidate_members).
+FOILS_SUFFIX = "foils.npy"
+FOILS_META_SUFFIX = "foils.json"
+FOIL_MEMBERS = (FOILS_SUFFIX, FOILS_META_SUFFIX)
 # The threads reading the per-shard counts at planning (S3 GETs of a few hundred bytes).
 COUNT_READERS = 32
 UNIT_COLUMNS = [f.name for f in UNITS_SCHEMA if f.name not in ("image_path", "image_bytes")]
@@ -165,7 +175,7 @@ def held_out_rows(shards: Sequence[TrainShard], preprocess: tuple, model_name: s
     import ray.data  # noqa: PLC0415  a training step runs without Ray (tests/test_layout.py)
 
     items = [{"uri": s.uri, "units_uri": s.units_uri, "rows": s.rows + len(s.held),
-              "held": list(s.held), "preprocess": [list(item) for item in preprocess],
+              "held": list(s.held), "preprocess": json.dumps(preprocess),
               "model_name": model_name} for s in shards if s.held]
     rows = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
         _read_held, batch_size=1, batch_format="pyarrow")
@@ -180,8 +190,8 @@ def _read_held(batch: pa.Table) -> pa.Table:
     images = _images(shard, held)
     ids = table.column("sample_id").to_pylist()
     if all(images[i][0] == PIXELS_SUFFIX for i in ids):
-        preprocess = tuple(tuple(item) if isinstance(item, list) else item
-                           for item in shard["preprocess"])
+        preprocess = tuple(tuple(tuple(v) if isinstance(v, list) else v for v in item)
+                           for item in json.loads(shard["preprocess"]))
         return pixel_rows(table, [images[i][1] for i in ids], preprocess, shard["model_name"],
                            shard["uri"])
     return table.append_column("image_bytes", pa.array([images[i][1] for i in ids], pa.binary()))
@@ -244,19 +254,21 @@ def _units(shard: dict) -> pa.Table:
     return table
 
 
-def _images(shard: dict, wanted: set[str]) -> dict[str, tuple[str, bytes]]:
-    """The image members (suffix, bytes) of the `wanted` sample ids of one shard. A
-    sample's key is its id (an extraction over shards) or, in shards `csclip shards`
-    wrote, the id made key-safe (csclip.shards.write.sample_key)."""
+def _images(shard: dict, wanted: set[str], members: Sequence[str] = ()
+            ) -> dict[str, tuple[str, bytes, dict[str, bytes]]]:
+    """The image members (suffix, bytes) of the `wanted` sample ids of one shard, with
+    the bytes of the further `members` each has. A sample's key is its id (an extraction
+    over shards) or, in shards `csclip shards` wrote, the id made key-safe
+    (csclip.shards.write.sample_key)."""
     id_of = {sample_key(i): i for i in wanted}
     id_of.update((i, i) for i in wanted)
-    found: dict[str, tuple[str, bytes]] = {}
-    for sample in iter_shard(shard["uri"], keys=set(id_of)):
+    found: dict[str, tuple[str, bytes, dict[str, bytes]]] = {}
+    for sample in iter_shard(shard["uri"], keys=set(id_of), members=members):
         if sample.reject is not None:
             raise DataError(f"shard {shard['uri']}: sample {sample.key!r} has units but "
                             f"{sample.reject} ({sample.detail}); the shard changed after "
                             "its extraction")
-        found[id_of[sample.key]] = (sample.image_suffix, sample.image)
+        found[id_of[sample.key]] = (sample.image_suffix, sample.image, sample.members)
     missing = wanted - found.keys()
     if missing:
         raise DataError(f"shard {shard['uri']} lacks {len(missing)} samples its units name, "
@@ -289,23 +301,34 @@ def read_group(group: dict, *, seed: int, epoch: int, rank: int | None, worker_b
                   kept_rows=kept_rows)
     shard_of = np.repeat(np.arange(len(units)), [u.num_rows for u in units])
     ids = table.column("sample_id").to_pylist()
-    images: dict[str, tuple[str, bytes]] = {}
+    images: dict[str, tuple[str, bytes, dict[str, bytes]]] = {}
     for index, shard in enumerate(group["shards"]):
         wanted = {ids[i] for i in np.flatnonzero(mine & (shard_of == index))}
         if wanted:
-            images.update(_images(shard, wanted))
+            images.update(_images(shard, wanted, FOIL_MEMBERS if image_foils else ()))
     order = np.flatnonzero(mine)[np.argsort(positions[mine], kind="stable")]
     rows = table.take(pa.array(order, pa.int64()))
     kept_ids = rows.column("sample_id").to_pylist()
     if not kept_ids:
         return _empty(rows, preprocess)
     if all(images[key][0] == PIXELS_SUFFIX for key in kept_ids):
-        if augment or image_foils or layout is not None:
-            raise DataError("shards of uint8 pixels hold the eval transform's image only; "
-                            "data.augment, loss.image_foils and the layout warm start need "
-                            "the encoded images (csclip shards --encoding original)")
+        uri = group["shards"][0]["uri"]
+        if augment:
+            raise DataError(f"shard {uri} holds uint8 pixels, the eval transform's image "
+                            "only; data.augment draws a new crop from the encoded image "
+                            "(csclip shards --encoding original)")
         out = pixel_rows(rows, [images[key][1] for key in kept_ids], preprocess, model_name,
-                          group["shards"][0]["uri"])
+                         uri)
+        if image_foils:
+            for name, column in foil_candidate_columns(
+                    [images[key][2] for key in kept_ids], image_shape(dict(preprocess)),
+                    uri).items():
+                out = out.append_column(name, column)
+        if layout is not None:
+            from csclip.train.warm_start import layout_targets  # noqa: PLC0415  imports torch, which Ray Data's tasks never need otherwise
+
+            out = out.append_column(LAYOUT_TARGET, fixed_size_list(
+                layout_targets(rows.to_pylist(), layout)))
     else:
         rows = rows.append_column("image_bytes", pa.array([images[key][1] for key in kept_ids],
                                                           pa.binary()))
@@ -318,6 +341,51 @@ def read_group(group: dict, *, seed: int, epoch: int, rank: int | None, worker_b
                             f"do not decode, e.g. {failed[0]!r}: write the shards with "
                             "`csclip shards`, which checks every image and rejects those")
     return out.append_column(POSITION, pa.array(np.sort(positions[mine]), pa.int64()))
+
+
+def foil_candidate_members(record: UnitsRecord, image: Image.Image,
+                           transform: Callable[[Image.Image], np.ndarray],
+                           shape: tuple[int, int, int]) -> dict[str, bytes]:
+    """A sample's image-foil candidates (csclip.train.image_foils.image_foil_candidates of
+    its record and decoded RGB image) as shard members, each transformed as its image is:
+    FOILS_SUFFIX, their (k, 3, H, W) uint8 pixels (zeros where a unit has no foil), and
+    FOILS_META_SUFFIX, each one's relation unit and the text true of it (null where none).
+    Each epoch draws one (csclip.train.stream.cached_image_foils), as decoding would."""
+    candidates = image_foil_candidates(record, image)
+    pixels = np.zeros((len(candidates), *shape), dtype=np.uint8)
+    for index, candidate in enumerate(candidates):
+        if candidate is not None:
+            pixels[index] = transform(candidate.image)
+    buffer = io.BytesIO()
+    np.save(buffer, pixels, allow_pickle=False)
+    meta = {"units": [c.unit if c else None for c in candidates],
+            "texts": [c.foil_text if c else None for c in candidates]}
+    return {FOILS_SUFFIX: buffer.getvalue(), FOILS_META_SUFFIX: json.dumps(meta).encode()}
+
+
+def foil_candidate_columns(members: Sequence[dict[str, bytes]], shape: tuple[int, int, int],
+                           uri: str) -> dict[str, pa.Array]:
+    """The FOIL_CANDIDATE_* columns (csclip.train.stream.decode_batch's) of samples whose
+    members foil_candidate_members wrote."""
+    pixels, units, texts = [], [], []
+    for found in members:
+        if FOILS_SUFFIX not in found or FOILS_META_SUFFIX not in found:
+            raise DataError(f"shard {uri} holds no image-foil candidates ({FOILS_SUFFIX}); "
+                            "loss.image_foil_weight needs shards written with them (a units "
+                            "table's or the world's, csclip.train.source_shards) or with "
+                            "encoded images (csclip shards --encoding original)")
+        array = np.load(io.BytesIO(found[FOILS_SUFFIX]), allow_pickle=False)
+        meta = json.loads(found[FOILS_META_SUFFIX])
+        if array.dtype != np.uint8 or array.shape[1:] != shape or len(array) != len(meta["units"]):
+            raise DataError(f"shard {uri}: {FOILS_SUFFIX} is {array.dtype} {array.shape}, not "
+                            f"{len(meta['units'])} uint8 foils of {shape}")
+        pixels.append([a.tobytes() if unit is not None else None
+                       for a, unit in zip(array, meta["units"], strict=True)])
+        units.append(meta["units"])
+        texts.append(meta["texts"])
+    return {FOIL_CANDIDATE_PIXELS: pa.array(pixels, type=pa.list_(pa.binary())),
+            FOIL_CANDIDATE_UNITS: pa.array(units, type=pa.list_(pa.string())),
+            FOIL_CANDIDATE_TEXTS: pa.array(texts, type=pa.list_(pa.string()))}
 
 
 def pixel_rows(rows: pa.Table, arrays: Sequence[bytes], preprocess: tuple, model_name: str,

@@ -1,24 +1,16 @@
-"""Ray Data preprocessing for training: read units (the synthetic world or a units table),
-decode + transform images, sample text slots (SPEC §3) and tokenize, all on CPU in Ray
-Data; workers consume `iter_torch_batches` and normalise the images' uint8 pixels on their
+"""The per-batch work of training's data path, run inside Ray Data tasks (pure, testable
+without Ray): decode + transform images, sample text slots (SPEC §3) and tokenize, all on
+CPU; workers consume `iter_torch_batches` and normalise the images' uint8 pixels on their
 device (csclip.train.prepared.ImageNormalizer).
 
-Preparation has two parts. `decode_batch` decodes and transforms the images and
-tokenizes the captions: without augmentation none of that depends on the epoch, so when
-the tensors fit in `data.image_cache_mb` it runs once and its output is materialized.
-`sample_batch` draws the text slots, which depend on the epoch, and tokenizes them: the
-training data is one dataset per epoch (`epoch_datasets`), a `sample_batch` map over the
-cached or streamed rows in that epoch's seeded global order. Images that fail to decode
-are counted by a check pass before training and dropped from the stream with their ids
-logged; an image that cannot be read at all (missing, or the store keeps failing after
-retries) is a DataError naming its URI: never a silent loss.
-
-The batches are deterministic: every dataset here runs with Ray Data's `preserve_order`
-(`deterministic`), so the rows of each epoch reach the workers' shards in one order, the
-split hands them out in that order (Ray's OutputSplitter ignores locality under
-preserve_order), and each worker's local shuffle is seeded by (seed, epoch, rank). What a
-worker trains on at step s is a function of the config alone; a resumed run skips
-exactly the batches it trained on before (csclip.train.loop).
+Every run reads webdataset shards (csclip.train.shards; the world and units tables are
+written as shards once, csclip.train.source_shards). A shard task gives rows of uint8
+pixels (a shard's `pixels` encoding, decoded once) or decodes the encoded images
+(`decode_batch`: decode, transform, tokenize the caption; seeded per (seed, sample, epoch)
+with augmentation); `sample_batch` then draws the epoch's text slots and tokenizes them
+(and draws each row's image foil among its candidates). `prepare_batch` does both in one
+call, for the held-out rows (csclip.train.holdout). What a row gets depends on (seed,
+sample_id, epoch) alone, not on its batch or order.
 """
 
 from __future__ import annotations
@@ -27,11 +19,10 @@ import hashlib
 import io
 import logging
 import math
-import posixpath
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -40,23 +31,19 @@ from PIL import Image, UnidentifiedImageError
 from csclip.config.train import DataConfig, SamplingConfig
 from csclip.errors import DataError
 from csclip.preprocess import image_normalize, image_pixels, image_transform, tokenizer
-from csclip.storage import filesystem_for, inside_folder, read_bytes
+from csclip.storage import filesystem_for, read_bytes
 from csclip.train.image_foils import draw_foil_index, draw_image_foil, image_foil_candidates
 from csclip.train.sampling import sample_rng, sample_text_columns
 from csclip.units import (
     SWAP_NEGATIVES_META,
-    check_units_table,
     record_from_row,
     unit_columns,
-    units_table_uri,
 )
 
 if TYPE_CHECKING:  # csclip.loss imports torch, which the dataset actors never need
-    from csclip.loss import LayoutQuestion, Objective
+    from csclip.loss import LayoutQuestion
 
 logger = logging.getLogger(__name__)
-
-
 
 
 @dataclass(frozen=True)
@@ -70,64 +57,6 @@ class DataPlan:
     steps_per_epoch: int  # optimizer steps per epoch across all workers
     total_steps: int
     sample_ids: tuple[str, ...] = ()  # of the rows that decode, in the source's order
-
-
-def source_dataset(data: DataConfig):
-    """The units rows to train on, as a Ray Dataset in UNITS_SCHEMA."""
-
-    if data.units_uri is None:
-        from csclip.world.ray_source import world_dataset  # noqa: PLC0415  imports ray; the batch functions run without Ray
-
-        return world_dataset(data.world, data.split)
-    units_uri = units_table_uri(data.units_uri)  # an extraction's --out folder: its units/
-    fs, path = filesystem_for(units_uri)
-    check_units_table(fs, path, units_uri)  # unfinished, unreadable, another schema
-    try:
-        ds = read_units_parquet(path, fs)
-    except (FileNotFoundError, OSError) as err:
-        raise DataError(f"data.units_uri: cannot read {units_uri} ({err}); "
-                        "point it at a units Parquet file or directory") from err
-    split = data.split
-    ds = ds.filter(lambda row: row["split"] == split)
-    if data.image_root is None:
-        return ds
-    return ds.map_batches(rooted_image_paths, batch_format="pyarrow",
-                          fn_kwargs={"root": data.image_root})
-
-
-def rooted_image_paths(batch: pa.Table, *, root: str) -> pa.Table:
-    """`batch` with each relative image_path joined to `root` (data.image_root); a path
-    that leaves it (absolute, a URI, `..` above it) becomes null: that row's image does
-    not decode, and the check pass counts and names it."""
-    if "image_path" not in batch.column_names:
-        return batch
-    paths = [posixpath.join(root, path) if path is not None and inside_folder(path) else None
-             for path in batch.column("image_path").to_pylist()]
-    index = batch.schema.get_field_index("image_path")
-    return batch.set_column(index, "image_path", pa.array(paths, pa.string()))
-
-
-def read_units_parquet(path: str, filesystem, columns: list[str] | None = None,
-                       override_num_blocks: int | None = None):
-    """`ray.data.read_parquet` through Ray Data's first Parquet reader.
-
-    Ray 2.60's default reader (DataSourceV2) lists the files on a pool of 32 FooterReader
-    actors, started anew each time the dataset executes: 32 worker processes (each a
-    fresh interpreter importing Ray and pyarrow) for a units table of a few part files, again for every epoch and every restart.
-    Its gains (row-group statistics for predicate push-down) need a predicate, and the
-    split is filtered per row. The first reader lists the files in the driver (in tasks
-    past 24 files); the dataset keeps the setting (a Dataset keeps the context it was
-    created with)."""
-    import ray.data  # noqa: PLC0415  the batch functions run without Ray (tests/test_layout.py)
-
-    context = ray.data.DataContext.get_current()
-    default = context.use_datasource_v2
-    context.use_datasource_v2 = False
-    try:
-        return ray.data.read_parquet(path, filesystem=filesystem, columns=columns,
-                                     override_num_blocks=override_num_blocks)
-    finally:
-        context.use_datasource_v2 = default
 
 
 # ---------------------------------------------------------------------------------------
@@ -227,14 +156,6 @@ def decode_image(row: dict):
         return None
 
 
-def image_status(batch: pa.Table) -> dict[str, np.ndarray]:
-    """Map function of the check pass: which rows decode."""
-    rows = batch.to_pylist()
-    ok = [decode_image(row) is not None for row in rows]
-    return {"sample_id": np.array([r["sample_id"] for r in rows], dtype=object),
-            "ok": np.array(ok, dtype=bool)}
-
-
 # The columns sampling reads (csclip.train.sampling.sample_text_columns); the decoded rows keep
 # only these, the image and the caption's tokens (not the PNG bytes, not the scene JSON).
 TEXT_COLUMNS = ("sample_id", "image_id", "caption", "split", "entities", "relations")
@@ -252,9 +173,9 @@ def text_rows(batch: pa.Table) -> pa.Table:
 CAPTION_TOKENS = "caption_tokens"
 LAYOUT_TARGET = "layout_target"  # loss.method layout's targets (decode_batch's `layout`)
 # A row's image as the transform's (3, H, W) uint8 pixels before normalisation, one
-# fixed-size binary value (the image cache's rows, a shard's pixels encoding).
+# fixed-size binary value (a shard's pixels encoding, or decode_batch's with `pixels`).
 PIXELS = "pixels"
-# The image cache's image foils (decode_batch's `image_foils`): each row's candidate foils
+# A row's candidate image foils (decode_batch's `image_foils`, or a shard's): each row's candidate foils
 # (csclip.train.image_foils.image_foil_candidates), transformed once: their uint8 pixels
 # (null where a candidate has none), the relation unit each belongs to and the text true
 # of it. Each epoch draws one (sample_batch), as the streamed path draws and renders one.
@@ -289,7 +210,7 @@ def decode_batch(batch: pa.Table, *, preprocess: tuple, model_name: str, augment
     context_length int64);
     with `layout` (loss.method layout) also `layout_target` (each kind's cell, from the
     scene: csclip.train.warm_start.layout_targets); with `image_foils` (and `pixels`) also
-    every row's candidate image foils (FOIL_CANDIDATE_*), for the image cache.
+    every row's candidate image foils (FOIL_CANDIDATE_*), of which sample_batch draws one.
     """
     if image_foils and not pixels:
         raise ValueError("the cached image foils are uint8 pixels, as the cached images")
@@ -388,7 +309,7 @@ def sample_batch(batch: pa.Table, *, sampling: dict, model_name: str, seed: int,
                  preprocess: tuple | None = None, normalize: bool = True
                  ) -> dict[str, np.ndarray]:
     """The per-epoch half of preparation, on decode_batch's rows or on rows of uint8
-    pixels (the image cache's, a shard's: their PIXELS, normalised here by `preprocess`'s
+    pixels (a shard's, or decode_batch's: their PIXELS, normalised here by `preprocess`'s
     transform, or with `normalize` False passed on as uint8 for the worker to normalise;
     rows whose image did not decode are dropped): sample the text slots (SPEC §3) for
     `epoch` and tokenize them.
@@ -401,7 +322,7 @@ def sample_batch(batch: pa.Table, *, sampling: dict, model_name: str, seed: int,
     unit_mask (n,) bool when unit columns are produced; negative_mask (n,) bool (False:
     no caption negative could be built, SPEC §3) when caption_negative is produced;
     the image-foil columns (image_foil_batch's) where `columns` has `image_foil_*`,
-    drawn among the image cache's candidates (cached_image_foils).
+    drawn among the rows' candidates (cached_image_foils).
     """
     if PIXELS in batch.column_names and batch.column(PIXELS).null_count:
         batch = batch.filter(batch.column(PIXELS).is_valid())  # a copy: only when needed
@@ -417,7 +338,7 @@ def sample_batch(batch: pa.Table, *, sampling: dict, model_name: str, seed: int,
     if LAYOUT_TARGET in batch.column_names:  # loss.method layout: images and targets only
         out[LAYOUT_TARGET] = _unflatten(batch.column(LAYOUT_TARGET), (-1,)).astype(np.int64)
     foil_columns = [name for name in wanted if name.startswith("image_foil_")]
-    if foil_columns:  # the image cache's rows (decode_batch's image_foils)
+    if foil_columns:  # rows with their candidates (decode_batch's image_foils, a shard's)
         wanted = [name for name in wanted if name not in foil_columns]
         out.update(cached_image_foils(batch, model_name=model_name, seed=seed, epoch=epoch,
                                       image_shape=image_shape,
@@ -463,12 +384,12 @@ def pixel_array(column: pa.ChunkedArray | pa.Array, image_shape: Sequence[int]) 
 def cached_image_foils(batch: pa.Table, *, model_name: str, seed: int, epoch: int,
                        image_shape: Sequence[int], preprocess: tuple | None = None
                        ) -> dict[str, np.ndarray]:
-    """image_foil_batch's columns for the image cache's rows (decode_batch's
-    `image_foils`): each row's foil drawn among its candidates, rendered and transformed
-    when the cache was made, by the draw the streamed path makes (image_foil_batch), so
-    both give the same foils. uint8 pixels, or normalised by `preprocess`."""
+    """image_foil_batch's columns for rows with their candidate foils (decode_batch's
+    `image_foils`, a shard's): each row's foil drawn among its candidates, rendered and
+    transformed once, by the draw image_foil_batch makes on the decoded image, so both
+    give the same foils. uint8 pixels, or normalised by `preprocess`."""
     if FOIL_CANDIDATE_PIXELS not in batch.column_names:
-        raise ValueError("image foils from the image cache need its candidates "
+        raise ValueError("image foils from rows of pixels need their candidates "
                          "(decode_batch with image_foils)")
     images = pixel_array(batch.column(PIXELS), image_shape)
     drawn = []
@@ -498,15 +419,15 @@ def prepare_batch(batch: pa.Table, *, sampling: dict, preprocess: tuple, model_n
                   seed: int, epoch: int, columns: Sequence[str] | None = None,
                   augment: bool = False, layout: LayoutQuestion | None = None,
                   normalize: bool = True) -> dict[str, np.ndarray]:
-    """Map function of the streamed training data (no image cache): decode_batch then
-    sample_batch, in one task. Without augment, the same outputs as the cached path, row
+    """The held-out rows' preparation (csclip.train.holdout): decode_batch then
+    sample_batch, in one task. Without augment, the same outputs as a shard of pixels, row
     for row; augment: open_clip's training transform, seeded by (seed, sample_id, epoch).
     With `image_foil_*` columns (loss.image_foils) also each sample's image foil
     (image_foil_batch), which needs the decoded image and the scene, hence this path.
     normalize False: `image` (and `image_foil`) are the transform's (n, 3, H, W) uint8
     pixels, which the worker normalises (csclip.train.prepared.ImageNormalizer) to the
     float32 tensors this gives otherwise, bit for bit: a quarter of the bytes through
-    Arrow, the object store and iter_torch_batches (the epochs' streams ship these)."""
+    Arrow, the object store and iter_torch_batches (the epochs ship these)."""
     foil_columns = [c for c in columns or () if c.startswith("image_foil_")]
     decoded = decode_rows(batch)  # once: the foils need the decoded images too
     rows = decode_batch(batch, preprocess=preprocess, model_name=model_name, augment=augment,
@@ -570,23 +491,6 @@ def _image_foil_output(drawn: Sequence[tuple[np.ndarray, str, str] | None], imag
 # Driver side
 # ---------------------------------------------------------------------------------------
 
-def plan_data(source, data: DataConfig, num_workers: int, epochs: int,
-              max_steps: int | None, max_listed_failures: int = 20) -> DataPlan:
-    """Run the check pass over `source` and plan_steps over the rows that decode.
-    Raises DataError when nothing decodes or the data is smaller than one global batch."""
-    status = _checked(source)
-    failed = status.loc[~status["ok"].astype(bool), "sample_id"].astype(str).tolist()
-    num_rows = len(status) - len(failed)
-    if failed:
-        logger.warning("%d of %d images do not decode and are skipped: %s%s", len(failed),
-                       len(status), failed[:max_listed_failures],
-                       " ..." if len(failed) > max_listed_failures else "")
-    plan = plan_steps(num_rows, len(status), data, num_workers, epochs, max_steps)
-    usable = status.loc[status["ok"].astype(bool), "sample_id"].astype(str)
-    return DataPlan(num_rows, len(failed), tuple(failed[:max_listed_failures]), plan.num_epochs,
-                    plan.steps_per_epoch, plan.total_steps, tuple(usable))
-
-
 def plan_steps(num_rows: int, num_read: int, data: DataConfig, num_workers: int, epochs: int,
                max_steps: int | None) -> DataPlan:
     """Epochs and steps of `num_rows` usable rows (of `num_read`; 0: not known).
@@ -612,82 +516,6 @@ def plan_steps(num_rows: int, num_read: int, data: DataConfig, num_workers: int,
     return DataPlan(num_rows, 0, (), num_epochs, steps_per_epoch, total_steps)
 
 
-def wait_for_a_free_cpu(timeout_s: float = 3.0, poll_s: float = 0.05) -> bool:
-    """Wait, `timeout_s` at most, until Ray's resource view shows a free CPU; True when
-    it does. The driver's data passes run back to back, and Ray frees a finished task's
-    CPU in that view a moment after its result arrived: a pass started in that moment
-    has Ray Data warn that the dataset "will hang unless more CPUs are freed up". Where
-    every CPU really is taken, the warning comes after the wait, as it should."""
-    import ray  # noqa: PLC0415  the batch functions run without Ray (tests/test_layout.py)
-
-    deadline = time.monotonic() + timeout_s
-    while not ray.available_resources().get("CPU"):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(poll_s)
-    return True
-
-
-def keep_last(store: dict, key: Any, make: Callable[[], Any], kept: int = 2) -> Any:
-    """store[key], made by make() the first time; `store` keeps the `kept` last made."""
-    if key not in store:
-        while len(store) >= kept:
-            store.pop(next(iter(store)))
-        store[key] = make()
-    return store[key]
-
-
-# The check's answer for materialized datasets (the world's rows, kept per driver by
-# csclip.train.prepared.world_rows), by the dataset's identity: the same blocks give the
-# same answer. Each entry holds its dataset, so that no other takes its id.
-_CHECKED: dict[int, tuple[Any, Any]] = {}
-
-
-def _checked(source):
-    """image_status over every row of `source` (a pandas frame: sample_id, ok)."""
-    from ray.data.dataset import MaterializedDataset  # noqa: PLC0415  the batch functions run without Ray
-
-    def check():
-        wait_for_a_free_cpu()
-        return source.map_batches(image_status, batch_format="pyarrow").to_pandas()
-
-    if not isinstance(source, MaterializedDataset):
-        return check()
-    return keep_last(_CHECKED, id(source), lambda: (source, check()))[1]
-
-
-def image_cache_fits(data: DataConfig, num_rows: int, preprocess_cfg: dict,
-                     image_foils: bool = False) -> bool:
-    """Whether the world's decoded training images fit in `data.image_cache_mb` (uint8
-    pixels); never with `data.augment`, whose images differ per epoch. With `image_foils`
-    (loss.image_foils) the cache keeps every candidate foil too (decode_batch), one per
-    relation (data.world.max_relations)."""
-    if data.augment:
-        return False
-    images_per_row = 1
-    if image_foils:
-        images_per_row += data.world.max_relations
-    channels, height, width = image_shape(preprocess_cfg)
-    megabytes = num_rows * images_per_row * channels * height * width / 2**20
-    return 0 < megabytes <= data.image_cache_mb
-
-
-def epoch_seed(seed: int, epoch: int) -> int:
-    """The shuffle seed of one epoch: different per epoch, the same on every rerun."""
-    return (seed * 1_000_003 + epoch) % 2**32
-
-
-def epoch_order(source, seed: int, epoch: int):
-    """`source` in epoch `epoch`'s order: a global shuffle seeded by (seed, epoch).
-
-    A units table is sorted by sample_id, so COCO's five captions of an image sit next to
-    each other; a local buffer would keep them in one batch, where they are false negatives
-    of each other. Like the authors' DataLoader(shuffle=True), every epoch draws a new order
-    of all rows.
-    """
-    return source.random_shuffle(seed=epoch_seed(seed, epoch))
-
-
 def deterministic(dataset):
     """`dataset` with Ray Data's preserve_order on, for it and every dataset derived from
     it (a Dataset keeps the DataContext of its creation; derived ones share it).
@@ -701,72 +529,7 @@ def deterministic(dataset):
     return dataset
 
 
-def epoch_dataset_name(epoch: int) -> str:
-    """The name of epoch `epoch`'s dataset among Ray Train's datasets."""
-    return f"train_epoch_{epoch}"
-
-
 def local_shuffle_seed(seed: int, epoch: int, rank: int) -> int:
     """The seed of a worker's local shuffle buffer in one epoch."""
     digest = hashlib.sha256(f"local-shuffle:{seed}:{epoch}:{rank}".encode()).digest()
     return int.from_bytes(digest[:4], "little")
-
-
-def epoch_datasets(source, *, sampling: SamplingConfig, preprocess_cfg: dict,
-                   model_name: str, seed: int, num_epochs: int, objective: Objective,
-                   cache_images: bool = False, augment: bool = False,
-                   rows_per_block: int = 128, order=None) -> list:
-    """One dataset per epoch: `source` prepared for training, with the token columns
-    `objective` needs, in that epoch's seeded global order (epoch_order). Lazy: an epoch
-    that no worker asks for (one before a resumed run's epoch) never runs.
-
-    cache_images: decode + transform the images (and tokenize the captions) once, here,
-    and keep the result in the object store for every epoch (image_cache_fits says when
-    it fits; never with augment); with image foils (loss.image_foils) also every row's
-    candidate foils, rendered once, of which each epoch draws one as the streamed path
-    does (cached_image_foils). Without it each epoch decodes its rows again
-    (prepare_batch), streaming. Both ship `image` (and `image_foil`) as the transform's
-    uint8 pixels, which the worker normalises (ImageNormalizer) to the transform's float32
-    tensors bit for bit: a quarter of the bytes through each epoch's shuffle, the object
-    store and the worker's batching. Either way each epoch draws its own text slots, and
-    the batches hold the same rows. Pass a `deterministic` source for reproducible
-    batches.
-    order(rows, epoch): the rows of one epoch in the order the workers read them; default
-    epoch_order (csclip.train.global_batch passes one worker's share of each global batch).
-    """
-    preprocess = preprocess_key(preprocess_cfg)
-    if cache_images and augment:
-        raise ValueError("augmented images differ per epoch; they cannot be cached")
-    if cache_images:
-        rows = source.map_batches(decode_batch, batch_format="pyarrow", batch_size=rows_per_block,
-                                  fn_kwargs={"preprocess": preprocess, "model_name": model_name,
-                                             "layout": objective.layout, "pixels": True,
-                                             "image_foils": "image_foil" in objective.image_columns})
-        wait_for_a_free_cpu()
-        # materialize() ends with a second execution of its own (of the blocks it made),
-        # whose CPU check can still find the task's CPU taken and warn; count() on its
-        # result reads the blocks' metadata and executes nothing.
-        rows = rows.materialize()
-        logger.info("images decoded once for all %d epochs: %d rows cached", num_epochs,
-                    rows.count())
-        prepare = sample_batch
-        fn_kwargs = {"image_shape": image_shape(preprocess_cfg), "preprocess": preprocess,
-                     "normalize": False}
-    else:
-        # Decoded in every epoch; the uint8 pixels go to the workers (ImageNormalizer), a
-        # quarter of float32's bytes.
-        rows, prepare = source, prepare_batch
-        fn_kwargs = {"preprocess": preprocess, "augment": augment, "layout": objective.layout,
-                     "normalize": False}
-    fn_kwargs.update(sampling=sampling.model_dump(mode="json"), model_name=model_name, seed=seed,
-                     columns=list(objective.columns))
-    order = order or (lambda rows, epoch: epoch_order(rows, seed, epoch))
-    return [_epoch_stream(order(rows, epoch), prepare, epoch, fn_kwargs, rows_per_block)
-            for epoch in range(num_epochs)]
-
-
-def _epoch_stream(rows, prepare, epoch: int, fn_kwargs: dict, rows_per_block: int):
-    """One epoch of the training data: `rows` (already in this epoch's order) with this
-    epoch's text slots drawn."""
-    return rows.map_batches(prepare, batch_format="pyarrow", batch_size=rows_per_block,
-                            fn_kwargs={**fn_kwargs, "epoch": epoch})

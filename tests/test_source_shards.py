@@ -1,4 +1,4 @@
-"""A units table trained on as webdataset shards (csclip.train.table_shards): written once
+"""A units table trained on as webdataset shards (csclip.train.source_shards): written once
 per table and settings, its images as uint8 pixels (or their files where every epoch needs
 the decoded image); the tensors a worker normalises from them equal the float path's bit
 for bit, on real JPEGs made here; a changed table is written again, not reused; a missing
@@ -38,7 +38,7 @@ from csclip.train.holdout import HeldOut
 from csclip.train.prepared import ImageNormalizer, channel_lookup, world_rows
 from csclip.train.shards import pixel_rows, plan_shards, shard_datasets
 from csclip.train.stream import decode_image, plan_data, prepare_batch, preprocess_key, stack_rows
-from csclip.train.table_shards import table_shards, table_shards_uri, units_digest
+from csclip.train.source_shards import table_shards, table_shards_uri, units_digest
 from csclip.units import Unit, UnitsRecord, write_units
 from csclip.world import world_record
 
