@@ -13,13 +13,7 @@ import pytest
 import torch
 
 from csclip.errors import ConfigError
-from csclip.train.holdout import (
-    contrastive_accuracy,
-    drop_rows,
-    evaluation_due,
-    held_out_ids,
-    keep_rows,
-)
+from csclip.train.holdout import contrastive_accuracy, evaluation_due, held_out_ids
 
 
 def test_held_out_ids_are_a_seeded_fraction_of_distinct_ids():
@@ -34,15 +28,6 @@ def test_held_out_ids_are_a_seeded_fraction_of_distinct_ids():
     assert len(held_out_ids(ids[:999], 0.001, seed=42)) == 0  # int(0.999): floor, as theirs
     with pytest.raises(ConfigError, match="data.val_ratio"):
         held_out_ids(ids, 1.0, seed=42)
-
-
-def test_dropped_and_kept_rows_partition_a_batch():
-    batch = pa.table({"sample_id": [f"s{i}" for i in range(10)], "x": list(range(10))})
-    held = held_out_ids(batch.column("sample_id").to_pylist(), 0.3, seed=0)
-    trained, kept = drop_rows(batch, held), keep_rows(batch, held)
-    assert set(kept.column("sample_id").to_pylist()) == held and kept.num_rows == 3
-    assert not set(trained.column("sample_id").to_pylist()) & held
-    assert trained.num_rows + kept.num_rows == 10
 
 
 def test_contrastive_accuracy_on_hand_computed_features():
@@ -141,28 +126,32 @@ def test_held_out_rows_scored_alone_without_a_validation_split(tmp_path):
 
 @pytest.mark.slow
 def test_held_out_rows_leave_training_and_are_scored(tmp_path, mlflow_uri, ray_session):
-    """World rows: split_source's datasets hold no held-out id (what every worker's
-    batches are cut from), the run trains on the rest, scores the held-out rows at the
-    end of each epoch, logs val_contrastive_accuracy and keeps best/ by it."""
+    """World rows: the world's shards hold every row, the plan keeps the held-out ids out
+    of training (what every worker's batches are cut from), rank 0 reads those rows from
+    the shards; the run trains on the rest, scores the held-out rows at the end of each
+    epoch, logs val_contrastive_accuracy and keeps best/ by it."""
     from csclip import tracking
     from csclip.config import load_config
     from csclip.config.train import DataConfig, TrainConfig
     from csclip.train import run
-    from csclip.train.holdout import split_source
-    from csclip.train.stream import deterministic, source_dataset
+    from csclip.train.shards import held_out_rows, plan_shards
+    from csclip.train.source_shards import source_shards
+    from csclip.train.stream import preprocess_key
 
     data = DataConfig.model_validate({"world": {"image_size": 32, "num_train": 20},
                                       "val_ratio": 0.25})
-    source = deterministic(source_dataset(data)).materialize()
-    all_ids = {r["sample_id"] for r in source.take_all()}
+    cfg = {"size": 32}
+    written = source_shards(data, seed=42, preprocess_cfg=cfg, model_name="csclip-tiny",
+                            storage_root=str(tmp_path / "world"))
+    shards = plan_shards(written.data(data), seed=42)
+    all_ids = {f"world-train-{i:07d}" for i in range(20)}
     held = held_out_ids(all_ids, 0.25, seed=42)
-    trained, checked, refs, count = split_source(data, 42, source, source)
-    assert count == len(held) == 5
-    assert {r["sample_id"] for r in trained.take_all()} == all_ids - held
-    assert {r["sample_id"] for r in checked.take_all()} == all_ids - held
+    assert {i for shard in shards for i in shard.held} == held and len(held) == 5
+    assert sum(shard.rows for shard in shards) == 15
+    refs = held_out_rows(shards, preprocess_key(cfg), "csclip-tiny")
     held_rows = pa.concat_tables(ray_session.get(refs))
     assert set(held_rows.column("sample_id").to_pylist()) == held
-    assert "image_bytes" in held_rows.column_names  # the units row, for rank 0 to prepare
+    assert "pixels" in held_rows.column_names  # the shards' pixels, for rank 0 to score
 
     config = load_config(TrainConfig, None, [
         "model.name=csclip-tiny", "model.image_size=32", "data.world.image_size=32",

@@ -35,10 +35,10 @@ from csclip.preprocess import (
 )
 from csclip.shards.read import iter_shard
 from csclip.train.holdout import HeldOut
-from csclip.train.prepared import ImageNormalizer, channel_lookup, world_rows
+from csclip.train.prepared import ImageNormalizer, channel_lookup
 from csclip.train.shards import pixel_rows, plan_shards, shard_datasets
-from csclip.train.stream import decode_image, plan_data, prepare_batch, preprocess_key, stack_rows
-from csclip.train.source_shards import table_shards, table_shards_uri, units_digest
+from csclip.train.source_shards import source_shards, table_shards_parent, units_digest
+from csclip.train.stream import decode_image, prepare_batch, preprocess_key, stack_rows
 from csclip.units import Unit, UnitsRecord, write_units
 from csclip.world import world_record
 
@@ -237,7 +237,7 @@ def test_worker_tensors_equal_the_float_path_bit_for_bit(ray_session, photos, tm
     units = _units(photos, tmp_path / "out" / "units.parquet", str(broken))
     objective = objective_for(LossConfig(), 2)  # CS-CLIP: image, caption, negatives, units
     data = DataConfig(units_uri=units, batch_size=4)
-    written = table_shards(data, seed=3, preprocess_cfg=VIT_B_32, model_name=MODEL)
+    written = source_shards(data, seed=3, preprocess_cfg=VIT_B_32, model_name=MODEL)
     assert not written.reused and written.rejected == {"undecodable_image": 1}
     assert written.uri.startswith(str(tmp_path / "out" / "train_shards"))
     rejects = pq.read_table(Path(written.uri) / "shards" / "rejects.parquet").to_pylist()
@@ -260,19 +260,20 @@ def test_worker_tensors_equal_the_float_path_bit_for_bit(ray_session, photos, tm
         tokens = tokenizer(MODEL)([f"a photo number {index} caption 1"])[0].numpy()
         expected_image = reference(Image.open(photo).convert("RGB")).numpy()
         assert images[tokens.tobytes()] == expected_image.tobytes()
-    again = table_shards(data, seed=3, preprocess_cfg=VIT_B_32, model_name=MODEL)
+    again = source_shards(data, seed=3, preprocess_cfg=VIT_B_32, model_name=MODEL)
     assert again.reused and again.uri == written.uri and again.pattern == written.pattern
 
 
-def test_augment_and_image_foils_keep_the_files_and_decode_every_epoch(ray_session, photos,
-                                                                       tmp_path):
-    """data.augment draws a new crop every epoch and image foils render from the decoded
-    image: their shards keep the image files (encoding original), and the worker's tensors
-    are the float path's, per (seed, sample, epoch)."""
+def test_augment_decodes_every_epoch_and_image_foils_are_rendered_once(ray_session, photos,
+                                                                        tmp_path):
+    """data.augment draws a new crop every epoch: its shards keep the image files (encoding
+    original). Image foils are rendered once, with the pixels, as every sample's candidates,
+    of which each epoch draws one. Either way the worker's tensors are the float path's
+    (decoding and rendering every epoch), per (seed, sample, epoch)."""
     units = _units(photos[:4], tmp_path / "out" / "units.parquet")
     clip = objective_for(LossConfig(method="clip"), 2)
     data = DataConfig(units_uri=units, batch_size=4, augment=True)
-    written = table_shards(data, seed=3, preprocess_cfg=VIT_B_32, model_name=MODEL)
+    written = source_shards(data, seed=3, preprocess_cfg=VIT_B_32, model_name=MODEL)
     samples = list(iter_shard(str(Path(written.uri) / "shards" / "00000.tar")))
     assert {s.image_suffix for s in samples} == {"jpg"}
     assert samples[0].image == Path(photos[int(samples[0].key[1:3])]).read_bytes()
@@ -290,8 +291,12 @@ def test_augment_and_image_foils_keep_the_files_and_decode_every_epoch(ray_sessi
                 world_units)
     foils = objective_for(LossConfig(image_foil_weight=0.5), 2)
     data = DataConfig(units_uri=world_units, batch_size=5)
-    written = table_shards(data, seed=3, preprocess_cfg=cfg, model_name=MODEL,
-                           needs_decoded_image=True)
+    written = source_shards(data, seed=3, preprocess_cfg=cfg, model_name=MODEL,
+                            image_foils=True)
+    samples = list(iter_shard(str(Path(written.uri) / "shards" / "00000.tar"),
+                              members=("foils.npy", "foils.json")))
+    assert {s.image_suffix for s in samples} == {"pixels.npy"}  # decoded once, foils too
+    assert all(set(s.members) == {"foils.npy", "foils.json"} for s in samples)
     (epoch,) = _shard_epochs(written.data(data), cfg, foils, 1)
     assert len(_epoch_rows(epoch, dtype=torch.uint8)) == 10
     got = _epoch_rows(epoch, ImageNormalizer(cfg, "cpu"))
@@ -304,18 +309,18 @@ def test_changed_units_table_is_written_again_not_reused(ray_session, photos, tm
     path = tmp_path / "coco" / "units"
     units = _units(photos[:3], path / "part-0.parquet")
     data = DataConfig(units_uri=str(path))
-    first = table_shards(data, seed=0, preprocess_cfg=VIT_B_32, model_name=MODEL)
+    first = source_shards(data, seed=0, preprocess_cfg=VIT_B_32, model_name=MODEL)
     assert not first.reused and first.rejected == {}
     done = Path(first.units_uri) / "_done" / "00000.json"
     assert json.loads(done.read_text())["with_units"] == 6
-    assert table_shards(data, seed=0, preprocess_cfg=VIT_B_32, model_name=MODEL).reused
+    assert source_shards(data, seed=0, preprocess_cfg=VIT_B_32, model_name=MODEL).reused
     # The first sample's image replaced by another: a new key, written again.
     table = pq.read_table(units)
     paths = table.column("image_path").to_pylist()
     paths[0] = photos[4]
     pq.write_table(table.set_column(table.schema.get_field_index("image_path"), "image_path",
                                     [paths]), units)
-    changed = table_shards(data, seed=0, preprocess_cfg=VIT_B_32, model_name=MODEL)
+    changed = source_shards(data, seed=0, preprocess_cfg=VIT_B_32, model_name=MODEL)
     assert not changed.reused and changed.uri != first.uri
     pixels = {s.key: np.load(io.BytesIO(s.image)) for s in
               iter_shard(str(Path(changed.uri) / "shards" / "00000.tar"))}
@@ -324,11 +329,11 @@ def test_changed_units_table_is_written_again_not_reused(ray_session, photos, tm
     assert not np.array_equal(pixels["s00-1"], pixels["s00-0"])
     # Another transform, or another seed, is another folder; one without its units'
     # _complete.json (a killed write) is written again.
-    other = table_shards(data, seed=0, preprocess_cfg=LONGEST, model_name=MODEL)
+    other = source_shards(data, seed=0, preprocess_cfg=LONGEST, model_name=MODEL)
     assert other.uri != changed.uri
-    assert table_shards(data, seed=1, preprocess_cfg=LONGEST, model_name=MODEL).uri != other.uri
+    assert source_shards(data, seed=1, preprocess_cfg=LONGEST, model_name=MODEL).uri != other.uri
     (Path(other.units_uri) / "_complete.json").unlink()
-    assert not table_shards(data, seed=0, preprocess_cfg=LONGEST, model_name=MODEL).reused
+    assert not source_shards(data, seed=0, preprocess_cfg=LONGEST, model_name=MODEL).reused
 
 
 def test_a_missing_image_stops_the_run_naming_it(ray_session, photos, tmp_path, caplog):
@@ -339,14 +344,14 @@ def test_a_missing_image_stops_the_run_naming_it(ray_session, photos, tmp_path, 
     units = _units(relative, tmp_path / "coco" / "units" / "part-0.parquet")
     data = DataConfig(units_uri=units, image_root=str(tmp_path / "images"), batch_size=2)
     with caplog.at_level(logging.WARNING):
-        written = table_shards(data, seed=0, preprocess_cfg=VIT_B_32, model_name=MODEL)
+        written = source_shards(data, seed=0, preprocess_cfg=VIT_B_32, model_name=MODEL)
     assert written.rejected == {"outside_image_root": 2}
     assert "2 rows of the units table are left out" in caplog.text
     assert sum(shard.rows for shard in plan_shards(written.data(data))) == 6
     wrong = data.model_copy(update={"image_root": str(tmp_path / "nowhere")})
     for _ in range(2):  # the second finds the written folder and refuses again
         with pytest.raises(DataError) as err:
-            table_shards(wrong, seed=0, preprocess_cfg=VIT_B_32, model_name=MODEL)
+            source_shards(wrong, seed=0, preprocess_cfg=VIT_B_32, model_name=MODEL)
         assert "cannot be read (missing_image 6)" in str(err.value)
         assert "data.image_root" in str(err.value) and "\n" not in str(err.value)
 
@@ -358,7 +363,7 @@ def test_two_runs_at_once_write_the_shards_once(ray_session, photos, tmp_path):
     _units(photos[:3], path / "part-0.parquet")
     data = DataConfig(units_uri=str(path))
     with ThreadPoolExecutor(2) as pool:
-        both = list(pool.map(lambda _: table_shards(data, seed=0, preprocess_cfg=VIT_B_32,
+        both = list(pool.map(lambda _: source_shards(data, seed=0, preprocess_cfg=VIT_B_32,
                                                     model_name=MODEL), range(2)))
     assert sorted(p.reused for p in both) == [False, True]
     assert both[0].uri == both[1].uri
@@ -377,13 +382,12 @@ def test_s3_units_are_written_as_shards_beside_them(s3_endpoint, monkeypatch, tm
                           Body=(tmp_path / "units" / "part-0.parquet").read_bytes())
         assert units_digest("s3://csclip-tables/coco/units") == \
             units_digest(str(tmp_path / "units"))
-        assert table_shards_uri("s3://csclip-tables/coco/units", "k1") == \
-            "s3://csclip-tables/coco/train_shards/k1"
+        assert table_shards_parent("s3://csclip-tables/coco/units") == "s3://csclip-tables/coco"
         data = DataConfig(units_uri="s3://csclip-tables/coco/units")
-        written = table_shards(data, seed=0, preprocess_cfg=VIT_B_32, model_name=MODEL)
+        written = source_shards(data, seed=0, preprocess_cfg=VIT_B_32, model_name=MODEL)
         assert written.uri.startswith("s3://csclip-tables/coco/train_shards/")
         assert [shard.rows for shard in plan_shards(written.data(data))] == [4]
-        assert table_shards(data, seed=0, preprocess_cfg=VIT_B_32, model_name=MODEL).reused
+        assert source_shards(data, seed=0, preprocess_cfg=VIT_B_32, model_name=MODEL).reused
 
 
 def test_held_out_rows_from_pixels_score_as_from_their_files(photos, tmp_path):
@@ -407,22 +411,25 @@ def test_held_out_rows_from_pixels_score_as_from_their_files(photos, tmp_path):
     assert from_pixels.image.dtype == np.float32 and len(from_pixels) == 6
 
 
-def test_the_worlds_rows_are_rendered_and_checked_once_per_driver(ray_session):
-    """The demo's warm start and pretraining read one world: the second run gets the same
-    materialized rows and the check's answer without rendering or checking again; another
-    world (or split) is its own."""
-    from csclip.train import stream
-
-    data = DataConfig(world=WorldConfig(num_train=96, num_val=8, num_test=8, image_size=32))
-    first = world_rows(data)
-    again = world_rows(data.model_copy())
-    assert again is first and first.count() == 96
-    plan = plan_data(first, data, 1, 1, None)
-    kept = stream._CHECKED[id(first)][1]
-    assert plan_data(again, data, 1, 1, None) == plan and stream._CHECKED[id(first)][1] is kept
+def test_the_world_is_written_once_per_storage_root_and_config(ray_session, tmp_path):
+    """The demo's warm start (layout) and pretraining (image foils) read one world: one
+    folder, with the foil candidates, written by the first and read by the second; another
+    world, split or storage root is its own."""
+    data = DataConfig(world=WorldConfig(num_train=24, num_val=8, num_test=8, image_size=32))
+    cfg = {"size": 32, "mean": OPENAI_MEAN, "std": OPENAI_STD}
+    common = {"seed": 0, "preprocess_cfg": cfg, "model_name": MODEL,
+              "storage_root": str(tmp_path / "runs")}
+    first = source_shards(data, **common)
+    again = source_shards(data.model_copy(), image_foils=True, **common)
+    assert not first.reused and again.reused and again.uri == first.uri
+    assert first.uri.startswith(str(tmp_path / "runs" / "world_shards"))
+    assert [shard.rows for shard in plan_shards(first.data(data))] == [24]
     other = data.model_copy(update={"world": data.world.model_copy(update={"seed": 7})})
-    assert world_rows(other) is not first
-    assert world_rows(data.model_copy(update={"split": "val"})).count() == 8
+    assert source_shards(other, **common).uri != first.uri
+    val = source_shards(data.model_copy(update={"split": "val"}), **common)
+    assert val.uri != first.uri and sum(s.rows for s in plan_shards(val.data(data))) == 8
+    elsewhere = source_shards(data, **{**common, "storage_root": str(tmp_path / "other")})
+    assert not elsewhere.reused
 
 
 @pytest.mark.parametrize("val_ratio", [0.0, 0.25])
@@ -469,17 +476,3 @@ def test_cached_tokenizer_gives_the_tokenizers_own_tokens():
     full.MAX_TEXTS = 2  # full after the first call: later texts are tokenized, not kept
     full(texts[:2])
     assert torch.equal(full(texts), expected) and len(full._tokens) == 2
-
-
-def test_a_data_pass_waits_a_moment_for_a_cpu_ray_frees(monkeypatch):
-    """Ray's resource view frees a finished task's CPU a moment late: the next driver pass
-    waits for it (no "will hang" warning), and where every CPU stays taken it goes on."""
-    import ray
-
-    from csclip.train.stream import wait_for_a_free_cpu
-
-    views = iter([{}, {"CPU": 0.0}, {"CPU": 1.0}])
-    monkeypatch.setattr(ray, "available_resources", lambda: next(views))
-    assert wait_for_a_free_cpu(timeout_s=5, poll_s=0.001)
-    monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 0.0})
-    assert not wait_for_a_free_cpu(timeout_s=0.05, poll_s=0.001)
