@@ -13,12 +13,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from csclip.config.train import DataConfig, SamplingConfig
+from csclip.config.train import SamplingConfig
 from csclip.config.world import WorldConfig
 from csclip.errors import ConfigError
 from csclip.train.stream import (
     decode_batch,
-    image_cache_fits,
     image_shape,
     prepare_batch,
     preprocess_key,
@@ -105,57 +104,6 @@ def test_units_are_drawn_again_every_epoch_from_the_cached_rows(preprocess):
     np.testing.assert_array_equal(first["image"], second["image"])
     np.testing.assert_array_equal(first["caption"], second["caption"])
     assert not np.array_equal(first["unit_0"], second["unit_0"])
-
-
-def test_image_cache_fits_by_size():
-    preprocess = {"size": [64, 64]}
-    # 64 px uint8 pixels: 3 * 64 * 64 bytes = 12 KiB a row.
-    assert image_cache_fits(DataConfig(image_cache_mb=1), 85, preprocess)
-    assert not image_cache_fits(DataConfig(image_cache_mb=1), 86, preprocess)
-    assert not image_cache_fits(DataConfig(image_cache_mb=0), 1, preprocess)
-    # With image foils the world's rows keep one foil per relation a caption states too.
-    world = WorldConfig(max_relations=2)
-    assert image_cache_fits(DataConfig(image_cache_mb=1, world=world), 28, preprocess,
-                            image_foils=True)
-    assert not image_cache_fits(DataConfig(image_cache_mb=1, world=world), 29, preprocess,
-                                image_foils=True)
-    assert not image_cache_fits(DataConfig(units_uri="units/"), 1, preprocess, image_foils=True)
-    assert image_shape({"size": 224}) == (3, 224, 224)
-
-
-@pytest.mark.parametrize("image_foil_weight", [None, 2.0])
-def test_cached_stream_gives_the_streamed_batches(ray_session, preprocess, image_foil_weight):
-    import torch
-
-    from csclip.config.loss import LossConfig
-    from csclip.loss import objective_for
-    from csclip.train.prepared import ImageNormalizer
-    from csclip.train.stream import epoch_datasets
-
-    source = ray_session.data.from_arrow(_table(12, broken=(2,)))
-    objective = objective_for(LossConfig(method="csclip", image_foil_weight=image_foil_weight), 2)
-    kwargs = {"sampling": SamplingConfig(relation_prob=0.5), "preprocess_cfg": preprocess,
-              "model_name": "csclip-tiny", "seed": 3, "num_epochs": 2,
-              "objective": objective, "rows_per_block": 4}
-
-    # As a worker sees them: both paths ship uint8 pixels (a quarter of float32's bytes),
-    # normalised by the worker (ImageNormalizer).
-    normalizer = ImageNormalizer(preprocess, "cpu")
-
-    def rows(cache: bool) -> list[bytes]:
-        epochs = epoch_datasets(source, cache_images=cache, **kwargs)
-        assert all(batch[name].dtype == np.uint8 for epoch in epochs
-                   for batch in epoch.iter_batches(batch_format="numpy", batch_size=None)
-                   for name in objective.image_columns)
-        batches = (normalizer({k: torch.from_numpy(np.ascontiguousarray(v))
-                               for k, v in batch.items()})
-                   for epoch in epochs
-                   for batch in epoch.iter_batches(batch_format="numpy", batch_size=None))
-        return sorted(b"".join(batch[name][i].numpy().tobytes() for name in sorted(batch))
-                      for batch in batches for i in range(len(batch["image"])))
-
-    streamed = rows(False)
-    assert len(streamed) == 2 * 11 and rows(True) == streamed
 
 
 def test_the_demo_is_three_deltas_on_the_fine_tuning_config():
