@@ -1,5 +1,6 @@
-"""The training input at the paper's resolution (224 px, COCO-sized JPEGs): csclip's stream
-and its prepared path against the decode+transform limit and open_clip's DataLoader.
+"""The training input at the paper's resolution (224 px, COCO-sized JPEGs): csclip's shards
+of JPEGs decoded every epoch and its shards of pixels against the decode+transform limit
+and open_clip's DataLoader.
 
     python benchmarks/bench_datapath.py [--images 1024] [--repeats 3] [--quick] [--write-docs]
 
@@ -11,27 +12,33 @@ workers, raylet and GCS) and the wall time of one pass over every image:
 
 - limit: one loop, PIL decode + open_clip's eval transform (ViT-B/32, 224 px) to a tensor;
 - draft limit: the same after PIL's JPEG draft mode (decode at 1/2 size; another tensor);
-- csclip stream: csclip.train.stream's epoch as a Train worker consumes it (Ray Data,
-  its scheduling loop paced as in the worker (csclip.train.pace), iter_torch_batches
-  of 64 with the default local shuffle buffer of 512; CS-CLIP's
-  columns: caption, caption negative, two unit slots with their foils), and the same
-  with plain CLIP's columns (the caption's tokens only: open_clip's CsvDataset's work);
-  the epoch ships the transform's uint8 pixels and the consumer normalises them
-  (ImageNormalizer, on the CPU here, on the GPU in training), as for the prepared path;
-  and an epoch of 64 other images, whose cost against the full epoch's splits the stream's
+- csclip JPEG shards: the units table written once as shards of its JPEG files
+  (csclip.train.source_shards, encoding original: what data.augment trains on, read
+  here without augment, so with the eval transform as the other paths), an epoch of
+  csclip.train.shards.shard_datasets decoding and transforming every image, as a Train
+  worker consumes it (Ray Data, its scheduling loop paced as in the worker
+  (csclip.train.pace), iter_torch_batches of 64 with the default local shuffle buffer of
+  512; CS-CLIP's columns: caption, caption negative, two unit slots with their foils), and
+  the same with plain CLIP's columns (the caption's tokens only: open_clip's CsvDataset's
+  work); the epoch ships the transform's uint8 pixels and the consumer normalises them
+  (ImageNormalizer, on the CPU here, on the GPU in training), as for the pixel shards;
+  and an epoch of 64 other images, whose cost against the full epoch's splits this path's
   CPU into a fixed part per epoch and a part per image (the at-scale ratio);
 - open_clip 1w / 2w: open_clip_train's CsvDataset in a torch DataLoader (batch 64,
   shuffled, 1 or 2 workers); the class itself when open_clip_train.data imports (it needs
   webdataset and braceexpand), otherwise the same four lines here;
-- prepared: a units table's shards of uint8 pixels (csclip.train.source_shards, what training
-  on a units table reads), written once, read by every epoch and shipping them to the consumer, which normalises them (on the CPU here,
-  on the GPU in training), four epochs in a row per timed sample (its epoch is short and
-  Ray's background ticks would make one epoch's figure a coin toss); the preparation's own
-  cost is reported apart.
+- csclip pixel shards: the table's shards of uint8 pixels (csclip.train.source_shards,
+  encoding pixels: what training on a units table reads without data.augment), written
+  once, read by every epoch and shipped to the consumer, which normalises them (on the CPU
+  here, on the GPU in training), four epochs in a row per timed sample (its epoch is short
+  and Ray's background ticks would make one epoch's figure a coin toss).
 
-The last line is `csclip/open_clip CPU ratio X.XX, prepared/full ratio Y.YY`: images per
-CPU-second of csclip's stream over open_clip's better DataLoader, and of the prepared path
-over csclip's stream. The machine is shared: compare ratios, not absolute rates.
+Writing each kind of shards is timed apart, once. The last line is `csclip/open_clip CPU
+ratio X.XX, pixels/JPEG ratio Y.YY`: images per CPU-second of csclip's JPEG shards over
+open_clip's better DataLoader, and of the pixel shards over the JPEG shards. Until 97914b4
+made training one shard path, the first was csclip's streamed path (the units table
+decoded every epoch, csclip.train.stream.epoch_datasets) and the second its `prepared`
+path. The machine is shared: compare ratios, not absolute rates.
 """
 
 from __future__ import annotations
@@ -61,8 +68,9 @@ PREPROCESS = {"size": 224, "mode": "RGB", "mean": (0.48145466, 0.4578275, 0.4082
               "resize_mode": "shortest", "fill_color": 0}
 MODEL = "ViT-B-32"  # its tokenizer (context length 77)
 BATCH = 64
-PREPARED_EPOCHS = 4  # epochs per timed sample of the prepared path (see main)
-SMALL_EPOCH = 64  # images in the stream's small epoch (its fixed per-epoch cost)
+PIXEL_EPOCHS = 4  # epochs per timed sample of the pixel shards (see main)
+SMALL_EPOCH = 64  # images in the JPEG shards' small epoch (their fixed per-epoch cost)
+JPEG, PIXELS = "csclip JPEG shards", "csclip pixel shards"
 
 
 def photo(width: int, height: int, seed: int):
@@ -254,49 +262,57 @@ def open_clip_loader(csv: str, workers: int):
     return run, source
 
 
-def csclip_pass(units: str, prepared: bool, method: str = "csclip") -> Callable[[], int]:
-    """One epoch of csclip's training data, consumed as a worker does; `method` clip makes
-    only the caption's tokens (open_clip's CsvDataset's work), csclip all of CS-CLIP's.
-    prepared: the table's shards of uint8 pixels (csclip.train.source_shards, what training
-    on a units table reads); otherwise the units decoded in every epoch (the world's
-    streamed path, csclip.train.stream.epoch_datasets)."""
+def shard_data(units: str, encoding: str):
+    """The units table written once as shards (csclip.train.source_shards) of its JPEG
+    files (encoding original, as data.augment writes them) or of uint8 pixels, and the
+    DataConfig reading them without augment (so with the eval transform)."""
+    from csclip.config.train import DataConfig
+    from csclip.train.source_shards import source_shards
+
+    data = DataConfig(units_uri=units, batch_size=BATCH)
+    written = source_shards(data.model_copy(update={"augment": encoding == "original"}),
+                            seed=0, preprocess_cfg=PREPROCESS, model_name=MODEL)
+    return written.data(data)
+
+
+def csclip_pass(data, method: str = "csclip") -> Callable[[], int]:
+    """One epoch of csclip's training data read from `data`'s shards (shard_data),
+    consumed as a worker does; `method` clip makes only the caption's tokens (open_clip's
+    CsvDataset's work), csclip all of CS-CLIP's. Shards of JPEGs are decoded and
+    transformed every epoch, shards of pixels only read."""
     from csclip.config.loss import LossConfig
-    from csclip.config.train import DataConfig, SamplingConfig
+    from csclip.config.train import SamplingConfig
     from csclip.loss import objective_for
     from csclip.train.prepared import ImageNormalizer
     from csclip.train.shards import plan_shards, shard_datasets
-    from csclip.train.stream import deterministic, epoch_datasets, source_dataset
-    from csclip.train.source_shards import table_shards
 
-    data = DataConfig(units_uri=units, batch_size=BATCH)
     objective = objective_for(LossConfig(method=method), 2)
     epoch = {"count": 0}
     worker = ImageNormalizer(PREPROCESS, "cpu")  # the epochs' uint8 pixels, as loop.py does
-    if prepared:
-        sharded = table_shards(data, seed=0, preprocess_cfg=PREPROCESS, model_name=MODEL).data(data)
-        shards = plan_shards(sharded)
-        num_rows = sum(shard.rows for shard in shards)
-
-        def epoch_dataset(seed: int):
-            return shard_datasets(shards, data=sharded, sampling=SamplingConfig(),
-                                  preprocess_cfg=PREPROCESS, model_name=MODEL, seed=seed,
-                                  num_epochs=1, steps_per_epoch=num_rows // BATCH,
-                                  num_workers=1, objective=objective,
-                                  dataset_name=lambda epoch, rank: "epoch")["epoch"]
-    else:
-        rows = deterministic(source_dataset(data))
-
-        def epoch_dataset(seed: int):
-            return epoch_datasets(rows, sampling=SamplingConfig(), preprocess_cfg=PREPROCESS,
-                                  model_name=MODEL, seed=seed, num_epochs=1,
-                                  objective=objective)[0]
+    shards = plan_shards(data)
+    num_rows = sum(shard.rows for shard in shards)
 
     def run() -> int:
-        dataset = epoch_dataset(epoch["count"])
+        dataset = shard_datasets(shards, data=data, sampling=SamplingConfig(),
+                                 preprocess_cfg=PREPROCESS, model_name=MODEL,
+                                 seed=epoch["count"], num_epochs=1,
+                                 steps_per_epoch=num_rows // BATCH, num_workers=1,
+                                 objective=objective,
+                                 dataset_name=lambda epoch, rank: "epoch")["epoch"]
         epoch["count"] += 1
         return sum(len(worker(batch)["image"]) for batch in dataset.iter_torch_batches(
             batch_size=BATCH, local_shuffle_buffer_size=512))
     return run
+
+
+def timed_write(cpu: ProcessTreeCpu, units: str, encoding: str) -> tuple[object, float, float]:
+    """shard_data, with its CPU seconds (the process tree's) and wall seconds."""
+    mark, wall = cpu.snapshot(), time.perf_counter()
+    data = shard_data(units, encoding)
+    seconds, cpu_seconds = time.perf_counter() - wall, cpu.since(mark)
+    print(f"written once as shards ({encoding}): {cpu_seconds:.1f} CPU-s, {seconds:.1f} s wall",
+          flush=True)
+    return data, cpu_seconds, seconds
 
 
 def _epochs(run: Callable[[], int], epochs: int) -> Callable[[], int]:
@@ -337,31 +353,25 @@ def main(argv: list[str] | None = None) -> int:
 
     pace_ray_data()  # this process consumes the stream as a Train worker, which paces Ray Data
     cpu = ProcessTreeCpu()
-    mark = cpu.snapshot()
-    wall = time.perf_counter()
-    from csclip.config.train import DataConfig
-    from csclip.train.source_shards import table_shards
-
-    table_shards(DataConfig(units_uri=units), seed=0, preprocess_cfg=PREPROCESS, model_name=MODEL)
-    prep_cpu, prep_wall = cpu.since(mark), time.perf_counter() - wall
-    print(f"written once as shards of pixels: {prep_cpu:.1f} CPU-s, {prep_wall:.1f} s wall",
-          flush=True)
+    jpeg_data, jpeg_cpu, jpeg_wall = timed_write(cpu, units, "original")
+    pixel_data, pixel_cpu, pixel_wall = timed_write(cpu, units, "pixels")
+    small_data = shard_data(small_units, "original")
     open_clip_1, loader_source = open_clip_loader(csv, 1)
     open_clip_2, _ = open_clip_loader(csv, 2)
     variants: dict[str, Callable[[], int]] = {
         "limit": limit_pass(paths, draft=False), "draft limit": limit_pass(paths, draft=True),
-        "csclip stream": csclip_pass(units, prepared=False),
-        "csclip stream, CLIP columns": csclip_pass(units, prepared=False, method="clip"),
-        f"csclip stream, {SMALL_EPOCH}-image epoch": csclip_pass(small_units, prepared=False),
+        JPEG: csclip_pass(jpeg_data),
+        f"{JPEG}, CLIP columns": csclip_pass(jpeg_data, method="clip"),
+        f"{JPEG}, {SMALL_EPOCH}-image epoch": csclip_pass(small_data),
         "open_clip 1w": open_clip_1, "open_clip 2w": open_clip_2,
-        "prepared": csclip_pass(units, prepared=True)}
-    # A prepared epoch takes a quarter of a streamed one's wall time. Ray's background work
+        PIXELS: csclip_pass(pixel_data)}
+    # An epoch of pixels takes a quarter of a decoded one's wall time. Ray's background work
     # (its stats and autoscaler actors' ticks, the dashboard agent: ~0.07 CPU-s a second
     # here) comes in bursts of up to 0.4 CPU-s, which a 0.5 s window either catches or
-    # not (a prepared epoch measured 1.0 to 2.4 CPU ms per image in one session). So a
-    # sample of the prepared path is PREPARED_EPOCHS epochs in a row, as training reads
+    # not (an epoch of pixels measured 1.0 to 2.4 CPU ms per image in one session). So a
+    # sample of the pixel shards is PIXEL_EPOCHS epochs in a row, as training reads
     # them, and every rate below is per image-epoch.
-    variants["prepared"] = _epochs(variants["prepared"], PREPARED_EPOCHS)
+    variants[PIXELS] = _epochs(variants[PIXELS], PIXEL_EPOCHS)
     results: dict[str, list[tuple[float, float, int]]] = {name: [] for name in variants}
     for name, run in variants.items():  # warm-up: workers started, caches filled
         if "limit" not in name:
@@ -379,19 +389,19 @@ def main(argv: list[str] | None = None) -> int:
     ray.shutdown()
     load = os.getloadavg()
     # Images per CPU-second (and per second): the median sample's, each over its own
-    # count (a DataLoader drops its last partial batch, a prepared sample is 4 epochs).
+    # count (a DataLoader drops its last partial batch, a pixel sample is 4 epochs).
     per_cpu = {n: statistics.median(k / c for c, _, k in r) for n, r in results.items()}
     per_wall = {n: statistics.median(k / w for _, w, k in r) for n, r in results.items()}
     best_open_clip = max(per_cpu["open_clip 1w"], per_cpu["open_clip 2w"])
-    csclip_ratio = per_cpu["csclip stream"] / best_open_clip
-    prepared_ratio = per_cpu["prepared"] / per_cpu["csclip stream"]
-    same_work_ratio = per_cpu["csclip stream, CLIP columns"] / best_open_clip
-    # An epoch of the stream costs fixed + n * marginal CPU-s: two epoch sizes give both.
+    csclip_ratio = per_cpu[JPEG] / best_open_clip
+    pixels_ratio = per_cpu[PIXELS] / per_cpu[JPEG]
+    same_work_ratio = per_cpu[f"{JPEG}, CLIP columns"] / best_open_clip
+    # An epoch of the JPEG shards costs fixed + n * marginal CPU-s: two epoch sizes give both.
     # At COCO's 590k rows an epoch's fixed part is nothing; the marginal cost is what a
     # node's CPUs pay per image there (docs/cluster.md).
-    full_epoch = statistics.median(c for c, _, _ in results["csclip stream"])
+    full_epoch = statistics.median(c for c, _, _ in results[JPEG])
     small_epoch = statistics.median(c for c, _, _ in
-                                    results[f"csclip stream, {SMALL_EPOCH}-image epoch"])
+                                    results[f"{JPEG}, {SMALL_EPOCH}-image epoch"])
     marginal = (full_epoch - small_epoch) / (args.images - SMALL_EPOCH)
     fixed = small_epoch - SMALL_EPOCH * marginal
     at_scale_ratio = 1 / marginal / best_open_clip
@@ -406,26 +416,29 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.cpu_count()} cores shared with other work: load average {load[0]:.1f} / "
         f"{load[1]:.1f} at the end; {args.images} JPEGs of {jpeg_kb:.0f} KB, 640x480 and "
         "480x640, quality 90; ViT-B/32's eval transform, 224 px; one Ray session with "
-        f"2 CPUs; median of {args.repeats} interleaved samples after a warm-up, a sample one epoch, the prepared path's {PREPARED_EPOCHS} in a row).\n\n"
+        f"2 CPUs; median of {args.repeats} interleaved samples after a warm-up, a sample one "
+        f"epoch, the pixel shards' {PIXEL_EPOCHS} in a row).\n\n"
         "| path | images / CPU-s | images / s (wall) | vs the limit (CPU) | CPU ms / image |\n"
         "|---|---:|---:|---:|---:|\n" + rows +
         f"\nCPU is the whole process tree's (Ray's workers, raylet and GCS included). "
         f"With the same text work as open_clip's loader (CLIP columns), csclip/open_clip "
-        f"is {same_work_ratio:.2f}; the ratio below is CS-CLIP's stream. "
-        f"An epoch of the stream costs {fixed:.2f} CPU-s of its own (planning, the units' "
-        f"read and global shuffle, the tasks: from the {SMALL_EPOCH}-image epoch) and "
+        f"is {same_work_ratio:.2f}; the ratio below is CS-CLIP's columns. "
+        f"An epoch of the JPEG shards costs {fixed:.2f} CPU-s of its own (the datasets, the "
+        f"units' read, the tasks: from the {SMALL_EPOCH}-image epoch) and "
         f"{1000 * marginal:.1f} CPU ms per image beyond it: at scale, where the epoch's own "
         f"cost is spread over every image, csclip/open_clip is {at_scale_ratio:.2f}. "
         f"open_clip: {loader_source}. Draft mode changes the tensor (up to "
         f"{draft_difference(paths):.2f} after normalisation), so csclip does not use it. "
-        f"Writing the table once as shards of pixels (csclip.train.source_shards) took {prep_cpu:.1f} CPU-s "
-        f"({1000 * prep_cpu / args.images:.1f} CPU ms per image), {prep_wall:.1f} s wall; "
-        "every epoch after it reads the prepared pixels.\n\n"
-        f"csclip/open_clip CPU ratio {csclip_ratio:.2f}, prepared/full ratio "
-        f"{prepared_ratio:.2f}\n")
+        "Writing the table once as shards (csclip.train.source_shards) took, of its JPEG "
+        f"files, {jpeg_cpu:.1f} CPU-s ({1000 * jpeg_cpu / args.images:.1f} CPU ms per "
+        f"image), {jpeg_wall:.1f} s wall; of pixels, {pixel_cpu:.1f} CPU-s "
+        f"({1000 * pixel_cpu / args.images:.1f} CPU ms per image), {pixel_wall:.1f} s wall; "
+        "every epoch after it reads the pixels.\n\n"
+        f"csclip/open_clip CPU ratio {csclip_ratio:.2f}, pixels/JPEG ratio "
+        f"{pixels_ratio:.2f}\n")
     publish(HEADING, section, args.write_docs)
-    print(f"csclip/open_clip CPU ratio {csclip_ratio:.2f}, prepared/full ratio "
-          f"{prepared_ratio:.2f}")
+    print(f"csclip/open_clip CPU ratio {csclip_ratio:.2f}, pixels/JPEG ratio "
+          f"{pixels_ratio:.2f}")
     return 0
 
 
