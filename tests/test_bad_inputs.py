@@ -306,18 +306,13 @@ def test_a_suites_image_path_that_leaves_its_folder_is_never_read(tmp_path):
         assert folder.lookup(outside) == (None, MISSING_IMAGE), outside
 
 
-def test_train_image_root_joins_relative_paths_and_counts_those_that_leave_it(tmp_path):
+def test_train_image_root_is_refused_without_a_units_table():
+    # How it joins a units table's relative paths, and refuses those that leave it:
+    # tests/test_source_shards.py.
     from csclip.config import load_config
     from csclip.config.train import TrainConfig
     from csclip.errors import ConfigError
-    from csclip.train.stream import rooted_image_paths
 
-    batch = pa.table({"sample_id": ["a", "b", "c", "d", "e"],
-                      "image_path": ["x/1.jpg", "../2.jpg", "/etc/3.jpg", None, "s3://b/4.jpg"]})
-    out = rooted_image_paths(batch, root="s3://bucket/coco")
-    assert out.column("image_path").to_pylist() == ["s3://bucket/coco/x/1.jpg", None, None,
-                                                    None, None]
-    assert out.column("sample_id").to_pylist() == batch.column("sample_id").to_pylist()
     # The world's and the shards' images are theirs: image_root applies to a units table.
     with pytest.raises(ConfigError, match="data.image_root"):
         load_config(TrainConfig, None, ["data.image_root=/data"])

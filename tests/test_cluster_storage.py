@@ -1,26 +1,32 @@
 """S3 on every node: one S3 client per process; image reads that tell a missing
-key, a corrupt image and a flaky store apart (item 8); s3:// checkpoints evaluated through
-a local cache (item 6); a global, seeded shuffle every epoch (item 9). S3 is a real moto
-server on 127.0.0.1; the flaky store is a proxy in front of it that answers 503 SlowDown."""
+key, a corrupt image and a flaky store apart (item 8), also where a units table on S3 is
+written as shards for training; s3:// checkpoints evaluated through a local cache (item
+6). S3 is a real moto server on 127.0.0.1; the flaky store is a proxy in front of it that
+answers 503 SlowDown."""
 
 from __future__ import annotations
 
 import http.client
 import http.server
+import io
 import threading
 from collections import Counter
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from s3_helpers import fresh_bucket
 
 from csclip import storage
+from csclip.config.train import DataConfig
 from csclip.config.world import WorldConfig
 from csclip.errors import CheckpointMismatch, DataError
 from csclip.model import create_bundle, load_bundle, save_checkpoint, spec_of
-from csclip.train.stream import decode_image, epoch_order, image_status, read_image_bytes
-from csclip.units import records_to_table
+from csclip.train.source_shards import source_shards
+from csclip.train.stream import decode_image, read_image_bytes
+from csclip.units import UNITS_SCHEMA, records_to_table
 from csclip.world import world_record
 
 BUCKET = "csclip-storage"
@@ -58,17 +64,42 @@ def _upload_images(s3, count: int) -> list[dict]:
     return rows
 
 
-def test_check_pass_reads_every_image_with_one_client(s3):
-    import pyarrow as pa
+def _units_on_s3(s3, rows: list[dict], folder: str) -> str:
+    """`rows` as a units table in s3://BUCKET/`folder`/units, one part file (put by boto3,
+    not by csclip.storage)."""
+    sink = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows, schema=UNITS_SCHEMA), sink)
+    s3.put_object(Bucket=BUCKET, Key=f"{folder}/units/part-00000.parquet", Body=sink.getvalue())
+    return f"s3://{BUCKET}/{folder}/units"
 
+
+def test_a_units_table_on_s3_is_written_as_shards_with_one_client(s3):
+    """Training writes a units table once as shards (csclip.train.source_shards): every
+    image read from S3 with the process's one client, a corrupt image a counted rejection,
+    and the shards beside the table on S3."""
     rows = _upload_images(s3, 6)
     s3.put_object(Bucket=BUCKET, Key="images/corrupt.png", Body=b"\x89PNG not really")
     rows[2]["image_path"] = f"s3://{BUCKET}/images/corrupt.png"
+    units = _units_on_s3(s3, rows, "out")
     storage._s3_filesystem.cache_clear()
-    status = image_status(pa.Table.from_pylist(rows))
-    # The corrupt image is the only one that "does not decode"; six reads, one client.
-    assert status["ok"].tolist() == [True, True, False, True, True, True]
+    written = source_shards(DataConfig(units_uri=units), seed=0, preprocess_cfg={"size": 32},
+                            model_name="csclip-tiny")
+    # The corrupt image is the only one that "does not decode"; one client for it all.
+    assert written.rejected == {"undecodable_image": 1}
     assert storage._s3_filesystem.cache_info().misses == 1
+    assert written.uri.startswith(f"s3://{BUCKET}/out/train_shards/")
+    fs, path = storage.filesystem_for(f"{written.uri}/shards/rejects.parquet")
+    rejects = pq.read_table(path, filesystem=fs).to_pylist()
+    assert [(r["sample_id"], r["reason"]) for r in rejects] == [(rows[2]["sample_id"],
+                                                                 "undecodable_image")]
+    fs, path = storage.filesystem_for(f"{written.uri}/units/00000.parquet")
+    assert pq.read_table(path, filesystem=fs).num_rows == 5
+    # A missing key is not a decode failure: it stops the run, naming the image.
+    rows[4]["image_path"] = f"s3://{BUCKET}/images/missing.png"
+    units = _units_on_s3(s3, rows, "other")
+    with pytest.raises(DataError, match=f"missing_image 1.*{BUCKET}/images/missing.png"):
+        source_shards(DataConfig(units_uri=units), seed=0, preprocess_cfg={"size": 32},
+                      model_name="csclip-tiny")
 
 
 def test_missing_key_is_a_data_error_naming_the_uri_not_a_decode_failure(s3):
@@ -243,85 +274,3 @@ def test_evaluate_entry_point_and_ablation_trial_evaluate_an_s3_checkpoint(
     config = load_config(TrainConfig, None, ["data.world.num_val=8", "data.world.image_size=32"])
     report = evaluate_trial(config, uri, seed=0)
     assert 0 <= report.metrics["ht_all"] <= 100
-
-
-# ---------------------------------------------------------------------------------------
-# Global shuffle
-# ---------------------------------------------------------------------------------------
-
-def _coco_like(ray_session, num_images: int = 60, captions: int = 5):
-    # Sorted by sample_id like a units table: an image's captions are neighbours.
-    rows = [{"sample_id": f"coco-{i:05d}-{k}", "image_id": str(i)}
-            for i in range(num_images) for k in range(captions)]
-    return ray_session.data.from_items(rows, override_num_blocks=4), rows
-
-
-def _distinct_images_per_batch(order: list[dict], batch: int) -> float:
-    sizes = [len({r["image_id"] for r in order[i:i + batch]}) for i in range(0, len(order), batch)]
-    return sum(sizes) / len(sizes)
-
-
-def test_every_epoch_is_a_new_seeded_global_order(ray_session):
-    source, rows = _coco_like(ray_session)
-    first = epoch_order(source, seed=7, epoch=0).take_all()
-    assert sorted(r["sample_id"] for r in first) == [r["sample_id"] for r in rows]  # all, once
-    assert epoch_order(source, seed=7, epoch=0).take_all() == first  # seeded: reruns agree
-    assert epoch_order(source, seed=7, epoch=1).take_all() != first  # every epoch differs
-    assert epoch_order(source, seed=8, epoch=0).take_all() != first
-
-
-def test_captions_of_one_image_spread_across_batches(ray_session):
-    source, rows = _coco_like(ray_session)
-    batch = 30
-    # In table order a batch of 30 holds 6 images; shuffled, ~24 of 60 (≈ 30 - the
-    # expected number of same-image pairs, C(30,2) * 4/299 ≈ 5.8).
-    assert _distinct_images_per_batch(rows, batch) == 6
-    shuffled = epoch_order(source, seed=0, epoch=0).take_all()
-    assert _distinct_images_per_batch(shuffled, batch) > 20
-
-
-def test_each_epoch_is_its_own_shuffled_dataset(ray_session):
-    from csclip.config.loss import LossConfig
-    from csclip.config.train import SamplingConfig
-    from csclip.loss import objective_for
-    from csclip.model import spec_of as spec
-    from csclip.train.stream import epoch_datasets
-
-    table = records_to_table([world_record(WORLD, "train", i) for i in range(4)])
-    source = ray_session.data.from_arrow(table)
-    model = create_bundle("csclip-tiny", image_size=32).model
-    epochs = epoch_datasets(source, sampling=SamplingConfig(), model_name="csclip-tiny",
-                            preprocess_cfg=spec(model, "csclip-tiny").preprocess_cfg, seed=0,
-                            num_epochs=2, objective=objective_for(LossConfig(method="clip"), 2))
-    assert len(epochs) == 2
-    for epoch in epochs:
-        plan = str(epoch)  # the logical plan; nothing executes
-        assert plan.count("RandomShuffle") == 1, plan
-        assert plan.count("MapBatches(prepare_batch)") == 1, plan
-
-
-def test_a_units_table_streams_without_a_pool_of_footer_readers(ray_session, tmp_path):
-    """Ray 2.60's default Parquet reader lists files on 32 FooterReader actors, started
-    again at every execution (each epoch, each restart): 64 worker processes for a table
-    of three part files read twice. The training source reads with the first reader."""
-    import pyarrow.parquet as pq
-    import ray._private.state
-
-    from csclip.config.train import DataConfig
-    from csclip.train.stream import source_dataset
-
-    units = tmp_path / "units"
-    units.mkdir()
-    for part in range(3):
-        records = [world_record(WORLD, "train", 4 * part + i) for i in range(4)]
-        pq.write_table(records_to_table(records), units / f"part-{part:05d}.parquet")
-
-    def footer_readers() -> int:
-        return sum(a["ActorClassName"] == "FooterReader"
-                   for a in ray._private.state.actors().values())
-
-    before = footer_readers()
-    source = source_dataset(DataConfig(units_uri=str(units)))
-    assert source.count() == 12 and source.count() == 12  # two executions, every row
-    assert footer_readers() == before
-    assert ray_session.data.DataContext.get_current().use_datasource_v2  # left as it was

@@ -146,10 +146,12 @@ def extract_out(tmp_path_factory) -> Path:
 
 
 def test_extract_out_is_taken_by_benchmark_build_evaluate_and_train(extract_out, tmp_path,
-                                                                    capsys, monkeypatch):
+                                                                    capsys):
     from csclip.config.train import DataConfig
     from csclip.entry import benchmark, evaluate
-    from csclip.train.stream import source_dataset
+    from csclip.errors import DataError
+    from csclip.train.shards import plan_shards
+    from csclip.train.source_shards import source_shards
 
     out, images = extract_out / "out", extract_out / "images"
     frozen = tmp_path / "bench.json"
@@ -162,17 +164,19 @@ def test_extract_out_is_taken_by_benchmark_build_evaluate_and_train(extract_out,
     assert evaluate.main([*SMALL, "--units", str(out), "--image-root", str(images),
                           "--out", str(tmp_path / "eval")]) == 0, capsys.readouterr().err
     assert "43 items" in (tmp_path / "eval" / "halftruth.md").read_text()
-    # train reads its rows through the same resolver (the Ray dataset is only built).
-    read = []
-    monkeypatch.setattr("csclip.train.stream.read_units_parquet",
-                        lambda path, fs: read.append(path) or _Filterable())
-    source_dataset(DataConfig(units_uri=str(out)))
-    assert read == [f"{out}/units"]
-
-
-class _Filterable:
-    def filter(self, function):
-        return self
+    # train resolves the folder the same way (--out, then its units/) and writes its rows
+    # once as shards beside them, the images read under --image-root (a copy of the
+    # folder, so that the other tests see extract's output alone).
+    trained = shutil.copytree(out, tmp_path / "train_out")
+    data = DataConfig(units_uri=str(trained), image_root=str(images), split="val", batch_size=2)
+    written = source_shards(data, seed=0, preprocess_cfg={"size": 32}, model_name="csclip-tiny")
+    assert written.uri.startswith(f"{trained}/train_shards/") and written.rejected == {}
+    assert sum(shard.rows for shard in plan_shards(written.data(data))) == len(CAPTIONS)
+    # Without --image-root its relative paths are read from the working directory: there
+    # they are missing, which stops the run naming the flag instead of training on less.
+    with pytest.raises(DataError, match=r"missing_image 6.*train --image-root"):
+        source_shards(data.model_copy(update={"image_root": None}), seed=0,
+                      preprocess_cfg={"size": 32}, model_name="csclip-tiny")
 
 
 def test_image_root_is_joined_to_a_units_tables_relative_paths(extract_out, tmp_path, capsys):

@@ -1,60 +1,85 @@
 """data.batch_scope global: the same optimisation on any number of workers
-(csclip.train.global_batch). The pure pieces without Ray, then the same config trained on
-1 and 2 gloo workers: every step's loss the same."""
+(csclip.train.global_batch). The pure pieces without Ray (which positions of an epoch of
+shards each worker serves), then the same config trained on 1 and 2 gloo workers: every
+step's loss the same."""
 
 from __future__ import annotations
 
-import numpy as np
-import pyarrow as pa
 import pytest
 from train_helpers import read_loss_log
 
 from csclip.config import load_config
-from csclip.config.train import TrainConfig
-from csclip.errors import ConfigError
+from csclip.config.train import DataConfig, TrainConfig
+from csclip.config.world import WorldConfig
+from csclip.errors import ConfigError, DataError
 from csclip.train import run, run_name
-from csclip.train.global_batch import epoch_keys, rank_rows
 from csclip.train.loop import WorkerHooks
+from csclip.train.shards import TrainShard, epoch_groups, group_positions, served
+from csclip.train.source_shards import source_shards
+from csclip.units import write_units
+from csclip.world import world_record
 
 
-def _positions(ids: list[str], *, num_workers: int, worker_batch: int, kept_rows: int,
-               keys: np.ndarray) -> list[list[str]]:
-    """Each rank's sample ids in the order it reads them (rank_rows, then by position)."""
-    table = pa.table({"sample_id": ids})
-    ranks = []
-    for rank in range(num_workers):
-        mine = rank_rows(table, keys=keys, seed=3, epoch=1, rank=rank, worker_batch=worker_batch,
-                         num_workers=num_workers, kept_rows=kept_rows).to_pydict()
-        ranks.append([sid for _, sid in sorted(zip(mine["_position"], mine["sample_id"],
-                                                   strict=True))])
-    return ranks
+def _shards(ids: list[str], per_shard: int) -> tuple[list[TrainShard], dict[str, list[str]]]:
+    """`ids` cut into shards of `per_shard` rows (the last may hold fewer), and each
+    shard's ids in units order. No files: the positions need only the counts."""
+    chunks = [ids[i:i + per_shard] for i in range(0, len(ids), per_shard)]
+    shards = [TrainShard(f"shard-{n}", f"units-{n}", len(chunk)) for n, chunk in enumerate(chunks)]
+    return shards, {shard.uri: chunk for shard, chunk in zip(shards, chunks, strict=True)}
+
+
+def _ranks(shards: list[TrainShard], ids_of: dict[str, list[str]], *, epoch: int,
+           num_workers: int, worker_batch: int, kept_rows: int) -> list[list[tuple[int, str]]]:
+    """Each rank's (position, sample id) in the order it reads them: every group's rows
+    at their positions (csclip.train.shards.group_positions), the ones served() gives the
+    rank, by position (as read_group gives them)."""
+    ranks: list[list[tuple[int, str]]] = [[] for _ in range(num_workers)]
+    for group in epoch_groups(shards, 3, epoch, buffer_rows=25):
+        ids = [i for shard in group.shards for i in ids_of[shard.uri]]
+        positions = group_positions(len(ids), group.offset, 3, epoch, group.index)
+        for rank in range(num_workers):
+            mine = served(positions, rank=rank, worker_batch=worker_batch,
+                          num_workers=num_workers, kept_rows=kept_rows)
+            ranks[rank].extend((int(p), i) for p, i, m in zip(positions, ids, mine, strict=True)
+                               if m)
+    return [sorted(rows) for rows in ranks]
 
 
 def test_every_global_batch_holds_the_same_rows_on_any_worker_count():
     ids = [f"img{i // 5}_cap{i % 5}" for i in range(103)]  # COCO's five captions an image
-    keys = epoch_keys(ids, seed=3, epoch=1)
+    shards, ids_of = _shards(ids, 10)  # 10 shards of 10 rows and one of 3
     global_batch, steps = 16, 103 // 16
-    [one] = _positions(ids, num_workers=1, worker_batch=16, kept_rows=steps * 16, keys=keys)
-    assert len(one) == steps * global_batch and len(set(one)) == len(one)
-    assert one != sorted(one)  # a shuffled order, not the table's
-    batches = [set(one[t * global_batch:(t + 1) * global_batch]) for t in range(steps)]
+    kept = steps * global_batch  # 96: the last partial global batch is read by no one
+    [one] = _ranks(shards, ids_of, epoch=1, num_workers=1, worker_batch=16, kept_rows=kept)
+    assert [p for p, _ in one] == list(range(kept))  # every kept position once, in order
+    order = [i for _, i in one]
+    assert len(set(order)) == kept and set(order) < set(ids)
+    assert order != ids[:kept]  # a shuffled order, not the units'
     for workers in (2, 4, 8):
         share = global_batch // workers
-        ranks = _positions(ids, num_workers=workers, worker_batch=share,
-                           kept_rows=steps * global_batch, keys=keys)
+        ranks = _ranks(shards, ids_of, epoch=1, num_workers=workers, worker_batch=share,
+                       kept_rows=kept)
         assert all(len(rows) == steps * share for rows in ranks)
-        for t, expected in enumerate(batches):  # step t: the union of every rank's t-th batch
-            assert set().union(*(rows[t * share:(t + 1) * share] for rows in ranks)) == expected
-    # Another epoch, another order; a row whose image does not decode is read by no one.
-    assert epoch_keys(ids, seed=3, epoch=2).tolist() != keys.tolist()
-    usable = epoch_keys(ids[1:], seed=3, epoch=1)
-    [rows] = _positions(ids, num_workers=1, worker_batch=16, kept_rows=96, keys=usable)
-    assert ids[0] not in rows and len(rows) == 96
+        for t in range(steps):  # global batch t: every rank's t-th share, in rank order
+            rows = [i for mine in ranks for _, i in mine[t * share:(t + 1) * share]]
+            assert rows == order[t * global_batch:(t + 1) * global_batch]
+    # Another epoch, another order (the shards permuted again, then each group's rows).
+    [other] = _ranks(shards, ids_of, epoch=2, num_workers=1, worker_batch=16, kept_rows=kept)
+    assert [i for _, i in other] != order
 
 
-def test_repeated_sample_ids_are_refused():
-    with pytest.raises(ValueError, match="1 sample ids are repeated"):
-        epoch_keys(["a", "b", "a"], seed=0, epoch=0)
+def test_repeated_sample_ids_are_refused_before_any_shard_is_written(tmp_path):
+    # A sample is found in its shard by its id (its key there), so two rows of one id
+    # would be ambiguous: the units table is refused before anything is written.
+    world = WorldConfig(image_size=32)
+    records = [world_record(world, "train", i) for i in range(3)]
+    units = tmp_path / "out" / "units.parquet"
+    units.parent.mkdir()
+    write_units([*records, records[0]], str(units))
+    with pytest.raises(DataError, match="1 sample_ids occur more than once"):
+        source_shards(DataConfig(units_uri=str(units)), seed=0, preprocess_cfg={"size": 32},
+                      model_name="csclip-tiny")
+    assert not (tmp_path / "out" / "train_shards").exists()
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

@@ -8,6 +8,8 @@ import platform
 
 import cluster_harness as harness
 import open_clip
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from train_helpers import compute_loss, read_loss_log
@@ -20,6 +22,7 @@ from csclip.errors import CsclipError, DataError
 from csclip.loss import objective_for
 from csclip.model import WEIGHTS_FILE, create_bundle, spec_of
 from csclip.model_configs import register_small_models
+from csclip.shards.write import REJECTS_FILE
 from csclip.train.loop import (
     WorkerHooks,
     check_data_cpus,
@@ -27,7 +30,9 @@ from csclip.train.loop import (
     run,
     run_name,
 )
-from csclip.train.stream import plan_data, prepare_batch, preprocess_key
+from csclip.train.shards import plan_shards
+from csclip.train.source_shards import source_shards
+from csclip.train.stream import plan_steps, prepare_batch, preprocess_key
 from csclip.units import records_to_table
 from csclip.world import world_record
 
@@ -124,25 +129,36 @@ def test_run_name_is_a_hash_of_what_is_trained(tmp_path):
     assert run_name(a).startswith("csclip-")
 
 
+def test_undecodable_images_are_counted_and_every_epoch_is_whole_batches(tmp_path):
+    # A units table is written once as shards (csclip.train.source_shards): an image that
+    # does not decode is a counted rejection, named in rejects.parquet, never trained on.
+    table = records_to_table([world_record(TINY_WORLD, "train", i) for i in range(10)])
+    rows = table.to_pylist()
+    rows[3]["image_bytes"] = b"\x89PNG broken"
+    units = tmp_path / "out" / "units.parquet"
+    units.parent.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), units)
+    data = DataConfig(units_uri=str(units), batch_size=4)
+    spec = spec_of(create_bundle("csclip-tiny", image_size=32).model, "csclip-tiny")
+    written = source_shards(data, seed=0, preprocess_cfg=spec.preprocess_cfg,
+                            model_name="csclip-tiny")
+    assert written.rejected == {"undecodable_image": 1}
+    rejects = pq.read_table(f"{written.uri}/shards/{REJECTS_FILE}").to_pylist()
+    assert [r["sample_id"] for r in rejects] == [rows[3]["sample_id"]]
+    num_rows = sum(shard.rows for shard in plan_shards(written.data(data)))
+    plan = plan_steps(num_rows, 0, data, num_workers=1, epochs=2, max_steps=None)
+    assert (plan.num_rows, plan.total_steps) == (9, 4)  # 2 epochs x (9 rows // 4)
+    # Every epoch is whole batches on each worker: 2 steps an epoch, so 5 steps take 3.
+    by_steps = plan_steps(num_rows, 0, data, num_workers=1, epochs=1, max_steps=5)
+    assert (by_steps.steps_per_epoch, by_steps.num_epochs, by_steps.total_steps) == (2, 3, 5)
+    with pytest.raises(DataError, match="batch_size"):
+        plan_steps(num_rows, 0, DataConfig(batch_size=64), num_workers=1, epochs=1,
+                   max_steps=None)
+
+
 # ---------------------------------------------------------------------------------------
 # With Ray
 # ---------------------------------------------------------------------------------------
-
-def test_decode_failures_are_counted(ray_session):
-    world = WorldConfig(image_size=32)
-    rows = records_to_table([world_record(world, "train", i) for i in range(10)]).to_pylist()
-    rows[3]["image_bytes"] = b"\x89PNG broken"
-    source = ray_session.data.from_items(rows)
-    plan = plan_data(source, DataConfig(batch_size=4), num_workers=1, epochs=2, max_steps=None)
-    assert (plan.num_rows, plan.num_decode_failures) == (9, 1)
-    assert plan.failed_ids == (rows[3]["sample_id"],)
-    assert plan.total_steps == 4  # 2 epochs x (9 rows // 4)
-    # Every epoch is whole batches on each worker: 2 steps an epoch, so 5 steps take 3.
-    by_steps = plan_data(source, DataConfig(batch_size=4), num_workers=1, epochs=1, max_steps=5)
-    assert (by_steps.steps_per_epoch, by_steps.num_epochs, by_steps.total_steps) == (2, 3, 5)
-    with pytest.raises(DataError, match="batch_size"):
-        plan_data(source, DataConfig(batch_size=64), num_workers=1, epochs=1, max_steps=None)
-
 
 def test_workers_taking_every_cpu_are_warned_of(ray_session, caplog):
     # The session's Ray has 4 CPUs; Ray Data's tasks need one beside the workers.

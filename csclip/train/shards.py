@@ -37,49 +37,40 @@ import io
 import json
 import logging
 import posixpath
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from PIL import Image
 
 from csclip.config.train import DataConfig, SamplingConfig, worker_batch_size
 from csclip.errors import ConfigError, DataError
-from csclip.preprocess import tokenizer
 from csclip.shards import PIXELS_SUFFIX, expand_shards, shard_stem
 from csclip.shards.read import iter_shard
 from csclip.shards.write import sample_key
 from csclip.storage import exists, filesystem_for, read_bytes
 from csclip.train.holdout import held_out_ids
-from csclip.train.image_foils import image_foil_candidates
+from csclip.train.shard_members import FOIL_MEMBERS, foil_candidate_columns, pixel_rows
 from csclip.train.stream import (
     CAPTION_TOKENS,
-    FOIL_CANDIDATE_PIXELS,
-    FOIL_CANDIDATE_TEXTS,
-    FOIL_CANDIDATE_UNITS,
     LAYOUT_TARGET,
     PIXELS,
     decode_batch,
     deterministic,
     fixed_size_list,
     image_shape,
-    pixel_column,
     preprocess_key,
     sample_batch,
     text_rows,
 )
-from csclip.units import EXTRACTION_COMPLETE, EXTRACTION_DONE_DIR, UNITS_SCHEMA, UnitsRecord
+from csclip.units import EXTRACTION_COMPLETE, EXTRACTION_DONE_DIR, UNITS_SCHEMA
 
 logger = logging.getLogger(__name__)
 
 POSITION = "_position"
-# A sample's image-foil candidates in shards of pixels (foil_candidate_members).
-FOILS_SUFFIX = "foils.npy"
-FOILS_META_SUFFIX = "foils.json"
-FOIL_MEMBERS = (FOILS_SUFFIX, FOILS_META_SUFFIX)
+
 # The threads reading the per-shard counts at planning (S3 GETs of a few hundred bytes).
 COUNT_READERS = 32
 UNIT_COLUMNS = [f.name for f in UNITS_SCHEMA if f.name not in ("image_path", "image_bytes")]
@@ -276,18 +267,6 @@ def _images(shard: dict, wanted: set[str], members: Sequence[str] = ()
     return found
 
 
-def _pixels(key: str, data: bytes, shape: tuple[int, int, int], uri: str) -> np.ndarray:
-    try:
-        array = np.load(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, OSError) as err:
-        raise DataError(f"shard {uri}: {key}.{PIXELS_SUFFIX} is not a .npy array ({err})") from err
-    if array.dtype != np.uint8 or array.shape != shape:
-        raise DataError(f"shard {uri}: {key}.{PIXELS_SUFFIX} is {array.dtype} {array.shape}, "
-                        f"and this model's transform gives uint8 {shape}: write the shards "
-                        "again with this model (csclip shards --encoding pixels --model ...)")
-    return array
-
-
 def read_group(group: dict, *, seed: int, epoch: int, rank: int | None, worker_batch: int,
                num_workers: int, kept_rows: int, preprocess: tuple, model_name: str,
                augment: bool = False, image_foils: bool = False, layout=None) -> pa.Table:
@@ -341,64 +320,6 @@ def read_group(group: dict, *, seed: int, epoch: int, rank: int | None, worker_b
                             f"do not decode, e.g. {failed[0]!r}: write the shards with "
                             "`csclip shards`, which checks every image and rejects those")
     return out.append_column(POSITION, pa.array(np.sort(positions[mine]), pa.int64()))
-
-
-def foil_candidate_members(record: UnitsRecord, image: Image.Image,
-                           transform: Callable[[Image.Image], np.ndarray],
-                           shape: tuple[int, int, int]) -> dict[str, bytes]:
-    """A sample's image-foil candidates (csclip.train.image_foils.image_foil_candidates of
-    its record and decoded RGB image) as shard members, each transformed as its image is:
-    FOILS_SUFFIX, their (k, 3, H, W) uint8 pixels (zeros where a unit has no foil), and
-    FOILS_META_SUFFIX, each one's relation unit and the text true of it (null where none).
-    Each epoch draws one (csclip.train.stream.cached_image_foils), as decoding would."""
-    candidates = image_foil_candidates(record, image)
-    pixels = np.zeros((len(candidates), *shape), dtype=np.uint8)
-    for index, candidate in enumerate(candidates):
-        if candidate is not None:
-            pixels[index] = transform(candidate.image)
-    buffer = io.BytesIO()
-    np.save(buffer, pixels, allow_pickle=False)
-    meta = {"units": [c.unit if c else None for c in candidates],
-            "texts": [c.foil_text if c else None for c in candidates]}
-    return {FOILS_SUFFIX: buffer.getvalue(), FOILS_META_SUFFIX: json.dumps(meta).encode()}
-
-
-def foil_candidate_columns(members: Sequence[dict[str, bytes]], shape: tuple[int, int, int],
-                           uri: str) -> dict[str, pa.Array]:
-    """The FOIL_CANDIDATE_* columns (csclip.train.stream.decode_batch's) of samples whose
-    members foil_candidate_members wrote."""
-    pixels, units, texts = [], [], []
-    for found in members:
-        if FOILS_SUFFIX not in found or FOILS_META_SUFFIX not in found:
-            raise DataError(f"shard {uri} holds no image-foil candidates ({FOILS_SUFFIX}); "
-                            "loss.image_foil_weight needs shards written with them (a units "
-                            "table's or the world's, csclip.train.source_shards) or with "
-                            "encoded images (csclip shards --encoding original)")
-        array = np.load(io.BytesIO(found[FOILS_SUFFIX]), allow_pickle=False)
-        meta = json.loads(found[FOILS_META_SUFFIX])
-        if array.dtype != np.uint8 or array.shape[1:] != shape or len(array) != len(meta["units"]):
-            raise DataError(f"shard {uri}: {FOILS_SUFFIX} is {array.dtype} {array.shape}, not "
-                            f"{len(meta['units'])} uint8 foils of {shape}")
-        pixels.append([a.tobytes() if unit is not None else None
-                       for a, unit in zip(array, meta["units"], strict=True)])
-        units.append(meta["units"])
-        texts.append(meta["texts"])
-    return {FOIL_CANDIDATE_PIXELS: pa.array(pixels, type=pa.list_(pa.binary())),
-            FOIL_CANDIDATE_UNITS: pa.array(units, type=pa.list_(pa.string())),
-            FOIL_CANDIDATE_TEXTS: pa.array(texts, type=pa.list_(pa.string()))}
-
-
-def pixel_rows(rows: pa.Table, arrays: Sequence[bytes], preprocess: tuple, model_name: str,
-                uri: str) -> pa.Table:
-    """`rows` (units columns) with their images' uint8 pixels (the `.pixels.npy` members'
-    bytes, `arrays`) and their captions' tokens: the rows sample_batch reads."""
-    shape = image_shape(dict(preprocess))
-    ids = rows.column("sample_id").to_pylist()
-    pixels = np.stack([_pixels(key, data, shape, uri) for key, data in zip(ids, arrays,
-                                                                          strict=True)])
-    tokens = tokenizer(model_name)(rows.column("caption").to_pylist()).numpy()
-    return (text_rows(rows).append_column(PIXELS, pixel_column(pixels))
-            .append_column(CAPTION_TOKENS, fixed_size_list(tokens.astype(np.int64))))
 
 
 def _empty(rows: pa.Table, preprocess: tuple) -> pa.Table:

@@ -34,7 +34,6 @@ import logging
 import posixpath
 import time
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
@@ -54,7 +53,8 @@ from csclip.shards.write import (
     write_shards,
 )
 from csclip.storage import exists, filesystem_for, join, read_bytes, write_bytes_atomic
-from csclip.train.shards import UNIT_COLUMNS, foil_candidate_members
+from csclip.train.shard_members import foil_candidate_members
+from csclip.train.shards import UNIT_COLUMNS
 from csclip.train.stream import image_shape, preprocess_key
 from csclip.units import (
     EXTRACTION_COMPLETE,
@@ -62,9 +62,10 @@ from csclip.units import (
     UNITS_SCHEMA,
     check_units_table,
     record_from_row,
+    records_to_table,
     units_table_uri,
 )
-from csclip.world.ray_source import generate_batch
+from csclip.world.generate import world_record
 
 __all__ = ["SourceShards", "source_shards", "source_shards_key", "units_digest"]
 
@@ -278,12 +279,11 @@ def _write(data: DataConfig, units_uri: str | None, where: str, uri: str, encodi
 
 def _world_rows(data: DataConfig) -> list[dict]:
     """The world's rows of data.split (UNITS_SCHEMA, PNG bytes), rendered here."""
-    world = data.world.model_dump(mode="json")
     count = data.world.num_samples(data.split)
     rows: list[dict] = []
     for start in range(0, count, WORLD_CHUNK):
-        ids = np.arange(start, min(count, start + WORLD_CHUNK))
-        rows.extend(generate_batch({"id": ids}, world, data.split).to_pylist())
+        rows.extend(records_to_table(world_record(data.world, data.split, index) for index in
+                                     range(start, min(count, start + WORLD_CHUNK))).to_pylist())
     if not rows:
         raise DataError(f"the world has no samples in split {data.split!r} (data.split, "
                         "data.world)")
