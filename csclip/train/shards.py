@@ -37,7 +37,7 @@ import io
 import json
 import logging
 import posixpath
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -342,6 +342,8 @@ _GROUPS: dict[tuple, tuple[list[ShardGroup], list[tuple[int, int]]]] = {}
 # A task reads consecutive groups until it holds this many rows: a task costs Ray Data a few
 # ms, which small shards would pay per sample (a LAION shard of 10k is one task alone).
 MIN_ROWS_PER_TASK = 1024
+# Rows a task samples and yields at a time (what a row gets does not depend on its block).
+SAMPLED_ROWS = 256
 
 
 def task_spans(groups: Sequence[ShardGroup], min_rows: int = MIN_ROWS_PER_TASK
@@ -375,12 +377,14 @@ def _epoch_plan(shards: list, seed: int, epoch: int, buffer_rows: int
 
 
 def group_task(batch: pa.Table, *, shards: list, seed: int, epoch: int, buffer_rows: int,
-               read_kwargs: dict, sample_kwargs: dict) -> dict[str, np.ndarray]:
+               read_kwargs: dict, sample_kwargs: dict) -> Iterator[dict[str, np.ndarray]]:
     """Map function over one task index of `epoch` (a one-row batch of ray.data.range):
     the rows of its span of groups read (read_group, group after group: position order)
     and their text slots drawn for the epoch (csclip.train.stream.sample_batch), in one
-    task. shards: a one-element list holding the ObjectRef of the run's TrainShard list
-    (put once, shared by every epoch)."""
+    task, yielded SAMPLED_ROWS at a time in position order (a block reaches the worker
+    while the task samples the next: its first batch does not wait for the whole span).
+    shards: a one-element list holding the ObjectRef of the run's TrainShard list (put
+    once, shared by every epoch)."""
     [index] = batch.column("id").to_pylist()
     groups, spans = _epoch_plan(shards, seed, epoch, buffer_rows)
     start, end = spans[index]
@@ -388,7 +392,11 @@ def group_task(batch: pa.Table, *, shards: list, seed: int, epoch: int, buffer_r
               for item in group_items(groups[start:end])]
     rows = tables[0] if len(tables) == 1 else pa.concat_tables(
         [t for t in tables if t.num_rows] or tables[:1])
-    return sample_batch(rows, seed=seed, epoch=epoch, **sample_kwargs)
+    for start in range(0, rows.num_rows, SAMPLED_ROWS):
+        out = sample_batch(rows.slice(start, SAMPLED_ROWS), seed=seed, epoch=epoch,
+                           **sample_kwargs)
+        if out:
+            yield out
 
 
 def shard_datasets(shards: Sequence[TrainShard], *, data: DataConfig, sampling: SamplingConfig,
