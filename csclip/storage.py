@@ -15,6 +15,7 @@ import logging
 import os
 import posixpath
 import shutil
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -111,6 +112,32 @@ def read_bytes(fs: pafs.FileSystem, path: str) -> bytes:
         if "does not exist" in str(err) or "NoSuchKey" in str(err):
             raise DataError(f"file not found: {path}") from err
         raise
+
+
+# A read that fails with a transient error (S3 throttling, a timeout, a reset connection)
+# is tried again after 0.5, 1, 2, 4 s: 7.5 s in all, on top of the S3 client's own retries.
+READ_ATTEMPTS = 5
+READ_BACKOFF_S = 0.5
+
+
+def read_bytes_retrying(fs: pafs.FileSystem, path: str, attempts: int = READ_ATTEMPTS,
+                        backoff_s: float = READ_BACKOFF_S) -> bytes:
+    """read_bytes with transient errors tried again, with exponential backoff. A missing
+    file is a DataError at once (another try finds nothing either); the last attempt's
+    OSError is raised when every attempt failed."""
+    attempt = 1
+    while True:
+        try:
+            return read_bytes(fs, path)
+        except DataError:
+            raise
+        except OSError as err:
+            if attempt >= attempts:
+                raise
+            delay = backoff_s * 2 ** (attempt - 1)
+            logger.info("reading %s failed (%s); retrying in %.1f s", path, err, delay)
+            time.sleep(delay)
+            attempt += 1
 
 
 def exists(fs: pafs.FileSystem, path: str) -> bool:

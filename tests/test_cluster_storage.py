@@ -193,6 +193,28 @@ def test_throttled_reads_are_retried_until_they_succeed(s3, s3_endpoint, monkeyp
     assert flaky.gets[f"/{BUCKET}/flaky/1.png"] == 4 + 2  # refused 4 times, then served twice
 
 
+def test_throttled_reads_are_retried_when_the_training_shards_are_written(s3, s3_endpoint,
+                                                                          monkeypatch, tmp_path):
+    # The images of a units table are read once, when its shards are written: a store
+    # that throttles more often than the S3 client retries must not shrink the data.
+    rows = records_to_table([world_record(WORLD, "train", i) for i in range(3)]).to_pylist()
+    for index, row in enumerate(rows):
+        s3.put_object(Bucket=BUCKET, Key=f"flaky/{index}.png", Body=row["image_bytes"])
+        row["image_bytes"], row["image_path"] = None, f"s3://{BUCKET}/flaky/{index}.png"
+    (tmp_path / "out").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows, schema=UNITS_SCHEMA),
+                   tmp_path / "out" / "units.parquet")
+    flaky = FlakyS3Proxy(s3_endpoint, f"/{BUCKET}/flaky/", failures=4)
+    with flaky as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy)
+        storage._s3_filesystem.cache_clear()
+        written = source_shards(DataConfig(units_uri=str(tmp_path / "out" / "units.parquet")),
+                                seed=0, preprocess_cfg={"size": 32}, model_name="csclip-tiny")
+    storage._s3_filesystem.cache_clear()
+    assert written.rejected == {}
+    assert all(flaky.gets[f"/{BUCKET}/flaky/{index}.png"] == 4 + 1 for index in range(3))
+
+
 def test_a_read_that_keeps_failing_is_a_data_error_naming_the_uri(s3, s3_endpoint, monkeypatch):
     s3.put_object(Bucket=BUCKET, Key="flaky/2.png", Body=b"png")
     with FlakyS3Proxy(s3_endpoint, f"/{BUCKET}/flaky/", failures=10**6) as proxy:

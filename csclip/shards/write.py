@@ -405,7 +405,7 @@ def _image_bytes(row: dict, image_root: str | None,
                                              f"{image_root}")
     fs, path = storage.filesystem_for(image_path, endpoint_url)
     try:
-        return storage.read_bytes(fs, path)
+        return storage.read_bytes_retrying(fs, path)  # a throttled store is tried again
     except DataError as err:  # not found
         return _Rejected(MISSING_IMAGE, str(err)[:300])
     except OSError as err:

@@ -19,7 +19,6 @@ import hashlib
 import io
 import logging
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -31,7 +30,7 @@ from PIL import Image, UnidentifiedImageError
 from csclip.config.train import DataConfig, SamplingConfig
 from csclip.errors import DataError
 from csclip.preprocess import image_normalize, image_pixels, image_transform, tokenizer
-from csclip.storage import filesystem_for, read_bytes
+from csclip.storage import READ_ATTEMPTS, READ_BACKOFF_S, filesystem_for, read_bytes_retrying
 from csclip.train.image_foils import draw_foil_index, draw_image_foil, image_foil_candidates
 from csclip.train.sampling import sample_rng, sample_text_columns
 from csclip.units import (
@@ -94,37 +93,25 @@ def preprocess_key(preprocess_cfg: dict) -> tuple:
                         for k, v in preprocess_cfg.items()))
 
 
-# A read that fails with a transient error (S3 throttling, a timeout, a reset connection)
-# is tried again after 0.5, 1, 2, 4 s: 7.5 s in all, on top of the S3 client's own retries.
-READ_ATTEMPTS = 5
-READ_BACKOFF_S = 0.5
-
-
 def read_image_bytes(uri: str, attempts: int = READ_ATTEMPTS,
                      backoff_s: float = READ_BACKOFF_S) -> bytes:
     """The bytes of the image at `uri` (local or s3://, one filesystem client per process).
 
-    Transient errors are retried with exponential backoff. Raises DataError naming the URI
-    when the file does not exist or the read keeps failing: that is a broken image root or
-    an unreachable store, not an image that does not decode, and must not shrink the data.
+    Transient errors are retried with exponential backoff (read_bytes_retrying). Raises
+    DataError naming the URI when the file does not exist or the read keeps failing: that
+    is a broken image root or an unreachable store, not an image that does not decode,
+    and must not shrink the data.
     """
     fs, path = filesystem_for(uri)
-    attempt = 1
-    while True:
-        try:
-            return read_bytes(fs, path)
-        except DataError as err:  # not found: another try finds nothing either
-            raise DataError(f"image {uri} not found ({err}); check the units table's image_path, "
-                            "data.image_root (train --image-root) "
-                            "or input.image_root") from err
-        except OSError as err:
-            if attempt >= attempts:
-                raise DataError(f"cannot read image {uri}: {attempts} attempts failed, the last "
-                                f"with: {err}") from err
-            delay = backoff_s * 2 ** (attempt - 1)
-            logger.info("reading %s failed (%s); retrying in %.1f s", uri, err, delay)
-            time.sleep(delay)
-            attempt += 1
+    try:
+        return read_bytes_retrying(fs, path, attempts, backoff_s)
+    except DataError as err:  # not found
+        raise DataError(f"image {uri} not found ({err}); check the units table's image_path, "
+                        "data.image_root (train --image-root) "
+                        "or input.image_root") from err
+    except OSError as err:
+        raise DataError(f"cannot read image {uri}: {attempts} attempts failed, the last "
+                        f"with: {err}") from err
 
 
 def _image_bytes(row: dict) -> bytes | None:
