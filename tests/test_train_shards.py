@@ -277,3 +277,30 @@ def test_an_epoch_holds_no_more_same_image_pairs_than_a_global_shuffle(tmp_path)
     # A global shuffle: 10 batches x 190 pairs x 4/199 ~ 38 pairs; the source order: 400.
     assert _same_image_pairs(image_ids, batch) == 400
     assert np.mean(ours) <= 1.5 * np.mean(shuffled), (ours, np.mean(shuffled))
+
+
+def test_a_small_shard_is_parsed_once_per_process_and_a_large_one_streamed(world_shards,
+                                                                           monkeypatch):
+    """Every epoch reads the same shards: a task process keeps the small ones it read
+    whole (the world's, a COCO-sized table's) and reads the same rows from them; a shard
+    over the budget is streamed each time."""
+    from csclip.train import shards as module
+
+    pattern, units = world_shards
+    items = group_items(epoch_groups(plan_shards(DataConfig(shards=pattern, units_uri=units)),
+                                     0, 0, 10))
+    opened: list[str] = []
+    real = module.iter_shard
+    monkeypatch.setattr(module, "iter_shard", lambda uri, **kw: opened.append(uri) or real(
+        uri, **kw))
+    module._SHARD_CACHE.clear()
+    kwargs = {"rank": 0, "workers": 1, "worker_batch": 8, "kept_rows": 24}
+    first = _read(items, **kwargs)
+    assert len(opened) == 4 and first.num_rows == 24  # each shard parsed once, whole
+    assert _read(items, **kwargs).equals(first) and len(opened) == 4  # then kept
+    assert _read(items, epoch=1, **kwargs).column("sample_id").to_pylist() != \
+        first.column("sample_id").to_pylist() and len(opened) == 4
+    monkeypatch.setattr(module, "SHARD_CACHE_MB", 0)  # every shard over the budget
+    module._SHARD_CACHE.clear()
+    assert _read(items, **kwargs).equals(first) and len(opened) == 8
+    assert _read(items, **kwargs).equals(first) and len(opened) == 12 and not module._SHARD_CACHE

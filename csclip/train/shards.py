@@ -37,6 +37,7 @@ import io
 import json
 import logging
 import posixpath
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -48,7 +49,7 @@ import pyarrow.parquet as pq
 from csclip.config.train import DataConfig, SamplingConfig, worker_batch_size
 from csclip.errors import ConfigError, DataError
 from csclip.shards import PIXELS_SUFFIX, expand_shards, shard_stem
-from csclip.shards.read import iter_shard
+from csclip.shards.read import ShardSample, iter_shard
 from csclip.shards.write import sample_key
 from csclip.storage import exists, filesystem_for, read_bytes
 from csclip.train.holdout import held_out_ids
@@ -250,11 +251,15 @@ def _images(shard: dict, wanted: set[str], members: Sequence[str] = ()
     """The image members (suffix, bytes) of the `wanted` sample ids of one shard, with
     the bytes of the further `members` each has. A sample's key is its id (an extraction
     over shards) or, in shards `csclip shards` wrote, the id made key-safe
-    (csclip.shards.write.sample_key)."""
+    (csclip.shards.write.sample_key). A small shard is read whole and kept by the
+    process (_cached_shard), a large one streamed for the wanted samples alone."""
     id_of = {sample_key(i): i for i in wanted}
     id_of.update((i, i) for i in wanted)
+    kept = _cached_shard(shard["uri"], tuple(members))
+    samples = (iter_shard(shard["uri"], keys=set(id_of), members=members) if kept is None
+               else (kept[key] for key in id_of if key in kept))
     found: dict[str, tuple[str, bytes, dict[str, bytes]]] = {}
-    for sample in iter_shard(shard["uri"], keys=set(id_of), members=members):
+    for sample in samples:
         if sample.reject is not None:
             raise DataError(f"shard {shard['uri']}: sample {sample.key!r} has units but "
                             f"{sample.reject} ({sample.detail}); the shard changed after "
@@ -265,6 +270,58 @@ def _images(shard: dict, wanted: set[str], members: Sequence[str] = ()
         raise DataError(f"shard {shard['uri']} lacks {len(missing)} samples its units name, "
                         f"e.g. {sorted(missing)[0]!r}; the shard changed after its extraction")
     return found
+
+
+# Each process's layout targets of the last shards' units, by (units uri, question): the
+# scenes' answers do not change between epochs (a third of a world epoch's read otherwise).
+_LAYOUT_TARGETS: OrderedDict[tuple, dict[str, np.ndarray]] = OrderedDict()
+LAYOUT_TARGETS_KEPT = 64
+
+
+def _layout_targets(units_uri: str, units: pa.Table, layout) -> dict[str, np.ndarray]:
+    """The layout warm start's targets of a shard's units rows (by sample_id), computed
+    once per process (csclip.train.warm_start.layout_targets, from the scenes)."""
+    key = (units_uri, layout)
+    known = _LAYOUT_TARGETS.setdefault(key, {})
+    _LAYOUT_TARGETS.move_to_end(key)
+    ids = units.column("sample_id").to_pylist()
+    new = [index for index, sample_id in enumerate(ids) if sample_id not in known]
+    if new:
+        from csclip.train.warm_start import layout_targets  # noqa: PLC0415  imports torch, which Ray Data's tasks never need otherwise
+
+        rows = units.take(pa.array(new, pa.int64())).to_pylist()
+        known.update(zip((ids[i] for i in new), layout_targets(rows, layout), strict=True))
+    while len(_LAYOUT_TARGETS) > LAYOUT_TARGETS_KEPT:
+        _LAYOUT_TARGETS.popitem(last=False)
+    return known
+
+
+# The shards this process read whole lately, by (uri, size, members): every epoch reads the
+# same shards, and a task process (which Ray reuses) of a small dataset (the world's 4
+# shards of 1,000, a COCO-sized table's first ones) then parses each tar once rather than
+# every epoch (~75 us of tarfile a member: 1.5 s an epoch of the demo's world). A shard
+# over a quarter of the budget (LAION's 10,000 images) is streamed every time.
+SHARD_CACHE_MB = 512
+_SHARD_CACHE: OrderedDict[tuple, dict[str, ShardSample]] = OrderedDict()
+
+
+def _cached_shard(uri: str, members: tuple[str, ...]) -> dict[str, ShardSample] | None:
+    """Every sample of the shard at `uri` by key, read whole once per process and kept
+    while the process's shards fit SHARD_CACHE_MB; None for a shard too large to keep."""
+    fs, path = filesystem_for(uri)
+    size = fs.get_file_info(path).size or 0
+    budget = SHARD_CACHE_MB << 20
+    if size > budget // 4:
+        return None
+    key = (uri, size, members)
+    if key in _SHARD_CACHE:
+        _SHARD_CACHE.move_to_end(key)
+        return _SHARD_CACHE[key]
+    samples = {sample.key: sample for sample in iter_shard(uri, members=members)}
+    _SHARD_CACHE[key] = samples
+    while sum(k[1] for k in _SHARD_CACHE) > budget:
+        _SHARD_CACHE.popitem(last=False)
+    return samples
 
 
 def read_group(group: dict, *, seed: int, epoch: int, rank: int | None, worker_batch: int,
@@ -304,10 +361,11 @@ def read_group(group: dict, *, seed: int, epoch: int, rank: int | None, worker_b
                     uri).items():
                 out = out.append_column(name, column)
         if layout is not None:
-            from csclip.train.warm_start import layout_targets  # noqa: PLC0415  imports torch, which Ray Data's tasks never need otherwise
-
+            targets: dict[str, np.ndarray] = {}
+            for shard, shard_units in zip(group["shards"], units, strict=True):
+                targets.update(_layout_targets(shard["units_uri"], shard_units, layout))
             out = out.append_column(LAYOUT_TARGET, fixed_size_list(
-                layout_targets(rows.to_pylist(), layout)))
+                np.stack([targets[key] for key in kept_ids])))
     else:
         rows = rows.append_column("image_bytes", pa.array([images[key][1] for key in kept_ids],
                                                           pa.binary()))
