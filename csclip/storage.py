@@ -322,8 +322,14 @@ def cache_root() -> Path:
     return Path(base).expanduser() / "csclip"
 
 
+# A staging folder of local_dir older than this was left by a killed copy (a live one
+# renames or removes its own within a copy's time), and is removed by the next copy.
+STALE_STAGING_S = 3600
+
+
 def local_dir(uri: str, kind: str = "dirs",
-              check: Callable[[Callable[[str], bytes | None]], None] | None = None) -> Path:
+              check: Callable[[Callable[[str], bytes | None]], None] | None = None,
+              max_bytes: int | None = None) -> Path:
     """A local directory with the files of `uri`: the path itself when local; for s3:// a
     copy under cache_root()/<kind>/<hash of the URI>, downloaded once and again only when
     the remote listing (names, sizes, modification times) changed.
@@ -333,9 +339,11 @@ def local_dir(uri: str, kind: str = "dirs",
     check: called before anything is downloaded with `read(relative name) -> bytes or None`
     (None: no such file); it raises to refuse the directory (load_bundle reads the model
     spec there, so a foreign prefix is refused before its weights are fetched).
+    max_bytes: the most the copy may hold; a larger prefix is refused before anything is
+    downloaded (a report's folder, not a bucket's root).
 
-    Raises DataError when the remote directory is empty or missing, or for a key that
-    would land outside the copy.
+    Raises DataError when the remote directory is empty or missing, larger than
+    max_bytes, or for a key that would land outside the copy.
     """
     if not is_s3(uri):
         return Path(filesystem_for(uri)[1])
@@ -347,7 +355,13 @@ def local_dir(uri: str, kind: str = "dirs",
                         "credentials)")
     # Not posixpath.relpath: it normalizes "final/../../x" into a path that climbs out.
     listing = [[_key_inside(i.path, path, uri), i.size, str(i.mtime)] for i in files]
+    total = sum(i.size or 0 for i in files)
+    if max_bytes is not None and total > max_bytes:
+        raise DataError(f"{uri}: {len(files)} files, {total / 2**20:.0f} MiB, more than the "
+                        f"{max_bytes / 2**20:.0f} MiB this reads; give the folder itself, "
+                        "not a prefix above it")
     target = cache_root() / kind / hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:24]
+    _remove_stale_staging(target.parent)
     expected = {"uri": uri, "files": listing}
     if _stamp(target) == expected:
         return target
@@ -376,6 +390,19 @@ def local_dir(uri: str, kind: str = "dirs",
         if _stamp(target) != expected:  # not another process that won the race
             raise
     return target
+
+
+def _remove_stale_staging(folder: Path) -> None:
+    """Remove the staging folders (`.tmp-*`) a killed local_dir left in `folder`."""
+    if not folder.is_dir():
+        return
+    now = time.time()
+    for staging in folder.glob(".tmp-*"):
+        try:
+            if now - staging.stat().st_mtime > STALE_STAGING_S:
+                shutil.rmtree(staging, ignore_errors=True)
+        except FileNotFoundError:  # another process removed it
+            continue
 
 
 def _key_inside(key: str, prefix: str, uri: str) -> str:

@@ -10,6 +10,7 @@ import os
 import random
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,28 @@ def test_s3_checkpoint_with_a_key_outside_its_prefix_writes_nothing(s3, checkpoi
     with pytest.raises(DataError, match="refusing to copy key"):
         storage.local_dir(f"s3://{BUCKET}/{prefix}", kind="dirs")
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+
+def test_s3_prefix_over_the_cap_copies_nothing_and_a_killed_copys_staging_goes(s3, tmp_path):
+    # report --paper s3://...: a bucket's root given for a report's folder is refused
+    # before anything is downloaded; a copy killed mid-way left its .tmp-* folder, which
+    # the next copy removes once it is stale (a live copy's is left alone).
+    for index in range(3):
+        s3.put_object(Bucket=BUCKET, Key=f"reports/big/{index}.bin", Body=b"x" * 1000)
+    with pytest.raises(DataError) as err:
+        storage.local_dir(f"s3://{BUCKET}/reports/big", kind="reports", max_bytes=2000)
+    assert "3 files" in _one_line(err) and "give the folder itself" in str(err.value)
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()], "something was written"
+    cache = storage.cache_root() / "reports"
+    stale, live = cache / ".tmp-killed", cache / ".tmp-running"
+    for staging in (stale, live):
+        staging.mkdir(parents=True)
+        (staging / "0.bin").write_bytes(b"x")
+    old = time.time() - 2 * storage.STALE_STAGING_S
+    os.utime(stale, (old, old))
+    folder = storage.local_dir(f"s3://{BUCKET}/reports/big", kind="reports", max_bytes=10_000)
+    assert sorted(p.name for p in folder.glob("*.bin")) == ["0.bin", "1.bin", "2.bin"]
+    assert not stale.exists() and live.exists()
 
 
 def test_s3_prefix_without_a_spec_is_refused_before_its_weights_are_copied(s3, checkpoint_files,

@@ -81,6 +81,12 @@ class AblationResult:
     values: dict[str, float | None]
 
 
+# The most a RUN given as s3:// may hold: an evaluation's or a sweep's folder (tables,
+# JSON, figures, the benchmark's Parquet) is a few MB to a few hundred; a prefix above it
+# (a bucket's root) is refused before anything is copied.
+REPORT_MAX_BYTES = 1 << 30
+
+
 def local_copy(run: str) -> Path:
     """The local folder (or ablation.csv) to read for a RUN: the path itself, or for an
     s3:// URI a copy of its files (csclip.storage.local_dir: cached, fetched again only
@@ -90,7 +96,8 @@ def local_copy(run: str) -> Path:
     uri = run.rstrip("/")
     is_csv = uri.endswith("/" + ABLATION_CSV)
     try:
-        folder = storage.local_dir(uri.rsplit("/", 1)[0] if is_csv else uri, kind="reports")
+        folder = storage.local_dir(uri.rsplit("/", 1)[0] if is_csv else uri, kind="reports",
+                                   max_bytes=REPORT_MAX_BYTES)
     except DataError as err:
         raise ConfigError(f"--paper {run}: {err}") from None
     return folder / ABLATION_CSV if is_csv else folder
