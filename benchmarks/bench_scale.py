@@ -283,7 +283,7 @@ def probe_driver(shard_set: ShardSet, group_shards: int, address: str) -> dict:
     Path("/proc/self/clear_refs").write_text("5")  # the high-water mark starts again here
     sampler = PeakSampler()
     started = time.perf_counter()
-    plan, datasets, _, _ = _shard_training(config, spec, objective)
+    plan, datasets, _, _ = _shard_training(config, config.data, spec, objective)
     planned_s = time.perf_counter() - started
     planned_kb = _status_kb()["VmRSS"]
     dataset = datasets[shard_name(0, 0, config.data.batch_scope)]
@@ -342,7 +342,7 @@ def csclip_epoch(shard_set: ShardSet, group_shards: int, cpu: TreeCpu) -> EpochC
     consumes it; planning is left out (once per run)."""
     config = train_config(shard_set, group_shards)
     spec = spec_from_config(config.model)
-    _, datasets, _, _ = _shard_training(config, spec, step_options(config).objective)
+    _, datasets, _, _ = _shard_training(config, config.data, spec, step_options(config).objective)
     dataset = datasets[shard_name(0, 0, config.data.batch_scope)]
     normalize = ImageNormalizer(spec.preprocess_cfg, "cpu")
     options = batch_options(config.data, torch.device("cpu"), config.run.seed)
