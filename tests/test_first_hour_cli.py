@@ -224,12 +224,18 @@ TYPOS = [
 ]
 
 
-@pytest.mark.parametrize(("argv", "line"), TYPOS, ids=[t[0][0] for t in TYPOS])
-def test_a_typo_is_refused_with_its_near_miss_before_torch_is_imported(argv, line):
+def _run_cli_reporting_torch(argv: list[str]) -> subprocess.CompletedProcess:
+    """`csclip <argv>` in a fresh interpreter that prints, after main returns, whether
+    torch was imported."""
     code = ("import sys\nfrom csclip.cli import main\ncode = main(sys.argv[1:])\n"
             "print('torch imported' if 'torch' in sys.modules else 'no torch')\nsys.exit(code)")
-    done = subprocess.run([sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
+
+
+@pytest.mark.parametrize(("argv", "line"), TYPOS, ids=[t[0][0] for t in TYPOS])
+def test_a_typo_is_refused_with_its_near_miss_before_torch_is_imported(argv, line):
+    done = _run_cli_reporting_torch(argv)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines()[-1].endswith(line), done.stderr
     assert done.stdout.strip() == "no torch"
@@ -245,10 +251,7 @@ BAD_VALUES = [
 
 @pytest.mark.parametrize(("argv", "field"), BAD_VALUES, ids=[v[0][0] for v in BAD_VALUES])
 def test_a_bad_value_is_refused_in_one_line_before_torch_is_imported(argv, field):
-    code = ("import sys\nfrom csclip.cli import main\ncode = main(sys.argv[1:])\n"
-            "print('torch imported' if 'torch' in sys.modules else 'no torch')\nsys.exit(code)")
-    done = subprocess.run([sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    done = _run_cli_reporting_torch(argv)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and field in lines[0], lines

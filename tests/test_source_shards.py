@@ -164,39 +164,6 @@ def _rows(batches, worker=lambda batch: batch, dtype=torch.float32) -> list[tupl
     return sorted(rows)
 
 
-def _epoch_rows(dataset, worker=lambda batch: batch, dtype=torch.float32) -> list[tuple]:
-    """Every row the workers get from an epoch (iter_torch_batches, then what the worker
-    does to the batch before its step)."""
-    return _rows(dataset.iter_torch_batches(batch_size=5), worker, dtype)
-
-
-def _float_path_rows(units: str, cfg: dict, objective, epoch: int, augment: bool = False,
-                     model_name: str = MODEL) -> list[tuple]:
-    """The rows of one epoch as the streamed path made them before it shipped uint8: its
-    map function with the float32 transform (normalize on), in this process, on the whole
-    table (what a row gets depends on (seed, sample_id, epoch), not on its batch)."""
-    from csclip.train.stream import prepare_batch
-
-    out = prepare_batch(pq.read_table(units), sampling=SamplingConfig().model_dump(mode="json"),
-                        preprocess=preprocess_key(cfg), model_name=model_name, seed=3,
-                        epoch=epoch, columns=list(objective.columns), augment=augment)
-    assert out["image"].dtype == np.float32
-    return _rows([{name: torch.from_numpy(value) for name, value in out.items()}])
-
-
-def _rows(batches, worker=lambda batch: batch, dtype=torch.float32) -> list[tuple]:
-    """Every row of `batches` (dicts of tensors) after what the worker does to a batch
-    before its step, as comparable bytes, sorted; each image column has `dtype`."""
-    rows = []
-    for batch in map(worker, batches):
-        assert batch["image"].dtype == dtype
-        assert "image_foil" not in batch or batch["image_foil"].dtype == dtype
-        names = sorted(batch)
-        for index in range(len(batch["image"])):
-            rows.append(tuple((name, batch[name][index].numpy().tobytes()) for name in names))
-    return sorted(rows)
-
-
 def _shard_epochs(data: DataConfig, cfg: dict, objective, num_epochs: int, seed: int = 3
                   ) -> list:
     """The epochs one worker reads from `data`'s shards (a table's, written)."""

@@ -23,8 +23,6 @@ of 1 and 2 gloo workers). Each worker reads a dataset of its own (no SplitCoordi
 
 from __future__ import annotations
 
-POSITION = "_position"  # a row's place in its epoch's order (dropped by the preparation)
-
 
 def rank_dataset_name(epoch: int, rank: int) -> str:
     """The Ray Train dataset that worker `rank` reads in `epoch` (batch_scope global)."""

@@ -51,11 +51,9 @@ class DataPlan:
 
     num_rows: int  # rows that decode
     num_decode_failures: int
-    failed_ids: tuple[str, ...]  # the first few, for the log
     num_epochs: int
     steps_per_epoch: int  # optimizer steps per epoch across all workers
     total_steps: int
-    sample_ids: tuple[str, ...] = ()  # of the rows that decode, in the source's order
 
 
 # ---------------------------------------------------------------------------------------
@@ -500,7 +498,7 @@ def plan_steps(num_rows: int, num_read: int, data: DataConfig, num_workers: int,
         num_epochs, total_steps = math.ceil(max_steps / steps_per_epoch), max_steps
     else:
         num_epochs, total_steps = epochs, epochs * steps_per_epoch
-    return DataPlan(num_rows, 0, (), num_epochs, steps_per_epoch, total_steps)
+    return DataPlan(num_rows, 0, num_epochs, steps_per_epoch, total_steps)
 
 
 def deterministic(dataset):
